@@ -1,0 +1,1 @@
+"""Control plane, discovery, scraper, config, CLI and the one composition root."""

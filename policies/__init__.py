@@ -1,0 +1,1 @@
+"""Domain types and the pure scheduling framework. Imports nothing else of kvgate's."""

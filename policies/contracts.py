@@ -1,0 +1,54 @@
+"""The scheduler as its callers see it (the ext_proc service, benchmarks, tests).
+
+The ext_proc request lifecycle calls, in order:
+``schedule`` once (after the body is parsed), ``on_picked`` when the data plane is told the pick,
+``on_served`` if the data plane reports a different served endpoint (fallback),
+``on_usage`` when the response carries token usage, and ``on_finished`` exactly once per picked
+request, success or not (client gone, upstream error, stream reset), so in-flight bookkeeping
+never leaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    """``ranked`` is the pick first, then fallbacks in order (never empty)."""
+
+    ranked: tuple[Endpoint, ...]
+    profile: str
+    scores: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def pick(self) -> Endpoint:
+        return self.ranked[0]
+
+
+class Scheduler(Protocol):
+    def schedule(
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+    ) -> SchedulingResult:
+        """Rank ``candidates`` for ``request``.
+
+        Raises ``NoEligibleEndpointError`` (503) when nothing is eligible and ``RequestShedError``
+        (429) when a sheddable request meets a saturated pool. Pure apart from reading the
+        scheduler's state; it records nothing (``on_picked`` does).
+        """
+        ...
+
+    def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None: ...
+
+    def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None: ...
+
+    def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None: ...
+
+    def on_finished(
+        self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float
+    ) -> None: ...

@@ -1,0 +1,98 @@
+"""kvgate's one error hierarchy. Each error carries an HTTP status, an OpenAI error ``type`` and a ``code``.
+
+::
+
+    KvgateError                       500 internal_error
+    ├── BadRequestError               400 invalid_request_error / bad_request
+    │   └── MalformedBodyError        400 invalid_request_error / invalid_json
+    ├── ModelNotFoundError            404 invalid_request_error / model_not_found
+    ├── PayloadTooLargeError          413 invalid_request_error / payload_too_large
+    ├── TooManyRequestsError          429 (abstract: carries retry_after)
+    │   ├── RequestShedError          429 rate_limit_error / request_shed
+    │   └── RateLimitedError          429 rate_limit_error / rate_limit_exceeded
+    ├── NoEligibleEndpointError       503 service_unavailable / no_eligible_endpoint
+    │   └── PoolNotFoundError         503 service_unavailable / pool_not_found
+    └── ConfigError                   500 internal_error / invalid_config  (never reaches a client)
+
+The mapping to a data-plane answer lives in one place: ``extproc.errors.immediate_response``.
+This module sits in ``policies`` because it is the lowest layer and imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import ClassVar
+
+
+class KvgateError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "internal_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers: Mapping[str, str] = MappingProxyType(dict(headers or {}))
+
+    def to_openai(self) -> dict[str, object]:
+        """The OpenAI-style error body: ``{"error": {"message", "type", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.error_type, "code": self.code}}
+
+
+class BadRequestError(KvgateError):
+    status = 400
+    error_type = "invalid_request_error"
+    code = "bad_request"
+
+
+class MalformedBodyError(BadRequestError):
+    code = "invalid_json"
+
+
+class ModelNotFoundError(KvgateError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLargeError(KvgateError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class TooManyRequestsError(KvgateError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "too_many_requests"
+
+    def __init__(
+        self, message: str, *, retry_after: float = 1.0, headers: Mapping[str, str] | None = None
+    ) -> None:
+        merged = {"retry-after": str(max(1, round(retry_after)))}
+        merged.update(headers or {})
+        super().__init__(message, headers=merged)
+        self.retry_after = retry_after
+
+
+class RequestShedError(TooManyRequestsError):
+    code = "request_shed"
+
+
+class RateLimitedError(TooManyRequestsError):
+    code = "rate_limit_exceeded"
+
+
+class NoEligibleEndpointError(KvgateError):
+    status = 503
+    error_type = "service_unavailable"
+    code = "no_eligible_endpoint"
+
+
+class PoolNotFoundError(NoEligibleEndpointError):
+    code = "pool_not_found"
+
+
+class ConfigError(KvgateError):
+    code = "invalid_config"

@@ -1,0 +1,157 @@
+"""Domain types shared by the scheduler, the ext_proc service and the control plane.
+
+Everything here is immutable: the scraper builds a new :class:`EndpointSnapshot` and swaps
+one reference; the scheduler reads whatever snapshot it was handed and never does IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+CHARS_PER_TOKEN = 4
+"""The gateway's token estimate for a prompt it has not tokenized (GIE uses the same)."""
+
+
+class ApiKind(StrEnum):
+    """Which OpenAI-compatible API a request targets, from its path suffix."""
+
+    COMPLETIONS = "completions"
+    CHAT_COMPLETIONS = "chat_completions"
+    EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    OTHER = "other"
+
+
+class FailureMode(StrEnum):
+    """What the data plane does when the picker cannot be reached (InferencePool endpointPickerRef)."""
+
+    FAIL_OPEN = "FailOpen"
+    FAIL_CLOSE = "FailClose"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-server replica: an ``ip:port`` inside one pool."""
+
+    address: str
+    pool: str
+    name: str = ""
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """What one scrape of a replica's ``/metrics`` told us, engine-neutral.
+
+    ``updated_at`` is the monotonic time (seconds) of the scrape that produced it.
+    ``active_loras`` are adapters running or loaded now; ``waiting_loras`` those queued.
+    ``block_size`` / ``num_gpu_blocks`` come from ``cache_config_info`` when the engine exposes it.
+    """
+
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    active_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_loras: int = 0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointView:
+    """An endpoint with its latest metrics as the scheduler sees it.
+
+    ``metrics`` is None until the first successful scrape. ``healthy`` is False while scrapes
+    fail (the replica is unreachable or answers errors); the metrics then keep their last value
+    and their age tells how stale they are.
+    """
+
+    endpoint: Endpoint
+    metrics: EndpointMetrics | None = None
+    healthy: bool = True
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.address
+
+    def age(self, now: float) -> float:
+        """Seconds since the metrics were scraped; infinite when never scraped."""
+        if self.metrics is None:
+            return float("inf")
+        return max(0.0, now - self.metrics.updated_at)
+
+
+def _frozen_pools(pools: Mapping[str, tuple[EndpointView, ...]]) -> Mapping[str, tuple[EndpointView, ...]]:
+    return MappingProxyType(dict(pools))
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """Every pool's endpoints with their metrics at one instant (``version`` grows on each swap)."""
+
+    pools: Mapping[str, tuple[EndpointView, ...]] = field(default_factory=lambda: _frozen_pools({}))
+    version: int = 0
+
+    @staticmethod
+    def of(pools: Mapping[str, tuple[EndpointView, ...]], version: int = 0) -> EndpointSnapshot:
+        return EndpointSnapshot(pools=_frozen_pools(pools), version=version)
+
+    def endpoints(self, pool: str) -> tuple[EndpointView, ...]:
+        return self.pools.get(pool, ())
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """What routing needs to know of one request, parsed once from headers and body.
+
+    ``model`` is the name the client sent; ``target_model`` the one the replica will serve
+    (after any rewrite): a base model or a LoRA adapter name. ``prompt`` is the text that prefix
+    hashing reads (the completion prompt, or the chat messages flattened in order).
+    ``subset`` is the data plane's subset hint (``ip`` or ``ip:port`` strings) or None.
+    ``headers`` are the request headers, lower-cased, with system-owned headers removed.
+    """
+
+    request_id: str
+    pool: str
+    model: str
+    target_model: str
+    api: ApiKind = ApiKind.COMPLETIONS
+    prompt: str = ""
+    stream: bool = False
+    priority: int = 0
+    fairness_id: str | None = None
+    session_id: str | None = None
+    cache_salt: str | None = None
+    max_tokens: int | None = None
+    body_size: int = 0
+    subset: frozenset[str] | None = None
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        return max(1, len(self.prompt) // CHARS_PER_TOKEN) if self.prompt else 0
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage a replica reported for a finished (or streaming) request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
