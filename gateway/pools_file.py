@@ -1,0 +1,101 @@
+"""The picker's standalone pool source: a YAML file naming pools and their replicas.
+
+Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`` reads::
+
+    pools:
+      - name: llama
+        models: ["meta-llama/Llama-3.1-8B-Instruct", "sql-lora"]   # empty or absent: any model
+        endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
+        failureMode: FailClose        # FailOpen | FailClose
+        profile: default              # a profile name under policies/profiles, or a path
+        engine: vllm                  # metrics dialect: vllm | sglang | trtllm | triton
+    defaultPool: llama                # optional; the only pool when there is one
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.errors import ConfigError
+from policies.types import FailureMode
+
+Dialect = Literal["vllm", "sglang", "trtllm", "triton"]
+
+
+def _check_address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"endpoint {value!r} is not ip:port")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError as exc:
+        raise ValueError(f"endpoint {value!r}: {host!r} is not an IP address") from exc
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint {value!r}: port must be 1-65535")
+    return value
+
+
+class PoolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=253)
+    models: tuple[str, ...] = ()
+    endpoints: tuple[str, ...] = ()
+    failure_mode: FailureMode = Field(default=FailureMode.FAIL_CLOSE, alias="failureMode")
+    profile: str = "default"
+    engine: Dialect = "vllm"
+
+    @field_validator("endpoints")
+    @classmethod
+    def _addresses(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            _check_address(value)
+        if len(set(values)) != len(values):
+            raise ValueError("endpoints must be unique")
+        return values
+
+
+class PoolsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    pools: tuple[PoolSpec, ...] = Field(min_length=1)
+    default_pool: str | None = Field(default=None, alias="defaultPool")
+
+    @model_validator(mode="after")
+    def _names(self) -> PoolsFile:
+        names = [pool.name for pool in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError("pool names must be unique")
+        if self.default_pool is not None and self.default_pool not in names:
+            raise ValueError(f"defaultPool {self.default_pool!r} names no pool")
+        return self
+
+    @property
+    def effective_default(self) -> str | None:
+        if self.default_pool is not None:
+            return self.default_pool
+        return self.pools[0].name if len(self.pools) == 1 else None
+
+
+def parse_pools(text: str, *, source: str = "<pools>") -> PoolsFile:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    try:
+        return PoolsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def load_pools(path: Path) -> PoolsFile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read pools file {path}: {exc}") from exc
+    return parse_pools(text, source=str(path))
