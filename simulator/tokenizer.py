@@ -1,0 +1,96 @@
+"""The simulator's deterministic tokenizer: one token per 4 characters.
+
+The simulator has no real vocabulary. It only needs token counts that look like a Llama tokenizer's
+(about 4 characters per token for English text) and token ids that are the same for the same text,
+so that prefix caching, usage accounting and cache-aware routers behave as they would against vLLM.
+
+Rules (stable across releases; tests rely on them):
+
+- ``encode(text)`` cuts the text into chunks of ``CHARS_PER_TOKEN`` (4) *characters*, from the start;
+  the last chunk may be shorter. Each chunk becomes one token whose id is
+  ``zlib.crc32(chunk.encode("utf-32-le")) % VOCAB_SIZE``. So ``len(encode(text)) ==
+  ceil(len(text) / 4)``, the empty text has no tokens, and the encoding is *prefix-stable*: the tokens
+  of ``text[:4 * k]`` are the first ``k`` tokens of ``encode(text)``. Two prompts that share their
+  first ``n`` characters share their first ``n // 4`` tokens.
+- ``decode(tokens)`` is *not* an inverse (ids are hashes): it returns 4 characters of filler per token
+  (a 3-letter word and a space, picked by the id), so ``len(encode(decode(t))) == len(t)``.
+- ``output_text(index)`` is the text of generated token ``index``: a 3-letter word and a space, so a
+  completion of ``n`` tokens has ``4 * n`` characters and re-encodes to ``n`` tokens.
+- ``render_chat(messages)`` renders OpenAI chat messages with the Llama-3 chat template and ends with
+  the assistant header, so chats that share a system prompt share a token prefix.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+
+CHARS_PER_TOKEN = 4
+VOCAB_SIZE = 128256  # Llama-3's vocabulary size
+
+_BYTES_PER_CHUNK = CHARS_PER_TOKEN * 4  # utf-32: 4 bytes per character
+
+_WORDS: tuple[str, ...] = (
+    "the ", "and ", "for ", "are ", "but ", "not ", "you ", "all ", "any ", "can ", "had ", "her ",
+    "was ", "one ", "our ", "out ", "day ", "get ", "has ", "him ", "his ", "how ", "man ", "new ",
+    "now ", "old ", "see ", "two ", "way ", "who ", "boy ", "did ", "its ", "let ", "put ", "say ",
+    "she ", "too ", "use ", "top ", "sun ", "sky ", "sea ", "red ", "big ", "far ", "end ", "art ",
+)
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text``: one per 4-character chunk (see the module docstring)."""
+    data = text.encode("utf-32-le")
+    crc = zlib.crc32
+    step = _BYTES_PER_CHUNK
+    return [crc(data[i : i + step]) % VOCAB_SIZE for i in range(0, len(data), step)]
+
+
+def count_tokens(text: str) -> int:
+    """``len(encode(text))`` without hashing: ``ceil(len(text) / 4)``."""
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def decode(tokens: Sequence[int]) -> str:
+    """Deterministic filler text, 4 characters per token (not an inverse of ``encode``)."""
+    words = _WORDS
+    n = len(words)
+    return "".join(words[t % n] for t in tokens)
+
+
+def output_text(index: int) -> str:
+    """The text of generated token ``index`` (``index >= 0``): a 3-letter word and a space."""
+    return _WORDS[index % len(_WORDS)]
+
+
+def _content_text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping) and part.get("type", "text") == "text":
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+        return "".join(parts)
+    return str(content)
+
+
+def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
+    """The Llama-3 chat template text of ``messages``, ending with the assistant header.
+
+    Content may be a string or a list of OpenAI content parts (only text parts count).
+    """
+    out = ["<|begin_of_text|>"]
+    for message in messages:
+        role = message.get("role", "user")
+        out.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n")
+        out.append(_content_text(message.get("content")))
+        out.append("<|eot_id|>")
+    out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    return "".join(out)
