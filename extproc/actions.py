@@ -1,0 +1,87 @@
+"""What the request lifecycle asks the data plane to do, free of protobuf.
+
+``extproc.codec.encode`` turns each action into one ``ProcessingResponse``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+from extproc.events import Headers
+
+
+class Phase(Enum):
+    REQUEST = "request"
+    RESPONSE = "response"
+
+
+DynamicMetadata = Mapping[str, Mapping[str, str]]
+"""``{namespace: {key: value}}``, e.g. ``{"envoy.lb": {"x-gateway-destination-endpoint": "ip:port"}}``."""
+
+
+def _no_metadata() -> DynamicMetadata:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderEdit:
+    """Headers to set (overwrite or add) and to remove."""
+
+    set: Headers = ()
+    remove: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueHeaders:
+    """Answer a headers message, with optional mutations, route-cache clearing and dynamic metadata."""
+
+    phase: Phase
+    edit: HeaderEdit = HeaderEdit()
+    clear_route_cache: bool = False
+    metadata: DynamicMetadata = field(default_factory=_no_metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBody:
+    """One chunk of a body re-sent in FULL_DUPLEX_STREAMED mode (``streamed_response``)."""
+
+    phase: Phase
+    data: bytes
+    end_of_stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueBody:
+    """Answer one body message in BUFFERED / STREAMED mode.
+
+    ``body`` None leaves the body as it is; otherwise it replaces it (empty clears it).
+    Header edits, route-cache clearing and metadata are allowed here while the headers have not
+    left Envoy (BUFFERED request bodies).
+    """
+
+    phase: Phase
+    body: bytes | None = None
+    edit: HeaderEdit = HeaderEdit()
+    clear_route_cache: bool = False
+    metadata: DynamicMetadata = field(default_factory=_no_metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueTrailers:
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Immediate:
+    """End the HTTP request now with a local reply (status, JSON body, headers)."""
+
+    status: int
+    body: bytes
+    headers: Headers = ()
+    details: str = ""
+
+
+Action = ContinueHeaders | StreamBody | ContinueBody | ContinueTrailers | Immediate

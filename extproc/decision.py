@@ -1,0 +1,113 @@
+"""Turn a complete request (headers + body) into an InferenceRequest and a scheduling decision."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from extproc import names
+from extproc.openai_request import parse_request_body, upstream_body
+from extproc.ports import Pool, RequestLabels, RequestMetrics
+from policies.contracts import SchedulingResult
+from policies.errors import BadRequestError, MalformedBodyError, ModelNotFoundError, NoEligibleEndpointError
+from policies.types import ApiKind, EndpointView, InferenceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The routed request: what the scheduler saw, what it chose, and the body to send upstream."""
+
+    request: InferenceRequest
+    result: SchedulingResult
+    body: bytes
+    body_rewritten: bool
+    usage_injected: bool
+
+
+def decide(
+    *,
+    pool: Pool,
+    api: ApiKind,
+    headers: Mapping[str, str],
+    body: bytes,
+    subset: Sequence[str] | None,
+    now: Callable[[], float],
+    inject_usage: bool,
+    request_id: str,
+    metrics: RequestMetrics,
+) -> Decision:
+    """Parse, check the model, schedule and record the pick (``Scheduler.on_picked``).
+
+    Raises the KvgateError the client should see: 400 for a bad body, 404 for a model the pool
+    does not serve, 503 when nothing is eligible (also when the subset hint matches nothing),
+    or whatever the scheduler raises (429 shed).
+    """
+    model = ""
+    prompt = ""
+    stream = False
+    cache_salt: str | None = None
+    max_tokens: int | None = None
+    target_model = ""
+    upstream = body
+    rewritten = injected = False
+    parsed = None
+    if body and api is not ApiKind.OTHER:
+        parsed = parse_request_body(api, body)
+    elif body:
+        try:
+            parsed = parse_request_body(api, body)
+        except BadRequestError:
+            parsed = None  # an API kvgate does not know, with an opaque body: route it without a model
+    elif api is not ApiKind.OTHER:
+        raise MalformedBodyError("request body is empty")
+    if parsed is not None:
+        model, prompt, stream = parsed.model, parsed.prompt, parsed.stream
+        cache_salt, max_tokens = parsed.cache_salt, parsed.max_tokens
+        if pool.served_models and model not in pool.served_models:
+            raise ModelNotFoundError(f"model {model!r} is not served by this gateway")
+        target_model = pool.rewrite_model(model, headers)
+        prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage)
+        upstream, rewritten, injected = prepared.data, prepared.rewritten, prepared.usage_injected
+
+    objective = headers.get(names.OBJECTIVE_HEADER)
+    priority = (pool.objective_priority(objective) if objective else None) or 0
+    subset_set = frozenset(subset) if subset is not None else None
+    request = InferenceRequest(
+        request_id=request_id,
+        pool=pool.name,
+        model=model,
+        target_model=target_model,
+        api=api,
+        prompt=prompt,
+        stream=stream,
+        priority=priority,
+        fairness_id=headers.get(names.FAIRNESS_HEADER),
+        session_id=headers.get(names.SESSION_HEADER),
+        cache_salt=cache_salt,
+        max_tokens=max_tokens,
+        body_size=len(body),
+        subset=subset_set,
+        headers=MappingProxyType(dict(headers)),
+    )
+    candidates = in_subset(pool.endpoints(), subset_set)
+    if not candidates:
+        raise NoEligibleEndpointError(
+            "no endpoint of the pool matches the subset hint" if subset_set is not None
+            else f"pool {pool.name!r} has no endpoints"
+        )
+    started = now()
+    result = pool.scheduler.schedule(request, candidates, started)
+    metrics.scheduled(pool.name, now() - started)
+    if not result.ranked:
+        raise NoEligibleEndpointError("the scheduler ranked no endpoint")
+    pool.scheduler.on_picked(request, result.pick, now())
+    metrics.request_picked(RequestLabels(pool.name, model, target_model), len(body))
+    return Decision(request, result, upstream, rewritten, injected)
+
+
+def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None) -> tuple[EndpointView, ...]:
+    """The endpoints a subset hint allows: entries are ``ip:port`` or a bare ``ip`` (any port)."""
+    if subset is None:
+        return endpoints
+    return tuple(v for v in endpoints if v.address in subset or v.endpoint.host in subset)

@@ -1,0 +1,28 @@
+"""The one mapping from an exception to the data plane's answer (an OpenAI-style JSON error)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from extproc.actions import Immediate
+from policies.errors import KvgateError
+
+_log = logging.getLogger(__name__)
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+def immediate_response(error: BaseException) -> Immediate:
+    """Map ``error`` to a local reply.
+
+    A :class:`KvgateError` keeps its status, code and extra headers (``retry-after`` for 429);
+    anything else is a bug: it is logged with its traceback and answered 500 ``internal_error``
+    without leaking its text.
+    """
+    if not isinstance(error, KvgateError):
+        _log.error("unexpected error while processing a request", exc_info=error)
+        error = KvgateError("internal error")
+    body = json.dumps(error.to_openai(), separators=(",", ":")).encode()
+    headers = (("content-type", JSON_CONTENT_TYPE), *((k.lower(), v) for k, v in error.headers.items()))
+    return Immediate(status=error.status, body=body, headers=headers, details=f"kvgate_{error.code}")

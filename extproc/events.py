@@ -1,0 +1,89 @@
+"""Decoded ext_proc messages: what the data plane told the picker, free of protobuf.
+
+One ``ProcessingRequest`` becomes one event (``extproc.codec.decode``); the servicer adds
+:class:`StreamClosed` when the gRPC stream ends or is cancelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+Headers = tuple[tuple[str, str], ...]
+"""Header (name, value) pairs in arrival order; names lower-case."""
+
+
+class BodyMode(Enum):
+    """Envoy's ``ProcessingMode.BodySendMode`` (same numbers)."""
+
+    NONE = 0
+    STREAMED = 1
+    BUFFERED = 2
+    BUFFERED_PARTIAL = 3
+    FULL_DUPLEX_STREAMED = 4
+    GRPC = 5
+
+
+@dataclass(frozen=True, slots=True)
+class BodyModes:
+    """The filter's body modes, from the ``protocol_config`` Envoy sends on a stream's first message."""
+
+    request: BodyMode
+    response: BodyMode
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    headers: Headers
+    end_of_stream: bool = False
+    subset_hint: tuple[str, ...] | None = None
+    modes: BodyModes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBodyChunk:
+    data: bytes
+    end_of_stream: bool = False
+    subset_hint: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrailers:
+    trailers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeaders:
+    headers: Headers
+    end_of_stream: bool = False
+    served_endpoint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseBodyChunk:
+    data: bytes
+    end_of_stream: bool = False
+    served_endpoint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseTrailers:
+    trailers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClosed:
+    """The ext_proc stream ended (``cancelled``: reset or client gone rather than a half-close)."""
+
+    cancelled: bool = False
+
+
+Event = (
+    RequestHeaders
+    | RequestBodyChunk
+    | RequestTrailers
+    | ResponseHeaders
+    | ResponseBodyChunk
+    | ResponseTrailers
+    | StreamClosed
+)

@@ -1,0 +1,424 @@
+"""The per-request ext_proc lifecycle: a sans-IO state machine, decoded events in, actions out.
+
+Its transition table (:data:`TRANSITIONS`, state × event type → handler) is the whole protocol::
+
+    START ──RequestHeaders(eos)──────────────────────────────▶ UPSTREAM        (bodyless: pick now)
+    START ──RequestHeaders──▶ REQUEST_BODY ──body eos / trailers─▶ UPSTREAM   (pick on the whole body)
+    UPSTREAM ──ResponseHeaders──▶ RESPONSE_BODY ──body eos / trailers──▶ RESPONSE_DONE
+    any ──error──▶ DONE (ImmediateResponse)        any ──StreamClosed──▶ DONE
+
+FULL_DUPLEX_STREAMED request bodies are held until end of stream, then the header response
+(destination, metadata) goes out followed by the body as streamed chunks. BUFFERED bodies get
+the header response at once and the destination on the body response. Responses pass through
+chunk by chunk. ``Scheduler.on_finished`` runs exactly once per picked request.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+from extproc import names
+from extproc.actions import (
+    Action,
+    ContinueBody,
+    ContinueHeaders,
+    ContinueTrailers,
+    HeaderEdit,
+    Phase,
+    StreamBody,
+)
+from extproc.decision import Decision, decide
+from extproc.errors import immediate_response
+from extproc.events import (
+    BodyMode,
+    BodyModes,
+    Event,
+    RequestBodyChunk,
+    RequestHeaders,
+    RequestTrailers,
+    ResponseBodyChunk,
+    ResponseHeaders,
+    ResponseTrailers,
+    StreamClosed,
+)
+from extproc.openai_request import BodyBuffer, api_kind
+from extproc.openai_response import ResponseBodyProcessor
+from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
+from policies.errors import KvgateError, PayloadTooLargeError
+from policies.types import ApiKind, Endpoint
+
+_log = logging.getLogger(__name__)
+
+STREAM_CHUNK_BYTES = 62_000
+"""Largest streamed body chunk sent back to Envoy (GIE's margin under a 64 KiB per-chunk limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    max_body_bytes: int = 16 * 1024 * 1024
+    fallback_count: int = 1
+    """How many ranked endpoints go into the destination value (pick first, then fallbacks)."""
+    stream_chunk_bytes: int = STREAM_CHUNK_BYTES
+    default_modes: BodyModes = field(
+        default_factory=lambda: BodyModes(BodyMode.FULL_DUPLEX_STREAMED, BodyMode.FULL_DUPLEX_STREAMED)
+    )
+    """Used when Envoy sends no ``protocol_config`` (it does on the first message since 1.33)."""
+    inject_include_usage: bool = True
+    drop_injected_usage_chunk: bool = True
+    rename_response_model: bool = True
+    response_copy_limit: int = 4 * 1024 * 1024
+
+
+class State(Enum):
+    START = "start"
+    REQUEST_BODY = "request_body"
+    UPSTREAM = "upstream"
+    RESPONSE_BODY = "response_body"
+    RESPONSE_DONE = "response_done"
+    DONE = "done"
+
+
+class ProtocolViolation(KvgateError):
+    """Envoy sent a message the lifecycle does not expect in its state (500)."""
+
+    code = "protocol_violation"
+
+
+class RequestLifecycle:
+    """One HTTP request's ext_proc conversation. Not thread-safe; one per gRPC stream."""
+
+    def __init__(
+        self,
+        directory: PoolDirectory,
+        clock: Clock,
+        *,
+        pool_name: str | None = None,
+        metrics: RequestMetrics | None = None,
+        config: LifecycleConfig | None = None,
+    ) -> None:
+        self._directory = directory
+        self._clock = clock
+        self._pool_name = pool_name
+        self._metrics: RequestMetrics = metrics or NoMetrics()
+        self._config = config or LifecycleConfig()
+        self.state = State.START
+        self._modes = self._config.default_modes
+        self._started = 0.0
+        self._pool: Pool | None = None
+        self._headers: Mapping[str, str] = MappingProxyType({})
+        self._strip: tuple[str, ...] = ()
+        self._api = ApiKind.OTHER
+        self._subset: tuple[str, ...] | None = None
+        self._body = BodyBuffer(self._config.max_body_bytes)
+        self._decision: Decision | None = None
+        self._served: Endpoint | None = None
+        self._status = 0
+        self._response: ResponseBodyProcessor | None = None
+        self._first_byte_seen = False
+        self._finished = False
+
+    @property
+    def decision(self) -> Decision | None:
+        return self._decision
+
+    def handle(self, event: Event) -> list[Action]:
+        handler = TRANSITIONS.get((self.state, type(event)))
+        if handler is None:
+            if self.state is State.DONE:
+                return []
+            handler = _unexpected
+        try:
+            return handler(self, event)
+        except Exception as error:  # every failure becomes one local reply; bugs are logged there
+            return self._fail(error)
+
+    # request path --------------------------------------------------------------------------
+    def _on_request_headers(self, event: RequestHeaders) -> list[Action]:
+        self._started = self._clock.now()
+        self._modes = event.modes or self._config.default_modes
+        self._subset = event.subset_hint
+        headers: dict[str, str] = {}
+        strip: list[str] = []
+        for name, value in event.headers:
+            key = name.lower()
+            if names.is_system_owned(key):
+                strip.append(key)
+            else:
+                headers[key] = value
+        self._headers = MappingProxyType(headers)
+        self._strip = tuple(dict.fromkeys(strip))
+        self._pool = self._directory.resolve(self._pool_name)
+        self._api = api_kind(headers.get(":path", ""))
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self._config.max_body_bytes:
+            raise PayloadTooLargeError(
+                f"request body exceeds the gateway limit of {self._config.max_body_bytes} bytes"
+            )
+        if event.end_of_stream:
+            return [self._header_reply(self._pick(b""), streamed_body=False)]
+        self.state = State.REQUEST_BODY
+        if self._full_duplex_request:
+            return []
+        return [ContinueHeaders(Phase.REQUEST, HeaderEdit(remove=self._strip))]
+
+    def _on_request_body(self, event: RequestBodyChunk) -> list[Action]:
+        if event.subset_hint is not None:
+            self._subset = event.subset_hint
+        self._body.append(event.data)
+        if not self._full_duplex_request:
+            buffered = self._modes.request is BodyMode.BUFFERED
+            if not buffered and not event.end_of_stream:
+                return [ContinueBody(Phase.REQUEST)]  # STREAMED: chunks pass; decide on the last one
+            # BUFFERED: this one message is the whole body; headers are still held by Envoy.
+            decision = self._pick(self._body.take())
+            body = decision.body if decision.body_rewritten and buffered else None
+            return [
+                ContinueBody(
+                    Phase.REQUEST,
+                    body=body,
+                    edit=self._destination_edit(decision, content_length=body is not None),
+                    clear_route_cache=True,
+                    metadata=self._metadata(decision),
+                )
+            ]
+        if not event.end_of_stream:
+            return []
+        decision = self._pick(self._body.take())
+        return [self._header_reply(decision, streamed_body=True), *self._stream(decision.body, True)]
+
+    def _on_request_trailers_in_body(self, event: RequestTrailers) -> list[Action]:
+        if not self._full_duplex_request:
+            raise ProtocolViolation("request trailers before the buffered body")
+        decision = self._pick(self._body.take())
+        return [
+            self._header_reply(decision, streamed_body=True),
+            *self._stream(decision.body, False),
+            ContinueTrailers(Phase.REQUEST),
+        ]
+
+    def _on_request_trailers_late(self, event: RequestTrailers) -> list[Action]:
+        return [ContinueTrailers(Phase.REQUEST)]
+
+    def _pick(self, body: bytes) -> Decision:
+        assert self._pool is not None
+        decision = decide(
+            pool=self._pool,
+            api=self._api,
+            headers=self._headers,
+            body=body,
+            subset=self._subset,
+            now=self._clock.now,
+            inject_usage=self._config.inject_include_usage,
+            # Our own id: the scheduler keys in-flight state by it, and clients can repeat x-request-id.
+            request_id=uuid.uuid4().hex,
+            metrics=self._metrics,
+        )
+        self._decision = decision
+        self._served = decision.result.pick
+        self.state = State.UPSTREAM
+        return decision
+
+    def _header_reply(self, decision: Decision, *, streamed_body: bool) -> ContinueHeaders:
+        content_length = streamed_body and (decision.body_rewritten or bool(decision.body))
+        return ContinueHeaders(
+            Phase.REQUEST,
+            self._destination_edit(decision, content_length=content_length),
+            clear_route_cache=True,
+            metadata=self._metadata(decision),
+        )
+
+    def _destination_edit(self, decision: Decision, *, content_length: bool) -> HeaderEdit:
+        value = self._destination(decision)
+        set_headers = [(names.DESTINATION_HEADER, value)]
+        if decision.request.model:
+            set_headers.append((names.MODEL_NAME_HEADER, decision.request.model))
+        if content_length:
+            set_headers.append(("content-length", str(len(decision.body))))
+        remove = tuple(h for h in self._strip if h != names.DESTINATION_HEADER)
+        return HeaderEdit(set=tuple(set_headers), remove=remove)
+
+    def _destination(self, decision: Decision) -> str:
+        ranked = decision.result.ranked[: max(1, self._config.fallback_count)]
+        return ",".join(endpoint.address for endpoint in ranked)
+
+    def _metadata(self, decision: Decision) -> Mapping[str, Mapping[str, str]]:
+        return {names.LB_NAMESPACE: {names.DESTINATION_HEADER: self._destination(decision)}}
+
+    def _stream(self, body: bytes, end_of_stream: bool) -> list[Action]:
+        size = self._config.stream_chunk_bytes
+        if not body:
+            return [StreamBody(Phase.REQUEST, b"", end_of_stream)]
+        last = len(body) - 1
+        return [
+            StreamBody(Phase.REQUEST, body[start : start + size], end_of_stream and start + size > last)
+            for start in range(0, len(body), size)
+        ]
+
+    @property
+    def _full_duplex_request(self) -> bool:
+        return self._modes.request is BodyMode.FULL_DUPLEX_STREAMED
+
+    # response path -------------------------------------------------------------------------
+    def _on_response_headers(self, event: ResponseHeaders) -> list[Action]:
+        decision = self._decision
+        assert decision is not None
+        self._note_served(event.served_endpoint)
+        content_type = ""
+        for name, value in event.headers:
+            key = name.lower()
+            if key == ":status":
+                self._status = int(value) if value.isdigit() else 0
+            elif key == "content-type":
+                content_type = value.lower()
+        request = decision.request
+        rename = (request.target_model, request.model) if self._config.rename_response_model else None
+        self._response = ResponseBodyProcessor(
+            sse="text/event-stream" in content_type,
+            drop_usage_chunk=decision.usage_injected and self._config.drop_injected_usage_chunk,
+            rename_model=rename if request.model else None,
+            copy_limit=self._config.response_copy_limit,
+        )
+        edit = HeaderEdit(remove=("content-length",)) if self._response.edits else HeaderEdit()
+        if event.end_of_stream or self._modes.response is BodyMode.NONE:
+            self._finish(ok=self._status_ok)
+            self.state = State.RESPONSE_DONE
+        else:
+            self.state = State.RESPONSE_BODY
+        return [ContinueHeaders(Phase.RESPONSE, edit)]
+
+    def _on_response_body(self, event: ResponseBodyChunk) -> list[Action]:
+        processor = self._response
+        assert processor is not None
+        self._note_served(event.served_endpoint)
+        if event.data and not self._first_byte_seen:
+            self._first_byte_seen = True
+            self._metrics.first_token(self._labels, self._clock.now() - self._started)
+        out = processor.feed(event.data, event.end_of_stream)
+        if event.end_of_stream:
+            self._complete_response()
+        if self._modes.response is BodyMode.FULL_DUPLEX_STREAMED:
+            if out or event.end_of_stream:
+                return [StreamBody(Phase.RESPONSE, out, event.end_of_stream)]
+            return []
+        return [ContinueBody(Phase.RESPONSE, body=None if out == event.data else out)]
+
+    def _on_response_trailers(self, event: ResponseTrailers) -> list[Action]:
+        actions: list[Action] = []
+        if self.state is State.RESPONSE_BODY and self._response is not None:
+            tail = self._response.feed(b"", True)
+            if tail and self._modes.response is BodyMode.FULL_DUPLEX_STREAMED:
+                actions.append(StreamBody(Phase.RESPONSE, tail, False))
+            self._complete_response()
+        actions.append(ContinueTrailers(Phase.RESPONSE))
+        return actions
+
+    def _complete_response(self) -> None:
+        decision = self._decision
+        assert decision is not None
+        assert self._response is not None
+        usage = self._response.usage
+        if usage is not None:
+            self._metrics.tokens(self._labels, usage.prompt_tokens, usage.completion_tokens)
+            self._callback(
+                "on_usage", lambda s: s.on_usage(decision.request, self._served_endpoint, usage, self._now())
+            )
+        self._finish(ok=self._status_ok)
+        self.state = State.RESPONSE_DONE
+
+    def _note_served(self, address: str | None) -> None:
+        decision = self._decision
+        if address is None or decision is None or self._served is None or address == self._served.address:
+            return
+        served = next((e for e in decision.result.ranked if e.address == address), None)
+        endpoint = served or Endpoint(address=address, pool=decision.request.pool)
+        self._served = endpoint
+        self._callback("on_served", lambda s: s.on_served(decision.request, endpoint, self._now()))
+
+    # ending --------------------------------------------------------------------------------
+    def _on_closed(self, event: StreamClosed) -> list[Action]:
+        self._finish(ok=False)
+        self.state = State.DONE
+        return []
+
+    def _fail(self, error: BaseException) -> list[Action]:
+        reply = immediate_response(error)
+        code = error.code if isinstance(error, KvgateError) else "internal_error"
+        self._metrics.request_error(self._labels, code)
+        if isinstance(error, KvgateError) and error.status < 500:
+            _log.debug("request refused: %s %s", error.status, error.message)
+        elif isinstance(error, KvgateError):
+            _log.info("request failed: %s %s", error.status, error.message)
+        self._finish(ok=False)
+        self.state = State.DONE
+        return [reply]
+
+    def _finish(self, *, ok: bool) -> None:
+        decision = self._decision
+        if self._finished or decision is None:
+            return
+        self._finished = True
+        self._callback(
+            "on_finished",
+            lambda s: s.on_finished(decision.request, self._served_endpoint, ok=ok, now=self._now()),
+        )
+        self._metrics.request_finished(self._labels, self._now() - self._started, ok=ok)
+
+    def _callback(self, name: str, call: Callable[[Any], None]) -> None:
+        """Scheduler feedback must never break a response that is already flowing."""
+        assert self._pool is not None
+        try:
+            call(self._pool.scheduler)
+        except Exception:
+            _log.exception("scheduler %s failed", name)
+
+    @property
+    def _served_endpoint(self) -> Endpoint:
+        assert self._served is not None
+        return self._served
+
+    @property
+    def _status_ok(self) -> bool:
+        return 0 < self._status < 400
+
+    @property
+    def _labels(self) -> RequestLabels:
+        pool = self._pool.name if self._pool is not None else (self._pool_name or "")
+        if self._decision is None:
+            return RequestLabels(pool, "", "")
+        request = self._decision.request
+        return RequestLabels(pool, request.model, request.target_model)
+
+    def _now(self) -> float:
+        return self._clock.now()
+
+
+def _unexpected(machine: RequestLifecycle, event: Event) -> list[Action]:
+    raise ProtocolViolation(f"unexpected {type(event).__name__} in state {machine.state.value}")
+
+
+Handler = Callable[[RequestLifecycle, Any], list[Action]]
+
+TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
+    {
+        (State.START, RequestHeaders): RequestLifecycle._on_request_headers,
+        (State.START, StreamClosed): RequestLifecycle._on_closed,
+        (State.REQUEST_BODY, RequestBodyChunk): RequestLifecycle._on_request_body,
+        (State.REQUEST_BODY, RequestTrailers): RequestLifecycle._on_request_trailers_in_body,
+        (State.REQUEST_BODY, StreamClosed): RequestLifecycle._on_closed,
+        (State.UPSTREAM, RequestTrailers): RequestLifecycle._on_request_trailers_late,
+        (State.UPSTREAM, ResponseHeaders): RequestLifecycle._on_response_headers,
+        (State.UPSTREAM, StreamClosed): RequestLifecycle._on_closed,
+        (State.RESPONSE_BODY, ResponseBodyChunk): RequestLifecycle._on_response_body,
+        (State.RESPONSE_BODY, ResponseTrailers): RequestLifecycle._on_response_trailers,
+        (State.RESPONSE_BODY, StreamClosed): RequestLifecycle._on_closed,
+        (State.RESPONSE_DONE, ResponseTrailers): RequestLifecycle._on_response_trailers,
+        (State.RESPONSE_DONE, StreamClosed): RequestLifecycle._on_closed,
+    }
+)
+"""State × event type → handler. A pair not listed is a protocol violation (500), except in DONE."""

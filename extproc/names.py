@@ -1,0 +1,35 @@
+"""Header and metadata names of the endpoint-picker protocol (GIE's, plus kvgate's own)."""
+
+from __future__ import annotations
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+"""Request header and ``envoy.lb`` metadata key carrying the pick (``ip:port``, or an ordered comma list)."""
+
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+"""``envoy.lb`` metadata key in which the data plane reports the endpoint that actually served."""
+
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+"""Key of the subset hint inside the ``envoy.lb.subset_hint`` metadata namespace."""
+
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+
+MODEL_NAME_HEADER = "x-gateway-model-name"
+"""The body's ``model`` copied into a header so that HTTPRoute header matches can select by model."""
+
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+REQUEST_ID_HEADER = "x-request-id"
+SESSION_HEADER = "x-session-id"
+
+POOL_METADATA_KEY = "x-kvgate-pool"
+"""gRPC initial metadata (set by Envoy's per-route ``ExtProcPerRoute`` override) naming the request's pool."""
+
+KVGATE_HEADER_PREFIX = "x-kvgate-"
+
+SYSTEM_OWNED_HEADERS = frozenset({DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY})
+
+
+def is_system_owned(name: str) -> bool:
+    """True for headers only the gateway may set; ``name`` must be lower-case."""
+    return name in SYSTEM_OWNED_HEADERS or name.startswith(KVGATE_HEADER_PREFIX)

@@ -1,0 +1,211 @@
+"""Read what routing needs from an OpenAI-compatible request body, and prepare the upstream body.
+
+Only routing fields are read: the model, the prompt text for prefix hashing (chat messages
+flattened in order), ``stream`` / ``stream_options``, ``cache_salt`` and the token limit.
+The body is rewritten only when it must change: the gateway sets
+``stream_options.include_usage`` on streaming completions so that usage is always known, and a
+model rewrite replaces ``model``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
+from policies.types import ApiKind
+
+_API_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
+    ("/v1/chat/completions", ApiKind.CHAT_COMPLETIONS),
+    ("/v1/completions", ApiKind.COMPLETIONS),
+    ("/v1/embeddings", ApiKind.EMBEDDINGS),
+    ("/v1/responses", ApiKind.RESPONSES),
+)
+_USAGE_STREAMING_APIS = frozenset({ApiKind.COMPLETIONS, ApiKind.CHAT_COMPLETIONS})
+
+
+def api_kind(path: str) -> ApiKind:
+    """The API a request targets, from the suffix of its ``:path`` (query string ignored)."""
+    route = path.split("?", 1)[0].rstrip("/")
+    for suffix, kind in _API_SUFFIXES:
+        if route.endswith(suffix):
+            return kind
+    return ApiKind.OTHER
+
+
+class BodyBuffer:
+    """Collects body chunks and refuses to hold more than ``limit`` bytes (413)."""
+
+    __slots__ = ("_chunks", "_limit", "_size")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def append(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._limit:
+            self._chunks.clear()
+            raise PayloadTooLargeError(f"request body exceeds the gateway limit of {self._limit} bytes")
+        if data:
+            self._chunks.append(data)
+
+    def take(self) -> bytes:
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIRequest:
+    """The routing view of a request body. ``document`` is the parsed JSON object."""
+
+    api: ApiKind
+    model: str
+    prompt: str
+    stream: bool
+    usage_requested: bool
+    cache_salt: str | None
+    max_tokens: int | None
+    document: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamBody:
+    """The body to send upstream; ``rewritten`` if it differs from the client's, ``usage_injected``
+    if the gateway turned on ``stream_options.include_usage`` (the client did not ask for usage)."""
+
+    data: bytes
+    rewritten: bool
+    usage_injected: bool
+
+
+def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
+    """Parse ``raw`` for routing. Raises MalformedBodyError / BadRequestError (400)."""
+    try:
+        document = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedBodyError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise BadRequestError("request body must be a JSON object")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("'model' is required")
+    prompt = _prompt_of(api, document)
+    stream = document.get("stream") is True
+    options = document.get("stream_options")
+    usage_requested = isinstance(options, dict) and options.get("include_usage") is True
+    salt = document.get("cache_salt")
+    return OpenAIRequest(
+        api=api,
+        model=model,
+        prompt=prompt,
+        stream=stream,
+        usage_requested=usage_requested,
+        cache_salt=salt if isinstance(salt, str) and salt else None,
+        max_tokens=_max_tokens(document),
+        document=document,
+    )
+
+
+def upstream_body(
+    request: OpenAIRequest, raw: bytes, target_model: str, *, inject_usage: bool
+) -> UpstreamBody:
+    """The body to forward: ``raw`` untouched unless the model or ``stream_options`` must change."""
+    inject = inject_usage and request.stream and not request.usage_requested and (
+        request.api in _USAGE_STREAMING_APIS
+    )
+    if not inject and target_model == request.model:
+        return UpstreamBody(raw, rewritten=False, usage_injected=False)
+    document = dict(request.document)
+    document["model"] = target_model
+    if inject:
+        options = document.get("stream_options")
+        document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    return UpstreamBody(data, rewritten=True, usage_injected=inject)
+
+
+def _prompt_of(api: ApiKind, document: dict[str, Any]) -> str:
+    if api is ApiKind.COMPLETIONS:
+        prompt = _flatten_input(document.get("prompt"))
+        if not prompt:
+            raise BadRequestError("'prompt' is required and must not be empty")
+        return prompt
+    if api is ApiKind.CHAT_COMPLETIONS:
+        messages = document.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequestError("'messages' must be a non-empty list")
+        return _flatten_messages(messages)
+    if api is ApiKind.EMBEDDINGS:
+        text = _flatten_input(document.get("input"))
+        if not text:
+            raise BadRequestError("'input' is required and must not be empty")
+        return text
+    if api is ApiKind.RESPONSES:
+        instructions = document.get("instructions")
+        head = instructions + "\n" if isinstance(instructions, str) else ""
+        items = document.get("input")
+        body = _flatten_messages(items) if isinstance(items, list) else _flatten_input(items)
+        return head + body
+    return ""
+
+
+def _flatten_input(value: object) -> str:
+    """A prompt / input: a string, a list of strings, a token list, or a list of token lists."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        if all(isinstance(item, str) for item in value):
+            return "\n".join(value)
+        if all(isinstance(item, int) for item in value):
+            return " ".join(map(str, value))
+        if all(isinstance(item, list) and all(isinstance(t, int) for t in item) for item in value):
+            return "\n".join(" ".join(map(str, item)) for item in value)
+        raise BadRequestError("prompt must be a string, a list of strings or token lists")
+    if value is None or value == []:
+        return ""
+    raise BadRequestError("prompt must be a string, a list of strings or token lists")
+
+
+def _flatten_messages(messages: list[Any]) -> str:
+    """``role: content`` lines in message order; content parts joined (non-text parts as JSON)."""
+    lines: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise BadRequestError("each message must be an object")
+        role = message.get("role", "")
+        lines.append(f"{role}: {_content_text(message.get('content'))}")
+    return "\n".join(lines)
+
+
+def _content_text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                parts.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+        return "".join(parts)
+    raise BadRequestError("message content must be a string or a list of parts")
+
+
+def _max_tokens(document: dict[str, Any]) -> int | None:
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = document.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None

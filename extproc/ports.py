@@ -1,0 +1,121 @@
+"""What the ext_proc service needs from the composition root (``gateway/``).
+
+* :class:`PoolDirectory` resolves the pool a request belongs to (by the ``x-kvgate-pool`` gRPC
+  metadata, or the default pool) to a :class:`Pool`: its served models, its live endpoints, its
+  scheduler, objective priorities and the model-rewrite hook.
+* :class:`Clock` gives monotonic seconds.
+* :class:`RequestMetrics` observes requests (gateway/ exports them under GIE's metric names);
+  :class:`NoMetrics` is the do-nothing default.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from policies.contracts import Scheduler
+from policies.types import EndpointView
+
+
+class Pool(Protocol):
+    """One InferencePool as the picker sees it. Every method is cheap and does no IO."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def served_models(self) -> frozenset[str]:
+        """Model (and adapter) names this pool serves; empty means any model."""
+        ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def endpoints(self) -> tuple[EndpointView, ...]:
+        """The pool's endpoints in the live (latest) snapshot."""
+        ...
+
+    def objective_priority(self, objective: str) -> int | None:
+        """Priority of the named InferenceObjective of this pool; None when unknown (then 0)."""
+        ...
+
+    def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
+        """The model the replica should serve for a client's ``model`` (identity when none applies)."""
+        ...
+
+
+class PoolDirectory(Protocol):
+    def resolve(self, name: str | None) -> Pool:
+        """The pool called ``name``, or the default pool when ``name`` is None.
+
+        Raises ``policies.errors.PoolNotFoundError`` (503) when there is no such pool.
+        """
+        ...
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Monotonic seconds."""
+        ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLabels:
+    """Labels of GIE's per-request metrics."""
+
+    pool: str
+    model: str
+    target_model: str
+
+
+class RequestMetrics(Protocol):
+    def request_picked(self, labels: RequestLabels, body_size: int) -> None:
+        """A request was routed (GIE: request_total, request_sizes; running_requests +1)."""
+        ...
+
+    def request_error(self, labels: RequestLabels, code: str) -> None:
+        """A request got an error reply from the picker (GIE: request_error_total{error_code})."""
+        ...
+
+    def scheduled(self, pool: str, seconds: float) -> None:
+        """Time one ``Scheduler.schedule`` call took (GIE: scheduler_e2e_duration_seconds)."""
+        ...
+
+    def first_token(self, labels: RequestLabels, seconds: float) -> None:
+        """Time from request headers to the first response body chunk (GIE: request_ttft_seconds)."""
+        ...
+
+    def tokens(self, labels: RequestLabels, prompt_tokens: int, completion_tokens: int) -> None:
+        """Token usage the replica reported (GIE: input_tokens, output_tokens)."""
+        ...
+
+    def request_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        """Once per picked request (GIE: request_duration_seconds; running_requests -1)."""
+        ...
+
+
+class NoMetrics:
+    def request_picked(self, labels: RequestLabels, body_size: int) -> None:
+        pass
+
+    def request_error(self, labels: RequestLabels, code: str) -> None:
+        pass
+
+    def scheduled(self, pool: str, seconds: float) -> None:
+        pass
+
+    def first_token(self, labels: RequestLabels, seconds: float) -> None:
+        pass
+
+    def tokens(self, labels: RequestLabels, prompt_tokens: int, completion_tokens: int) -> None:
+        pass
+
+    def request_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        pass

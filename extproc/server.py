@@ -1,0 +1,59 @@
+"""Build and run the ext_proc gRPC server (ExternalProcessor + gRPC health)."""
+
+from __future__ import annotations
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from extproc.lifecycle import LifecycleConfig
+from extproc.ports import Clock, PoolDirectory, RequestMetrics
+from extproc.servicer import ExtProcServicer
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class ExtProcServer:
+    """A grpc.aio server serving ext_proc and health on ``address`` (``host:port``; port 0 = any free).
+
+    ``await start()`` binds and returns the bound port; ``await stop(grace)`` marks health
+    NOT_SERVING and stops. ``health`` lets the composition root flip readiness itself.
+    """
+
+    def __init__(
+        self,
+        directory: PoolDirectory,
+        *,
+        address: str = "0.0.0.0:9002",
+        clock: Clock | None = None,
+        metrics: RequestMetrics | None = None,
+        config: LifecycleConfig | None = None,
+        max_concurrent_streams: int | None = None,
+        reuse_port: bool = False,
+    ) -> None:
+        """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT)."""
+        self._address = address
+        options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
+        if max_concurrent_streams is not None:
+            options.append(("grpc.max_concurrent_streams", max_concurrent_streams))
+        self._server = grpc.aio.server(options=options)
+        self.servicer = ExtProcServicer(directory, clock=clock, metrics=metrics, config=config)
+        pb_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = 0
+
+    async def start(self) -> int:
+        self.port = self._server.add_insecure_port(self._address)
+        await self._server.start()
+        for service in ("", EXT_PROC_SERVICE):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+
+    async def wait_for_termination(self) -> None:
+        await self._server.wait_for_termination()

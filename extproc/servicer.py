@@ -1,0 +1,69 @@
+"""The grpc.aio ExternalProcessor: a thin loop around :class:`extproc.lifecycle.RequestLifecycle`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc import codec, names
+from extproc.events import StreamClosed
+from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
+
+_log = logging.getLogger(__name__)
+
+
+Context = grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse]
+
+
+def pool_from_metadata(context: Context) -> str | None:
+    """The ``x-kvgate-pool`` gRPC initial metadata value that Envoy's per-route override sets."""
+    for key, value in context.invocation_metadata() or ():
+        if key == names.POOL_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        directory: PoolDirectory,
+        *,
+        clock: Clock | None = None,
+        metrics: RequestMetrics | None = None,
+        config: LifecycleConfig | None = None,
+    ) -> None:
+        self._directory = directory
+        self._clock = clock or MonotonicClock()
+        self._metrics = metrics or NoMetrics()
+        self._config = config or LifecycleConfig()
+
+    def _new_lifecycle(self, pool: str | None) -> RequestLifecycle:
+        return RequestLifecycle(
+            self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config
+        )
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: Context,
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        machine = self._new_lifecycle(pool_from_metadata(context))
+        cancelled = True
+        try:
+            async for message in request_iterator:
+                try:
+                    event = codec.decode(message)
+                except codec.UnknownMessage:
+                    _log.warning("ignoring an ext_proc message with no known part")
+                    continue
+                for action in machine.handle(event):
+                    yield codec.encode(action)
+            cancelled = False
+        finally:
+            # Half-close, reset or cancellation: the machine ends exactly once (on_finished).
+            machine.handle(StreamClosed(cancelled=cancelled))

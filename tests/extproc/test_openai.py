@@ -1,0 +1,161 @@
+"""OpenAI request parsing / body preparation and response usage parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from extproc.openai_request import BodyBuffer, api_kind, parse_request_body, upstream_body
+from extproc.openai_response import ResponseBodyProcessor, usage_from_document
+from policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
+from policies.types import ApiKind
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/v1/chat/completions", ApiKind.CHAT_COMPLETIONS),
+        ("/v1/completions?x=1", ApiKind.COMPLETIONS),
+        ("/openai/v1/embeddings/", ApiKind.EMBEDDINGS),
+        ("/v1/responses", ApiKind.RESPONSES),
+        ("/v1/models", ApiKind.OTHER),
+    ],
+)
+def test_api_kind_from_path_suffix(path: str, kind: ApiKind) -> None:
+    assert api_kind(path) is kind
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text"),
+    [("abc", "abc"), (["a", "b"], "a\nb"), ([1, 2, 3], "1 2 3"), ([[1, 2], [3]], "1 2\n3")],
+)
+def test_completion_prompt_forms(prompt: object, text: str) -> None:
+    parsed = parse_request_body(ApiKind.COMPLETIONS, json.dumps({"model": "m", "prompt": prompt}).encode())
+    assert parsed.prompt == text
+
+
+def test_chat_messages_flatten_in_order_with_parts() -> None:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "look: "},
+                    {"type": "image_url", "image_url": {"url": "u"}},
+                ],
+            },
+        ],
+        "max_completion_tokens": 5,
+    }
+    parsed = parse_request_body(ApiKind.CHAT_COMPLETIONS, json.dumps(body).encode())
+    assert parsed.prompt.startswith("system: be brief\nuser: look: {")
+    assert '"url":"u"' in parsed.prompt
+    assert parsed.max_tokens == 5
+    again = parse_request_body(ApiKind.CHAT_COMPLETIONS, json.dumps(body).encode())
+    assert again.prompt == parsed.prompt
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "error"),
+    [
+        (ApiKind.COMPLETIONS, b"\xff\xfe{", MalformedBodyError),
+        (ApiKind.COMPLETIONS, b"[1]", BadRequestError),
+        (ApiKind.COMPLETIONS, b'{"model": 3, "prompt": "x"}', BadRequestError),
+        (ApiKind.COMPLETIONS, b'{"model": "m", "prompt": []}', BadRequestError),
+        (ApiKind.COMPLETIONS, b'{"model": "m", "prompt": [{"a": 1}]}', BadRequestError),
+        (ApiKind.CHAT_COMPLETIONS, b'{"model": "m"}', BadRequestError),
+        (ApiKind.CHAT_COMPLETIONS, b'{"model": "m", "messages": ["x"]}', BadRequestError),
+        (ApiKind.EMBEDDINGS, b'{"model": "m"}', BadRequestError),
+    ],
+)
+def test_bad_bodies(api: ApiKind, body: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse_request_body(api, body)
+
+
+def test_body_left_alone_unless_it_must_change() -> None:
+    raw = b'{"model": "m", "prompt": "x", "stream": true, "stream_options": {"include_usage": true}}'
+    parsed = parse_request_body(ApiKind.COMPLETIONS, raw)
+    assert upstream_body(parsed, raw, "m", inject_usage=True).data is raw
+    renamed = upstream_body(parsed, raw, "lora-a", inject_usage=True)
+    assert json.loads(renamed.data)["model"] == "lora-a"
+    assert not renamed.usage_injected
+    embeddings = b'{"model": "m", "input": "x", "stream": true}'
+    parsed = parse_request_body(ApiKind.EMBEDDINGS, embeddings)
+    assert upstream_body(parsed, embeddings, "m", inject_usage=True).data is embeddings
+
+
+def test_body_buffer_refuses_past_the_limit() -> None:
+    buffer = BodyBuffer(10)
+    buffer.append(b"12345")
+    buffer.append(b"67890")
+    with pytest.raises(PayloadTooLargeError):
+        buffer.append(b"x")
+
+
+def test_usage_from_documents() -> None:
+    usage = usage_from_document({"usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (3, 4, None)
+    responses = usage_from_document(
+        {
+            "type": "response.completed",
+            "response": {
+                "usage": {"input_tokens": 8, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 6}}
+            },
+        }
+    )
+    assert responses is not None
+    assert (responses.prompt_tokens, responses.completion_tokens, responses.cached_tokens) == (8, 2, 6)
+    assert usage_from_document({"usage": None}) is None
+
+
+def test_sse_usage_split_across_many_chunks_passes_through_unchanged() -> None:
+    stream = (
+        b'data: {"choices":[{"text":"a"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":1}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    processor = ResponseBodyProcessor(sse=True)
+    out = b"".join(processor.feed(stream[i : i + 3], False) for i in range(0, len(stream), 3))
+    out += processor.feed(b"", True)
+    assert out == stream
+    assert processor.usage is not None
+    assert processor.usage.prompt_tokens == 11
+
+
+def test_sse_crlf_events_and_usage_chunk_dropped_byte_by_byte() -> None:
+    stream = (
+        b'data: {"choices":[{"text":"a"}],"usage":null}\r\n\r\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1}}\r\n\r\n'
+        b"data: [DONE]\r\n\r\n"
+    )
+    processor = ResponseBodyProcessor(sse=True, drop_usage_chunk=True)
+    out = b"".join(processor.feed(stream[i : i + 1], False) for i in range(len(stream)))
+    out += processor.feed(b"", True)
+    assert out == b'data: {"choices":[{"text":"a"}],"usage":null}\r\n\r\ndata: [DONE]\r\n\r\n'
+    assert processor.usage is not None
+
+
+def test_large_json_response_usage_found_in_the_tail() -> None:
+    body = json.dumps(
+        {"data": [{"embedding": [0.5] * 5000}], "usage": {"prompt_tokens": 9, "completion_tokens": 0}}
+    )
+    processor = ResponseBodyProcessor(sse=False, copy_limit=1000)
+    data = body.encode()
+    out = b"".join(processor.feed(data[i : i + 4096], False) for i in range(0, len(data), 4096))
+    out += processor.feed(b"", True)
+    assert out == data
+    assert processor.usage is not None
+    assert processor.usage.prompt_tokens == 9
+
+
+def test_large_json_response_with_rename_is_forwarded_unchanged() -> None:
+    data = json.dumps({"model": "real", "data": "x" * 5000}).encode()
+    processor = ResponseBodyProcessor(sse=False, rename_model=("real", "alias"), copy_limit=1000)
+    out = b"".join(processor.feed(data[i : i + 700], False) for i in range(0, len(data), 700))
+    out += processor.feed(b"", True)
+    assert out == data
