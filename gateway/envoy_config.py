@@ -1,0 +1,378 @@
+"""Envoy configuration as plain dicts (proto-JSON shape): pure builders, no IO.
+
+Each builder returns one Envoy resource (a cluster, a listener, a route, an HTTP filter) so that the
+static bootstrap here and the xDS translator reuse the same code. The shapes follow the behaviour of
+real Envoy 1.40 measured in ``/work/notes/ENVOY_EXTPROC.md``:
+
+- one ORIGINAL_DST cluster per pool follows ``x-gateway-destination-endpoint`` (ONE ``ip:port``);
+- the pool reaches the picker as gRPC initial metadata ``x-kvgate-pool`` from a per-route
+  ``ExtProcPerRoute`` override;
+- FULL_DUPLEX_STREAMED cannot fail open for requests with a body, so a FailOpen pool's routes switch
+  the request body to BUFFERED, and its requests go to a round-robin cluster of the pool's endpoints
+  unless the picker set the destination (matched through the ``envoy.lb`` dynamic metadata, which a
+  client cannot forge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from extproc.names import (
+    DESTINATION_HEADER,
+    LB_NAMESPACE,
+    POOL_METADATA_KEY,
+    SERVED_KEY,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+)
+from policies.types import FailureMode
+
+JsonDict = dict[str, Any]
+BodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED", "NONE"]
+
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+EXT_PROC_CLUSTER = "kvgate_ext_proc"
+_TYPE = "type.googleapis.com/"
+_HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_PER_ROUTE_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_STRIPPED_HEADERS = (DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY)
+_LOOSE_LIMIT = 1_000_000  # circuit-breaker ceiling: Envoy's default 1,024 throttles benchmarks
+
+
+@dataclass(frozen=True, slots=True)
+class ExtProcSettings:
+    """How the ext_proc filter talks to the picker (the same for every pool)."""
+
+    cluster_name: str = EXT_PROC_CLUSTER
+    request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
+    response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
+    message_timeout_s: float = 30.0
+    grpc_timeout_s: float = 30.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    send_served_endpoint: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBackend:
+    """An InferencePool as the data plane sees it."""
+
+    name: str
+    failure_mode: FailureMode = FailureMode.FAIL_CLOSE
+    endpoints: tuple[str, ...] = ()
+    """``ip:port`` of the replicas; used only by a FailOpen pool's fallback cluster."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """One route: requests matching ``path_prefix`` (and the exact ``headers``) go to ``pool``."""
+
+    name: str
+    pool: str
+    path_prefix: str = "/"
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 0.0
+    """Route timeout; 0 disables it (LLM responses can be long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything a static bootstrap needs."""
+
+    listen_port: int
+    admin_port: int
+    picker_addresses: tuple[tuple[str, int], ...]
+    pools: tuple[PoolBackend, ...]
+    routes: tuple[RouteSpec, ...] = ()
+    """Empty: one catch-all route to the first pool."""
+    listen_host: str = "127.0.0.1"
+    settings: ExtProcSettings = field(default_factory=ExtProcSettings)
+    subset_hint: tuple[str, ...] | None = None
+    """If set, every request carries this ``envoy.lb.subset_hint`` (tests, fixed deployments)."""
+
+
+def duration(seconds: float) -> str:
+    """A protobuf Duration in JSON form."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
+
+
+def socket_address(host: str, port: int) -> JsonDict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _circuit_breakers() -> JsonDict:
+    limit = {
+        "max_connections": _LOOSE_LIMIT,
+        "max_pending_requests": _LOOSE_LIMIT,
+        "max_requests": _LOOSE_LIMIT,
+        "max_retries": 3,
+    }
+    return {"thresholds": [limit]}
+
+
+def _load_assignment(name: str, addresses: Sequence[tuple[str, int]]) -> JsonDict:
+    lb_endpoints = [{"endpoint": {"address": socket_address(host, port)}} for host, port in addresses]
+    return {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]}
+
+
+def ext_proc_cluster(
+    addresses: Sequence[tuple[str, int]], name: str = EXT_PROC_CLUSTER, connect_timeout_s: float = 1.0
+) -> JsonDict:
+    """The picker's gRPC cluster (HTTP/2); several addresses = several picker processes."""
+    if not addresses:
+        raise ValueError("the ext_proc cluster needs at least one picker address")
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": duration(connect_timeout_s),
+        "lb_policy": "LEAST_REQUEST",
+        "circuit_breakers": _circuit_breakers(),
+        "typed_extension_protocol_options": {
+            _HTTP_OPTIONS_KEY: {
+                "@type": _TYPE + _HTTP_OPTIONS_KEY,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": _load_assignment(name, addresses),
+    }
+
+
+def pool_cluster_name(pool: str) -> str:
+    return f"kvgate_pool_{pool}"
+
+
+def pool_fallback_cluster_name(pool: str) -> str:
+    return f"kvgate_pool_{pool}_fallback"
+
+
+def pool_cluster(pool: str, connect_timeout_s: float = 2.0) -> JsonDict:
+    """The ORIGINAL_DST cluster of a pool: connects to the address in the destination header."""
+    return {
+        "name": pool_cluster_name(pool),
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": duration(connect_timeout_s),
+        "circuit_breakers": _circuit_breakers(),
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+
+
+def pool_fallback_cluster(pool: PoolBackend, connect_timeout_s: float = 2.0) -> JsonDict:
+    """Round robin over a FailOpen pool's replicas, used when the picker cannot be asked."""
+    if not pool.endpoints:
+        raise ValueError(f"FailOpen pool {pool.name!r} needs endpoints for its fallback cluster")
+    name = pool_fallback_cluster_name(pool.name)
+    return {
+        "name": name,
+        "type": "STATIC",
+        "lb_policy": "ROUND_ROBIN",
+        "connect_timeout": duration(connect_timeout_s),
+        "circuit_breakers": _circuit_breakers(),
+        "load_assignment": _load_assignment(name, [split_host_port(a) for a in pool.endpoints]),
+    }
+
+
+def pool_clusters(pool: PoolBackend) -> list[JsonDict]:
+    """All clusters of one pool: the ORIGINAL_DST one, plus the fallback one for FailOpen."""
+    clusters = [pool_cluster(pool.name)]
+    if pool.failure_mode is FailureMode.FAIL_OPEN:
+        clusters.append(pool_fallback_cluster(pool))
+    return clusters
+
+
+def processing_mode(request_body_mode: BodyMode, response_body_mode: BodyMode) -> JsonDict:
+    """GIE's processing mode; trailers are sent only with full-duplex bodies (Envoy needs them there)."""
+    duplex = "FULL_DUPLEX_STREAMED"
+    return {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": request_body_mode,
+        "response_body_mode": response_body_mode,
+        "request_trailer_mode": "SEND" if request_body_mode == duplex else "SKIP",
+        "response_trailer_mode": "SEND" if response_body_mode == duplex else "SKIP",
+    }
+
+
+def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
+    """The ext_proc HTTP filter. Fails closed; FailOpen pools relax it per route."""
+    config: JsonDict = {
+        "@type": _EXT_PROC_TYPE,
+        "grpc_service": {
+            "envoy_grpc": {"cluster_name": settings.cluster_name},
+            "timeout": duration(settings.grpc_timeout_s),
+        },
+        "failure_mode_allow": False,
+        "processing_mode": processing_mode(settings.request_body_mode, settings.response_body_mode),
+        "message_timeout": duration(settings.message_timeout_s),
+        "metadata_options": {
+            "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE, LB_NAMESPACE]},
+            "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+        },
+    }
+    if settings.send_served_endpoint:
+        config["response_attributes"] = ["upstream.address"]
+    return {"name": EXT_PROC_FILTER, "typed_config": config}
+
+
+def ext_proc_per_route(pool: PoolBackend, settings: ExtProcSettings) -> JsonDict:
+    """``ExtProcPerRoute`` naming the pool to the picker, with the pool's failure mode."""
+    overrides: JsonDict = {"grpc_initial_metadata": [{"key": POOL_METADATA_KEY, "value": pool.name}]}
+    if pool.failure_mode is FailureMode.FAIL_OPEN:
+        overrides["failure_mode_allow"] = True
+        if settings.request_body_mode == "FULL_DUPLEX_STREAMED":
+            overrides["processing_mode"] = processing_mode("BUFFERED", settings.response_body_mode)
+    return {"@type": _PER_ROUTE_TYPE, "overrides": overrides}
+
+
+def strip_system_headers_filter() -> JsonDict:
+    """Removes client-supplied system-owned headers before ext_proc and routing see them."""
+    mutations = [{"remove": name} for name in _STRIPPED_HEADERS]
+    return {
+        "name": "kvgate.strip_system_headers",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": mutations},
+        },
+    }
+
+
+def subset_hint_filter(addresses: Sequence[str]) -> JsonDict:
+    """Sets the ``envoy.lb.subset_hint`` metadata the picker must honour."""
+    return {
+        "name": "kvgate.subset_hint",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.filters.http.set_metadata.v3.Config",
+            "metadata": [{"metadata_namespace": SUBSET_NAMESPACE, "value": {SUBSET_KEY: list(addresses)}}],
+        },
+    }
+
+
+def router_filter() -> JsonDict:
+    return {
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
+    }
+
+
+def _picked_match() -> JsonDict:
+    """Matches once the picker has set ``envoy.lb`` dynamic metadata (a client cannot forge it)."""
+    return {
+        "filter": LB_NAMESPACE,
+        "path": [{"key": DESTINATION_HEADER}],
+        "value": {"present_match": True},
+    }
+
+
+def pool_routes(route: RouteSpec, pool: PoolBackend, settings: ExtProcSettings) -> list[JsonDict]:
+    """The Envoy routes of one :class:`RouteSpec` (two for a FailOpen pool, picked one first)."""
+    if route.pool != pool.name:
+        raise ValueError(f"route {route.name!r} is for pool {route.pool!r}, not {pool.name!r}")
+    match: JsonDict = {"prefix": route.path_prefix}
+    if route.headers:
+        match["headers"] = [
+            {"name": name, "string_match": {"exact": value}} for name, value in route.headers
+        ]
+    per_filter = {EXT_PROC_FILTER: ext_proc_per_route(pool, settings)}
+
+    def entry(name: str, route_match: JsonDict, cluster: str) -> JsonDict:
+        return {
+            "name": name,
+            "match": route_match,
+            "route": {"cluster": cluster, "timeout": duration(route.timeout_s)},
+            "typed_per_filter_config": per_filter,
+        }
+
+    picked = entry(route.name, match, pool_cluster_name(pool.name))
+    if pool.failure_mode is FailureMode.FAIL_CLOSE:
+        return [picked]
+    picked["match"] = {**match, "dynamic_metadata": [_picked_match()]}
+    fallback = entry(f"{route.name}_fallback", match, pool_fallback_cluster_name(pool.name))
+    return [picked, fallback]
+
+
+def route_configuration(name: str, routes: Sequence[JsonDict], domains: Sequence[str] = ("*",)) -> JsonDict:
+    return {
+        "name": name,
+        "virtual_hosts": [{"name": f"{name}_vh", "domains": list(domains), "routes": list(routes)}],
+    }
+
+
+def http_connection_manager(
+    stat_prefix: str,
+    route_config: JsonDict,
+    settings: ExtProcSettings,
+    extra_filters: Sequence[JsonDict] = (),
+    stream_idle_timeout_s: float = 300.0,
+) -> JsonDict:
+    """HCM: strip system headers → ``extra_filters`` → ext_proc → router."""
+    filters = [strip_system_headers_filter(), *extra_filters, ext_proc_filter(settings), router_filter()]
+    return {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": _HCM_TYPE,
+            "stat_prefix": stat_prefix,
+            "codec_type": "AUTO",
+            "stream_idle_timeout": duration(stream_idle_timeout_s),
+            "route_config": route_config,
+            "http_filters": filters,
+        },
+    }
+
+
+def listener(name: str, host: str, port: int, hcm: JsonDict, buffer_limit_bytes: int) -> JsonDict:
+    """A listener with one filter chain; ``buffer_limit_bytes`` bounds BUFFERED bodies (Envoy: 413).
+
+    ``SO_REUSEPORT`` is off: otherwise a second Envoy silently shares a port already in use.
+    """
+    return {
+        "name": name,
+        "address": socket_address(host, port),
+        "enable_reuse_port": False,
+        "per_connection_buffer_limit_bytes": buffer_limit_bytes,
+        "filter_chains": [{"filters": [hcm]}],
+    }
+
+
+def admin(port: int, host: str = "127.0.0.1") -> JsonDict:
+    return {"address": socket_address(host, port)}
+
+
+def bootstrap(
+    admin_port: int, listeners: Sequence[JsonDict], clusters: Sequence[JsonDict], node_id: str = "kvgate"
+) -> JsonDict:
+    """A static bootstrap; issue 4 replaces ``static_resources`` with ADS."""
+    return {
+        "node": {"id": node_id, "cluster": "kvgate"},
+        "admin": admin(admin_port),
+        "static_resources": {"listeners": list(listeners), "clusters": list(clusters)},
+    }
+
+
+def static_bootstrap(config: GatewayConfig) -> JsonDict:
+    """The whole gateway as one static bootstrap."""
+    if not config.pools:
+        raise ValueError("at least one pool is needed")
+    pools = {pool.name: pool for pool in config.pools}
+    if len(pools) != len(config.pools):
+        raise ValueError("pool names must be unique")
+    specs = config.routes or (RouteSpec(name="default", pool=config.pools[0].name),)
+    routes: list[JsonDict] = []
+    for spec in specs:
+        if spec.pool not in pools:
+            raise ValueError(f"route {spec.name!r} names unknown pool {spec.pool!r}")
+        routes.extend(pool_routes(spec, pools[spec.pool], config.settings))
+    extra = [subset_hint_filter(config.subset_hint)] if config.subset_hint is not None else []
+    hcm = http_connection_manager("kvgate", route_configuration("kvgate", routes), config.settings, extra)
+    main = listener("kvgate", config.listen_host, config.listen_port, hcm, config.settings.max_body_bytes)
+    clusters = [ext_proc_cluster(config.picker_addresses, config.settings.cluster_name)]
+    for pool in config.pools:
+        clusters.extend(pool_clusters(pool))
+    return bootstrap(config.admin_port, [main], clusters)
