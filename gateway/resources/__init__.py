@@ -1,0 +1,80 @@
+"""Gateway API and Inference Extension resources: typed manifests, loading, validation, file provider.
+
+Pipeline: ``load_directory(DIR)`` → :class:`ResourceSet` (immutable; ManifestError on anything
+``kubectl apply`` would refuse) → ``validate(resources)`` → :class:`ValidatedConfig` (resolved,
+usable parts plus a :class:`StatusReport` of conditions). :class:`FileProvider` watches DIR and
+publishes :class:`Snapshot` objects, keeping the last good one when a change does not load.
+"""
+
+from gateway.resources.conditions import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Reason,
+    ResourceStatus,
+    StatusReport,
+)
+from gateway.resources.core import ENDPOINTS_ANNOTATION
+from gateway.resources.loader import (
+    ManifestError,
+    ManifestProblem,
+    ResourceSet,
+    load_directory,
+    parse_manifests,
+)
+from gateway.resources.meta import ObjectKey, ResourceRef, parse_duration
+from gateway.resources.provider import FileProvider, ProviderStatus, Snapshot
+from gateway.resources.resolved import (
+    BackendKind,
+    ModelRewriteRule,
+    ModelRewriteTable,
+    ResolvedBackend,
+    ResolvedGateway,
+    ResolvedListener,
+    ResolvedObjective,
+    ResolvedPicker,
+    ResolvedPool,
+    ResolvedRoute,
+    ResolvedRule,
+    RouteAttachment,
+    ValidatedConfig,
+    WeightedModel,
+)
+from gateway.resources.validate import ValidationOptions, validate
+
+__all__ = [
+    "ENDPOINTS_ANNOTATION",
+    "BackendKind",
+    "Condition",
+    "ConditionStatus",
+    "ConditionType",
+    "FileProvider",
+    "ManifestError",
+    "ManifestProblem",
+    "ModelRewriteRule",
+    "ModelRewriteTable",
+    "ObjectKey",
+    "ProviderStatus",
+    "Reason",
+    "ResolvedBackend",
+    "ResolvedGateway",
+    "ResolvedListener",
+    "ResolvedObjective",
+    "ResolvedPicker",
+    "ResolvedPool",
+    "ResolvedRoute",
+    "ResolvedRule",
+    "ResourceRef",
+    "ResourceSet",
+    "ResourceStatus",
+    "RouteAttachment",
+    "Snapshot",
+    "StatusReport",
+    "ValidatedConfig",
+    "ValidationOptions",
+    "WeightedModel",
+    "load_directory",
+    "parse_duration",
+    "parse_manifests",
+    "validate",
+]
