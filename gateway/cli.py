@@ -19,9 +19,16 @@ def _run_sim(argv: Sequence[str]) -> int:
     return sim_main(argv)
 
 
+def _run_picker(argv: Sequence[str]) -> int:
+    from gateway.picker_cli import main as picker_main
+
+    return picker_main(argv)
+
+
 def _subcommands() -> dict[str, tuple[str, SubcommandMain]]:
     return {
         "sim": ("run a simulated vLLM-compatible fleet", _run_sim),
+        "picker": ("run the endpoint picker (ext_proc) for pools listed in a file", _run_picker),
     }
 
 
