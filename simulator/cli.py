@@ -1,0 +1,196 @@
+"""``kvgate sim`` / ``python -m simulator``: serve a simulated vLLM fleet until SIGINT or SIGTERM.
+
+Example: ``kvgate sim --replicas 4 --port 8000 --loras sql,chat --max-loras 1 --time-scale 0.1
+--replica 3:num_gpu_blocks=2048,slowdown=1.5 --admin-port 8100``.
+
+Per-replica overrides (``--replica I:KEY=VALUE,…``, repeatable) accept the engine keys
+``max_loras, max_num_seqs, max_num_batched_tokens, num_gpu_blocks, block_size, slowdown,
+lora_load_time, enable_prefix_caching, loras`` (``loras`` separated by ``+``), ``profile``, and the
+fault keys ``error_rate, metrics_delay_s, metrics_frozen``.
+
+Prints the ready protocol of :mod:`simulator.fleet` on stdout; exits 0 after a clean stop, 1 when a
+listener cannot bind, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from simulator.engine import EngineConfig
+from simulator.faults import FAULT_FIELDS, Faults
+from simulator.fleet import Fleet, FleetConfig, run_until
+from simulator.metrics import DIALECTS
+from simulator.server import ReplicaConfig
+
+DEFAULT_PROFILE = "blis-llama-3.1-8b-h100"
+_ENGINE_INT_KEYS = ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size")
+_ENGINE_FLOAT_KEYS = ("slowdown", "lora_load_time")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = EngineConfig()
+    p = argparse.ArgumentParser(prog="kvgate sim", description="Serve a simulated vLLM-compatible fleet.")
+    p.add_argument("--replicas", type=int, default=1, help="number of replicas (default 1)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="first port; replica i listens on port+i (0: ephemeral ports)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address when --hosts-from is not given")
+    p.add_argument("--hosts-from", default=None, metavar="IP",
+                   help="give replica i the address IP+i, all on --port (e.g. 127.0.1.1)")
+    p.add_argument("--model", default=defaults.model)
+    p.add_argument("--loras", default="", help="adapters the replicas serve: NAME,NAME,...")
+    p.add_argument("--max-loras", type=int, default=defaults.max_loras)
+    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    p.add_argument("--num-gpu-blocks", type=int, default=defaults.num_gpu_blocks)
+    p.add_argument("--block-size", type=int, default=defaults.block_size)
+    p.add_argument("--lora-load-time", type=float, default=defaults.lora_load_time,
+                   help="simulated seconds to load an adapter into a slot")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--engine", choices=DIALECTS, default="vllm", help="metric names to expose")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="latency profile name or JSON path")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="real seconds per simulated second (0.1: ten times faster than real)")
+    p.add_argument("--slowdown", type=float, default=1.0, help="step-time multiplier for every replica")
+    p.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered 500")
+    p.add_argument("--admin-port", type=int, default=None, help="fleet admin server port (0: ephemeral)")
+    p.add_argument("--replica", action="append", default=[], metavar="I:KEY=VALUE,...",
+                   help="per-replica override, repeatable")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="asyncio",
+                   help="event loop (auto: uvloop when installed; its timers have 1 ms resolution)")
+    return p
+
+
+def _parse_overrides(specs: Sequence[str], replicas: int) -> dict[int, dict[str, str]]:
+    overrides: dict[int, dict[str, str]] = {}
+    for spec in specs:
+        index_text, sep, rest = spec.partition(":")
+        if not sep or not index_text.strip().isdigit():
+            raise ValueError(f"--replica {spec!r}: expected I:KEY=VALUE,...")
+        index = int(index_text)
+        if index >= replicas:
+            raise ValueError(f"--replica {spec!r}: there are only {replicas} replicas")
+        for item in filter(None, (part.strip() for part in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise ValueError(f"--replica {spec!r}: {item!r} is not KEY=VALUE")
+            overrides.setdefault(index, {})[key.strip()] = value.strip()
+    return overrides
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _replica_config(index: int, args: argparse.Namespace, override: dict[str, str]) -> ReplicaConfig:
+    engine = EngineConfig(
+        model=args.model,
+        served_loras=tuple(name for name in (s.strip() for s in args.loras.split(",")) if name),
+        max_loras=args.max_loras,
+        lora_load_time=args.lora_load_time,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        enable_prefix_caching=not args.no_prefix_caching,
+        slowdown=args.slowdown,
+    )
+    faults = Faults(error_rate=args.error_rate)
+    profile: str = args.profile
+    engine_changes: dict[str, Any] = {}
+    fault_changes: dict[str, object] = {}
+    for key, value in override.items():
+        if key in _ENGINE_INT_KEYS:
+            engine_changes[key] = int(value)
+        elif key in _ENGINE_FLOAT_KEYS:
+            engine_changes[key] = float(value)
+        elif key == "enable_prefix_caching":
+            engine_changes[key] = _bool(value)
+        elif key == "loras":
+            engine_changes["served_loras"] = tuple(name for name in value.split("+") if name)
+        elif key == "profile":
+            profile = value
+        elif key in FAULT_FIELDS and key != "slowdown":
+            fault_changes[key] = value
+        else:
+            raise ValueError(f"--replica {index}: unknown key {key!r}")
+    return ReplicaConfig(
+        index=index,
+        engine=dataclasses.replace(engine, **engine_changes),
+        profile=profile,
+        dialect=args.engine,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        faults=faults.updated(fault_changes),
+    )
+
+
+def fleet_config(args: argparse.Namespace) -> FleetConfig:
+    """The fleet an argument namespace describes; raises ValueError on inconsistent values."""
+    if args.replicas < 1:
+        raise ValueError("--replicas must be >= 1")
+    if args.time_scale <= 0:
+        raise ValueError("--time-scale must be > 0")
+    overrides = _parse_overrides(args.replica, args.replicas)
+    replicas = tuple(_replica_config(i, args, overrides.get(i, {})) for i in range(args.replicas))
+    return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,
+                       admin_port=args.admin_port)
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if choice == "asyncio":
+        return None
+    try:
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+async def _serve(config: FleetConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await run_until(Fleet(config), stop)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    try:
+        config = fleet_config(args)
+        # fail fast on an unknown profile, before any listener starts
+        from simulator.profiles import load_profile
+
+        for replica in config.replicas:
+            load_profile(replica.profile)
+    except (ValueError, OSError, KeyError) as exc:
+        parser.error(str(exc))
+    try:
+        factory = _loop_factory(args.loop)
+    except ImportError:
+        parser.error("--loop uvloop: uvloop is not installed")
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_serve(config))
+    except OSError as exc:
+        print(f"kvgate-sim: cannot listen: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

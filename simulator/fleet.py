@@ -1,0 +1,201 @@
+"""A fleet of simulated replicas in one asyncio process, each behind its own HTTP listener.
+
+Addresses: replica ``i`` listens on ``host:port + i`` (default host 127.0.0.1), or, with
+``hosts_from`` (e.g. ``127.0.1.1``), on ``hosts_from + i : port`` — one loopback address per replica,
+all on the same port, as pods have their own IPs. ``port == 0`` gives every replica an ephemeral port
+(with ``hosts_from``: the first replica's ephemeral port, shared by all).
+
+The fleet can stop a replica's listener (connections are then refused; its in-flight requests end with
+an error) and start it again on the same address; the replica's engine (and its KV cache) lives on.
+
+Ready protocol (stdout, one line each, flushed; see :func:`ready_lines`)::
+
+    kvgate-sim replica 0 http://127.0.0.1:8000
+    kvgate-sim replica 1 http://127.0.0.1:8001
+    kvgate-sim admin http://127.0.0.1:9000            (only with an admin port)
+    kvgate-sim ready http://127.0.0.1:8000 http://127.0.0.1:8001
+
+The ``ready`` line comes last, once every listener accepts connections: ``kvgate-sim ready`` followed by
+the replica base URLs in replica order, separated by single spaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from simulator.driver import LagMonitor
+from simulator.server import Replica, ReplicaConfig
+
+READY_PREFIX = "kvgate-sim ready"
+SHUTDOWN_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    replicas: tuple[ReplicaConfig, ...]
+    port: int = 8000
+    host: str = "127.0.0.1"
+    hosts_from: str | None = None
+    admin_port: int | None = None
+    admin_host: str = "127.0.0.1"
+    lag_interval_s: float = 0.005
+
+    def address_of(self, index: int) -> tuple[str, int]:
+        if self.hosts_from is not None:
+            return str(ipaddress.ip_address(self.hosts_from) + index), self.port
+        return self.host, (self.port + index if self.port else 0)
+
+
+class ReplicaListener:
+    """Serves one replica's app on one address; can be stopped and started again."""
+
+    def __init__(self, replica: Replica, host: str, port: int) -> None:
+        self.replica = replica
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(self.replica.make_app(), access_log=None, handler_cancellation=True,
+                               shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True, backlog=1024)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.port = runner.addresses[0][1]  # the real port when 0 was asked for
+        self.replica.accepting = True
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """Refuses new connections and ends every in-flight request with an error."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self.replica.stop_in_flight()
+        await runner.cleanup()
+
+
+@dataclass
+class Fleet:
+    """All replicas of one process, their listeners, the lag monitor and the optional admin server."""
+
+    config: FleetConfig
+    replicas: list[Replica] = field(default_factory=list)
+    listeners: list[ReplicaListener] = field(default_factory=list)
+    lag: LagMonitor | None = None
+    admin_url: str | None = None
+    _admin_runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Builds the replicas and starts every listener (and the admin server)."""
+        from simulator.admin import make_admin_app
+
+        self.lag = LagMonitor(self.config.lag_interval_s)
+        self.lag.start()
+        try:
+            for replica_config in self.config.replicas:
+                replica = Replica(replica_config, self.lag)
+                self.replicas.append(replica)
+                host, port = self.config.address_of(replica_config.index)
+                if self.config.hosts_from is not None and port == 0 and self.listeners:
+                    port = self.listeners[0].port  # one shared port, as pods share a targetPort
+                listener = ReplicaListener(replica, host, port)
+                self.listeners.append(listener)
+                await listener.start()
+            if self.config.admin_port is not None:
+                runner = web.AppRunner(make_admin_app(self), access_log=None)
+                await runner.setup()
+                await web.TCPSite(runner, self.config.admin_host, self.config.admin_port,
+                                  reuse_address=True).start()
+                self._admin_runner = runner
+                admin_port = runner.addresses[0][1]
+                self.admin_url = f"http://{self.config.admin_host}:{admin_port}"
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+            self._admin_runner = None
+        for listener in self.listeners:
+            await listener.stop()
+        for replica in self.replicas:
+            await replica.close()
+        if self.lag is not None:
+            await self.lag.stop()
+
+    @property
+    def urls(self) -> list[str]:
+        return [listener.url for listener in self.listeners]
+
+    def listener(self, index: int) -> ReplicaListener:
+        if not 0 <= index < len(self.listeners):
+            raise KeyError(f"no replica {index}; the fleet has {len(self.listeners)}")
+        return self.listeners[index]
+
+    def stats(self, window_s: float = 60.0) -> dict[str, Any]:
+        """Every replica's /sim/stats plus fleet totals of the counters."""
+        per_replica = []
+        for listener in self.listeners:
+            item = listener.replica.stats(window_s)
+            item["url"] = listener.url
+            item["listening"] = listener.running
+            per_replica.append(item)
+        summed = ("requests_received", "requests_served", "requests_rejected", "requests_aborted",
+                  "requests_failed_stopped", "errors_injected", "in_flight", "waiting", "running",
+                  "prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens",
+                  "request_success", "preemptions")
+        totals: dict[str, Any] = {key: sum(item[key] for item in per_replica) for key in summed}
+        return {
+            "replicas": per_replica,
+            "totals": totals,
+            "loop_lag": self.lag.summary(window_s) if self.lag is not None else None,
+        }
+
+
+def ready_lines(urls: Sequence[str], admin_url: str | None) -> list[str]:
+    lines = [f"kvgate-sim replica {i} {url}" for i, url in enumerate(urls)]
+    if admin_url is not None:
+        lines.append(f"kvgate-sim admin {admin_url}")
+    lines.append(" ".join([READY_PREFIX, *urls]))
+    return lines
+
+
+def parse_ready_line(line: str) -> list[str] | None:
+    """The replica URLs of a ``kvgate-sim ready …`` line, or None for any other line."""
+    if not line.startswith(READY_PREFIX + " ") and line.strip() != READY_PREFIX:
+        return None
+    return line[len(READY_PREFIX):].split()
+
+
+async def run_until(fleet: Fleet, stop: asyncio.Event, announce: bool = True) -> None:
+    """Starts ``fleet``, prints the ready lines, serves until ``stop`` is set, then stops it."""
+    await fleet.start()
+    try:
+        if announce:
+            for line in ready_lines(fleet.urls, fleet.admin_url):
+                print(line, flush=True)
+        await stop.wait()
+    finally:
+        await fleet.stop()

@@ -1,0 +1,365 @@
+"""vLLM's OpenAI-compatible HTTP API as pure functions: request parsing and response formatting.
+
+No IO here. Parsing turns a decoded JSON body into a :class:`InferenceRequest` (or raises
+:class:`ApiError`); formatting builds the JSON objects vLLM sends, field for field where a router
+or client may read them (ids ``cmpl-…`` / ``chatcmpl-…``, ``usage`` with
+``prompt_tokens_details.cached_tokens``, SSE chunks, ``data: [DONE]``).
+
+Simulator semantics: ``max_tokens`` (or chat's ``max_completion_tokens``) is the exact output
+length (ignore-EOS); without it a completion makes :data:`DEFAULT_COMPLETION_TOKENS` tokens and a
+chat :data:`DEFAULT_CHAT_TOKENS`. ``n`` must be 1 and one prompt per completion request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from simulator import tokenizer
+
+DEFAULT_COMPLETION_TOKENS = 16
+DEFAULT_CHAT_TOKENS = 128
+MAX_MODEL_LEN = 131072
+
+ApiKind = Literal["completion", "chat"]
+JsonObject = dict[str, Any]
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class ApiError(Exception):
+    """An error answered as vLLM's JSON error body with this HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> JsonObject:
+        return error_body(self.status, self.message, self.param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> JsonObject:
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "InternalServerError"),
+            "param": param,
+            "code": status,
+        }
+    }
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    kind: ApiKind
+    model: str  # the name the client asked for (base model or an adapter)
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+def decode_json_object(raw: bytes) -> JsonObject:
+    """The request body as a JSON object, or a 400."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return value
+
+
+def requested_model(body: Mapping[str, Any], base_model: str) -> str:
+    model = body.get("model")
+    if model is None:
+        return base_model  # vLLM serves its (first) model when the field is absent
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' must be a non-empty string", "model")
+    return model
+
+
+def check_model(model: str, served: Sequence[str]) -> None:
+    if model not in served:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+
+def completion_prompts(body: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    """The token ids of each prompt of a completions body (text, token ids, or a list of either)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        items = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        items = prompt
+    else:
+        raise ApiError(400, "'prompt' must be a non-empty string, token list, or list of them", "prompt")
+    prompts: list[tuple[int, ...]] = []
+    for item in items:
+        if isinstance(item, str):
+            tokens = tuple(tokenizer.encode(item))
+        elif isinstance(item, list) and all(_is_token_id(t) for t in item):
+            tokens = tuple(item)
+        else:
+            raise ApiError(400, "each prompt must be a string or a list of token ids", "prompt")
+        if not tokens:
+            raise ApiError(400, "the prompt must not be empty", "prompt")
+        prompts.append(tokens)
+    return prompts
+
+
+def chat_prompt(body: Mapping[str, Any]) -> tuple[int, ...]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", "messages")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ApiError(400, "each message must be an object with a 'role'", "messages")
+    return tuple(tokenizer.encode(tokenizer.render_chat(messages)))
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str) -> InferenceRequest:
+    model = requested_model(body, base_model)
+    if kind == "completion":
+        prompts = completion_prompts(body)
+        if len(prompts) != 1:
+            raise ApiError(400, "the simulator serves one prompt per completion request", "prompt")
+        prompt_tokens = prompts[0]
+        max_tokens = _max_tokens(body, ("max_tokens",), DEFAULT_COMPLETION_TOKENS)
+    else:
+        prompt_tokens = chat_prompt(body)
+        max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), DEFAULT_CHAT_TOKENS)
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise ApiError(400, "the simulator supports n=1 only", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool | None):
+        raise ApiError(400, "'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise ApiError(400, "'stream_options' must be an object", "stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    return InferenceRequest(
+        kind=kind,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=bool(stream),
+        include_usage=include_usage,
+    )
+
+
+def _max_tokens(body: Mapping[str, Any], keys: Sequence[str], default: int) -> int:
+    for key in keys:
+        value = body.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ApiError(400, f"'{key}' must be an integer >= 1", key)
+        return value
+    return default
+
+
+def new_request_id(kind: ApiKind) -> str:
+    return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> JsonObject:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def output_text(first_index: int, count: int) -> str:
+    return "".join(tokenizer.output_text(i) for i in range(first_index, first_index + count))
+
+
+def full_response(
+    request: InferenceRequest, request_id: str, created: int, completion_tokens: int, usage: JsonObject
+) -> JsonObject:
+    text = output_text(0, completion_tokens)
+    if request.kind == "completion":
+        choice: JsonObject = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        obj = "text_completion"
+    else:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+        obj = "chat.completion"
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": request.model,
+        "choices": [choice],
+        "usage": usage,
+        "prompt_logprobs": None,
+    }
+
+
+class SseFormatter:
+    """The ``data: …`` lines of one streamed response, in vLLM's chunk format."""
+
+    def __init__(self, request: InferenceRequest, request_id: str, created: int) -> None:
+        self._request = request
+        chat = request.kind == "chat"
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+        self._head = (
+            '{"id":' + json.dumps(request_id) + ',"object":"' + self._object + '","created":'
+            + str(created) + ',"model":' + json.dumps(request.model) + ',"choices":'
+        )
+
+    def _line(self, choices: str, usage: JsonObject | None = None) -> bytes:
+        tail = "" if usage is None else ',"usage":' + json.dumps(usage, separators=(",", ":"))
+        return ("data: " + self._head + choices + tail + "}\n\n").encode()
+
+    def role_chunk(self) -> bytes:
+        """Chat streams open with the assistant role (vLLM sends it before the first token)."""
+        return self._line('[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                          '"finish_reason":null}]')
+
+    def token_chunks(self, first_index: int, count: int, final: bool) -> bytes:
+        parts: list[bytes] = []
+        for index in range(first_index, first_index + count):
+            text = json.dumps(tokenizer.output_text(index))
+            last = final and index == first_index + count - 1
+            finish = '"length"' if last else "null"
+            if self._request.kind == "chat":
+                choice = ('[{"index":0,"delta":{"content":' + text + '},"logprobs":null,"finish_reason":'
+                          + finish + (',"stop_reason":null' if last else "") + "}]")
+            else:
+                choice = ('[{"index":0,"text":' + text + ',"logprobs":null,"finish_reason":' + finish
+                          + ',"stop_reason":null}]')
+            parts.append(self._line(choice))
+        return b"".join(parts)
+
+    def usage_chunk(self, usage: JsonObject) -> bytes:
+        return self._line("[]", usage)
+
+    @staticmethod
+    def error_event(status: int, message: str) -> bytes:
+        return ("data: " + json.dumps(error_body(status, message)) + "\n\n").encode()
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+def models_list(base_model: str, adapters: Mapping[str, str], created: int | None = None) -> JsonObject:
+    """``GET /v1/models``: the base model, then each adapter with ``parent`` = the base model."""
+    stamp = int(time.time()) if created is None else created
+    data = [_model_card(base_model, base_model, None, stamp)]
+    data.extend(_model_card(name, path, base_model, stamp) for name, path in adapters.items())
+    return {"object": "list", "data": data}
+
+
+def _model_card(model_id: str, root: str, parent: str | None, created: int) -> JsonObject:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": MAX_MODEL_LEN if parent is None else None,
+        "permission": [
+            {
+                "id": "modelperm-" + uuid.uuid5(uuid.NAMESPACE_URL, model_id).hex,
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+
+
+def render_item(kind: ApiKind, model: str, token_ids: Sequence[int], body: Mapping[str, Any]) -> JsonObject:
+    """One of vLLM's render results (a ``GenerateRequest``): what the engine would be handed."""
+    default = DEFAULT_COMPLETION_TOKENS if kind == "completion" else DEFAULT_CHAT_TOKENS
+    keys = ("max_tokens",) if kind == "completion" else ("max_completion_tokens", "max_tokens")
+    stream = bool(body.get("stream", False))
+    return {
+        "request_id": new_request_id(kind),
+        "token_ids": list(token_ids),
+        "features": None,
+        "sampling_params": {
+            "n": 1,
+            "temperature": body.get("temperature", 1.0),
+            "top_p": body.get("top_p", 1.0),
+            "max_tokens": _max_tokens(body, keys, default),
+            "ignore_eos": True,
+        },
+        "model": model,
+        "stream": stream,
+        "stream_options": body.get("stream_options") if stream else None,
+        "cache_salt": body.get("cache_salt"),
+        "priority": body.get("priority", 0),
+    }
+
+
+def tokenize_tokens(body: Mapping[str, Any]) -> tuple[int, ...]:
+    """``POST /tokenize`` takes ``prompt`` (text) or chat ``messages``."""
+    if "messages" in body:
+        return chat_prompt(body)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be a string (or send 'messages')", "prompt")
+    return tuple(tokenizer.encode(prompt))
+
+
+def detokenize_text(body: Mapping[str, Any]) -> str:
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_token_id(t) for t in tokens):
+        raise ApiError(400, "'tokens' must be a list of token ids", "tokens")
+    return tokenizer.decode(tokens)
+
+
+def lora_request_fields(body: Mapping[str, Any], need_path: bool) -> tuple[str, str]:
+    """``lora_name`` and ``lora_path`` of vLLM's load/unload adapter bodies."""
+    name = body.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "'lora_name' must be a non-empty string", "lora_name")
+    path = body.get("lora_path")
+    if need_path and (not isinstance(path, str) or not path):
+        raise ApiError(400, "'lora_path' must be a non-empty string", "lora_path")
+    return name, path if isinstance(path, str) else ""

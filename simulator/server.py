@@ -1,0 +1,371 @@
+"""One simulated replica: its engine, driver, metrics, faults, and vLLM's HTTP API.
+
+:class:`Replica` holds the state (nothing module-level); :meth:`Replica.make_app` builds a fresh
+aiohttp application over it each time its listener starts (see :mod:`simulator.fleet`).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
+``GET /health``, ``GET /version``, ``GET /metrics``, ``POST /v1/load_lora_adapter``,
+``POST /v1/unload_lora_adapter``, ``POST /tokenize``, ``POST /detokenize``,
+``POST /v1/completions/render``, ``POST /v1/chat/completions/render``; simulator extras
+``POST /sim/peek``, ``GET /sim/stats``, ``GET|POST /sim/faults``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from simulator import openai_api as api
+from simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
+from simulator.engine import Engine, EngineConfig, Finished, SimRequest
+from simulator.faults import ErrorInjector, Faults
+from simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
+from simulator.profiles import load_profile
+
+SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    index: int
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    profile: str = "blis-llama-3.1-8b-h100"
+    dialect: Dialect = "vllm"
+    time_scale: float = 1.0
+    seed: int = 0
+    faults: Faults = field(default_factory=Faults)
+
+
+@dataclass
+class ReplicaCounters:
+    requests_received: int = 0
+    requests_served: int = 0
+    requests_rejected: int = 0  # answered 4xx
+    requests_aborted: int = 0  # client went away before the end
+    requests_failed_stopped: int = 0  # in flight when the replica was stopped
+    errors_injected: int = 0
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
+
+
+def _error(err: api.ApiError) -> web.Response:
+    return json_response(err.body(), err.status)
+
+
+class Replica:
+    """A simulated vLLM server. Construct inside a running event loop."""
+
+    def __init__(self, config: ReplicaConfig, lag_monitor: LagMonitor | None = None) -> None:
+        self.config = config
+        self.base_model = config.engine.model
+        self.faults = config.faults
+        self.counters = ReplicaCounters()
+        self.accepting = True
+        self.adapters: dict[str, str] = {name: f"/adapters/{name}" for name in config.engine.served_loras}
+        self.engine = Engine(config.engine, load_profile(config.profile))
+        self.metrics = ReplicaMetrics(config.dialect, self.base_model, self.engine.metrics)
+        self.driver = EngineDriver(self.engine, config.time_scale, lambda: self.faults.slowdown,
+                                   self._on_finished)
+        self._injector = ErrorInjector(config.seed * 1_000_003 + config.index)
+        self._lag = lag_monitor
+        self._frozen_page: bytes | None = None
+        self.driver.start()
+
+    async def close(self) -> None:
+        await self.driver.stop()
+
+    def _on_finished(self, finished: Finished) -> None:
+        self.counters.requests_served += 1
+        self.metrics.observe(finished)
+
+    def served_models(self) -> list[str]:
+        return [self.base_model, *self.adapters]
+
+    def set_faults(self, changes: dict[str, Any]) -> Faults:
+        faults = self.faults.updated(changes)
+        if faults.metrics_frozen and not self.faults.metrics_frozen:
+            self._frozen_page = self.metrics.render()
+        if not faults.metrics_frozen:
+            self._frozen_page = None
+        self.faults = faults
+        return faults
+
+    def stop_in_flight(self) -> None:
+        """Called when the listener stops: every in-flight request ends with an error."""
+        self.accepting = False
+        self.counters.requests_failed_stopped += self.driver.in_flight
+        self.driver.fail_all(ReplicaStopped("the replica was stopped"))
+
+    def stats(self, window_s: float = 60.0) -> dict[str, Any]:
+        m = self.engine.metrics()
+        c = self.counters
+        return {
+            "replica": self.config.index,
+            "model": self.base_model,
+            "engine": self.config.dialect,
+            "time_scale": self.config.time_scale,
+            "sim_time_s": self.driver.now(),
+            "steps": self.driver.steps,
+            "accepting": self.accepting,
+            "requests_received": c.requests_received,
+            "requests_served": c.requests_served,
+            "requests_rejected": c.requests_rejected,
+            "requests_aborted": c.requests_aborted,
+            "requests_failed_stopped": c.requests_failed_stopped,
+            "errors_injected": c.errors_injected,
+            "in_flight": self.driver.in_flight,
+            "waiting": m.waiting,
+            "running": m.running,
+            "kv_cache_usage": m.kv_cache_usage,
+            "prefix_cache_queries": m.prefix_cache_queries,
+            "prefix_cache_hits": m.prefix_cache_hits,
+            "prompt_tokens": m.prompt_tokens_total,
+            "generation_tokens": m.generation_tokens_total,
+            "request_success": m.request_success_total,
+            "preemptions": m.preemptions_total,
+            "running_loras": list(m.running_loras),
+            "waiting_loras": list(m.waiting_loras),
+            "adapters": list(self.adapters),
+            "faults": self.faults.to_json(),
+            "loop_lag": self._lag.summary(window_s) if self._lag is not None else None,
+        }
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/load_lora_adapter", self._load_lora)
+        app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/v1/completions/render", self._render_completions)
+        app.router.add_post("/v1/chat/completions/render", self._render_chat)
+        app.router.add_post("/sim/peek", self._peek)
+        app.router.add_get("/sim/stats", self._stats)
+        app.router.add_get("/sim/faults", self._get_faults)
+        app.router.add_post("/sim/faults", self._post_faults)
+        return app
+
+    # ---- inference -------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, "completion")
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, "chat")
+
+    async def _inference(self, request: web.Request, kind: api.ApiKind) -> web.StreamResponse:
+        self.counters.requests_received += 1
+        if not self.accepting:
+            return _error(api.ApiError(503, "the replica is stopping"))
+        try:
+            body = api.decode_json_object(await request.read())
+            parsed = api.parse_inference(kind, body, self.base_model)
+            api.check_model(parsed.model, self.served_models())
+        except api.ApiError as err:
+            self.counters.requests_rejected += 1
+            return _error(err)
+        if self._injector.should_fail(self.faults):
+            self.counters.errors_injected += 1
+            return _error(api.ApiError(500, "injected fault: internal server error"))
+        request_id = api.new_request_id(kind)
+        lora = None if parsed.model == self.base_model else parsed.model
+        sim = SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, lora)
+        try:
+            delivery = self.driver.submit(sim, parsed.stream)
+        except ValueError as exc:
+            self.counters.requests_rejected += 1
+            return _error(api.ApiError(400, str(exc), "prompt"))
+        try:
+            if parsed.stream:
+                return await self._stream(request, parsed, request_id, delivery)
+            return await self._respond(parsed, request_id, delivery)
+        finally:
+            if not delivery.done:
+                self.counters.requests_aborted += 1
+                self.driver.abort(request_id)
+
+    async def _respond(
+        self, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
+    ) -> web.Response:
+        while not delivery.done:
+            await delivery.wait()
+        finished = delivery.finished
+        if finished is None:
+            return _error(api.ApiError(503, str(delivery.error)))
+        usage = api.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
+        created = int(time.time())
+        body = api.full_response(parsed, request_id, created, finished.completion_tokens, usage)
+        return json_response(body)
+
+    async def _stream(
+        self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionResetError):  # the client went away; the caller aborts
+            await self._write_stream(response, parsed, request_id, delivery)
+        return response
+
+    async def _write_stream(
+        self, response: web.StreamResponse, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
+    ) -> None:
+        sse = api.SseFormatter(parsed, request_id, int(time.time()))
+        sent = 0
+        while True:
+            await delivery.wait()
+            if delivery.error is not None:
+                await response.write(sse.error_event(503, str(delivery.error)))
+                break
+            made = delivery.tokens_made
+            finished = delivery.finished
+            parts: list[bytes] = []
+            if made > sent:
+                if sent == 0 and parsed.kind == "chat":
+                    parts.append(sse.role_chunk())
+                parts.append(sse.token_chunks(sent, made - sent, finished is not None))
+                sent = made
+            if finished is not None:
+                if parsed.include_usage:
+                    parts.append(sse.usage_chunk(api.usage_json(
+                        finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)))
+                parts.append(sse.done())
+                await response.write(b"".join(parts))
+                break
+            if parts:
+                await response.write(b"".join(parts))
+        await response.write_eof()
+
+    # ---- model management ------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return json_response(api.models_list(self.base_model, self.adapters))
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return json_response({"version": SIM_VERSION})
+
+    async def _load_lora(self, request: web.Request) -> web.Response:
+        try:
+            name, path = api.lora_request_fields(api.decode_json_object(await request.read()), need_path=True)
+            if name == self.base_model or name in self.adapters:
+                raise api.ApiError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        except api.ApiError as err:
+            return _error(err)
+        self.engine.load_lora(name)
+        self.adapters[name] = path
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_lora(self, request: web.Request) -> web.Response:
+        try:
+            name, _ = api.lora_request_fields(api.decode_json_object(await request.read()), need_path=False)
+            if name not in self.adapters:
+                raise api.ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+        except api.ApiError as err:
+            return _error(err)
+        self.engine.unload_lora(name)
+        del self.adapters[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    # ---- tokenizer and render --------------------------------------------------------------
+
+    async def _checked_body(self, request: web.Request) -> tuple[dict[str, Any], str]:
+        body = api.decode_json_object(await request.read())
+        model = api.requested_model(body, self.base_model)
+        api.check_model(model, self.served_models())
+        return body, model
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body, _ = await self._checked_body(request)
+            tokens = api.tokenize_tokens(body)
+        except api.ApiError as err:
+            return _error(err)
+        return json_response({"count": len(tokens), "max_model_len": api.MAX_MODEL_LEN,
+                              "tokens": list(tokens), "token_strs": None})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body, _ = await self._checked_body(request)
+            return json_response({"prompt": api.detokenize_text(body)})
+        except api.ApiError as err:
+            return _error(err)
+
+    async def _render_completions(self, request: web.Request) -> web.Response:
+        try:
+            body, model = await self._checked_body(request)
+            prompts = api.completion_prompts(body)
+            return json_response([api.render_item("completion", model, tokens, body) for tokens in prompts])
+        except api.ApiError as err:
+            return _error(err)
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        try:
+            body, model = await self._checked_body(request)
+            return json_response(api.render_item("chat", model, api.chat_prompt(body), body))
+        except api.ApiError as err:
+            return _error(err)
+
+    # ---- metrics and simulator extras ------------------------------------------------------
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        faults = self.faults
+        if faults.metrics_delay_s > 0:
+            await asyncio.sleep(faults.metrics_delay_s)
+        page = self._frozen_page if faults.metrics_frozen and self._frozen_page is not None else None
+        return web.Response(body=page if page is not None else self.metrics.render(),
+                            headers={"Content-Type": CONTENT_TYPE})
+
+    async def _peek(self, request: web.Request) -> web.Response:
+        try:
+            body, model = await self._checked_body(request)
+            if "messages" in body:
+                tokens = api.chat_prompt(body)
+            else:
+                prompts = api.completion_prompts(body)
+                tokens = prompts[0]
+        except api.ApiError as err:
+            return _error(err)
+        lora = None if model == self.base_model else model
+        peek = self.engine.peek(tokens, lora, self.driver.now())
+        return json_response({
+            "cached_tokens": peek.cached_tokens,
+            "prompt_tokens": len(tokens),
+            "waiting": peek.waiting,
+            "running": peek.running,
+            "estimated_wait_s": peek.estimated_wait,
+        })
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        try:
+            window = float(request.query.get("window_s", "60"))
+        except ValueError:
+            return _error(api.ApiError(400, "window_s must be a number", "window_s"))
+        return json_response(self.stats(window))
+
+    async def _get_faults(self, request: web.Request) -> web.Response:
+        return json_response(self.faults.to_json())
+
+    async def _post_faults(self, request: web.Request) -> web.Response:
+        try:
+            body = api.decode_json_object(await request.read())
+            return json_response(self.set_faults(body).to_json())
+        except api.ApiError as err:
+            return _error(err)
+        except ValueError as exc:
+            return _error(api.ApiError(400, str(exc)))
