@@ -1,0 +1,145 @@
+"""Load-aware prefix affinity: score each endpoint by an estimate of this request's TTFT there.
+
+Why not "prefix score + load score" (GIE) or "prefix unless imbalanced" (cache-aware routers)?
+
+- A weighted sum of a prefix score and a queue score has no common unit: a 2k-token shared prompt
+  saves ~35 ms of prefill, one queued request costs anywhere from 2 ms to seconds. Fixed weights
+  either pile a hot prefix onto one replica until it drowns (the cache-aware "death spiral": the
+  replica holding the prefix is always preferred, so its queue grows, so it keeps its prefix hot)
+  or throw affinity away.
+- An imbalance switch (route by shortest queue once loads differ by X) drops affinity for every
+  request at once, and every replica then recomputes every prefix.
+
+Here both sides are seconds, per endpoint ``e``::
+
+    uncached(e) = prompt_tokens − matched_blocks(e) · tokens_per_block      (this request's prefill)
+    queued(e)   = max(waiting(e), own_inflight(e) − running(e))            (scraped, or fresher: picks
+                                                                            since the scrape)
+    pending(e)  = queued(e) · avg own in-flight prefill tokens on e         (work ahead of us)
+    step(e)     = step_s + decode_s_per_token · running(e)                  (decode batch slows steps)
+    work        = pending(e) + uncached(e)
+    ttft(e)     = step(e) · (1 + ceil(work / max_batched_tokens)) + prefill_s_per_token · work
+                  + queue_wait_s · waiting(e)                  (a scraped queue waits for free slots)
+                  + kv_penalty_s · max(0, kv − kv_knee) / (1 − kv_knee)   (near-full KV: preemption)
+                  + LoRA cost (0 active, lora_load_s free slot, lora_wait_s queued, lora_no_slot_s none)
+
+and ``score(e) = min_ttft / ttft(e)`` in (0, 1]. A hot prefix stays on its replica while the
+queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
+which learns the prefix at pick time (the index is updated in ``on_picked``): hot groups spread
+over as many replicas as their load needs, and cold groups keep their affinity. ``own_inflight``
+changes at pick time, so a burst between two scrapes spreads instead of herding onto the replica
+that looked best at the last scrape. Ties (e.g. an idle fleet and a new prompt) are left to the
+picker's random tie-break.
+
+Defaults are the simulator's physics (PROTOCOL.md: 5752.7 µs + 17.25 µs/prefill token + 6 µs/decode
+token per step); ``queue_wait_s``, ``kv_*`` and the LoRA costs are starting points the routing
+benchmark (issue 5) tunes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from policies.framework import SchedulingContext
+from policies.plugins.params import Params, parse_params
+from policies.types import EndpointMetrics, EndpointView
+
+
+class EstimatedTtftParams(Params):
+    step_s: Annotated[float, Field(ge=0.0)] = 0.0057527
+    prefill_s_per_token: Annotated[float, Field(ge=0.0)] = 17.25e-6
+    decode_s_per_token: Annotated[float, Field(ge=0.0)] = 6.0e-6
+    max_batched_tokens: Annotated[int, Field(ge=1)] = 8192
+    queue_wait_s: Annotated[float, Field(ge=0.0)] = 0.02
+    kv_knee: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    kv_penalty_s: Annotated[float, Field(ge=0.0)] = 0.2
+    lora_load_s: Annotated[float, Field(ge=0.0)] = 0.02
+    lora_wait_s: Annotated[float, Field(ge=0.0)] = 0.2
+    lora_no_slot_s: Annotated[float, Field(ge=0.0)] = 1.0
+
+
+class EstimatedTtftScorer:
+    """Scores endpoints by ``min_ttft / estimated_ttft`` (see the module docstring)."""
+
+    uses_prefix_index = True
+
+    def __init__(self, params: EstimatedTtftParams | None = None) -> None:
+        self.params = params or EstimatedTtftParams()
+
+    @staticmethod
+    def from_parameters(parameters: Mapping[str, Any] | None) -> EstimatedTtftScorer:
+        return EstimatedTtftScorer(parse_params(EstimatedTtftParams, parameters, "estimated-ttft-scorer"))
+
+    def estimates(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
+        """Estimated TTFT in seconds per endpoint, in order (one pass; the hot path of ``default``)."""
+        p = self.params
+        prompt_tokens = ctx.request.prompt_tokens_estimate
+        matches = ctx.prefix_matches() if prompt_tokens else {}
+        tokens_per_block = ctx.tokens_per_block
+        adapter = ctx.request.target_model
+        is_adapter: bool | None = None  # computed on first need: only LoRA-serving endpoints ask
+        inflight = ctx.state.inflight_by_endpoint()
+        step_s, decode_s, prefill_s = p.step_s, p.decode_s_per_token, p.prefill_s_per_token
+        max_batched, queue_wait_s, kv_knee = p.max_batched_tokens, p.queue_wait_s, p.kv_knee
+        kv_slope = p.kv_penalty_s / (1.0 - kv_knee)
+        out: list[float] = []
+        append = out.append
+        for e in endpoints:
+            address = e.endpoint.address
+            matched = matches.get(address, 0) if matches else 0
+            uncached = prompt_tokens - matched * tokens_per_block
+            if uncached < 0:
+                uncached = 0
+            m = e.metrics
+            if m is None:
+                waiting = running = 0
+                kv = 0.0
+            else:
+                waiting, running, kv = m.waiting, m.running, m.kv_cache_usage
+            own = inflight.get(address)
+            if own is None:
+                work: float = waiting * uncached + uncached
+            else:
+                unseen = own.requests - running
+                queued = waiting if waiting > unseen else unseen
+                work = queued * (own.tokens / own.requests) + uncached
+            ttft = (step_s + decode_s * running) * (1.0 + -(-work // max_batched)) + prefill_s * work
+            if waiting:
+                ttft += queue_wait_s * waiting
+            if kv > kv_knee:
+                ttft += kv_slope * (kv - kv_knee)
+            if m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras:
+                if is_adapter is None:
+                    is_adapter = _is_adapter(adapter, endpoints)
+                if is_adapter:
+                    ttft += _lora_cost(p, m, adapter)
+            append(ttft)
+        return out
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
+        estimates = self.estimates(ctx, endpoints)
+        best = min(estimates)
+        if best <= 0.0:
+            return {e.address: 1.0 if t <= 0.0 else 0.0 for e, t in zip(endpoints, estimates, strict=True)}
+        return {e.endpoint.address: best / t for e, t in zip(endpoints, estimates, strict=True)}
+
+
+def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str) -> float:
+    """Extra wait for an adapter not active on the endpoint: load it, wait for it, or wait for a slot."""
+    if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) < m.max_loras:
+        return p.lora_load_s
+    if adapter in m.waiting_loras:
+        return p.lora_wait_s
+    return p.lora_no_slot_s
+
+
+def _is_adapter(name: str, endpoints: Sequence[EndpointView]) -> bool:
+    """A name some candidate reports as an active or waiting LoRA adapter."""
+    for e in endpoints:
+        m = e.metrics
+        if m is not None and (name in m.active_loras or name in m.waiting_loras):
+            return True
+    return False

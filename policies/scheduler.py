@@ -1,0 +1,219 @@
+"""``ProfileScheduler``: runs one :class:`SchedulingProfile` and keeps its state up to date.
+
+``schedule`` (pure apart from reading the state): subset hint → filters → admission → weighted
+scorers → picker. Admission: when every remaining candidate is saturated, a sheddable request
+(priority < 0) gets ``RequestShedError`` (429, ``retry-after``); other requests are never shed and
+go to the best-scored (least-loaded) endpoint.
+
+Lifecycle (``policies.contracts``): ``on_picked`` counts the request in flight on the pick, records
+its session and inserts its prompt blocks into the prefix index; ``on_served`` moves all that to
+the endpoint that really served it; ``on_usage`` learns from the ``cached_tokens`` the replica
+reports; ``on_finished`` removes exactly what ``on_picked`` added. The prompt hashes computed in
+``schedule`` are kept (bounded LRU by request id, ``max_pending``) until ``on_picked`` so a request
+is hashed once; the small rest (predicted matches, capacities) until ``on_finished``.
+
+Learning from ``cached_tokens``: if a replica reports far fewer cached tokens than the index
+predicted, it evicts sooner than its ``num_gpu_blocks`` suggests (other traffic, other pickers),
+so its index capacity shrinks (×``SHRINK``, floor ``MIN_SCALE``); each confirmed prediction grows
+it back (+``GROW``). The blocks of the request itself are not dropped: the replica has just
+computed them, so they are cached now.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from policies.contracts import SchedulingResult
+from policies.errors import NoEligibleEndpointError, RequestShedError
+from policies.framework import PluginTimer, SchedulingContext
+from policies.hashing import PromptHasher
+from policies.plugins.filters import SubsetHintFilter
+from policies.profile import SchedulingProfile
+from policies.state import InProcessState, SchedulerState
+from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+
+SHRINK = 0.8
+GROW = 0.02
+MIN_SCALE = 0.1
+MISS_RATIO = 0.5
+"""A report counts as a miss when cached tokens < ``MISS_RATIO`` × predicted."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What ``schedule`` learned that the lifecycle hooks reuse."""
+
+    hashes: tuple[int, ...]
+    matches: Mapping[str, int]
+    capacities: dict[str, int]
+    uncached_tokens: dict[str, int] = field(default_factory=dict)
+
+
+class ProfileScheduler:
+    """Implements ``policies.contracts.Scheduler`` for one profile (one instance per pool)."""
+
+    def __init__(
+        self,
+        profile: SchedulingProfile,
+        *,
+        state: SchedulerState | None = None,
+        rng: random.Random | None = None,
+        timer: PluginTimer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        fallbacks: int | None = None,
+        max_pending: int = 4096,
+    ) -> None:
+        self.profile = profile
+        self.state: SchedulerState = state if state is not None else InProcessState()
+        self.rng = rng if rng is not None else random.Random()
+        self.timer = timer
+        self._clock = clock
+        self.fallbacks = profile.fallbacks if fallbacks is None else max(0, fallbacks)
+        prefix = profile.prefix
+        self._hasher = PromptHasher(prefix.block_chars, prefix.max_blocks, prefix.hash_scheme)
+        self._tracks_prefix = profile.uses_prefix_index
+        self._subset = SubsetHintFilter()
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._max_pending = max_pending
+        self._capacity_scale: dict[str, float] = {}
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def schedule(
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+    ) -> SchedulingResult:
+        if not candidates:
+            raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
+        ctx = SchedulingContext(request, now, self.state, self.rng, self._hasher, self._session_id(request))
+        endpoints = self._subset.filter(ctx, candidates)
+        timer = self.timer
+        for f in self.profile.filters:
+            if timer is None:
+                endpoints = f.plugin.filter(ctx, endpoints)
+            else:
+                start = self._clock()
+                endpoints = f.plugin.filter(ctx, endpoints)
+                timer.observe("filter", f.plugin_type, f.name, self._clock() - start)
+            if not endpoints:
+                raise NoEligibleEndpointError(f"no eligible endpoint after filter {f.name!r}")
+        if request.sheddable:
+            self._admit(endpoints, now)
+        totals = dict.fromkeys([e.endpoint.address for e in endpoints], 0.0)
+        for s in self.profile.scorers:
+            if timer is None:
+                scores = s.plugin.score(ctx, endpoints)
+            else:
+                start = self._clock()
+                scores = s.plugin.score(ctx, endpoints)
+                timer.observe("scorer", s.plugin_type, s.name, self._clock() - start)
+            weight = s.weight
+            for address, value in scores.items():
+                if address in totals:
+                    totals[address] += weight * (0.0 if value < 0.0 else 1.0 if value > 1.0 else value)
+        scored = [(e, totals[e.endpoint.address]) for e in endpoints]
+        picker = self.profile.picker
+        if timer is None:
+            ranked = picker.plugin.pick(ctx, scored, 1 + self.fallbacks)
+        else:
+            start = self._clock()
+            ranked = picker.plugin.pick(ctx, scored, 1 + self.fallbacks)
+            timer.observe("picker", picker.plugin_type, picker.name, self._clock() - start)
+        if not ranked:
+            raise NoEligibleEndpointError(f"picker {picker.name!r} picked nothing")
+        if self._tracks_prefix:
+            self._remember(ctx, ranked)
+        return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, totals)
+
+    def _admit(self, endpoints: Sequence[EndpointView], now: float) -> None:
+        admission = self.profile.admission
+        saturated = admission.thresholds.saturated
+        if all(saturated(e, now) for e in endpoints):
+            raise RequestShedError(
+                "every eligible endpoint is saturated; sheddable request rejected",
+                retry_after=admission.retry_after_s,
+            )
+
+    def _session_id(self, request: InferenceRequest) -> str | None:
+        return request.session_id or request.headers.get(self.profile.session_header) or None
+
+    def _remember(self, ctx: SchedulingContext, ranked: Sequence[EndpointView]) -> None:
+        hashes = ctx.prefix_hashes()
+        if not hashes:
+            return
+        matches = ctx.prefix_matches()
+        capacities = {e.address: self._capacity(e) for e in ranked}
+        pending = self._pending
+        pending[ctx.request.request_id] = _Pending(hashes, matches, capacities)
+        pending.move_to_end(ctx.request.request_id)
+        while len(pending) > self._max_pending:
+            pending.popitem(last=False)
+
+    def _capacity(self, view: EndpointView) -> int:
+        """Index blocks the endpoint's KV cache holds (from ``num_gpu_blocks``), scaled by learning."""
+        m = view.metrics
+        tokens_per_block = max(1, self.profile.prefix.block_chars // 4)
+        if m is not None and m.num_gpu_blocks:
+            base = m.num_gpu_blocks * (m.block_size or 16) // tokens_per_block
+        else:
+            base = self.profile.prefix.default_capacity_blocks
+        return max(1, int(base * self._capacity_scale.get(view.address, 1.0)))
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self._count(request, endpoint.address)
+
+    def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self._count(request, endpoint.address)
+
+    def _count(self, request: InferenceRequest, address: str) -> None:
+        memo = self._pending.get(request.request_id)
+        tokens = request.prompt_tokens_estimate
+        if self._tracks_prefix:
+            block_tokens = max(1, self.profile.prefix.block_chars // 4)
+            if memo is not None:
+                tokens = max(0, tokens - memo.matches.get(address, 0) * block_tokens)
+                hashes = memo.hashes
+                memo.hashes = ()  # inserted now; a fallback (on_served) re-hashes: rare
+            else:
+                hashes = ()
+            if not hashes and request.prompt:
+                hashes = self._hasher.hashes(request.target_model, request.prompt, request.cache_salt)
+            if hashes:
+                capacity = self.profile.prefix.default_capacity_blocks
+                if memo is not None:
+                    capacity = memo.capacities.get(address, capacity)
+                self.state.prefix_insert(address, hashes, capacity)
+        self.state.inflight_add(request.request_id, address, tokens)
+        session = self._session_id(request)
+        if session is not None:
+            self.state.session_set(session, address)
+
+    def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None:
+        memo = self._pending.get(request.request_id)
+        if memo is None or usage.cached_tokens is None:
+            return
+        address = endpoint.address
+        predicted = memo.matches.get(address, 0) * max(1, self.profile.prefix.block_chars // 4)
+        if predicted <= 0:
+            return
+        scale = self._capacity_scale.get(address, 1.0)
+        if usage.cached_tokens < MISS_RATIO * predicted:
+            self._capacity_scale[address] = max(MIN_SCALE, scale * SHRINK)
+        elif scale < 1.0:
+            self._capacity_scale[address] = min(1.0, scale + GROW)
+
+    def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
+        self.state.inflight_remove(request.request_id)
+        self._pending.pop(request.request_id, None)
+
+    # --- pool membership ----------------------------------------------------------------------
+
+    def forget_endpoint(self, address: str) -> None:
+        """Call when an endpoint leaves the pool: drops its state (prefix, in-flight, sessions)."""
+        self.state.forget_endpoint(address)
+        self._capacity_scale.pop(address, None)

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from policies.contracts import Scheduler
+from policies.errors import NoEligibleEndpointError, RequestShedError
+from policies.profile import load_profile
+from policies.scheduler import ProfileScheduler
+from policies.state import InProcessState
+from policies.types import EndpointView, InferenceRequest, Usage
+from tests.policies.helpers import NOW, request, text, view
+
+
+def scheduler(profile: str = "default", seed: int = 1, **kwargs: object) -> ProfileScheduler:
+    return ProfileScheduler(load_profile(profile), rng=random.Random(seed), **kwargs)  # type: ignore[arg-type]
+
+
+def run(s: ProfileScheduler, req: InferenceRequest, eps: list[EndpointView], finish: bool = True) -> str:
+    pick = s.schedule(req, eps, NOW).pick
+    s.on_picked(req, pick, NOW)
+    if finish:
+        s.on_finished(req, pick, ok=True, now=NOW)
+    return pick.address
+
+
+def test_implements_the_contract_and_ranks_fallbacks() -> None:
+    s: Scheduler = scheduler()
+    result = s.schedule(request(prompt=text(1, 1000)), [view(i) for i in range(1, 6)], NOW)
+    assert len(result.ranked) == 3
+    assert len(set(result.ranked)) == 3
+    assert result.profile == "default"
+    assert set(result.scores) == {f"10.0.0.{i}:8000" for i in range(1, 6)}
+    assert len(scheduler(fallbacks=0).schedule(request(), [view(1), view(2)], NOW).ranked) == 1
+
+
+@pytest.mark.parametrize("profile", ["default", "gie-default", "random", "round-robin"])
+def test_identical_endpoints_share_the_load(profile: str) -> None:
+    s = scheduler(profile)
+    eps = [view(i) for i in range(1, 9)]
+    picks = Counter(run(s, request(f"r{i}", text(i, 2000)), eps) for i in range(400))
+    assert len(picks) == 8
+    assert min(picks.values()) > 15
+
+
+def test_no_candidates_or_subset_miss_is_503() -> None:
+    with pytest.raises(NoEligibleEndpointError):
+        scheduler().schedule(request(), [], NOW)
+    with pytest.raises(NoEligibleEndpointError):
+        scheduler().schedule(request(subset=frozenset({"10.9.9.9"})), [view(1)], NOW)
+
+
+def test_subset_hint_is_honoured_by_every_profile() -> None:
+    eps = [view(i) for i in range(1, 6)]
+    for profile in ("default", "gie-default", "random", "round-robin"):
+        s = scheduler(profile)
+        for i in range(20):
+            result = s.schedule(request(f"r{i}", subset=frozenset({"10.0.0.2", "10.0.0.4:8000"})), eps, NOW)
+            assert {e.address for e in result.ranked} <= {"10.0.0.2:8000", "10.0.0.4:8000"}
+
+
+def test_sheddable_request_is_shed_when_all_saturated_and_critical_is_served() -> None:
+    eps = [view(1, waiting=9), view(2, kv=0.95), view(3, age=1.0)]
+    s = scheduler()
+    with pytest.raises(RequestShedError) as shed:
+        s.schedule(request(priority=-1), eps, NOW)
+    assert shed.value.status == 429
+    assert shed.value.headers["retry-after"] == "1"
+    # priority >= 0 is never shed: it goes to the least-loaded (the stale one has zero queue)
+    picked = s.schedule(request(priority=0), eps, NOW).pick.address
+    assert picked in {"10.0.0.2:8000", "10.0.0.3:8000"}
+    # one unsaturated endpoint: the sheddable request is admitted and goes there
+    assert s.schedule(request(priority=-1), [*eps, view(4)], NOW).pick.address == "10.0.0.4:8000"
+    with pytest.raises(RequestShedError):
+        scheduler("gie-default").schedule(request(priority=-5), eps, NOW)
+
+
+def test_saturated_replicas_get_nothing_while_others_have_room() -> None:
+    s = scheduler()
+    eps = [view(1, waiting=20), view(2, kv=0.97), view(3), view(4)]
+    picks = {run(s, request(f"r{i}", text(i, 3000)), eps) for i in range(100)}
+    assert picks == {"10.0.0.3:8000", "10.0.0.4:8000"}
+
+
+@pytest.mark.parametrize("profile", ["default", "gie-default"])
+def test_shared_prefix_concentrates(profile: str) -> None:
+    s = scheduler(profile)
+    eps = [view(i) for i in range(1, 9)]
+    system = text(99, 8000)
+    picks = Counter(run(s, request(f"r{i}", system + text(i, 400)), eps) for i in range(100))
+    assert len(picks) <= 2
+    rr = scheduler("round-robin")
+    assert len(Counter(run(rr, request(f"r{i}", system + text(i, 400)), eps) for i in range(100))) == 8
+
+
+def test_death_spiral_avoided_hot_prefix_leaves_a_deeply_queued_sticky_endpoint() -> None:
+    s = scheduler()
+    system = text(7, 8000)
+    warm = [view(i) for i in range(1, 5)]
+    sticky = run(s, request("warm", system + "q0"), warm)
+    # the sticky endpoint is now deep in queue (below the saturation threshold: the cost model decides)
+    idx = int(sticky.split(".")[3].split(":")[0])
+    busy = [view(i, waiting=4, running=200, kv=0.7) if i == idx else view(i) for i in range(1, 5)]
+    assert all(run(s, request(f"r{i}", system + text(i, 200)), busy) != sticky for i in range(20))
+    # ...while a lightly loaded sticky endpoint keeps its affinity
+    light = [view(i, running=2) if i == idx else view(i) for i in range(1, 5)]
+    s2 = scheduler()
+    run(s2, request("warm", system + "q0"), warm)
+    first = run(s2, request("again", system + "q1"), light)
+    assert first == run(s2, request("again2", system + "q2"), light)
+
+
+def test_burst_between_scrapes_spreads_via_own_inflight_counts() -> None:
+    s = scheduler()
+    system = text(5, 16000)
+    eps = [view(i) for i in range(1, 5)]  # metrics never change during the burst
+    picks = Counter(run(s, request(f"r{i}", system + text(i, 100)), eps, finish=False) for i in range(40))
+    assert len(picks) >= 2
+    assert max(picks.values()) < 40
+
+
+def test_inflight_accounting_never_leaks() -> None:
+    state = InProcessState()
+    s = scheduler(state=state)
+    eps = [view(i) for i in range(1, 4)]
+    reqs = [request(f"r{i}", text(i, 1000)) for i in range(30)]
+    picks = {}
+    for r in reqs:
+        picks[r.request_id] = s.schedule(r, eps, NOW).pick
+        s.on_picked(r, picks[r.request_id], NOW)
+    assert state.inflight_requests() == 30
+    assert sum(state.inflight(e.address).requests for e in eps) == 30
+    moved = reqs[0]
+    other = next(e.endpoint for e in eps if e.endpoint != picks[moved.request_id])
+    s.on_served(moved, other, NOW)
+    assert sum(state.inflight(e.address).requests for e in eps) == 30
+    for r in reqs:
+        s.on_finished(r, picks[r.request_id], ok=False, now=NOW)
+        s.on_finished(r, picks[r.request_id], ok=False, now=NOW)  # twice: idempotent
+    assert state.inflight_requests() == 0
+    assert all(state.inflight(e.address).requests == 0 and state.inflight(e.address).tokens == 0 for e in eps)
+
+
+def test_forget_endpoint_drops_its_state() -> None:
+    state = InProcessState()
+    s = scheduler(state=state)
+    req = request("r1", text(1, 2000), session="s1")
+    run(s, req, [view(1)], finish=False)
+    s.forget_endpoint("10.0.0.1:8000")
+    assert state.inflight_requests() == 0
+    assert state.session_get("s1") is None
+    assert state.prefix.total_entries == 0
+    s.on_finished(req, view(1).endpoint, ok=True, now=NOW)  # late finish: harmless
+    assert state.inflight_requests() == 0
+
+
+def test_session_affinity_sticks_while_eligible() -> None:
+    s = scheduler()
+    eps = [view(i) for i in range(1, 9)]
+    first = run(s, request("r0", text(0, 300), headers={"x-session-id": "abc"}), eps)
+    header = {"x-session-id": "abc"}
+    assert all(run(s, request(f"r{i}", text(i, 300), headers=header), eps) == first for i in range(1, 30))
+    idx = int(first.split(".")[3].split(":")[0])
+    saturated = [view(i, waiting=10) if i == idx else view(i) for i in range(1, 9)]
+    assert run(s, request("rx", text(50, 300), headers={"x-session-id": "abc"}), saturated) != first
+
+
+def test_usage_feedback_shrinks_and_regrows_capacity() -> None:
+    state = InProcessState()
+    s = scheduler("gie-default", state=state)
+    eps = [view(1, num_gpu_blocks=1000)]
+    system = text(3, 64 * 100)
+    run(s, request("warm", system), eps)
+    req = request("r2", system + "x" * 64)
+    pick = s.schedule(req, eps, NOW).pick
+    s.on_picked(req, pick, NOW)
+    s.on_usage(req, pick, Usage(prompt_tokens=1616, completion_tokens=5, cached_tokens=0), NOW)
+    s.on_finished(req, pick, ok=True, now=NOW)
+    assert s._capacity(eps[0]) < 1000  # learned: this replica evicts sooner than its size suggests
+    for i in range(20):
+        r = request(f"h{i}", system + text(i, 64))
+        p = s.schedule(r, eps, NOW).pick
+        s.on_picked(r, p, NOW)
+        s.on_usage(r, p, Usage(prompt_tokens=1616, completion_tokens=5, cached_tokens=1600), NOW)
+        s.on_finished(r, p, ok=True, now=NOW)
+    assert s._capacity(eps[0]) == 1000
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, float]] = []
+
+    def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
+        self.seen.append((extension_point, plugin_type, plugin_name, seconds))
+
+
+def test_per_plugin_timing_through_injected_timer_and_clock() -> None:
+    ticks = iter(range(1000))
+    recorder = Recorder()
+    s = scheduler("default", timer=recorder, clock=lambda: float(next(ticks)))
+    s.schedule(request(prompt=text(1, 500)), [view(1), view(2)], NOW)
+    assert [(p, t, n) for p, t, n, _s in recorder.seen] == [
+        ("filter", "healthy-filter", "healthy-filter"),
+        ("filter", "saturation-filter", "saturation-filter"),
+        ("scorer", "estimated-ttft-scorer", "ttft"),
+        ("scorer", "session-affinity-scorer", "session-affinity-scorer"),
+        ("picker", "max-score-picker", "max-score-picker"),
+    ]
+    assert all(seconds == 1.0 for *_x, seconds in recorder.seen)
+
+
+def test_same_seed_same_decisions() -> None:
+    eps = [view(i) for i in range(1, 9)]
+    a = [run(scheduler(seed=3), request(f"r{i}", text(i, 500)), eps) for i in range(20)]
+    b = [run(scheduler(seed=3), request(f"r{i}", text(i, 500)), eps) for i in range(20)]
+    assert a == b
