@@ -305,6 +305,28 @@ def route_configuration(name: str, routes: Sequence[JsonDict], domains: Sequence
     }
 
 
+def openai_local_replies() -> JsonDict:
+    """HCM ``local_reply_config``: Envoy's own upstream failures as OpenAI-style JSON errors.
+
+    Replies that carry a response flag (upstream connect failure ``UF``, no healthy upstream ``UH``,
+    upstream reset or timeout, overflow, ...) get ``{"error": {"message", "type", "code"}}`` with
+    Envoy's text as the message and its response-code details as the code. The picker's own
+    ImmediateResponses carry no response flag, so their JSON bodies are left alone. (A failed
+    ext_proc stream, i.e. a FailClose pool with the picker down, carries no flag either: it stays an
+    empty 500.)
+    """
+    body = {
+        "error": {
+            "message": "%LOCAL_REPLY_BODY%",
+            "type": "upstream_error",
+            "code": "%RESPONSE_CODE_DETAILS%",
+        }
+    }
+    return {
+        "mappers": [{"filter": {"response_flag_filter": {}}, "body_format_override": {"json_format": body}}]
+    }
+
+
 def http_connection_manager(
     stat_prefix: str,
     route_config: JsonDict,
@@ -321,6 +343,7 @@ def http_connection_manager(
             "stat_prefix": stat_prefix,
             "codec_type": "AUTO",
             "stream_idle_timeout": duration(stream_idle_timeout_s),
+            "local_reply_config": openai_local_replies(),
             "route_config": route_config,
             "http_filters": filters,
         },
