@@ -1,0 +1,40 @@
+"""What translation needs besides the validated configuration: where the picker is, limits, timeouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.envoy_config import ExtProcSettings
+
+BodyRouting = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class TranslationSettings:
+    """``picker_addresses``: ``ip:port`` of kvgate's picker processes (the ext_proc cluster).
+
+    ``listen_ports``: ``(gateway listener port, port Envoy binds)`` pairs; a port not listed binds
+    as written in the Gateway. ``body_based_routing``: "auto" emits the body-based-router filter on
+    a listener only when one of its routes matches on ``X-Gateway-Model-Name``; "on"/"off" force it.
+    ``default_route_timeout_s``: the route timeout when a rule sets none (0 = none: Envoy's own
+    default of 15 s would cut long generations).
+    """
+
+    picker_addresses: tuple[str, ...]
+    listen_host: str = "127.0.0.1"
+    listen_ports: tuple[tuple[int, int], ...] = ()
+    node_id: str = "kvgate"
+    ext_proc: ExtProcSettings = field(default_factory=ExtProcSettings)
+    body_based_routing: BodyRouting = "auto"
+    bbr_failure_mode_allow: bool = True
+    bbr_message_timeout_s: float = 5.0
+    default_route_timeout_s: float = 0.0
+    stream_idle_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.picker_addresses:
+            raise ValueError("translation needs at least one picker address")
+
+    def bind_port(self, port: int) -> int:
+        return dict(self.listen_ports).get(port, port)
