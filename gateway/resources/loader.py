@@ -50,7 +50,11 @@ _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
 )
 
 
-class _KubeYamlLoader(yaml.SafeLoader):
+_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's parser when PyYAML was built with it (about 10x faster on large manifest sets)."""
+
+
+class _KubeYamlLoader(_BaseLoader):  # type: ignore[valid-type,misc]
     """SafeLoader that keeps timestamps as strings, as Kubernetes' YAML-to-JSON does."""
 
 

@@ -97,7 +97,11 @@ def envoy_listener(port: int, settings: TranslationSettings, body_routing: bool)
     del config["route_config"]
     config["rds"] = {"route_config_name": route_config_name(port), "config_source": ads_config_source()}
     config["strip_any_host_port"] = True
-    config["local_reply_config"] = invalid_backend_reply()
+    # Mappers apply first-match: the invalid-backend 500 first, then Envoy's own upstream failures
+    # as OpenAI JSON (the picker's ImmediateResponses carry no response flag and stay as they are).
+    config["local_reply_config"] = {
+        "mappers": [*invalid_backend_reply()["mappers"], *ec.openai_local_replies()["mappers"]]
+    }
     return ec.listener(
         listener_name(port),
         settings.listen_host,
