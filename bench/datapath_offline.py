@@ -1,0 +1,177 @@
+"""kvgate's own CPU per request on the ext_proc path, without gRPC or Envoy.
+
+``python -m bench.datapath_offline [--requests N] [--size BYTES] [--profile]``
+
+Replays the full-duplex message sequence Envoy sends for one completion (request headers with
+``protocol_config``, the body, an empty end-of-stream chunk, response headers with the
+``upstream.address`` attribute, a JSON response body with usage, an empty end-of-stream chunk —
+see /work/notes/ENVOY_EXTPROC.md) through exactly what the servicer runs per message: protobuf
+parse of the wire bytes, ``codec.decode``, ``RequestLifecycle.handle``, ``codec.encode`` and
+protobuf serialisation, with the default profile scheduling over fresh endpoints and the
+gateway's Prometheus telemetry. The difference between this and a picker's CPU per request in
+the live benchmark is what grpc.aio and asyncio cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import struct_pb2
+
+from bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
+from bench.datapath_upstream import COMPLETION
+from extproc import codec
+from extproc.events import StreamClosed
+from extproc.lifecycle import RequestLifecycle
+from extproc.ports import MonotonicClock, Pool
+from gateway.telemetry import GatewayTelemetry
+from policies.contracts import Scheduler
+from policies.profile import load_profile
+from policies.scheduler import ProfileScheduler
+from policies.types import Endpoint, EndpointMetrics, EndpointView
+
+POOL = "bench"
+FULL_DUPLEX = 4
+
+
+@dataclass
+class StaticPool:
+    """A pool with fixed endpoints whose metrics are refreshed by the caller (as the scraper would)."""
+
+    name: str
+    scheduler_impl: ProfileScheduler
+    views: tuple[EndpointView, ...]
+
+    @property
+    def served_models(self) -> frozenset[str]:
+        return frozenset()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.scheduler_impl
+
+    def endpoints(self) -> tuple[EndpointView, ...]:
+        return self.views
+
+    def objective_priority(self, objective: str) -> int | None:
+        return None
+
+    def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
+        return model
+
+
+class OnePool:
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def resolve(self, name: str | None) -> Pool:
+        return self._pool
+
+
+def fresh_views(addresses: Sequence[str], rng: random.Random, now: float) -> tuple[EndpointView, ...]:
+    return tuple(
+        EndpointView(
+            Endpoint(address, POOL),
+            EndpointMetrics(
+                waiting=0, running=rng.randint(0, 4), kv_cache_usage=0.05,
+                num_gpu_blocks=31_250, block_size=16, updated_at=now,
+            ),
+        )
+        for address in addresses
+    )
+
+
+def _header_map(pairs: Sequence[tuple[str, str]]) -> base_pb2.HeaderMap:
+    return base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=key, raw_value=value.encode()) for key, value in pairs]
+    )
+
+
+def envoy_messages(body: bytes, upstream: str, request_id: int) -> list[bytes]:
+    """The wire bytes of the ProcessingRequests Envoy sends for one full-duplex completion."""
+    request_headers = [
+        (":authority", "127.0.0.1:10000"), (":path", COMPLETION_BODY_PATH), (":method", "POST"),
+        (":scheme", "http"), ("content-type", "application/json"), ("content-length", str(len(body))),
+        ("x-forwarded-proto", "http"), ("x-request-id", f"0b5c9d1e-{request_id:08d}-4e0f-9d3a-5f1c2b7a"),
+    ]
+    response_headers = [
+        (":status", "200"), ("content-type", "application/json"), ("content-length", str(len(COMPLETION))),
+        ("date", "Thu, 01 Jan 2026 00:00:00 GMT"), ("server", "Python/3.11 aiohttp/3"),
+        ("x-envoy-upstream-service-time", "0"),
+    ]
+    attributes = struct_pb2.Struct()
+    attributes.update({"upstream.address": upstream})
+    first = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(request_headers)))
+    first.protocol_config.request_body_mode = FULL_DUPLEX
+    first.protocol_config.response_body_mode = FULL_DUPLEX
+    response = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_header_map(response_headers)))
+    response.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+    body_message = pb.ProcessingRequest(response_body=pb.HttpBody(body=COMPLETION))
+    body_message.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+    messages = [
+        first,
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body)),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=b"", end_of_stream=True)),
+        response,
+        body_message,
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"", end_of_stream=True)),
+    ]
+    return [message.SerializeToString() for message in messages]
+
+
+def replay(requests: int, size: int, endpoints: int = 4, seed: int = 3) -> tuple[float, int]:
+    """Seconds of CPU per request (process time) and the number of responses per request."""
+    rng = random.Random(seed)
+    telemetry = GatewayTelemetry()
+    scheduler = ProfileScheduler(load_profile("default"), timer=telemetry)
+    addresses = [f"127.0.0.1:{20000 + i}" for i in range(endpoints)]
+    clock = MonotonicClock()
+    pool = StaticPool(POOL, scheduler, fresh_views(addresses, rng, clock.now()))
+    directory = OnePool(pool)
+    bodies = completion_bodies(size, 32)
+    wires = [envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i) for i in range(64)]
+    responses = 0
+    started = time.process_time()
+    for index in range(requests):
+        if index % 100 == 0:
+            pool.views = fresh_views(addresses, rng, clock.now())
+        machine = RequestLifecycle(directory, clock, pool_name=POOL, metrics=telemetry)
+        for wire in wires[index % len(wires)]:
+            event = codec.decode(pb.ProcessingRequest.FromString(wire))
+            for action in machine.handle(event):
+                codec.encode(action).SerializeToString()
+                responses += 1
+        machine.handle(StreamClosed(cancelled=False))
+    return (time.process_time() - started) / requests, responses // requests
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.datapath_offline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--size", type=int, default=1024, help="request body bytes")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the replay")
+    args = parser.parse_args(argv)
+    replay(200, args.size)  # warm-up
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        replay(args.requests, args.size)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        return
+    per_request, responses = replay(args.requests, args.size)
+    print(f"{args.size} B body: {per_request * 1e6:.0f} µs CPU per request "
+          f"({responses} ext_proc responses each, no gRPC), {1 / per_request:.0f} requests/s per core")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Child processes of the data-path benchmark (fast upstream, ``kvgate picker``) and CPU accounting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
+
+PICKER_READY = "kvgate-picker ready"
+READY_TIMEOUT_S = 30.0
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Child:
+    """A started subprocess and the words after its ready prefix."""
+
+    name: str
+    process: asyncio.subprocess.Process
+    ready_words: list[str]
+    log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+                await self.process.wait()
+        if self.log is not None:
+            self.log.close()
+
+
+async def start_child(
+    name: str, command: Sequence[str], ready_prefix: str, log_path: Path | None = None
+) -> Child:
+    """Start ``command``; return once a stdout line starts with ``ready_prefix`` (stderr → log)."""
+    log = log_path.open("wb") if log_path is not None else None
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log if log is not None else asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    child = Child(name, process, [], log)
+    try:
+        child.ready_words = await asyncio.wait_for(_ready_line(process, ready_prefix), READY_TIMEOUT_S)
+    except BaseException:
+        await child.stop()
+        raise
+    return child
+
+
+async def _ready_line(process: asyncio.subprocess.Process, prefix: str) -> list[str]:
+    assert process.stdout is not None
+    async for raw in process.stdout:
+        line = raw.decode(errors="replace").strip()
+        if line.startswith(prefix):
+            return line[len(prefix) :].split()
+    raise RuntimeError(f"{prefix!r}: the process exited before its ready line")
+
+
+async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
+    """The fast upstream (one process, ``endpoints`` ports); returns it and its ``ip:port`` list."""
+    command = [sys.executable, "-m", "bench.datapath_upstream", "--endpoints", str(endpoints)]
+    child = await start_child("upstream", command, UPSTREAM_READY)
+    return child, [url.removeprefix("http://") for url in child.ready_words]
+
+
+async def start_null_picker(destination: str) -> tuple[Child, tuple[str, int]]:
+    """bench/datapath_null_picker.py routing everything to ``destination``."""
+    from bench.datapath_null_picker import READY_PREFIX
+
+    command = [sys.executable, "-m", "bench.datapath_null_picker", "--destination", destination]
+    child = await start_child("null_picker", command, READY_PREFIX)
+    return child, ("127.0.0.1", int(child.ready_words[0]))
+
+
+def pools_yaml(endpoints: Sequence[str], pool: str, profile: str) -> str:
+    lines = [f"pools:\n  - name: {pool}\n    profile: {profile}\n    engine: vllm\n    endpoints:"]
+    lines.extend(f'      - "{address}"' for address in endpoints)
+    return "\n".join(lines) + "\n"
+
+
+def kvgate_command() -> list[str]:
+    """``kvgate`` from the running environment (its console script, else ``-m gateway.cli``)."""
+    script = Path(sys.executable).with_name("kvgate")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+
+
+async def start_picker(name: str, pools_file: Path, log_path: Path) -> tuple[Child, tuple[str, int], str]:
+    """``kvgate picker`` on free ports; returns it, its gRPC (host, port) and its admin URL."""
+    command = [
+        *kvgate_command(), "picker", "--pools", str(pools_file),
+        "--grpc-port", "0", "--admin-port", "0",
+    ]
+    child = await start_child(name, command, PICKER_READY, log_path)
+    words = dict(word.split("=", 1) for word in child.ready_words)
+    host, _, port = words["grpc"].rpartition(":")
+    return child, (host, int(port)), words["admin"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def cpu_snapshot(pids: Mapping[str, int]) -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def cpu_share(before: Mapping[str, float], after: Mapping[str, float], wall_s: float) -> dict[str, float]:
+    """Cores used by each process over ``wall_s`` (1.0 = one core busy all the time)."""
+    return {name: (after[name] - before[name]) / wall_s for name in before}
