@@ -9,6 +9,8 @@ scrape time from the live endpoint snapshot, so the hot path only bumps counters
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,6 +27,11 @@ MICRO_BUCKETS = (
 )
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
+
+MAX_MODEL_LABEL_SETS = 1000
+"""Distinct (model, target model) label sets kept; beyond it requests count under ``__other__``,
+so clients sending arbitrary model names cannot grow the metrics page without bound."""
+OTHER = "__other__"
 
 SnapshotSource = Callable[[], EndpointSnapshot]
 ScrapeCountersSource = Callable[[], Mapping[str, tuple[int, int]]]
@@ -67,8 +74,23 @@ class _PoolCollector(Collector):
             yield scrapes
 
 
+@dataclass(frozen=True, slots=True)
+class _RequestSeries:
+    """The labelled children of one (model, target model): looked up once, reused per request."""
+
+    requests: Any
+    sizes: Any
+    running: Any
+    ttft: Any
+    input: Any
+    output: Any
+    duration: Any
+
+
 class GatewayTelemetry:
     def __init__(self) -> None:
+        self._series: dict[tuple[str, str], _RequestSeries] = {}
+        self._plugin_series: dict[tuple[str, str, str], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         labels = ["model_name", "target_model_name"]
@@ -133,29 +155,60 @@ class GatewayTelemetry:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def _of(self, labels: RequestLabels) -> _RequestSeries:
+        key = (labels.model, labels.target_model)
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= MAX_MODEL_LABEL_SETS:
+                key = (OTHER, OTHER)
+                series = self._series.get(key)
+            if series is None:
+                model, target = key
+                series = _RequestSeries(
+                    requests=self._requests.labels(model, target),
+                    sizes=self._sizes.labels(model, target),
+                    running=self._running.labels(model),
+                    ttft=self._ttft.labels(model, target),
+                    input=self._input.labels(model, target),
+                    output=self._output.labels(model, target),
+                    duration=self._duration.labels(model, target),
+                )
+                self._series[key] = series
+        return series
+
     # extproc.ports.RequestMetrics
     def request_picked(self, labels: RequestLabels, body_size: int) -> None:
-        self._requests.labels(labels.model, labels.target_model).inc()
-        self._sizes.labels(labels.model, labels.target_model).observe(body_size)
-        self._running.labels(labels.model).inc()
+        series = self._of(labels)
+        series.requests.inc()
+        series.sizes.observe(body_size)
+        series.running.inc()
 
     def request_error(self, labels: RequestLabels, code: str) -> None:
-        self._errors.labels(labels.model, labels.target_model, code).inc()
+        model, target = (labels.model, labels.target_model)
+        if (model, target) not in self._series and len(self._series) >= MAX_MODEL_LABEL_SETS:
+            model = target = OTHER
+        self._errors.labels(model, target, code).inc()
 
     def scheduled(self, pool: str, seconds: float) -> None:
         self._scheduler.labels(pool).observe(seconds)
 
     def first_token(self, labels: RequestLabels, seconds: float) -> None:
-        self._ttft.labels(labels.model, labels.target_model).observe(seconds)
+        self._of(labels).ttft.observe(seconds)
 
     def tokens(self, labels: RequestLabels, prompt_tokens: int, completion_tokens: int) -> None:
-        self._input.labels(labels.model, labels.target_model).observe(prompt_tokens)
-        self._output.labels(labels.model, labels.target_model).observe(completion_tokens)
+        series = self._of(labels)
+        series.input.observe(prompt_tokens)
+        series.output.observe(completion_tokens)
 
     def request_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
-        self._duration.labels(labels.model, labels.target_model).observe(seconds)
-        self._running.labels(labels.model).dec()
+        series = self._of(labels)
+        series.duration.observe(seconds)
+        series.running.dec()
 
     # policies.framework.PluginTimer
     def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
-        self._plugins.labels(extension_point, plugin_type, plugin_name).observe(seconds)
+        key = (extension_point, plugin_type, plugin_name)
+        child = self._plugin_series.get(key)
+        if child is None:
+            child = self._plugin_series[key] = self._plugins.labels(*key)
+        child.observe(seconds)
