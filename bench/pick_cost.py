@@ -1,23 +1,34 @@
 """Pick cost per request: µs per ``ProfileScheduler.schedule()`` call, prefix hashing included.
 
-``python -m bench.pick_cost [--requests N] [--endpoints 8,64,512] [--profiles default,gie-default]``
+``python -m bench.pick_cost [--requests N] [--endpoints 8,64,512] [--profiles default,gie-default]
+[--churn] [--timer]``
 
-Setup per (profile, fleet size): endpoints with varied scraped metrics (fresh), then a warm-up of
-prior traffic so the prefix index holds every group on a few endpoints. Each measured request
-carries an 8k-token prompt (32,768 chars): one of 32 shared 20,000-char system prompts followed by
-a unique question, so all 256 hashed blocks match somewhere (the longest index walk). Only
-``schedule()`` is timed; ``on_picked``/``on_finished`` run untimed between calls to keep the
-state realistic. Prints a Markdown table.
+Setup per (profile, fleet size): endpoints with varied scraped metrics (fresh), handed to the
+scheduler as one tuple like ``EndpointSnapshot.endpoints`` returns, then a warm-up of prior traffic
+so the prefix index holds every group on a few endpoints. Each measured request carries an 8k-token
+prompt (32,768 chars): one of 32 shared 20,000-char system prompts followed by a unique question,
+so all hashed blocks of the system prompt match somewhere. Only ``schedule()`` is timed;
+``on_picked``/``on_finished`` run untimed between calls (up to 4 × endpoints requests in flight).
+
+``--churn``: before every request one endpoint's view is replaced by a new object and the tuple is
+rebuilt, as the scraper publishes after each endpoint's scrape (64 endpoints every 50 ms is ~1,300
+new tuples a second), so per-snapshot memos hit only for the views that did not change.
+``--timer``: per-plugin timing into a prometheus_client histogram, as the picker process runs it.
+Prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry, Histogram
+
+from policies.framework import PluginTimer
 from policies.profile import load_profile
 from policies.scheduler import ProfileScheduler
 from policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
@@ -27,7 +38,7 @@ SYSTEM_CHARS = 20_000
 GROUPS = 32
 
 
-def fleet(n: int, rng: random.Random, now: float) -> list[EndpointView]:
+def fleet(n: int, rng: random.Random, now: float) -> tuple[EndpointView, ...]:
     views = []
     for i in range(n):
         metrics = EndpointMetrics(
@@ -39,35 +50,78 @@ def fleet(n: int, rng: random.Random, now: float) -> list[EndpointView]:
             updated_at=now - 0.01,
         )
         views.append(EndpointView(Endpoint(f"10.0.{i // 250}.{i % 250}:8000", "bench"), metrics))
-    return views
+    return tuple(views)
 
 
-def prompts(rng: random.Random) -> list[str]:
-    alphabet = "abcdefghijklmnopqrstuvwxyz     "
-    return ["".join(rng.choices(alphabet, k=SYSTEM_CHARS)) for _ in range(GROUPS)]
+def rescraped(views: tuple[EndpointView, ...], i: int) -> tuple[EndpointView, ...]:
+    """The tuple the scraper publishes after scraping endpoint ``i`` again (same values, new objects)."""
+    old = views[i]
+    m = old.metrics
+    assert m is not None
+    metrics = EndpointMetrics(
+        m.waiting, m.running, m.kv_cache_usage, block_size=16, num_gpu_blocks=30_000, updated_at=m.updated_at
+    )
+    return (*views[:i], EndpointView(old.endpoint, metrics), *views[i + 1 :])
 
 
-def request(i: int, system: str, rng: random.Random) -> InferenceRequest:
-    question = f"question {i} " + "".join(rng.choices("abcdefghij ", k=PROMPT_CHARS))
-    prompt = (system + question)[:PROMPT_CHARS]
-    return InferenceRequest(request_id=f"r{i}", pool="bench", model="m", target_model="m", prompt=prompt)
+class Requests:
+    """8k-token prompts: a shared system prompt of one of ``GROUPS`` groups + a unique question."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        alphabet = "abcdefghijklmnopqrstuvwxyz     "
+        self.systems = ["".join(rng.choices(alphabet, k=SYSTEM_CHARS)) for _ in range(GROUPS)]
+        self.questions = "".join(rng.choices("abcdefghij ", k=2 * PROMPT_CHARS))
+
+    def make(self, i: int, group: int) -> InferenceRequest:
+        start = self.rng.randrange(PROMPT_CHARS)
+        question = f"question {i} " + self.questions[start : start + PROMPT_CHARS]
+        prompt = (self.systems[group] + question)[:PROMPT_CHARS]
+        return InferenceRequest(request_id=f"r{i}", pool="bench", model="m", target_model="m", prompt=prompt)
 
 
-def measure(profile_name: str, n_endpoints: int, n_requests: int, seed: int = 7) -> tuple[float, float]:
+class HistogramTimer:
+    """The picker's per-plugin histogram (``inference_extension_plugin_duration_seconds``)."""
+
+    def __init__(self) -> None:
+        self._h = Histogram(
+            "plugin_duration_seconds",
+            "bench",
+            ["extension_point", "plugin_type", "plugin_name"],
+            registry=CollectorRegistry(),
+        )
+
+    def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
+        self._h.labels(extension_point, plugin_type, plugin_name).observe(seconds)
+
+
+def measure(
+    profile: str,
+    n_endpoints: int,
+    n_requests: int,
+    *,
+    churn: bool = False,
+    timed: bool = False,
+    seed: int = 7,
+) -> list[float]:
+    """µs per ``schedule()`` call, one sample per request."""
     rng = random.Random(seed)
     now = 1000.0
     views = fleet(n_endpoints, rng, now)
-    systems = prompts(rng)
-    scheduler = ProfileScheduler(load_profile(profile_name), rng=random.Random(seed))
-    warm = [request(i, systems[i % GROUPS], rng) for i in range(4 * GROUPS)]
-    for req in warm:
+    requests = Requests(rng)
+    timer: PluginTimer | None = HistogramTimer() if timed else None
+    scheduler = ProfileScheduler(load_profile(profile), rng=random.Random(seed), timer=timer)
+    for i in range(4 * GROUPS):
+        req = requests.make(i, i % GROUPS)
         pick = scheduler.schedule(req, views, now).pick
         scheduler.on_picked(req, pick, now)
         scheduler.on_finished(req, pick, ok=True, now=now)
-    reqs = [request(10_000 + i, systems[rng.randrange(GROUPS)], rng) for i in range(n_requests)]
+    reqs = [requests.make(10_000 + i, rng.randrange(GROUPS)) for i in range(n_requests)]
     samples: list[float] = []
     in_flight: list[tuple[InferenceRequest, Endpoint]] = []
-    for req in reqs:
+    for i, req in enumerate(reqs):
+        if churn:
+            views = rescraped(views, i % n_endpoints)
         start = time.perf_counter_ns()
         result = scheduler.schedule(req, views, now)
         samples.append((time.perf_counter_ns() - start) / 1000.0)
@@ -76,7 +130,7 @@ def measure(profile_name: str, n_endpoints: int, n_requests: int, seed: int = 7)
         if len(in_flight) > 4 * n_endpoints:
             done, pick = in_flight.pop(0)
             scheduler.on_finished(done, pick, ok=True, now=now)
-    return statistics.median(samples), percentile(samples, 0.99)
+    return samples
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -89,13 +143,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--endpoints", default="8,64,512")
     parser.add_argument("--profiles", default="default,gie-default")
+    parser.add_argument("--churn", action="store_true", help="a new snapshot tuple before every request")
+    parser.add_argument("--timer", action="store_true", help="per-plugin timing into a histogram")
     args = parser.parse_args()
-    print(f"| profile | endpoints | median µs | p99 µs |  ({args.requests} requests, 8k-token prompts)")
+    mode = ", ".join(m for m, on in (("churn", args.churn), ("timer", args.timer)) if on) or "static snapshot"
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"({args.requests} requests, 8k-token prompts, {mode}; load average {load})\n")
+    print("| profile | endpoints | median µs | p99 µs |")
     print("|---|---|---|---|")
     for profile in args.profiles.split(","):
         for n in (int(x) for x in args.endpoints.split(",")):
-            median, p99 = measure(profile, n, args.requests)
-            print(f"| {profile} | {n} | {median:.1f} | {p99:.1f} |", flush=True)
+            samples = measure(profile, n, args.requests, churn=args.churn, timed=args.timer)
+            print(
+                f"| {profile} | {n} | {statistics.median(samples):.1f} | {percentile(samples, 0.99):.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@
                ──▶ scorers (each: endpoints → {address: score}, clamped to [0, 1], × weight, summed)
                ──▶ picker (scored endpoints → pick + fallbacks)
 
+The hot path (ARCHITECTURE.md principle 7): a scorer that scores every endpoint may also implement
+:class:`DenseScorer` (a list in endpoint order, already in [0, 1]); the scheduler then sums lists by
+position instead of building and merging a dict per scorer. Sparse scorers (prefix, session) keep
+returning small mappings. Filters return their input object unchanged when they drop nothing.
+
 Plugins receive a :class:`SchedulingContext`: the request, ``now`` (monotonic seconds, passed in:
 the framework never reads a clock), the :class:`~policies.state.SchedulerState`, a seeded
 ``random.Random`` and per-request caches (prompt block hashes and prefix matches are computed at
@@ -15,9 +20,9 @@ most once per request, whichever plugins ask). Plugins never do IO.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, overload, runtime_checkable
 
 from policies.hashing import PromptHasher
 from policies.state import SchedulerState
@@ -67,8 +72,51 @@ class Filter(Protocol):
 @runtime_checkable
 class Scorer(Protocol):
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
-        """Score per endpoint address in [0, 1] (clamped by the framework; absent = 0)."""
+        """Score per endpoint address in [0, 1] (clamped by the framework; absent = 0; addresses
+        that are not among ``endpoints`` are ignored)."""
         ...
+
+
+@runtime_checkable
+class DenseScorer(Scorer, Protocol):
+    """A scorer that scores every endpoint: the scheduler calls ``dense_scores`` instead of ``score``."""
+
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        """One score per endpoint, in the order of ``endpoints``, each already in [0, 1]
+        (the same values ``score`` maps by address)."""
+        ...
+
+
+class ScoredEndpoints(Sequence[tuple[EndpointView, float]]):
+    """What the scheduler hands a picker: ``(endpoint, total score)`` pairs, in candidate order, that
+    also expose their two columns (``endpoints``, ``scores``) so a picker need not split the pairs."""
+
+    __slots__ = ("endpoints", "scores")
+
+    def __init__(self, endpoints: Sequence[EndpointView], scores: Sequence[float]) -> None:
+        if len(endpoints) != len(scores):
+            raise ValueError("one score per endpoint")
+        self.endpoints = endpoints
+        self.scores = scores
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[EndpointView, float]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[EndpointView, float]]: ...
+
+    def __getitem__(
+        self, index: int | slice
+    ) -> tuple[EndpointView, float] | Sequence[tuple[EndpointView, float]]:
+        if isinstance(index, slice):
+            return list(zip(self.endpoints[index], self.scores[index], strict=True))
+        return self.endpoints[index], self.scores[index]
+
+    def __iter__(self) -> Iterator[tuple[EndpointView, float]]:
+        return zip(self.endpoints, self.scores, strict=True)
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
 
 
 @runtime_checkable

@@ -5,12 +5,20 @@ scorers → picker. Admission: when every remaining candidate is saturated, a sh
 (priority < 0) gets ``RequestShedError`` (429, ``retry-after``); other requests are never shed and
 go to the best-scored (least-loaded) endpoint.
 
+Hot path (ARCHITECTURE.md principle 7): what depends only on the snapshot's views is computed once
+per snapshot tuple (``policies.memo``: filter results, load scores, the cost model's per-endpoint
+constants, the candidates' addresses); per request, one pass per scorer adds what changes per
+request (prefix matches, this picker's in-flight work, sessions, LoRA), scores are summed by
+position (``policies.scoring``) and ``SchedulingResult.scores`` is a view over the sums. Per-plugin
+timing runs only with a ``timer``, on every request or on one in ``timing_every``.
+
 Lifecycle (``policies.contracts``): ``on_picked`` counts the request in flight on the pick, records
 its session and inserts its prompt blocks into the prefix index; ``on_served`` moves all that to
 the endpoint that really served it; ``on_usage`` learns from the ``cached_tokens`` the replica
 reports; ``on_finished`` removes exactly what ``on_picked`` added. The prompt hashes computed in
 ``schedule`` are kept (bounded LRU by request id, ``max_pending``) until ``on_picked`` so a request
-is hashed once; the small rest (predicted matches, capacities) until ``on_finished``.
+is hashed once; the small rest (predicted matches, the ranked views whose ``num_gpu_blocks`` size
+the index) until ``on_finished``.
 
 Learning from ``cached_tokens``: if a replica reports far fewer cached tokens than the index
 predicted, it evicts sooner than its ``num_gpu_blocks`` suggests (other traffic, other pickers),
@@ -25,14 +33,16 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from policies.contracts import SchedulingResult
 from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.framework import PluginTimer, SchedulingContext
+from policies.framework import PluginTimer, SchedulingContext, ScoredEndpoints
 from policies.hashing import PromptHasher
+from policies.memo import TupleMemo
 from policies.plugins.filters import SubsetHintFilter
 from policies.profile import SchedulingProfile
+from policies.scoring import Addresses, BoundScorer, ScoresView, total_scores
 from policies.state import InProcessState, SchedulerState
 from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
@@ -49,8 +59,7 @@ class _Pending:
 
     hashes: tuple[int, ...]
     matches: Mapping[str, int]
-    capacities: dict[str, int]
-    uncached_tokens: dict[str, int] = field(default_factory=dict)
+    ranked: Sequence[EndpointView]
 
 
 class ProfileScheduler:
@@ -66,6 +75,7 @@ class ProfileScheduler:
         clock: Callable[[], float] = time.perf_counter,
         fallbacks: int | None = None,
         max_pending: int = 4096,
+        timing_every: int = 1,
     ) -> None:
         self.profile = profile
         self.state: SchedulerState = state if state is not None else InProcessState()
@@ -80,6 +90,10 @@ class ProfileScheduler:
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._max_pending = max_pending
         self._capacity_scale: dict[str, float] = {}
+        self._timing_every = max(1, timing_every)
+        self._timing_countdown = 0
+        self._scorers = tuple(BoundScorer.of(s) for s in profile.scorers)
+        self._addresses: TupleMemo[Addresses] = TupleMemo()
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -90,7 +104,7 @@ class ProfileScheduler:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
         ctx = SchedulingContext(request, now, self.state, self.rng, self._hasher, self._session_id(request))
         endpoints = self._subset.filter(ctx, candidates)
-        timer = self.timer
+        timer = self._timer_for_this_request()
         for f in self.profile.filters:
             if timer is None:
                 endpoints = f.plugin.filter(ctx, endpoints)
@@ -102,19 +116,9 @@ class ProfileScheduler:
                 raise NoEligibleEndpointError(f"no eligible endpoint after filter {f.name!r}")
         if request.sheddable:
             self._admit(endpoints, now)
-        totals = dict.fromkeys([e.endpoint.address for e in endpoints], 0.0)
-        for s in self.profile.scorers:
-            if timer is None:
-                scores = s.plugin.score(ctx, endpoints)
-            else:
-                start = self._clock()
-                scores = s.plugin.score(ctx, endpoints)
-                timer.observe("scorer", s.plugin_type, s.name, self._clock() - start)
-            weight = s.weight
-            for address, value in scores.items():
-                if address in totals:
-                    totals[address] += weight * (0.0 if value < 0.0 else 1.0 if value > 1.0 else value)
-        scored = [(e, totals[e.endpoint.address]) for e in endpoints]
+        addresses = self._addresses.get(endpoints, Addresses)
+        totals = total_scores(ctx, endpoints, addresses, self._scorers, timer, self._clock)
+        scored = ScoredEndpoints(endpoints, totals)
         picker = self.profile.picker
         if timer is None:
             ranked = picker.plugin.pick(ctx, scored, 1 + self.fallbacks)
@@ -126,7 +130,16 @@ class ProfileScheduler:
             raise NoEligibleEndpointError(f"picker {picker.name!r} picked nothing")
         if self._tracks_prefix:
             self._remember(ctx, ranked)
-        return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, totals)
+        scores = ScoresView(addresses, totals)
+        return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores)
+
+    def _timer_for_this_request(self) -> PluginTimer | None:
+        """``timer`` on one request in ``timing_every`` (the first one included), else None."""
+        if self._timing_every == 1 or self.timer is None:
+            return self.timer
+        countdown = self._timing_countdown
+        self._timing_countdown = countdown - 1 if countdown > 0 else self._timing_every - 1
+        return self.timer if countdown == 0 else None
 
     def _admit(self, endpoints: Sequence[EndpointView], now: float) -> None:
         admission = self.profile.admission
@@ -144,13 +157,18 @@ class ProfileScheduler:
         hashes = ctx.prefix_hashes()
         if not hashes:
             return
-        matches = ctx.prefix_matches()
-        capacities = {e.address: self._capacity(e) for e in ranked}
         pending = self._pending
-        pending[ctx.request.request_id] = _Pending(hashes, matches, capacities)
+        pending[ctx.request.request_id] = _Pending(hashes, ctx.prefix_matches(), ranked)
         pending.move_to_end(ctx.request.request_id)
         while len(pending) > self._max_pending:
             pending.popitem(last=False)
+
+    def _capacity_of(self, memo: _Pending | None, address: str) -> int:
+        """Index capacity of ``address``: from its view when it was ranked, else the default."""
+        for view in memo.ranked if memo is not None else ():
+            if view.endpoint.address == address:
+                return self._capacity(view)
+        return self.profile.prefix.default_capacity_blocks
 
     def _capacity(self, view: EndpointView) -> int:
         """Index blocks the endpoint's KV cache holds (from ``num_gpu_blocks``), scaled by learning."""
@@ -184,10 +202,7 @@ class ProfileScheduler:
             if not hashes and request.prompt:
                 hashes = self._hasher.hashes(request.target_model, request.prompt, request.cache_salt)
             if hashes:
-                capacity = self.profile.prefix.default_capacity_blocks
-                if memo is not None:
-                    capacity = memo.capacities.get(address, capacity)
-                self.state.prefix_insert(address, hashes, capacity)
+                self.state.prefix_insert(address, hashes, self._capacity_of(memo, address))
         self.state.inflight_add(request.request_id, address, tokens)
         session = self._session_id(request)
         if session is not None:

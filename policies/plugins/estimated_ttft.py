@@ -44,6 +44,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from policies.framework import SchedulingContext
+from policies.memo import ViewRecords
 from policies.plugins.params import Params, parse_params
 from policies.types import EndpointMetrics, EndpointView
 
@@ -61,70 +62,90 @@ class EstimatedTtftParams(Params):
     lora_no_slot_s: Annotated[float, Field(ge=0.0)] = 1.0
 
 
+_Record = tuple[str, int, int, float, float, float, EndpointMetrics | None]
+"""Per endpoint, from its view alone: address, waiting, running, step seconds, queue-wait seconds,
+near-full-KV penalty seconds, and the metrics when the endpoint serves LoRA adapters (else None)."""
+
+
 class EstimatedTtftScorer:
-    """Scores endpoints by ``min_ttft / estimated_ttft`` (see the module docstring)."""
+    """Scores endpoints by ``min_ttft / estimated_ttft`` (see the module docstring).
+
+    What depends only on an endpoint's view is computed once per snapshot (:class:`ViewRecords`);
+    per request the loop adds what changes per request: the prompt's prefix match and this picker's
+    in-flight work, which is read fresh every time (the anti-herding signal).
+    """
 
     uses_prefix_index = True
 
     def __init__(self, params: EstimatedTtftParams | None = None) -> None:
         self.params = params or EstimatedTtftParams()
+        self._records: ViewRecords[_Record] = ViewRecords(self._record)
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> EstimatedTtftScorer:
         return EstimatedTtftScorer(parse_params(EstimatedTtftParams, parameters, "estimated-ttft-scorer"))
 
+    def _record(self, view: EndpointView) -> _Record:
+        p = self.params
+        m = view.metrics
+        if m is None:
+            waiting = running = 0
+            kv = 0.0
+        else:
+            waiting, running, kv = m.waiting, m.running, m.kv_cache_usage
+        kv_s = p.kv_penalty_s / (1.0 - p.kv_knee) * (kv - p.kv_knee) if kv > p.kv_knee else 0.0
+        lora = m if m is not None and (m.max_loras or m.active_loras) else None
+        step = p.step_s + p.decode_s_per_token * running
+        return (view.endpoint.address, waiting, running, step, p.queue_wait_s * waiting, kv_s, lora)
+
     def estimates(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
         """Estimated TTFT in seconds per endpoint, in order (one pass; the hot path of ``default``)."""
         p = self.params
         prompt_tokens = ctx.request.prompt_tokens_estimate
-        matches = ctx.prefix_matches() if prompt_tokens else {}
         tokens_per_block = ctx.tokens_per_block
+        matches = ctx.prefix_matches() if prompt_tokens else {}
+        uncached_on = {  # this request's prefill per endpoint holding part of its prompt (a few)
+            address: max(0, prompt_tokens - blocks * tokens_per_block) for address, blocks in matches.items()
+        }.get
         adapter = ctx.request.target_model
         is_adapter: bool | None = None  # computed on first need: only LoRA-serving endpoints ask
-        inflight = ctx.state.inflight_by_endpoint()
-        step_s, decode_s, prefill_s = p.step_s, p.decode_s_per_token, p.prefill_s_per_token
-        max_batched, queue_wait_s, kv_knee = p.max_batched_tokens, p.queue_wait_s, p.kv_knee
-        kv_slope = p.kv_penalty_s / (1.0 - kv_knee)
+        own_inflight = ctx.state.inflight_by_endpoint().get
+        prefill_s, max_batched = p.prefill_s_per_token, p.max_batched_tokens
         out: list[float] = []
         append = out.append
-        for e in endpoints:
-            address = e.endpoint.address
-            matched = matches.get(address, 0) if matches else 0
-            uncached = prompt_tokens - matched * tokens_per_block
-            if uncached < 0:
-                uncached = 0
-            m = e.metrics
-            if m is None:
-                waiting = running = 0
-                kv = 0.0
-            else:
-                waiting, running, kv = m.waiting, m.running, m.kv_cache_usage
-            own = inflight.get(address)
+        for address, waiting, running, step, queue_s, kv_s, lora in self._records.get(endpoints):
+            uncached = uncached_on(address, prompt_tokens)
+            own = own_inflight(address)
             if own is None:
                 work: float = waiting * uncached + uncached
             else:
                 unseen = own.requests - running
                 queued = waiting if waiting > unseen else unseen
                 work = queued * (own.tokens / own.requests) + uncached
-            ttft = (step_s + decode_s * running) * (1.0 + -(-work // max_batched)) + prefill_s * work
-            if waiting:
-                ttft += queue_wait_s * waiting
-            if kv > kv_knee:
-                ttft += kv_slope * (kv - kv_knee)
-            if m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras:
+            ttft = step * (1.0 + -(-work // max_batched)) + prefill_s * work
+            if queue_s:
+                ttft += queue_s
+            if kv_s:
+                ttft += kv_s
+            if lora is not None and adapter not in lora.active_loras:
                 if is_adapter is None:
                     is_adapter = _is_adapter(adapter, endpoints)
                 if is_adapter:
-                    ttft += _lora_cost(p, m, adapter)
+                    ttft += _lora_cost(p, lora, adapter)
             append(ttft)
         return out
 
-    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
+        """``min_ttft / ttft`` per endpoint, in order (1.0 for zero estimates when the best is zero)."""
         estimates = self.estimates(ctx, endpoints)
         best = min(estimates)
         if best <= 0.0:
-            return {e.address: 1.0 if t <= 0.0 else 0.0 for e, t in zip(endpoints, estimates, strict=True)}
-        return {e.endpoint.address: best / t for e, t in zip(endpoints, estimates, strict=True)}
+            return [1.0 if t <= 0.0 else 0.0 for t in estimates]
+        return [best / t for t in estimates]
+
+    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
+        scores = self.dense_scores(ctx, endpoints)
+        return dict(zip([e.endpoint.address for e in endpoints], scores, strict=True))
 
 
 def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str) -> float:

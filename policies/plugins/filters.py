@@ -3,28 +3,39 @@
 The soft filters (healthy, saturation, LoRA) never empty the set: when nothing would remain they
 return their input, so the scorers still choose the least-bad endpoint and admission decides
 whether to shed. The subset hint is a hard constraint from the data plane: nothing left → 503.
+A filter that drops nothing returns its input object itself, and a tuple in gives a tuple out, so
+the filters' and scorers' per-snapshot memos (``policies.memo``) hold across the whole chain.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Field
 
 from policies.errors import NoEligibleEndpointError
 from policies.framework import SchedulingContext
+from policies.memo import TupleMemo
 from policies.plugins.params import Params, parse_params
 from policies.saturation import SaturationThresholds
 from policies.types import EndpointView
 
 
 class HealthyFilter:
-    """Drops endpoints never scraped or unhealthy, unless none would remain."""
+    """Drops endpoints never scraped or unhealthy, unless none would remain (once per snapshot)."""
+
+    def __init__(self) -> None:
+        self._memo: TupleMemo[Sequence[EndpointView]] = TupleMemo()
 
     def filter(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
-        kept = [e for e in endpoints if e.healthy and e.metrics is not None]
-        return kept or endpoints
+        return self._memo.get(endpoints, _healthy)
+
+
+def _healthy(endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+    return _narrowed(endpoints, [e for e in endpoints if e.healthy and e.metrics is not None])
 
 
 class SaturationParams(Params):
@@ -38,6 +49,7 @@ class SaturationFilter:
 
     def __init__(self, thresholds: SaturationThresholds | None = None) -> None:
         self.thresholds = thresholds or SaturationThresholds()
+        self._memo: TupleMemo[_Eligible] = TupleMemo()
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> SaturationFilter:
@@ -46,19 +58,34 @@ class SaturationFilter:
         return SaturationFilter(thresholds)
 
     def filter(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        eligible = self._memo.get(endpoints, self._eligible)
+        oldest = ctx.now - self.thresholds.metrics_staleness_s
+        if oldest <= eligible.least_recent_update:
+            return eligible.endpoints
+        fresh = [e for e in eligible.kept if (m := e.metrics) is not None and m.updated_at >= oldest]
+        return _narrowed(endpoints, fresh)
+
+    def _eligible(self, endpoints: Sequence[EndpointView]) -> _Eligible:
+        """The part that depends on the snapshot alone: all but the staleness check."""
         t = self.thresholds
-        oldest = ctx.now - t.metrics_staleness_s
         queue, kv = t.queue_threshold, t.kv_threshold
         kept = [
             e
             for e in endpoints
-            if (m := e.metrics) is not None
-            and e.healthy
-            and m.updated_at >= oldest
-            and m.waiting < queue
-            and m.kv_cache_usage < kv
+            if (m := e.metrics) is not None and e.healthy and m.waiting < queue and m.kv_cache_usage < kv
         ]
-        return kept or endpoints
+        least_recent = min([m.updated_at for e in kept if (m := e.metrics) is not None], default=math.inf)
+        return _Eligible(_narrowed(endpoints, kept), kept, least_recent)
+
+
+@dataclass(frozen=True, slots=True)
+class _Eligible:
+    """Endpoints neither unhealthy, unscraped, full nor queued (``kept``; ``endpoints`` as the filter
+    returns them when none is stale), and the least recent scrape time among them."""
+
+    endpoints: Sequence[EndpointView]
+    kept: list[EndpointView]
+    least_recent_update: float
 
 
 class SubsetHintFilter:
@@ -91,8 +118,16 @@ class LoraFilter:
             elif m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) < m.max_loras:
                 free.append(e)
         if active:
-            return active
+            return _narrowed(endpoints, active)
         return free if free and _is_known_adapter(adapter, endpoints) else endpoints
+
+
+def _narrowed(endpoints: Sequence[EndpointView], kept: list[EndpointView]) -> Sequence[EndpointView]:
+    """``kept`` (a subset of ``endpoints``, order kept); ``endpoints`` itself when it kept all or none;
+    a tuple when ``endpoints`` is one."""
+    if not kept or len(kept) == len(endpoints):
+        return endpoints
+    return tuple(kept) if type(endpoints) is tuple else kept
 
 
 def _is_known_adapter(adapter: str, endpoints: Sequence[EndpointView]) -> bool:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from policies.framework import SchedulingContext
+from policies.framework import SchedulingContext, ScoredEndpoints
 from policies.plugins.params import Params, parse_params
 from policies.types import EndpointView
 
@@ -38,7 +38,10 @@ class MaxScorePicker:
         self, ctx: SchedulingContext, scored: Sequence[tuple[EndpointView, float]], count: int
     ) -> Sequence[EndpointView]:
         count = max(1, count)
-        scores = [s for _e, s in scored]
+        if isinstance(scored, ScoredEndpoints):
+            endpoints, scores = scored.endpoints, scored.scores
+        else:
+            endpoints, scores = [e for e, _s in scored], [s for _e, s in scored]
         order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
         floor = scores[order[0]] - self.tie_tolerance
         n_ties = 1
@@ -46,9 +49,9 @@ class MaxScorePicker:
             n_ties += 1
         rng = ctx.rng
         if n_ties >= count:
-            return [scored[i][0] for i in rng.sample(order[:n_ties], count)]
+            return [endpoints[i] for i in rng.sample(order[:n_ties], count)]
         ranked = rng.sample(order[:n_ties], n_ties) + order[n_ties:count]
-        return [scored[i][0] for i in ranked]
+        return [endpoints[i] for i in ranked]
 
 
 class WeightedRandomPicker:

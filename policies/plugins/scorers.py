@@ -2,117 +2,133 @@
 
 The load scorers normalise GIE's way, ``(max − x) / (max − min)`` over the candidates, 1 when all
 are equal. Endpoints without metrics count as zero load (filters drop them first where it matters).
+Scorers that score every endpoint also implement ``dense_scores`` (``policies.framework.DenseScorer``):
+one pass, a list in endpoint order, which is what the scheduler calls; ``score`` maps the same values
+by address. The sparse scorers (prefix, session) return only the endpoints they favour.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from policies.framework import SchedulingContext
+from policies.memo import TupleMemo
 from policies.types import EndpointView
 
 
-def spread_scores(endpoints: Sequence[EndpointView], values: Sequence[float]) -> dict[str, float]:
-    """``(max − v) / (max − min)`` per endpoint, 1.0 for all when every value is equal."""
+def spread(values: Sequence[float]) -> list[float]:
+    """``(max − v) / (max − min)`` per value, 1.0 for all when every value is equal."""
     high = max(values)
     low = min(values)
     if high == low:
-        return dict.fromkeys((e.address for e in endpoints), 1.0)
+        return [1.0] * len(values)
     span = high - low
-    return {e.address: (high - v) / span for e, v in zip(endpoints, values, strict=True)}
+    return [(high - v) / span for v in values]
 
 
-class _SpreadScorer:
-    """Lower ``value`` is better, normalised across candidates."""
+def spread_scores(endpoints: Sequence[EndpointView], values: Sequence[float]) -> dict[str, float]:
+    """:func:`spread` keyed by endpoint address."""
+    return by_address(endpoints, spread(values))
 
-    def __init__(self, value: Callable[[SchedulingContext, EndpointView], float]) -> None:
-        self._value = value
+
+def by_address(endpoints: Sequence[EndpointView], scores: Sequence[float]) -> dict[str, float]:
+    return dict(zip([e.endpoint.address for e in endpoints], scores, strict=True))
+
+
+class _DenseScorer:
+    """``score`` derived from ``dense_scores``."""
+
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        raise NotImplementedError
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
-        value = self._value
-        return spread_scores(endpoints, [value(ctx, e) for e in endpoints])
+        return by_address(endpoints, self.dense_scores(ctx, endpoints))
 
 
-def _waiting(ctx: SchedulingContext, e: EndpointView) -> float:
-    return e.metrics.waiting if e.metrics is not None else 0.0
+class _SnapshotScorer(_DenseScorer):
+    """Scores that depend on the scraped views alone: computed once per snapshot (``TupleMemo``)."""
+
+    def __init__(self) -> None:
+        self._memo: TupleMemo[Sequence[float]] = TupleMemo()
+
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        return self._memo.get(endpoints, self._compute)
+
+    def _compute(self, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        raise NotImplementedError
 
 
-def _running(ctx: SchedulingContext, e: EndpointView) -> float:
-    return e.metrics.running if e.metrics is not None else 0.0
-
-
-def _inflight_requests(ctx: SchedulingContext, e: EndpointView) -> float:
-    return ctx.state.inflight(e.address).requests
-
-
-def _inflight_tokens(ctx: SchedulingContext, e: EndpointView) -> float:
-    return ctx.state.inflight(e.address).tokens
-
-
-class QueueScorer(_SpreadScorer):
+class QueueScorer(_SnapshotScorer):
     """GIE's queue scorer over the scraped waiting queue."""
 
-    def __init__(self) -> None:
-        super().__init__(_waiting)
+    def _compute(self, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        return tuple(spread([m.waiting if (m := e.metrics) is not None else 0.0 for e in endpoints]))
 
 
-class RunningRequestsScorer(_SpreadScorer):
+class RunningRequestsScorer(_SnapshotScorer):
     """Fewer running requests (scraped) is better."""
 
-    def __init__(self) -> None:
-        super().__init__(_running)
+    def _compute(self, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        return tuple(spread([m.running if (m := e.metrics) is not None else 0.0 for e in endpoints]))
 
 
-class InFlightRequestsScorer(_SpreadScorer):
+class InFlightRequestsScorer(_DenseScorer):
     """Fewer of this picker's own in-flight requests is better (updates at pick time)."""
 
-    def __init__(self) -> None:
-        super().__init__(_inflight_requests)
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
+        own = ctx.state.inflight_by_endpoint().get
+        return spread([n.requests if (n := own(e.endpoint.address)) is not None else 0 for e in endpoints])
 
 
-class InFlightTokensScorer(_SpreadScorer):
+class InFlightTokensScorer(_DenseScorer):
     """Fewer of this picker's own in-flight prefill tokens is better (updates at pick time)."""
 
-    def __init__(self) -> None:
-        super().__init__(_inflight_tokens)
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
+        own = ctx.state.inflight_by_endpoint().get
+        return spread([n.tokens if (n := own(e.endpoint.address)) is not None else 0 for e in endpoints])
 
 
-class KvCacheUtilizationScorer:
-    """``1 − kv_cache_usage``."""
+class KvCacheUtilizationScorer(_SnapshotScorer):
+    """``1 − kv_cache_usage`` (clamped to [0, 1])."""
 
-    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
-        return {e.address: 1.0 - e.metrics.kv_cache_usage if e.metrics else 1.0 for e in endpoints}
+    def _compute(self, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        return tuple(_unit(1.0 - m.kv_cache_usage) if (m := e.metrics) else 1.0 for e in endpoints)
 
 
-class LoraAffinityScorer:
+def _unit(value: float) -> float:
+    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
+
+
+class LoraAffinityScorer(_DenseScorer):
     """GIE's LoRA affinity: 1.0 adapter active, 0.8 a free slot, 0.6 adapter waiting, else 0.
 
     Endpoints that serve no adapters at all (``max_loras == 0``, none active) score 1.0, so a fleet
     without LoRA is not penalised.
     """
 
-    def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
+    def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
         adapter = ctx.request.target_model
-        out: dict[str, float] = {}
+        out: list[float] = []
         for e in endpoints:
             m = e.metrics
             if m is None:
-                out[e.address] = 0.0
+                out.append(0.0)
             elif adapter in m.active_loras:
-                out[e.address] = 1.0
+                out.append(1.0)
             elif m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) < m.max_loras:
-                out[e.address] = 0.8
+                out.append(0.8)
             elif adapter in m.waiting_loras:
-                out[e.address] = 0.6
+                out.append(0.6)
             elif m.max_loras == 0 and not m.active_loras:
-                out[e.address] = 1.0
+                out.append(1.0)
             else:
-                out[e.address] = 0.0
+                out.append(0.0)
         return out
 
 
 class PrefixCacheScorer:
-    """GIE's approximate prefix-cache scorer: matched leading blocks / total blocks."""
+    """GIE's approximate prefix-cache scorer: matched leading blocks / total blocks (sparse: only
+    endpoints holding a prefix of the prompt, usually a few, whatever the number of candidates)."""
 
     uses_prefix_index = True
 
@@ -120,8 +136,7 @@ class PrefixCacheScorer:
         total = len(ctx.prefix_hashes())
         if total == 0:
             return {}
-        matches = ctx.prefix_matches()
-        return {e.address: matches.get(e.address, 0) / total for e in endpoints if e.address in matches}
+        return {address: blocks / total for address, blocks in ctx.prefix_matches().items()}
 
 
 class SessionAffinityScorer:

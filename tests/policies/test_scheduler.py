@@ -216,3 +216,22 @@ def test_same_seed_same_decisions() -> None:
     a = [run(scheduler(seed=3), request(f"r{i}", text(i, 500)), eps) for i in range(20)]
     b = [run(scheduler(seed=3), request(f"r{i}", text(i, 500)), eps) for i in range(20)]
     assert a == b
+
+
+def test_timing_can_sample_one_request_in_n() -> None:
+    recorder = Recorder()
+    s = scheduler("gie-default", timer=recorder, timing_every=3)
+    for i in range(7):
+        s.schedule(request(f"r{i}", text(i, 300)), [view(1), view(2)], NOW)
+    timed_requests = sum(1 for point, *_rest in recorder.seen if point == "picker")
+    assert timed_requests == 3  # requests 0, 3 and 6
+    assert len(recorder.seen) == 3 * 5  # healthy filter, three scorers, picker
+
+
+def test_scores_are_a_mapping_by_address_in_candidate_order() -> None:
+    eps = [view(3, waiting=2), view(1), view(2, waiting=4)]
+    scores = scheduler("gie-default").schedule(request(), eps, NOW).scores
+    assert list(scores) == [e.address for e in eps]
+    assert len(scores) == 3
+    assert scores["10.0.0.1:8000"] > scores["10.0.0.3:8000"] > scores["10.0.0.2:8000"]
+    assert "10.0.0.9:8000" not in scores

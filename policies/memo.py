@@ -1,0 +1,74 @@
+"""Per-snapshot memos for the scheduling hot path (ARCHITECTURE.md principle 7).
+
+The scraper publishes each pool's endpoints as a new immutable tuple of immutable views, and that
+tuple serves every request until the next publish. Work that depends only on those views (what a
+filter keeps, a load score, the per-endpoint constants of a cost model) is done once per tuple and
+reused while the same tuple object comes back: these memos hold the tuple they were computed from
+and compare by identity, so a recycled ``id`` can never alias a different snapshot. The scraper
+publishes after each endpoint's scrape, so a tuple often differs from the last one by one view:
+:class:`ViewRecords` then rebuilds only that view's record.
+
+Only tuples are memoised (a list could change between calls); any other sequence is computed
+afresh on every call, with the same result. Each memo holds one entry (one pool per scheduler)
+stored as one pair, so a reader never sees a key with another key's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from policies.types import EndpointView
+
+V = TypeVar("V")
+R = TypeVar("R")
+
+
+class TupleMemo(Generic[V]):
+    """One value computed from one endpoints tuple."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self) -> None:
+        self._entry: tuple[Sequence[EndpointView], V] | None = None
+
+    def get(self, endpoints: Sequence[EndpointView], compute: Callable[[Sequence[EndpointView]], V]) -> V:
+        entry = self._entry
+        if entry is not None and entry[0] is endpoints:
+            return entry[1]
+        value = compute(endpoints)
+        if type(endpoints) is tuple:
+            self._entry = (endpoints, value)
+        return value
+
+
+class ViewRecords(Generic[R]):
+    """One record per endpoint, derived from its view alone, in endpoint order.
+
+    A new tuple that keeps most views (the scraper replaces the view of the endpoint it just
+    scraped) rebuilds only the records of the views that changed at their position.
+    """
+
+    __slots__ = ("_build", "_entry")
+
+    def __init__(self, build: Callable[[EndpointView], R]) -> None:
+        self._build = build
+        self._entry: tuple[tuple[EndpointView, ...], list[R]] | None = None
+
+    def get(self, endpoints: Sequence[EndpointView]) -> Sequence[R]:
+        """The records of ``endpoints`` (read-only: the same list serves the next call)."""
+        entry = self._entry
+        if entry is not None and entry[0] is endpoints:
+            return entry[1]
+        build = self._build
+        if type(endpoints) is not tuple:
+            return [build(v) for v in endpoints]
+        if entry is not None and len(entry[0]) == len(endpoints):
+            records = [
+                record if old is view else build(view)
+                for old, view, record in zip(entry[0], endpoints, entry[1], strict=True)
+            ]
+        else:
+            records = list(map(build, endpoints))
+        self._entry = (endpoints, records)
+        return records

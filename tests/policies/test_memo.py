@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from policies.memo import TupleMemo, ViewRecords
+from policies.types import EndpointView
+from tests.policies.helpers import view
+
+
+def test_tuple_memo_hits_only_for_the_same_tuple_object() -> None:
+    calls: list[int] = []
+
+    def count(endpoints: Sequence[EndpointView]) -> int:
+        calls.append(len(endpoints))
+        return len(endpoints)
+
+    memo: TupleMemo[int] = TupleMemo()
+    snapshot = (view(1), view(2))
+    assert memo.get(snapshot, count) == 2
+    assert memo.get(snapshot, count) == 2
+    assert calls == [2]
+    assert memo.get(tuple(snapshot), count) == 2  # tuple(t) is t: the same snapshot
+    assert calls == [2]
+    assert memo.get((view(1), view(2)), count) == 2  # an equal tuple is another snapshot
+    assert calls == [2, 2]
+    as_list = [view(1)]
+    assert memo.get(as_list, count) == 1
+    assert memo.get(as_list, count) == 1
+    assert calls == [2, 2, 1, 1]  # lists are never memoised: they could change between calls
+
+
+def test_view_records_rebuild_only_replaced_views() -> None:
+    built: list[str] = []
+
+    def record(v: EndpointView) -> str:
+        built.append(v.address)
+        return v.address
+
+    records: ViewRecords[str] = ViewRecords(record)
+    first = (view(1), view(2), view(3))
+    assert list(records.get(first)) == [v.address for v in first]
+    assert records.get(first) == records.get(first)
+    assert len(built) == 3
+    rescraped = (first[0], view(2, waiting=4), first[2])
+    assert list(records.get(rescraped)) == [v.address for v in rescraped]
+    assert built == [first[0].address, first[1].address, first[2].address, rescraped[1].address]
+    shorter = (view(7),)
+    assert list(records.get(shorter)) == ["10.0.0.7:8000"]
+    assert list(records.get([view(8)])) == ["10.0.0.8:8000"]
