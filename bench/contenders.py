@@ -1,0 +1,237 @@
+"""The routers the benchmark compares, each started in front of a running simulated fleet.
+
+A :class:`Contender` starts its processes (``start(replica_urls, workdir) -> base URL``), and after a
+run :meth:`Contender.check` says whether its routing policy really ran (from its log and metrics),
+so that no peer is measured crippled, then :meth:`Contender.stop` ends its processes.
+
+- ``envoy-rr`` / ``envoy-lr``: plain Envoy, a STATIC cluster of the replicas with ROUND_ROBIN /
+  LEAST_REQUEST (no picker).
+- ``kvgate-<profile>``: ``kvgate picker`` (own process) behind Envoy with kvgate's verified ext_proc
+  config (``gateway.envoy_config.static_bootstrap``); ``profile`` is a shipped name or a YAML path.
+- ``vllm-router-cache_aware`` / ``vllm-router-round_robin``: PyPI ``vllm-router`` (Rust).
+- ``sglang-router-cache_aware``: PyPI ``sglang-router`` (``sglang-router launch``, Rust).
+- ``oracle``: :mod:`bench.oracle_router`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.processes import ManagedProcess, http_get_text, metric_sum
+from gateway.envoy_config import GatewayConfig, PoolBackend, static_bootstrap
+from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from policies.types import FailureMode
+
+JsonDict = dict[str, Any]
+_ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+             "HttpConnectionManager")
+
+
+def plain_envoy_bootstrap(listen_port: int, admin_port: int, replicas: list[str], lb_policy: str) -> JsonDict:
+    """Envoy with one STATIC cluster of the replicas (``ROUND_ROBIN`` or ``LEAST_REQUEST``)."""
+    endpoints = []
+    for url in replicas:
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        endpoints.append({"endpoint": {"address": {"socket_address": {"address": host,
+                                                                       "port_value": int(port)}}}})
+    loose = {"max_connections": 1 << 20, "max_pending_requests": 1 << 20, "max_requests": 1 << 20}
+    cluster = {
+        "name": "replicas", "type": "STATIC", "lb_policy": lb_policy, "connect_timeout": "2s",
+        "circuit_breakers": {"thresholds": [loose]},
+        "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": endpoints}]},
+    }
+    route = {"match": {"prefix": "/"}, "route": {"cluster": "replicas", "timeout": "0s"}}
+    hcm = {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": _HCM_TYPE, "stat_prefix": "bench", "codec_type": "AUTO", "stream_idle_timeout": "600s",
+            "route_config": {"name": "bench", "virtual_hosts": [{"name": "all", "domains": ["*"],
+                                                                 "routes": [route]}]},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER_TYPE}}],
+        },
+    }
+    listener = {"name": "bench", "enable_reuse_port": False,
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+                "per_connection_buffer_limit_bytes": 64 * 1024 * 1024,
+                "filter_chains": [{"filters": [hcm]}]}
+    return {"node": {"id": "bench", "cluster": "bench"},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+            "static_resources": {"listeners": [listener], "clusters": [cluster]}}
+
+
+@dataclass
+class Contender:
+    name: str
+    kind: str  # envoy | kvgate | vllm-router | sglang-router | oracle
+    option: str = ""  # lb policy / profile / router policy
+    processes: list[ManagedProcess] = field(default_factory=list)
+    envoy: EnvoyProcess | None = None
+    metrics_url: str = ""
+    max_loras: int = 4  # the fleet's adapter slots (the oracle needs it)
+    time_scale: float = 1.0  # real seconds per simulated second: kvgate's clocks are scaled by it
+
+    async def start(self, replicas: list[str], workdir: Path) -> str:
+        """Starts the contender in front of ``replicas``; returns its base URL."""
+        port = free_port()
+        if self.kind == "envoy":
+            self.envoy = EnvoyProcess(plain_envoy_bootstrap(port, free_port(), replicas, self.option),
+                                      EnvoyOptions())
+            await self.envoy.start()
+        elif self.kind == "kvgate":
+            await self._start_kvgate(replicas, workdir, port)
+        elif self.kind == "vllm-router":
+            prom = free_port()
+            proc = self._spawn(workdir, [_router_binary("vllm-router"), "--host", "127.0.0.1", "--port",
+                                         str(port), "--worker-urls", *replicas, "--policy", self.option,
+                                         "--prometheus-port", str(prom), "--disable-retries",
+                                         "--health-check-interval-secs", "300", "--log-level", "info"])
+            await proc.wait_for_port(port)
+            self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
+        elif self.kind == "sglang-router":
+            prom = free_port()
+            proc = self._spawn(workdir, [_router_binary("sglang-router"), "launch", "--host", "127.0.0.1",
+                                         "--port", str(port), "--worker-urls", *replicas, "--policy",
+                                         self.option, "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                                         str(prom)])
+            await proc.wait_for_port(port)
+            self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
+        elif self.kind == "oracle":
+            proc = self._spawn(workdir, [sys.executable, "-m", "bench.oracle_router", "--port", str(port),
+                                         "--max-loras", str(self.max_loras), "--replicas", *replicas])
+            await proc.wait_for_log(r"^kvgate-oracle ready")
+        else:
+            raise ValueError(f"unknown contender kind {self.kind!r}")
+        return f"http://127.0.0.1:{port}"
+
+    def _spawn(self, workdir: Path, cmd: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(self.name, cmd, workdir / f"{self.name}.log")
+        proc.start()
+        self.processes.append(proc)
+        return proc
+
+    async def _start_kvgate(self, replicas: list[str], workdir: Path, port: int) -> None:
+        addresses = [url.removeprefix("http://") for url in replicas]
+        profile = scaled_profile(self.option, self.time_scale, workdir / f"{self.name}.profile.yaml")
+        pools = {"pools": [{"name": "bench", "endpoints": addresses, "profile": str(profile)}]}
+        pools_path = workdir / f"{self.name}.pools.json"
+        pools_path.write_text(json.dumps(pools))
+        proc = self._spawn(workdir, [sys.executable, "-m", "gateway.cli", "picker", "--pools",
+                                     str(pools_path), "--grpc-port", "0", "--admin-port", "0",
+                                     "--scrape-interval", f"{0.05 * self.time_scale:g}",
+                                     "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING"])
+        match = await proc.wait_for_log(r"^kvgate-picker ready grpc=([\d.]+):(\d+) admin=(\S+)")
+        grpc_port = int(match.group(2))
+        self.metrics_url = match.group(3) + "/metrics"
+        config = GatewayConfig(listen_port=port, admin_port=free_port(),
+                               picker_addresses=(("127.0.0.1", grpc_port),),
+                               pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),))
+        self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions())
+        await self.envoy.start()
+
+    async def check(self) -> str:
+        """'ok: …' when the contender's policy demonstrably ran, else 'CRIPPLED: …' / 'unknown: …'."""
+        try:
+            page = await http_get_text(self.metrics_url) if self.metrics_url else ""
+        except Exception as exc:  # any failure to read is reported
+            return f"unknown: metrics unreadable ({type(exc).__name__})"
+        logs = "\n".join(p.log_text() for p in self.processes)
+        if self.kind == "vllm-router":
+            decisions = metric_sum(page, "vllm_router_policy_decisions_total", f'policy="{self.option}"')
+            if "render_unavailable" in logs:
+                return "CRIPPLED: log shows render_unavailable"
+            if self.option == "cache_aware":
+                rendered = metric_sum(page, "vllm_router_kv_routing_inputs_total", 'result="render"')
+                hits = metric_sum(page, "vllm_router_prefix_routing_decisions_total", 'outcome="prefix_hit"')
+                if decisions <= 0 or rendered <= 0:
+                    return f"CRIPPLED: decisions={decisions:.0f} rendered={rendered:.0f}"
+                return (f"ok: {decisions:.0f} cache_aware decisions, {rendered:.0f} renders, "
+                        f"{hits:.0f} prefix hits")
+            return f"ok: {decisions:.0f} {self.option} decisions"
+        if self.kind == "sglang-router":
+            picks = metric_sum(page, "smg_worker_selection_total", f'policy="{self.option}"')
+            if picks <= 0:
+                return f"CRIPPLED: no {self.option} selections in metrics"
+            return f"ok: {picks:.0f} {self.option} selections (text radix tree, no tokenizer)"
+        if self.kind == "kvgate":
+            picks = metric_sum(page, "inference_extension_scheduler_e2e_duration_seconds_count")
+            errors = metric_sum(page, "inference_objective_request_error_total")
+            if picks <= 0:
+                return "CRIPPLED: the picker scheduled nothing"
+            return f"ok: {picks:.0f} picks, {errors:.0f} errors"
+        if self.kind == "oracle":
+            return "ok: peeks every replica per request"
+        return "ok: Envoy built-in load balancer"
+
+    async def stop(self) -> None:
+        if self.envoy is not None:
+            await self.envoy.stop()
+            self.envoy = None
+        for proc in reversed(self.processes):
+            await proc.stop()
+        self.processes.clear()
+
+
+def _scale_times(node: Any, factor: float) -> Any:
+    if isinstance(node, dict):
+        return {k: (v * factor if k == "metrics_staleness_s" and isinstance(v, int | float)
+                    else _scale_times(v, factor)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_scale_times(v, factor) for v in node]
+    return node
+
+
+def scaled_profile(name_or_path: str, time_scale: float, out: Path) -> Path:
+    """A copy of a profile whose wall-clock thresholds (``metrics_staleness_s``) are × ``time_scale``.
+
+    The picker's clock is real time; the fleet runs ``time_scale`` times slower than real, so the
+    scrape interval (50 ms), staleness (200 ms) and these thresholds are scaled to stay the same in
+    simulated time. The estimated-TTFT costs need no scaling: scores are ratios of like units.
+    """
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text = path.read_text()
+    else:
+        text = resources.files("policies").joinpath("profiles", f"{name_or_path}.yaml").read_text()
+    out.write_text(yaml.safe_dump(_scale_times(yaml.safe_load(text), time_scale), sort_keys=False))
+    return out
+
+
+def _router_binary(name: str) -> str:
+    """The router's console script next to this interpreter (the venv), else on PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} is not installed: pip install '.[bench]'")
+    return found
+
+
+def make_contender(name: str) -> Contender:
+    """``envoy-rr``, ``envoy-lr``, ``kvgate-<profile or path>``, ``vllm-router-<policy>``,
+    ``sglang-router-<policy>``, ``oracle``."""
+    if name == "envoy-rr":
+        return Contender(name, "envoy", "ROUND_ROBIN")
+    if name == "envoy-lr":
+        return Contender(name, "envoy", "LEAST_REQUEST")
+    if name == "oracle":
+        return Contender(name, "oracle")
+    for prefix, kind in (("kvgate-", "kvgate"), ("vllm-router-", "vllm-router"),
+                         ("sglang-router-", "sglang-router")):
+        if name.startswith(prefix):
+            return Contender(name, kind, name[len(prefix):])
+    raise ValueError(f"unknown contender {name!r}")
+
+
+def contender_for_profile_path(path: Path) -> Contender:
+    """kvgate with a profile file (e.g. a tuned variant under bench/profiles/), named by its stem."""
+    return Contender(f"kvgate-{path.stem}", "kvgate", str(path.resolve()))

@@ -1,0 +1,200 @@
+"""Routing-quality benchmark: kvgate against Envoy, real peer routers and an oracle on the simulated fleet.
+
+Run: ``python -m bench.routing --quick`` (or ``kvgate bench --quick``); see ``--help`` and
+bench/results/README.md. For every workload, offered rate and contender it starts a fresh simulated
+fleet (cold, equal caches), starts the contender in front of it, plays the same open-loop Poisson plan
+(same seed) through it with a streaming client, reads the fleet's prefix-cache counters and event-loop
+lag, checks the contender's policy really ran, and stops both. Results go to
+``bench/results/<workload>.{json,md,png}``; rates are fractions of a capacity estimate
+(``bench.workloads.capacity_estimate``), times are simulated (real / ``--time-scale``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.contenders import Contender, contender_for_profile_path, make_contender
+from bench.loadgen import run_open_loop
+from bench.routing_report import goals, plot, tables
+from bench.run_stats import LAG_LIMIT_SIM_MS, RunFigures, figures_from_json, summarize
+from bench.sim_fleet import SimFleet
+from bench.workloads import WORKLOADS, WorkloadSpec, capacity_estimate, plan
+
+RESULTS = Path(__file__).parent / "results"
+FULL_CONTENDERS = ("envoy-rr", "envoy-lr", "kvgate-default", "kvgate-gie-default", "vllm-router-cache_aware",
+                   "vllm-router-round_robin", "sglang-router-cache_aware", "oracle")
+QUICK_CONTENDERS = ("envoy-rr", "kvgate-default", "vllm-router-cache_aware", "oracle")
+FULL_FRACTIONS = (0.3, 0.6, 0.9, 1.2)
+QUICK_FRACTIONS = (0.5, 0.9)
+WARMUP_FRACTION = 0.2
+REQUEST_TIMEOUT_SIM_S = 4.0  # a request not finished by then counts as an error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvgate bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer contenders, rates and requests (< 10 min "
+                   "per workload on 2 cores)")
+    p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=None)
+    p.add_argument("--hetero", action="store_true", help="heterogeneous fleet: replica 0 half the KV "
+                   "cache, replica 1 1.5x slower (results named <workload>-hetero)")
+    p.add_argument("--contenders", nargs="+", default=None, help="names: " + " ".join(FULL_CONTENDERS))
+    p.add_argument("--profile", action="append", type=Path, default=[],
+                   help="extra kvgate contender with this profile YAML (repeatable)")
+    p.add_argument("--fractions", nargs="+", type=float, default=None,
+                   help="offered rates as fractions of the capacity estimate")
+    p.add_argument("--requests", type=int, default=None,
+                   help="planned requests of a run at 1.0 x capacity (same arrival window at every rate)")
+    p.add_argument("--output-tokens", type=int, default=None)
+    p.add_argument("--time-scale", type=float, default=None, help="real seconds per simulated second")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--report-only", action="store_true", help="rewrite .md/.png from the .json files")
+    return p
+
+
+async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
+                  time_scale: float, seed: int, workdir: Path) -> RunFigures:
+    duration = requests / (rate / fraction)  # the same simulated window at every rate
+    planned = plan(spec, rate, duration, seed)
+    warmup = sum(1 for r in planned if r.at_s < WARMUP_FRACTION * duration)
+    fleet = SimFleet(spec.fleet, time_scale, workdir / f"sim-{contender.name}.log", seed)
+    urls = await fleet.start()
+    try:
+        base = await contender.start(urls, workdir)
+        await asyncio.sleep(1.0)  # first scrapes / health checks
+        start = time.perf_counter()
+        results = await run_open_loop(base, planned, time_scale, timeout_s=REQUEST_TIMEOUT_SIM_S * time_scale)
+        wall = time.perf_counter() - start
+        stats = await fleet.stats(window_s=wall)
+        check = await contender.check()
+    finally:
+        await contender.stop()
+        await fleet.stop()
+    totals = stats["totals"]
+    lag = stats.get("loop_lag") or {}
+    return summarize(workload=spec.name, contender=contender.name, rate=rate, load_fraction=fraction,
+                     results=results, warmup=warmup, time_scale=time_scale, wall_s=wall,
+                     prefix_hits=float(totals["prefix_cache_hits"]),
+                     prefix_queries=float(totals["prefix_cache_queries"]),
+                     lag_p99_real_ms=float(lag.get("p99_ms") or 0.0), policy_check=check)
+
+
+def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFigures]) -> None:
+    path_stem.with_suffix(".json").write_text(json.dumps(
+        {"meta": meta, "runs": [f.to_json() for f in figures]}, indent=1, default=str))
+    plot(figures, path_stem.with_suffix(".png"), f"{meta['workload']} ({meta['mode']})")
+    header = [
+        f"# Routing benchmark: {meta['workload']}",
+        "",
+        f"{meta['description']}",
+        "",
+        f"- Command: `{meta['command']}` ({meta['mode']} mode), {meta['date']}, {meta['machine']}.",
+        f"- Fleet: `python -m simulator {meta['fleet_args']}` (BLIS Llama-3.1-8B/H100 step model), "
+        f"restarted cold for every contender and rate.",
+        f"- Time scale {meta['time_scale']} real s per simulated s; all figures are simulated time. "
+        f"Capacity estimate {meta['capacity']:.0f} req/s; arrival window {meta['requests']} / capacity "
+        f"simulated s per run (Poisson, seed {meta['seed']}, same plan for every contender), the first "
+        f"{int(WARMUP_FRACTION * 100)} % of the arrival window are warm-up (sent, not counted); "
+        f"{meta['output_tokens']} output tokens per request.",
+        f"- A request not finished {REQUEST_TIMEOUT_SIM_S:.0f} simulated s after its send counts as an error "
+        "(timeout).",
+        f"- Valid run: simulator event-loop lag p99 over the run ≤ {LAG_LIMIT_SIM_MS} simulated ms (~17 % of "
+        "one 5.75 ms engine step); invalid runs are marked and not quoted.",
+        f"- Wall time of this report's runs: {meta['wall_s'] / 60:.1f} min.",
+        "",
+        f"![p90 TTFT and throughput]({path_stem.name}.png)",
+        "",
+    ]
+    summary = ["## kvgate-default against the issue's goals", "", goals(figures), "## Runs", ""]
+    path_stem.with_suffix(".md").write_text("\n".join(header + summary) + tables(figures) + "\n")
+
+
+async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: Sequence[Path],
+                       fractions: Sequence[float], requests: int, time_scale: float, seed: int,
+                       results_dir: Path, mode: str, command: str) -> list[RunFigures]:
+    capacity = capacity_estimate(spec)
+    figures: list[RunFigures] = []
+    meta: dict[str, Any] = {
+        "workload": spec.name, "description": spec.description, "mode": mode, "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {platform.python_version()}, 2 cores",
+        "fleet_args": shlex.join(spec.fleet.args()), "time_scale": time_scale, "capacity": capacity,
+        "requests": requests, "seed": seed, "output_tokens": spec.output_tokens, "wall_s": 0.0,
+    }
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"kvgate-bench-{spec.name}-") as tmp:
+        for fraction in fractions:
+            rate = round(capacity * fraction, 1)
+            runners = [make_contender(name) for name in contenders]
+            runners += [contender_for_profile_path(path) for path in profiles]
+            for contender in runners:
+                contender.time_scale = time_scale
+                contender.max_loras = spec.fleet.max_loras
+                print(f"[{spec.name}] rate {rate} ({fraction}) {contender.name} ...", flush=True)
+                try:
+                    fig = await run_one(spec, contender, rate, fraction, requests, time_scale, seed,
+                                        Path(tmp))
+                except Exception as exc:  # one broken contender must not end the run
+                    print(f"  FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
+                    continue
+                print(f"  ttft p50/p90 {fig.ttft_p50_ms:.1f}/{fig.ttft_p90_ms:.1f} ms, tok/s "
+                      f"{fig.output_tok_s:.0f}, hit {fig.hit_rate:.2f}, err {fig.errors}, lag p99 "
+                      f"{fig.lag_p99_sim_ms:.3f} sim ms, {fig.policy_check}", flush=True)
+                figures.append(fig)
+                meta["wall_s"] = time.perf_counter() - started
+                write_report(results_dir / spec.name, meta, figures)
+    return figures
+
+
+def _report_only(results_dir: Path) -> int:
+    for path in sorted(results_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or "runs" not in data or "meta" not in data:
+            continue
+        write_report(path.with_suffix(""), data["meta"], [figures_from_json(r) for r in data["runs"]])
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # asyncio.run cancels the run; finally blocks stop the children
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.report_only:
+        return _report_only(args.results)
+    quick = bool(args.quick)
+    names = args.workloads or (["shared-prefix-fit", "lora-mix", "shared-prefix-exceed"] if quick
+                               else sorted(WORKLOADS))
+    contenders = args.contenders or list(QUICK_CONTENDERS if quick else FULL_CONTENDERS)
+    fractions = args.fractions or list(QUICK_FRACTIONS if quick else FULL_FRACTIONS)
+    requests = args.requests or (300 if quick else 1500)
+    time_scale = args.time_scale or 40.0
+    output_tokens = args.output_tokens or (64 if quick else 256)
+    command = "python -m bench.routing " + shlex.join(list(sys.argv[1:] if argv is None else argv))
+    args.results.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        spec = WORKLOADS[name].with_output_tokens(output_tokens)
+        if args.hetero:
+            spec = spec.with_fleet(spec.fleet.heterogeneous(), f"{name}-hetero")
+        asyncio.run(run_workload(spec, contenders, args.profile, fractions, requests, time_scale, args.seed,
+                                 args.results, "quick" if quick else "full", command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
