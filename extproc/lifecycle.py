@@ -49,7 +49,7 @@ from extproc.events import (
 )
 from extproc.openai_request import BodyBuffer, api_kind
 from extproc.openai_response import ResponseBodyProcessor
-from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
+from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics, TenantLimiter
 from policies.errors import KvgateError, PayloadTooLargeError
 from policies.types import ApiKind, Endpoint
 
@@ -73,6 +73,8 @@ class LifecycleConfig:
     drop_injected_usage_chunk: bool = True
     rename_response_model: bool = True
     response_copy_limit: int = 4 * 1024 * 1024
+    tenant_limiter: TenantLimiter | None = None
+    """Per-tenant rate limits (checked before scheduling, charged with the usage); None = none."""
 
 
 class State(Enum):
@@ -218,6 +220,7 @@ class RequestLifecycle:
             # Our own id: the scheduler keys in-flight state by it, and clients can repeat x-request-id.
             request_id=uuid.uuid4().hex,
             metrics=self._metrics,
+            limiter=self._config.tenant_limiter,
         )
         self._decision = decision
         self._served = decision.result.pick
@@ -299,6 +302,12 @@ class RequestLifecycle:
         if event.data and not self._first_byte_seen:
             self._first_byte_seen = True
             self._metrics.first_token(self._labels, self._clock.now() - self._started)
+            decision = self._decision
+            if decision is not None and self._served is not None:
+                served = self._served
+                self._callback(
+                    "on_first_token", lambda s: s.on_first_token(decision.request, served, self._now())
+                )
         out = processor.feed(event.data, event.end_of_stream)
         if event.end_of_stream:
             self._complete_response()
@@ -325,6 +334,11 @@ class RequestLifecycle:
         usage = self._response.usage
         if usage is not None:
             self._metrics.tokens(self._labels, usage.prompt_tokens, usage.completion_tokens)
+            limiter = self._config.tenant_limiter
+            if decision.tenant is not None and limiter is not None:
+                tenant = decision.tenant
+                tokens = usage.prompt_tokens + usage.completion_tokens
+                self._callback("charge_tokens", lambda _s: limiter.charge_tokens(tenant, tokens))
             self._callback(
                 "on_usage", lambda s: s.on_usage(decision.request, self._served_endpoint, usage, self._now())
             )

@@ -3,6 +3,7 @@
 The ext_proc request lifecycle calls, in order:
 ``schedule`` once (after the body is parsed), ``on_picked`` when the data plane is told the pick,
 ``on_served`` if the data plane reports a different served endpoint (fallback),
+``on_first_token`` when the first response body bytes arrive (the prompt's prefill is done),
 ``on_usage`` when the response carries token usage, and ``on_finished`` exactly once per picked
 request, success or not (client gone, upstream error, stream reset), so in-flight bookkeeping
 never leaks.
@@ -46,6 +47,10 @@ class Scheduler(Protocol):
     def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None: ...
 
     def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None: ...
+
+    def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        """The response's first body bytes arrived: the request no longer waits for prefill."""
+        ...
 
     def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None: ...
 

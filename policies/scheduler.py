@@ -14,8 +14,10 @@ timing runs only with a ``timer``, on every request or on one in ``timing_every`
 
 Lifecycle (``policies.contracts``): ``on_picked`` counts the request in flight on the pick, records
 its session and inserts its prompt blocks into the prefix index; ``on_served`` moves all that to
-the endpoint that really served it; ``on_usage`` learns from the ``cached_tokens`` the replica
-reports; ``on_finished`` removes exactly what ``on_picked`` added. The prompt hashes computed in
+the endpoint that really served it; ``on_first_token`` drops the request's prefill tokens from the
+in-flight work (it stays counted as a request: a replica busy decoding is not queued); ``on_usage``
+learns from the ``cached_tokens`` the replica reports; ``on_finished`` removes exactly what
+``on_picked`` added. The prompt hashes computed in
 ``schedule`` are kept (bounded LRU by request id, ``max_pending``) until ``on_picked`` so a request
 is hashed once; the small rest (predicted matches, the ranked views whose ``num_gpu_blocks`` size
 the index) until ``on_finished``.
@@ -90,6 +92,7 @@ class ProfileScheduler:
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._max_pending = max_pending
         self._capacity_scale: dict[str, float] = {}
+        self._prefilling: dict[str, str] = {}  # request id → address, counted with tokens until first token
         self._timing_every = max(1, timing_every)
         self._timing_countdown = 0
         self._scorers = tuple(BoundScorer.of(s) for s in profile.scorers)
@@ -204,9 +207,15 @@ class ProfileScheduler:
             if hashes:
                 self.state.prefix_insert(address, hashes, self._capacity_of(memo, address))
         self.state.inflight_add(request.request_id, address, tokens)
+        self._prefilling[request.request_id] = address
         session = self._session_id(request)
         if session is not None:
             self.state.session_set(session, address)
+
+    def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        address = self._prefilling.pop(request.request_id, None)
+        if address is not None:  # still in flight: keep the request, its prefill is done
+            self.state.inflight_add(request.request_id, address, 0)
 
     def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None:
         memo = self._pending.get(request.request_id)
@@ -224,6 +233,7 @@ class ProfileScheduler:
 
     def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
         self.state.inflight_remove(request.request_id)
+        self._prefilling.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
 
     # --- pool membership ----------------------------------------------------------------------

@@ -13,23 +13,27 @@ Why not "prefix score + load score" (GIE) or "prefix unless imbalanced" (cache-a
 Here both sides are seconds, per endpoint ``e``::
 
     uncached(e) = prompt_tokens − matched_blocks(e) · tokens_per_block      (this request's prefill)
-    queued(e)   = max(waiting(e), own_inflight(e) − running(e))            (scraped, or fresher: picks
-                                                                            since the scrape)
-    pending(e)  = queued(e) · avg own in-flight prefill tokens on e         (work ahead of us)
+    unknown(e)  = max(0, waiting(e) − (own_requests(e) − running(e)))     (scraped waiting that our
+                                                own not-yet-running requests do not explain: others')
+    pending(e)  = own_prefill_tokens(e) + unknown(e) · uncached(e)          (work ahead of us)
     step(e)     = step_s + decode_s_per_token · running(e)                  (decode batch slows steps)
     work        = pending(e) + uncached(e)
     ttft(e)     = step(e) · (1 + ceil(work / max_batched_tokens)) + prefill_s_per_token · work
-                  + queue_wait_s · waiting(e)                  (a scraped queue waits for free slots)
+                  + queue_wait_s · unknown(e)        (a queue we did not send may wait for free slots)
                   + kv_penalty_s · max(0, kv − kv_knee) / (1 − kv_knee)   (near-full KV: preemption)
                   + LoRA cost (0 active, lora_load_s free slot, lora_wait_s queued, lora_no_slot_s none)
 
 and ``score(e) = min_ttft / ttft(e)`` in (0, 1]. A hot prefix stays on its replica while the
 queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
 which learns the prefix at pick time (the index is updated in ``on_picked``): hot groups spread
-over as many replicas as their load needs, and cold groups keep their affinity. ``own_inflight``
-changes at pick time, so a burst between two scrapes spreads instead of herding onto the replica
-that looked best at the last scrape. Ties (e.g. an idle fleet and a new prompt) are left to the
-picker's random tie-break.
+over as many replicas as their load needs, and cold groups keep their affinity. ``own_requests`` /
+``own_prefill_tokens`` (this picker's in-flight requests, and the uncached prompt tokens of those
+that have not produced their first token yet: ``Scheduler.on_first_token``) change at pick time, so
+a burst between two scrapes spreads instead of herding onto the replica that looked best at the
+last scrape, and a replica busy decoding does not look queued. Our own waiting requests are priced
+by their exact prefill work, not again per waiting request (``queue_wait_s`` would double-count
+them and push a hot prefix off its replica at the first burst). Ties (e.g. an idle fleet and a new
+prompt) are left to the picker's random tie-break.
 
 Defaults are the simulator's physics (PROTOCOL.md: 5752.7 µs + 17.25 µs/prefill token + 6 µs/decode
 token per step); ``queue_wait_s``, ``kv_*`` and the LoRA costs are starting points the routing
@@ -62,9 +66,9 @@ class EstimatedTtftParams(Params):
     lora_no_slot_s: Annotated[float, Field(ge=0.0)] = 1.0
 
 
-_Record = tuple[str, int, int, float, float, float, EndpointMetrics | None]
-"""Per endpoint, from its view alone: address, waiting, running, step seconds, queue-wait seconds,
-near-full-KV penalty seconds, and the metrics when the endpoint serves LoRA adapters (else None)."""
+_Record = tuple[str, int, int, float, float, EndpointMetrics | None]
+"""Per endpoint, from its view alone: address, waiting, running, step seconds, near-full-KV penalty seconds,
+and the metrics when the endpoint serves LoRA adapters (else None)."""
 
 
 class EstimatedTtftScorer:
@@ -96,7 +100,7 @@ class EstimatedTtftScorer:
         kv_s = p.kv_penalty_s / (1.0 - p.kv_knee) * (kv - p.kv_knee) if kv > p.kv_knee else 0.0
         lora = m if m is not None and (m.max_loras or m.active_loras) else None
         step = p.step_s + p.decode_s_per_token * running
-        return (view.endpoint.address, waiting, running, step, p.queue_wait_s * waiting, kv_s, lora)
+        return (view.endpoint.address, waiting, running, step, kv_s, lora)
 
     def estimates(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
         """Estimated TTFT in seconds per endpoint, in order (one pass; the hot path of ``default``)."""
@@ -110,21 +114,22 @@ class EstimatedTtftScorer:
         adapter = ctx.request.target_model
         is_adapter: bool | None = None  # computed on first need: only LoRA-serving endpoints ask
         own_inflight = ctx.state.inflight_by_endpoint().get
-        prefill_s, max_batched = p.prefill_s_per_token, p.max_batched_tokens
+        prefill_s, max_batched, queue_wait_s = p.prefill_s_per_token, p.max_batched_tokens, p.queue_wait_s
         out: list[float] = []
         append = out.append
-        for address, waiting, running, step, queue_s, kv_s, lora in self._records.get(endpoints):
+        for address, waiting, running, step, kv_s, lora in self._records.get(endpoints):
             uncached = uncached_on(address, prompt_tokens)
             own = own_inflight(address)
             if own is None:
+                unknown = waiting
                 work: float = waiting * uncached + uncached
             else:
-                unseen = own.requests - running
-                queued = waiting if waiting > unseen else unseen
-                work = queued * (own.tokens / own.requests) + uncached
+                unseen = own.requests - running  # ours not yet running at the scrape, or picked since
+                unknown = waiting - unseen if waiting > unseen else 0
+                work = own.tokens + unknown * uncached + uncached
             ttft = step * (1.0 + -(-work // max_batched)) + prefill_s * work
-            if queue_s:
-                ttft += queue_s
+            if unknown and queue_wait_s:
+                ttft += queue_wait_s * unknown
             if kv_s:
                 ttft += kv_s
             if lora is not None and adapter not in lora.active_loras:

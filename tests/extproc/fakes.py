@@ -39,6 +39,7 @@ class RecordingScheduler:
     error: Exception | None = None
     calls: list[tuple[str, object]] = field(default_factory=list)
     seen: list[tuple[InferenceRequest, tuple[str, ...]]] = field(default_factory=list)
+    first_tokens: list[str] = field(default_factory=list)
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
@@ -53,6 +54,9 @@ class RecordingScheduler:
 
     def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.calls.append(("served", endpoint.address))
+
+    def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self.first_tokens.append(endpoint.address)  # kept apart: ``calls`` sequences stay as they were
 
     def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None:
         self.calls.append(("usage", usage))

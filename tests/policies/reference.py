@@ -159,14 +159,11 @@ class Reference:
         m = e.metrics
         waiting, running, kv = (m.waiting, m.running, m.kv_cache_usage) if m else (0, 0, 0.0)
         own = self.s.state.inflight(e.address)
-        if own.requests == 0:
-            work: float = waiting * uncached + uncached
-        else:
-            work = max(waiting, own.requests - running) * (own.tokens / own.requests) + uncached
+        unknown = waiting if own.requests == 0 else max(0, waiting - (own.requests - running))
+        work: float = own.tokens + unknown * uncached + uncached
         batches = -(-work // p.max_batched_tokens)
         ttft = (p.step_s + p.decode_s_per_token * running) * (1.0 + batches) + p.prefill_s_per_token * work
-        if waiting:
-            ttft += p.queue_wait_s * waiting
+        ttft += p.queue_wait_s * unknown
         if kv > p.kv_knee:
             ttft += p.kv_penalty_s / (1.0 - p.kv_knee) * (kv - p.kv_knee)
         adapter = self.request.target_model
