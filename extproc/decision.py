@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from extproc import names
 from extproc.openai_request import parse_request_body, upstream_body
-from extproc.ports import Pool, RequestLabels, RequestMetrics
+from extproc.ports import Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from policies.contracts import SchedulingResult
 from policies.errors import BadRequestError, MalformedBodyError, ModelNotFoundError, NoEligibleEndpointError
 from policies.types import ApiKind, EndpointView, InferenceRequest
@@ -23,6 +23,8 @@ class Decision:
     body: bytes
     body_rewritten: bool
     usage_injected: bool
+    tenant: TenantKey | None = None
+    """The tenant the request was counted against (its tokens are charged when usage arrives)."""
 
 
 def decide(
@@ -36,11 +38,13 @@ def decide(
     inject_usage: bool,
     request_id: str,
     metrics: RequestMetrics,
+    limiter: TenantLimiter | None = None,
 ) -> Decision:
     """Parse, check the model, schedule and record the pick (``Scheduler.on_picked``).
 
     Raises the KvgateError the client should see: 400 for a bad body, 404 for a model the pool
     does not serve, 503 when nothing is eligible (also when the subset hint matches nothing),
+    429 when the tenant is over its rate limit (checked before scheduling, counted once routed),
     or whatever the scheduler raises (429 shed).
     """
     model = ""
@@ -96,14 +100,17 @@ def decide(
             "no endpoint of the pool matches the subset hint" if subset_set is not None
             else f"pool {pool.name!r} has no endpoints"
         )
+    tenant = limiter.check(pool.name, headers) if limiter is not None else None
     started = now()
     result = pool.scheduler.schedule(request, candidates, started)
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")
     pool.scheduler.on_picked(request, result.pick, now())
+    if tenant is not None and limiter is not None:
+        limiter.record_request(tenant)
     metrics.request_picked(RequestLabels(pool.name, model, target_model), len(body))
-    return Decision(request, result, upstream, rewritten, injected)
+    return Decision(request, result, upstream, rewritten, injected, tenant)
 
 
 def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None) -> tuple[EndpointView, ...]:

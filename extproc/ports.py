@@ -4,6 +4,8 @@
   metadata, or the default pool) to a :class:`Pool`: its served models, its live endpoints, its
   scheduler, objective priorities and the model-rewrite hook.
 * :class:`Clock` gives monotonic seconds.
+* :class:`TenantLimiter` enforces per-tenant request and token limits (checked before scheduling,
+  charged with the tokens of the response's usage); ``None`` in ``LifecycleConfig`` = no limits.
 * :class:`RequestMetrics` observes requests (gateway/ exports them under GIE's metric names);
   :class:`NoMetrics` is the do-nothing default.
 """
@@ -43,6 +45,34 @@ class Pool(Protocol):
 
     def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
         """The model the replica should serve for a client's ``model`` (identity when none applies)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TenantKey:
+    """The tenant a request is counted against, within its pool."""
+
+    pool: str
+    tenant: str
+
+
+class TenantLimiter(Protocol):
+    """Per-tenant limits (requests and tokens per window). Every method is cheap and does no IO."""
+
+    def check(self, pool: str, headers: Mapping[str, str]) -> TenantKey | None:
+        """The tenant the request counts against (None: the pool has no limits or names no tenant).
+
+        Raises ``policies.errors.RateLimitedError`` (429 with ``retry-after`` and the
+        ``x-ratelimit-*`` headers) when the tenant is over a limit. Counts nothing by itself.
+        """
+        ...
+
+    def record_request(self, key: TenantKey) -> None:
+        """The request was admitted and routed: count it."""
+        ...
+
+    def charge_tokens(self, key: TenantKey, tokens: int) -> None:
+        """Count the tokens the response's usage reported (prompt + completion)."""
         ...
 
 

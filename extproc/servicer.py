@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import codec, names
-from extproc.events import StreamClosed
+from extproc.actions import Action
+from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
+from extproc.events import Event, StreamClosed
 from extproc.lifecycle import LifecycleConfig, RequestLifecycle
 from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 
@@ -20,12 +23,27 @@ _log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse]
 
 
-def pool_from_metadata(context: Context) -> str | None:
-    """The ``x-kvgate-pool`` gRPC initial metadata value that Envoy's per-route override sets."""
+class StreamMachine(Protocol):
+    """What the servicer drives per stream: the picker's lifecycle or the body-based router."""
+
+    def handle(self, event: Event) -> Sequence[Action]: ...
+
+
+def _metadata_value(context: Context, wanted: str) -> str | None:
     for key, value in context.invocation_metadata() or ():
-        if key == names.POOL_METADATA_KEY:
+        if key == wanted:
             return value if isinstance(value, str) else value.decode()
     return None
+
+
+def pool_from_metadata(context: Context) -> str | None:
+    """The ``x-kvgate-pool`` gRPC initial metadata value that Envoy's per-route override sets."""
+    return _metadata_value(context, names.POOL_METADATA_KEY)
+
+
+def role_from_metadata(context: Context) -> str | None:
+    """The ``x-kvgate-role`` gRPC initial metadata value (``bbr`` for the body-based router)."""
+    return _metadata_value(context, ROLE_METADATA_KEY)
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -52,7 +70,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: Context,
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        machine = self._new_lifecycle(pool_from_metadata(context))
+        machine: StreamMachine
+        if role_from_metadata(context) == BBR_ROLE:
+            machine = BodyBasedRouter(max_body_bytes=self._config.max_body_bytes)
+        else:
+            machine = self._new_lifecycle(pool_from_metadata(context))
         cancelled = True
         try:
             async for message in request_iterator:

@@ -2,12 +2,15 @@
 
 ``GET /metrics`` (Prometheus text), ``GET /healthz`` (the process is up), ``GET /readyz`` (200 once
 the ext_proc server serves and every configured pool has at least one endpoint with fresh metrics;
-503 with the reason otherwise), ``GET /debug/pools`` (JSON: pools, endpoints, metrics, in-flight).
+503 with the reason otherwise), ``GET /debug/pools`` (JSON: pools, endpoints, metrics, in-flight),
+``GET /status`` (JSON from ``status_provider``, the control plane's resource conditions and xDS
+state; 404 when no control plane runs in this process).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -44,6 +47,8 @@ class AdminServer:
         self._port = port
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.status_provider: Callable[[], Mapping[str, Any]] | None = None
+        """Set by the composition root when a control plane runs (``kvgate up``)."""
 
     def _app(self) -> web.Application:
         app = web.Application()
@@ -51,7 +56,13 @@ class AdminServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/debug/pools", self._pools)
+        app.router.add_get("/status", self._status)
         return app
+
+    async def _status(self, _: web.Request) -> web.Response:
+        if self.status_provider is None:
+            return web.json_response({"error": "no control plane runs in this process"}, status=404)
+        return web.json_response(dict(self.status_provider()))
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = self._source.telemetry.exposition()

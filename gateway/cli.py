@@ -25,10 +25,31 @@ def _run_picker(argv: Sequence[str]) -> int:
     return picker_main(argv)
 
 
+def _run_bench(argv: Sequence[str]) -> int:
+    from bench.routing import main as bench_main
+
+    return bench_main(argv)
+
+
+def _run_up(argv: Sequence[str]) -> int:
+    from gateway.up import main as up_main
+
+    return up_main(argv)
+
+
+def _run_status(argv: Sequence[str]) -> int:
+    from gateway.status_cli import main as status_main
+
+    return status_main(argv)
+
+
 def _subcommands() -> dict[str, tuple[str, SubcommandMain]]:
     return {
+        "up": ("run Envoy + control plane + picker (and a simulated fleet) in one command", _run_up),
+        "status": ("show the resource conditions and xDS state of a running kvgate up", _run_status),
         "sim": ("run a simulated vLLM-compatible fleet", _run_sim),
         "picker": ("run the endpoint picker (ext_proc) for pools listed in a file", _run_picker),
+        "bench": ("run the routing-quality benchmark (bench/, needs a source checkout)", _run_bench),
     }
 
 

@@ -9,7 +9,9 @@ resolves pools from (swapped as one reference).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -20,9 +22,11 @@ from extproc.server import ExtProcServer
 from gateway.admin_http import AdminServer
 from gateway.pools_file import PoolSpec
 from gateway.scraper import MetricsScraper
+from gateway.shared_state.link import RedisSettings
+from gateway.shared_state.runtime import SharingCollector, SharingRuntime
 from gateway.telemetry import GatewayTelemetry
 from policies.contracts import Scheduler
-from policies.errors import PoolNotFoundError
+from policies.errors import PoolNotFoundError, RouteNotFoundError
 from policies.profile import load_profile
 from policies.registry import PluginRegistry, builtin_registry
 from policies.scheduler import ProfileScheduler
@@ -38,6 +42,8 @@ class PoolRuntime:
     spec: PoolSpec
     scheduler_impl: ProfileScheduler
     scraper: MetricsScraper
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+    """Draws the weighted model-rewrite target of each request."""
 
     @property
     def name(self) -> str:
@@ -55,10 +61,16 @@ class PoolRuntime:
         return self.scraper.snapshot().endpoints(self.spec.name)
 
     def objective_priority(self, objective: str) -> int | None:
-        return None
+        return self.spec.objective_priority(objective)
 
     def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
-        return model
+        targets = self.spec.rewrite_targets(model)
+        if not targets:
+            return model
+        if len(targets) == 1:
+            return targets[0].model
+        [target] = self.rng.choices(targets, weights=[t.weight for t in targets])
+        return target.model
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +83,9 @@ class PoolTable:
     def resolve(self, name: str | None) -> Pool:
         key = name if name is not None else self.default
         if key is None:
-            raise PoolNotFoundError("the request names no pool and no default pool is configured")
+            # Envoy matched no route carrying a pool (e.g. a model no HTTPRoute serves): 404, as the
+            # Gateway API answers a request no route matches.
+            raise RouteNotFoundError("no route matches this request (is the model served here?)")
         pool = self.pools.get(key)
         if pool is None:
             raise PoolNotFoundError(f"pool {key!r} is not configured")
@@ -97,6 +111,8 @@ class PickerSettings:
     scrape_timeout: float = 0.5
     stale_after: float = 0.2
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    redis: RedisSettings | None = None
+    """Share scheduler state and tenant limits with other picker replicas (None: in process)."""
 
 
 class PickerService:
@@ -112,11 +128,16 @@ class PickerService:
             stale_after=settings.stale_after,
         )
         self.table = PoolTable(pools=MappingProxyType({}), default=None)
+        self.sharing = SharingRuntime(settings.redis)
+        self.telemetry.registry.register(SharingCollector(self.sharing))
+        lifecycle = settings.lifecycle
+        if lifecycle.tenant_limiter is None:
+            lifecycle = dataclasses.replace(lifecycle, tenant_limiter=self.sharing.limiter)
         self.extproc = ExtProcServer(
             _LiveDirectory(self),
             address=settings.grpc_address,
             metrics=self.telemetry,
-            config=settings.lifecycle,
+            config=lifecycle,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
@@ -134,7 +155,9 @@ class PickerService:
                 schedulers[spec.name] = previous.scheduler_impl
             else:
                 profile = load_profile(spec.profile, self.registry)
-                schedulers[spec.name] = ProfileScheduler(profile, timer=self.telemetry)
+                schedulers[spec.name] = ProfileScheduler(
+                    profile, state=self.sharing.state_for(spec.name), timer=self.telemetry
+                )
         for name in old.keys() - {spec.name for spec in specs}:
             self.scraper.remove_pool(name)
         for spec in specs:
@@ -144,6 +167,7 @@ class PickerService:
             if previous is not None:
                 for address in set(previous.spec.endpoints) - kept:
                     schedulers[spec.name].forget_endpoint(address)
+        self.sharing.apply(specs)
         pools = {spec.name: PoolRuntime(spec, schedulers[spec.name], self.scraper) for spec in specs}
         self.table = PoolTable(pools=MappingProxyType(pools), default=default)
         log.info("serving pools: %s", ", ".join(sorted(pools)) or "(none)")
@@ -182,12 +206,14 @@ class PickerService:
 
     async def start(self) -> None:
         await self.scraper.start()
+        await self.sharing.start()
         await self.extproc.start()
         await self.admin.start()
 
     async def stop(self) -> None:
         await self.admin.stop()
         await self.extproc.stop(0.5)
+        await self.sharing.stop()
         await self.scraper.stop()
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import load_pools
+from gateway.shared_state.link import RedisSettings
 from policies.errors import ConfigError
 
 
@@ -24,18 +25,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--admin-port", type=int, default=9090, help="metrics/health port (0 = any free)")
     parser.add_argument("--scrape-interval", type=float, default=0.05, help="seconds between scrapes")
     parser.add_argument("--stale-after", type=float, default=0.2, help="metrics older than this are stale")
+    parser.add_argument(
+        "--redis", default=None, metavar="URL",
+        help="share scheduler state and tenant limits with other pickers (e.g. redis://127.0.0.1:6379/0); "
+        "overrides the pools file's redis: key; default: in process",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> int:
     pools = load_pools(args.pools)
+    redis_url = args.redis or pools.redis
     settings = PickerSettings(
         grpc_address=f"{args.host}:{args.grpc_port}",
         admin_host=args.host,
         admin_port=args.admin_port,
         scrape_interval=args.scrape_interval,
         stale_after=args.stale_after,
+        redis=RedisSettings(url=redis_url) if redis_url else None,
     )
     service = PickerService(settings)
     service.apply_pools(pools.pools, pools.effective_default)

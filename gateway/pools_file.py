@@ -9,7 +9,15 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
         failureMode: FailClose        # FailOpen | FailClose
         profile: default              # a profile name under policies/profiles, or a path
         engine: vllm                  # metrics dialect: vllm | sglang | trtllm | triton
+        objectives:                   # InferenceObjective-shaped; priority < 0 is sheddable
+          - {name: batch, priority: -1}
+          - {name: chat, priority: 10}
+        rateLimits:                   # per tenant (the header's value), sliding one-minute window
+          header: x-gateway-inference-fairness-id   # the default
+          requestsPerMinute: 600
+          tokensPerMinute: 200000     # prompt + completion, from the response's usage
     defaultPool: llama                # optional; the only pool when there is one
+    redis: redis://127.0.0.1:6379/0   # optional; share picker state and limits across replicas
 """
 
 from __future__ import annotations
@@ -40,6 +48,43 @@ def _check_address(value: str) -> str:
     return value
 
 
+class ObjectiveSpec(BaseModel):
+    """An InferenceObjective of the pool: requests naming it (``x-gateway-inference-objective``)
+    get its priority; unset priority is 0, negative is sheddable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=253)
+    priority: int = 0
+
+
+class RateLimitSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    header: str = Field(default="x-gateway-inference-fairness-id", min_length=1)
+    requests_per_minute: int | None = Field(default=None, ge=1, alias="requestsPerMinute")
+    tokens_per_minute: int | None = Field(default=None, ge=1, alias="tokensPerMinute")
+
+
+class RewriteTargetSpec(BaseModel):
+    """One weighted target of a model rewrite (InferenceModelRewrite's ``modelRewrite`` + ``weight``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, max_length=253)
+    weight: int = Field(default=1, ge=1, le=1_000_000)
+
+
+class ModelRewriteSpec(BaseModel):
+    """Requests for one of ``models`` (empty: any model) go upstream as one of ``targets``, chosen
+    at random in proportion to the weights; the first rule that matches wins."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: tuple[str, ...] = ()
+    targets: tuple[RewriteTargetSpec, ...] = Field(min_length=1)
+
+
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -49,6 +94,29 @@ class PoolSpec(BaseModel):
     failure_mode: FailureMode = Field(default=FailureMode.FAIL_CLOSE, alias="failureMode")
     profile: str = "default"
     engine: Dialect = "vllm"
+    objectives: tuple[ObjectiveSpec, ...] = ()
+    rate_limits: RateLimitSpec | None = Field(default=None, alias="rateLimits")
+    model_rewrites: tuple[ModelRewriteSpec, ...] = Field(default=(), alias="modelRewrites")
+
+    def rewrite_targets(self, model: str) -> tuple[RewriteTargetSpec, ...] | None:
+        """The weighted targets of the first rewrite rule matching ``model``; None when none does."""
+        for rule in self.model_rewrites:
+            if not rule.models or model in rule.models:
+                return rule.targets
+        return None
+
+    def objective_priority(self, name: str) -> int | None:
+        for objective in self.objectives:
+            if objective.name == name:
+                return objective.priority
+        return None
+
+    @field_validator("objectives")
+    @classmethod
+    def _objective_names(cls, values: tuple[ObjectiveSpec, ...]) -> tuple[ObjectiveSpec, ...]:
+        if len({o.name for o in values}) != len(values):
+            raise ValueError("objective names must be unique within a pool")
+        return values
 
     @field_validator("endpoints")
     @classmethod
@@ -65,6 +133,7 @@ class PoolsFile(BaseModel):
 
     pools: tuple[PoolSpec, ...] = Field(min_length=1)
     default_pool: str | None = Field(default=None, alias="defaultPool")
+    redis: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://")
 
     @model_validator(mode="after")
     def _names(self) -> PoolsFile:

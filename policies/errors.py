@@ -6,6 +6,7 @@
     ├── BadRequestError               400 invalid_request_error / bad_request
     │   └── MalformedBodyError        400 invalid_request_error / invalid_json
     ├── ModelNotFoundError            404 invalid_request_error / model_not_found
+    │   └── RouteNotFoundError        404 invalid_request_error / route_not_found
     ├── PayloadTooLargeError          413 invalid_request_error / payload_too_large
     ├── TooManyRequestsError          429 (abstract: carries retry_after)
     │   ├── RequestShedError          429 rate_limit_error / request_shed
@@ -54,6 +55,12 @@ class ModelNotFoundError(KvgateError):
     status = 404
     error_type = "invalid_request_error"
     code = "model_not_found"
+
+
+class RouteNotFoundError(ModelNotFoundError):
+    """No route (so no pool) matched the request: with model routing, a model nobody serves."""
+
+    code = "route_not_found"
 
 
 class PayloadTooLargeError(KvgateError):

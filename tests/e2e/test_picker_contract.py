@@ -3,9 +3,7 @@ destination headers, and every error status with an OpenAI JSON body."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from extproc.lifecycle import LifecycleConfig
 from gateway.envoy_config import PoolBackend, RouteSpec
 from gateway.envoy_process import free_port
-from gateway.picker import PoolRuntime, PoolTable
+from gateway.picker import PoolRuntime
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     MODEL,
@@ -80,17 +78,6 @@ async def test_subset_hint_is_honoured_and_forged_destinations_are_ignored(
     assert outside.hits == 0
 
 
-@dataclass(frozen=True, slots=True)
-class _PoolWithObjectives(PoolRuntime):
-    """The pool runtime plus InferenceObjective priorities (issue 6 brings objectives for real;
-    ``Pool.objective_priority`` is the hook the ext_proc service already calls)."""
-
-    priorities: Mapping[str, int] = field(default_factory=dict)
-
-    def objective_priority(self, objective: str) -> int | None:
-        return self.priorities.get(objective)
-
-
 def _assert_openai_error(reply: Reply, status: int) -> None:
     assert reply.status == status, (reply.status, reply.text)
     assert reply.headers.get("content-type", "").startswith("application/json"), reply.headers
@@ -113,17 +100,13 @@ async def error_gateway(
     picker = await start_picker(
         [
             {"name": "llama", "endpoints": addresses[:1], "models": [MODEL]},
-            {"name": "busy", "endpoints": addresses[1:]},
+            {"name": "busy", "endpoints": addresses[1:], "objectives": [{"name": "batch", "priority": -1}]},
             {"name": "empty", "endpoints": []},
             {"name": "down", "endpoints": dead},
         ],
         lifecycle=LifecycleConfig(max_body_bytes=64 * 1024),
     )
     busy = picker.table.pools["busy"]
-    with_objectives = _PoolWithObjectives(busy.spec, busy.scheduler_impl, busy.scraper, {"batch": -1})
-    picker.table = PoolTable(
-        MappingProxyType({**picker.table.pools, "busy": with_objectives}), picker.table.default
-    )
     routes = [RouteSpec(name, name, headers=(("x-test-pool", name),)) for name in ("busy", "empty", "down")]
     gateway = await start_gateway(
         picker.grpc_port,

@@ -59,3 +59,40 @@ def test_rejects_bad_files_with_a_clear_reason(text: str, fragment: str) -> None
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_pools(tmp_path / "absent.yaml")
+
+
+def test_objectives_rate_limits_and_redis() -> None:
+    pools = parse_pools(
+        """
+pools:
+  - name: llama
+    objectives: [{name: batch, priority: -1}, {name: chat, priority: 10}, {name: plain}]
+    rateLimits: {requestsPerMinute: 60, tokensPerMinute: 1000}
+  - name: qwen
+redis: redis://127.0.0.1:6379/0
+"""
+    )
+    llama, qwen = pools.pools
+    assert llama.objective_priority("batch") == -1
+    assert llama.objective_priority("chat") == 10
+    assert llama.objective_priority("plain") == 0
+    assert llama.objective_priority("unknown") is None
+    assert llama.rate_limits is not None
+    assert llama.rate_limits.requests_per_minute == 60
+    assert llama.rate_limits.tokens_per_minute == 1000
+    assert llama.rate_limits.header == "x-gateway-inference-fairness-id"
+    assert qwen.rate_limits is None
+    assert pools.redis == "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("pools: [{name: a, objectives: [{name: x}, {name: x}]}]", "objective names"),
+        ("pools: [{name: a, rateLimits: {requestsPerMinute: 0}}]", "requestsPerMinute"),
+        ("pools: [{name: a}]\nredis: http://x", "redis"),
+    ],
+)
+def test_rejects_bad_admission_config(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        parse_pools(text)

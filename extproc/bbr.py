@@ -1,0 +1,95 @@
+"""The body-based router: a sans-IO lifecycle for ext_proc streams of the ``kvgate.bbr`` filter.
+
+Envoy runs a second ext_proc filter before the endpoint picker (its gRPC stream carries the initial
+metadata ``x-kvgate-role: bbr``), with request headers SEND, the request body BUFFERED and nothing of
+the response. This machine answers the request headers at once (continue), and on the body's end of
+stream reads the JSON ``model`` and sets ``x-gateway-model-name`` (overwriting a client's copy) with
+``clear_route_cache``, so Envoy re-matches the route on the model. It never picks an endpoint and
+never sends dynamic metadata; a body without a usable ``model`` passes unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from extproc import names
+from extproc.actions import Action, ContinueBody, ContinueHeaders, ContinueTrailers, HeaderEdit, Phase
+from extproc.events import (
+    Event,
+    RequestBodyChunk,
+    RequestHeaders,
+    RequestTrailers,
+    ResponseBodyChunk,
+    ResponseHeaders,
+    ResponseTrailers,
+    StreamClosed,
+)
+
+ROLE_METADATA_KEY = "x-kvgate-role"
+"""gRPC initial metadata naming the role of an ext_proc stream (``gateway.translate`` sets it)."""
+BBR_ROLE = "bbr"
+"""The role value of the body-based router's streams."""
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def model_of(body: bytes) -> str | None:
+    """The top-level string ``model`` of a JSON object body, else None (never raises)."""
+    if not body:
+        return None
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    model = document.get("model")
+    return model if isinstance(model, str) and model else None
+
+
+class BodyBasedRouter:
+    """One request's body-based-routing conversation. One per gRPC stream; not thread-safe."""
+
+    def __init__(self, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self._max_body_bytes = max_body_bytes
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._overflowed = False
+        self.model: str | None = None
+        """The model found in the body (after the body's end of stream), for tests and logs."""
+
+    def handle(self, event: Event) -> Sequence[Action]:
+        if isinstance(event, RequestHeaders):
+            return (ContinueHeaders(Phase.REQUEST),)
+        if isinstance(event, RequestBodyChunk):
+            return (self._on_body(event),)
+        if isinstance(event, RequestTrailers):
+            return (ContinueTrailers(Phase.REQUEST),)
+        # The filter skips the response; answer anything that comes anyway without touching it.
+        if isinstance(event, ResponseHeaders):
+            return (ContinueHeaders(Phase.RESPONSE),)
+        if isinstance(event, ResponseBodyChunk):
+            return (ContinueBody(Phase.RESPONSE),)
+        if isinstance(event, ResponseTrailers):
+            return (ContinueTrailers(Phase.RESPONSE),)
+        assert isinstance(event, StreamClosed)
+        return ()
+
+    def _on_body(self, chunk: RequestBodyChunk) -> ContinueBody:
+        if not self._overflowed:
+            self._size += len(chunk.data)
+            if self._size > self._max_body_bytes:
+                self._overflowed = True
+                self._chunks.clear()
+            else:
+                self._chunks.append(chunk.data)
+        if not chunk.end_of_stream:
+            return ContinueBody(Phase.REQUEST)
+        body = b"".join(self._chunks)
+        self._chunks.clear()
+        self.model = None if self._overflowed else model_of(body)
+        if self.model is None:
+            return ContinueBody(Phase.REQUEST)
+        edit = HeaderEdit(set=((names.MODEL_NAME_HEADER, self.model),))
+        return ContinueBody(Phase.REQUEST, edit=edit, clear_route_cache=True)

@@ -1,0 +1,412 @@
+"""``kvgate up``: the control plane, the picker and Envoy (and optionally a simulated fleet) in one command.
+
+::
+
+    kvgate up [-f DIR] [--port 8080] [--sim N] [--sim-pool NAME] [--admin-port 9090]
+
+* ``-f DIR``: a directory of Gateway API / Inference Extension manifests (hot reloaded; Envoy is
+  updated over xDS, never restarted). Without it, the bundled example (``gateway/examples/default``).
+* ``--port``: where Envoy listens. The lowest Gateway listener port is bound here; any other
+  listener port binds as written.
+* ``--sim N``: start N simulated vLLM replicas (``python -m simulator``), replica i on the address
+  127.0.1.(1+i) (``--sim-hosts-from``) and the pool's first targetPort, and add one synthetic Pod per
+  replica (the pool's selector labels, ``status.podIP``) for the pool ``--sim-pool`` (name or
+  ``namespace/name``; needed only when the configuration has several pools). Without ``-f`` it
+  defaults to 4; with ``-f`` to 0 (the manifests' own Pods are the endpoints).
+
+Startup order: configuration (fail fast on a manifest error) → simulator → picker → ADS server →
+first xDS snapshot → Envoy (child process, bootstrap pointing at kvgate's ADS) → wait until the
+listener accepts connections → ready line. SIGINT/SIGTERM (also during startup) stop everything in
+reverse order; no child process outlives ``kvgate up``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from importlib import resources as package_resources
+from pathlib import Path
+
+from gateway.control_plane import ControlPlane, ControlPlaneSettings
+from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.picker import PickerService, PickerSettings
+from gateway.resources import FileProvider, ResourceSet
+from gateway.resources.core import Pod
+from gateway.resources.inference import InferencePool
+from gateway.resources.validate import ValidationOptions
+from gateway.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
+from policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+NODE_ID = "kvgate"
+DEFAULT_SIM_REPLICAS = 4
+EXAMPLE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+SIM_READY_PREFIX = "kvgate-sim ready"
+SIM_READY_TIMEOUT_S = 30.0
+
+
+class SimFleetProcess:
+    """``python -m simulator`` as a child process in its own session; ``urls`` once started."""
+
+    def __init__(
+        self, *, replicas: int, port: int, hosts_from: str, time_scale: float, model: str | None
+    ) -> None:
+        self.command = [
+            sys.executable, "-m", "simulator", "--replicas", str(replicas), "--port", str(port),
+            "--hosts-from", hosts_from, "--time-scale", str(time_scale),
+            *(("--model", model) if model else ()),
+        ]
+        self.urls: list[str] = []
+        self.output: list[str] = []
+        self._process: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            *self.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            self.urls = await asyncio.wait_for(self._ready(), SIM_READY_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise ConfigError("the simulator did not start:\n" + "\n".join(self.output[-20:])) from exc
+        self._drain = asyncio.create_task(self._read_rest())
+
+    async def _ready(self) -> list[str]:
+        assert self._process is not None
+        assert self._process.stdout is not None
+        async for raw in self._process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.output.append(line)
+            if line.startswith(SIM_READY_PREFIX):
+                return line[len(SIM_READY_PREFIX):].split()
+        raise ConfigError("the simulator exited before it was ready:\n" + "\n".join(self.output[-20:]))
+
+    async def _read_rest(self) -> None:
+        assert self._process is not None
+        assert self._process.stdout is not None
+        async for raw in self._process.stdout:
+            self.output.append(raw.decode(errors="replace").rstrip())
+            del self.output[:-200]
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 10.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+            self._drain = None
+
+
+def bundled_example() -> Path:
+    """The example configuration shipped with kvgate (package data)."""
+    return Path(str(package_resources.files("gateway") / "examples" / "default"))
+
+
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    directory: Path | None = None
+    port: int = 8080
+    host: str = "127.0.0.1"
+    admin_port: int = 9090
+    picker_port: int = 0
+    xds_port: int = 0
+    envoy_admin_port: int = 0
+    sim: int | None = None
+    sim_pool: str | None = None
+    sim_hosts_from: str = "127.0.1.1"
+    sim_time_scale: float = 1.0
+    sim_model: str | None = None
+    envoy_log_level: str = "warning"
+    scrape_interval: float = 0.05
+    stale_after: float = 0.2
+    quiet_ms: int = 100
+    max_batch_ms: int = 400
+
+    @property
+    def config_directory(self) -> Path:
+        return self.directory if self.directory is not None else bundled_example()
+
+    @property
+    def sim_replicas(self) -> int:
+        if self.sim is not None:
+            return self.sim
+        return DEFAULT_SIM_REPLICAS if self.directory is None else 0
+
+
+def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
+    """The InferencePool named ``name`` (``name`` or ``namespace/name``), or the only one."""
+    pools = resources.inference_pools
+    if name is None:
+        if len(pools) != 1:
+            found = ", ".join(str(pool.key) for pool in pools) or "none"
+            raise ConfigError(f"--sim needs --sim-pool: the configuration has these pools: {found}")
+        return pools[0]
+    for pool in pools:
+        if name in (str(pool.key), pool.metadata.name):
+            return pool
+    raise ConfigError(f"--sim-pool {name!r}: no such InferencePool")
+
+
+def sim_pods(pool: InferencePool, hosts: Sequence[str]) -> tuple[Pod, ...]:
+    """One ready Pod per simulated replica, labelled to match ``pool``'s selector."""
+    return tuple(
+        Pod.model_validate(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"kvgate-sim-{pool.metadata.name}-{index}",
+                    "namespace": pool.metadata.namespace,
+                    "labels": dict(pool.spec.selector.match_labels),
+                },
+                "status": {"phase": "Running", "podIP": host},
+            }
+        )
+        for index, host in enumerate(hosts)
+    )
+
+
+def _host_of(url: str) -> str:
+    return url.removeprefix("http://").rstrip("/").rpartition(":")[0].strip("[]")
+
+
+async def _wait_listening(host: str, port: int, envoy: EnvoyProcess, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            await asyncio.sleep(0.02)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
+    raise ConfigError(f"Envoy does not listen on {host}:{port} after {timeout_s} s:\n{envoy.log_tail()}")
+
+
+class KvgateUp:
+    """Everything ``kvgate up`` runs. ``await start()`` then ``await stop()`` (also after a failed start)."""
+
+    def __init__(self, options: UpOptions) -> None:
+        self.options = options
+        self.provider = FileProvider(
+            options.config_directory,
+            options=ValidationOptions(require_picker_service=False),
+            quiet_ms=options.quiet_ms,
+            max_batch_ms=options.max_batch_ms,
+        )
+        self.fleet: SimFleetProcess | None = None
+        self.picker: PickerService | None = None
+        self.ads: AdsServer | None = None
+        self.envoy: EnvoyProcess | None = None
+        self.control: ControlPlane | None = None
+        self.cache = SnapshotCache()
+        self.xds_status = XdsStatus()
+        self.listen_port = options.port
+        self._stack = AsyncExitStack()
+        self._stop_watch = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.host}:{self.listen_port}"
+
+    @property
+    def admin_url(self) -> str:
+        assert self.picker is not None
+        return f"http://{self.options.host}:{self.picker.admin.port}"
+
+    async def start(self) -> None:
+        options = self.options
+        first = await asyncio.to_thread(self.provider.load)
+        extra: tuple[Pod, ...] = ()
+        if options.sim_replicas > 0:
+            pool = find_pool(first.resources, options.sim_pool)
+            fleet = SimFleetProcess(
+                replicas=options.sim_replicas,
+                port=pool.spec.target_ports[0].number,
+                hosts_from=options.sim_hosts_from,
+                time_scale=options.sim_time_scale,
+                model=options.sim_model,
+            )
+            self.fleet = fleet
+            self._stack.push_async_callback(fleet.stop)
+            await fleet.start()
+            extra = sim_pods(pool, [_host_of(url) for url in fleet.urls])
+
+        picker = PickerService(
+            PickerSettings(
+                grpc_address=f"127.0.0.1:{options.picker_port}",
+                admin_host=options.host,
+                admin_port=options.admin_port,
+                scrape_interval=options.scrape_interval,
+                stale_after=options.stale_after,
+            )
+        )
+        self.picker = picker
+        self._stack.push_async_callback(picker.stop)
+        await picker.start()
+
+        ads = AdsServer(self.cache, observer=self.xds_status, port=options.xds_port)
+        self.ads = ads
+        self._stack.push_async_callback(ads.stop, 0.5)
+        await ads.start()
+
+        listener_ports = sorted({ls.port for gw in first.config.gateways for ls in gw.listeners})
+        listen_ports = ((listener_ports[0], options.port),) if listener_ports else ()
+        settings = ControlPlaneSettings(
+            picker_address=f"127.0.0.1:{picker.grpc_port}",
+            listen_host=options.host,
+            listen_ports=listen_ports,
+        )
+        control = ControlPlane(self.provider, picker, self.cache, settings, xds_status=self.xds_status,
+                               extra_pods=extra)
+        self.control = control
+        picker.admin.status_provider = control.status
+        if not control.apply(first):
+            raise ConfigError(f"cannot apply the configuration: {control.last_error}")
+
+        admin_port = options.envoy_admin_port or free_port()
+        envoy = EnvoyProcess(
+            bootstrap_for_ads(NODE_ID, ads.address, admin_port),
+            EnvoyOptions(log_level=options.envoy_log_level),
+        )
+        self.envoy = envoy
+        self._stack.push_async_callback(envoy.stop)
+        await envoy.start()
+        if listen_ports:
+            await _wait_listening(options.host, options.port, envoy)
+
+        watch = asyncio.create_task(control.run(self._stop_watch))
+        self._stack.push_async_callback(self._stop_watching, watch)
+
+    async def _stop_watching(self, watch: asyncio.Task[None]) -> None:
+        self._stop_watch.set()
+        try:
+            await asyncio.wait_for(watch, 5.0)
+        except (TimeoutError, asyncio.CancelledError):
+            watch.cancel()
+        except Exception:  # stopping: report it, go on stopping the rest
+            log.exception("the configuration watcher failed")
+
+    async def stop(self) -> None:
+        """Stop what was started, newest first (Envoy before the picker and the simulator)."""
+        await self._stack.aclose()
+
+
+def ready_lines(up: KvgateUp, model: str) -> list[str]:
+    body = f'{{"model": "{model}", "prompt": "Say hello", "max_tokens": 16}}'
+    return [
+        f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_directory})",
+        f"  curl {up.url}/v1/completions -H 'content-type: application/json' -d '{body}'",
+        f"  kvgate status --admin {up.admin_url}",
+    ]
+
+
+async def serve(options: UpOptions) -> int:
+    up = KvgateUp(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(up.start())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # raises a startup failure
+            model = (options.sim_model or EXAMPLE_MODEL) if up.fleet is not None else "MODEL"
+            for line in ready_lines(up, model):
+                print(line, flush=True)
+            await stop.wait()
+        else:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+        return 0
+    finally:
+        stopping.cancel()
+        await up.stop()
+        print("kvgate stopped", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate up", description="Run Envoy, kvgate's control plane and picker (and a simulated fleet)."
+    )
+    parser.add_argument("-f", "--filename", dest="directory", type=Path, default=None,
+                        help="directory of manifests (default: the bundled example)")
+    parser.add_argument("--port", type=int, default=8080, help="port Envoy listens on (default 8080)")
+    parser.add_argument("--host", default="127.0.0.1", help="address Envoy and the admin server bind")
+    parser.add_argument("--admin-port", type=int, default=9090,
+                        help="admin HTTP port: /status, /metrics, /readyz (0 = any free; default 9090)")
+    parser.add_argument("--picker-port", type=int, default=0, help="ext_proc gRPC port (default: any free)")
+    parser.add_argument("--xds-port", type=int, default=0, help="ADS gRPC port (default: any free)")
+    parser.add_argument("--envoy-admin-port", type=int, default=0,
+                        help="Envoy admin port (default: any free)")
+    parser.add_argument("--sim", type=int, default=None, metavar="N",
+                        help=f"simulated replicas (default {DEFAULT_SIM_REPLICAS} without -f, 0 with -f)")
+    parser.add_argument("--sim-pool", default=None, metavar="NAME",
+                        help="InferencePool the simulated replicas join (needed when there are several)")
+    parser.add_argument("--sim-hosts-from", default="127.0.1.1", metavar="IP",
+                        help="address of the first simulated replica (default 127.0.1.1)")
+    parser.add_argument("--sim-time-scale", type=float, default=1.0,
+                        help="simulator real seconds per simulated second (0.1: ten times faster)")
+    parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
+    parser.add_argument("--envoy-log-level", default="warning")
+    parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options = UpOptions(
+        directory=args.directory,
+        port=args.port,
+        host=args.host,
+        admin_port=args.admin_port,
+        picker_port=args.picker_port,
+        xds_port=args.xds_port,
+        envoy_admin_port=args.envoy_admin_port,
+        sim=args.sim,
+        sim_pool=args.sim_pool,
+        sim_hosts_from=args.sim_hosts_from,
+        sim_time_scale=args.sim_time_scale,
+        sim_model=args.sim_model,
+        envoy_log_level=args.envoy_log_level,
+    )
+    try:
+        return asyncio.run(serve(options))
+    except ConfigError as exc:
+        print(f"kvgate up: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

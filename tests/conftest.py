@@ -1,0 +1,35 @@
+"""Fixtures shared by every test package: a real ``redis-server`` (see tests/redis_server.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tests.redis_server import REDIS_BINARY, RedisServer
+
+StartRedis = Callable[[], Awaitable[RedisServer]]
+
+
+@pytest.fixture
+async def start_redis() -> AsyncIterator[StartRedis]:
+    """Starts as many redis-servers as a test wants; kills them all at teardown."""
+    started: list[RedisServer] = []
+
+    async def start() -> RedisServer:
+        if not os.access(REDIS_BINARY, os.X_OK):
+            pytest.fail("redis-server is not installed (apt-get install redis-server; .ci/run does it)")
+        server = RedisServer()
+        started.append(server)
+        await server.start()
+        return server
+
+    yield start
+    for server in reversed(started):
+        await server.kill()
+
+
+@pytest.fixture
+async def redis_server(start_redis: StartRedis) -> RedisServer:
+    return await start_redis()

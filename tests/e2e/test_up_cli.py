@@ -1,0 +1,100 @@
+"""``kvgate up`` as a user runs it: bundled example + simulated fleet, one request, ``kvgate status``,
+then SIGINT stops Envoy, the picker and the simulator (no child process left)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.envoy_process import free_port
+from tests.e2e.picker_harness import post_json, wait_until
+
+pytestmark = pytest.mark.e2e
+
+KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+
+
+def children_of(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_kvgate_up_serves_reports_status_and_stops_on_sigint(http: aiohttp.ClientSession) -> None:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2",
+        "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+    )
+    output: list[str] = []
+    try:
+        assert process.stdout is not None
+        while True:
+            raw = await asyncio.wait_for(process.stdout.readline(), 60.0)
+            assert raw, "kvgate up exited before it was ready:\n" + "\n".join(output)
+            output.append(raw.decode().rstrip())
+            if output[-1].startswith("kvgate ready:"):
+                break
+        lines = [output[-1]] + [(await process.stdout.readline()).decode().rstrip() for _ in range(2)]
+        assert f"http://127.0.0.1:{port}" in lines[0]
+        assert lines[1].lstrip().startswith(f"curl http://127.0.0.1:{port}/v1/completions")
+        admin = lines[2].split()[-1]
+        children = children_of(process.pid)
+        assert len(children) >= 2, children  # Envoy and the simulator
+
+        async def ready() -> bool:
+            async with http.get(f"{admin}/readyz") as response:
+                return response.status == 200
+
+        await wait_until(ready, "the picker scraped the simulated replicas", timeout_s=15.0)
+        reply = await post_json(
+            http, f"http://127.0.0.1:{port}",
+            {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Say hello", "max_tokens": 4},
+        )
+        assert reply.status == 200, reply
+        assert reply.json()["usage"]["completion_tokens"] == 4
+
+        status = await asyncio.create_subprocess_exec(
+            *KVGATE, "status", "--admin", admin, stdout=asyncio.subprocess.PIPE
+        )
+        table = (await status.communicate())[0].decode()
+        assert status.returncode == 0, table
+        for word in ("InferencePool", "ResolvedRefs", "Listener"):
+            assert word in table, table
+
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 30.0) == 0
+        rest = (await process.stdout.read()).decode()
+        assert "kvgate stopped" in rest
+        assert [pid for pid in children if alive(pid)] == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
