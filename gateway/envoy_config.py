@@ -36,6 +36,7 @@ EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 EXT_PROC_CLUSTER = "kvgate_ext_proc"
 _TYPE = "type.googleapis.com/"
 _HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_CEL_FILTER_TYPE = _TYPE + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 _EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _PER_ROUTE_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -210,6 +211,8 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
             "timeout": duration(settings.grpc_timeout_s),
         },
         "failure_mode_allow": False,
+        # A FailClose pool whose picker is unreachable: 503 (openai_local_replies gives it a body).
+        "status_on_error": {"code": 503},
         "processing_mode": processing_mode(settings.request_body_mode, settings.response_body_mode),
         "message_timeout": duration(settings.message_timeout_s),
         "metadata_options": {
@@ -311,10 +314,18 @@ def openai_local_replies() -> JsonDict:
     Replies that carry a response flag (upstream connect failure ``UF``, no healthy upstream ``UH``,
     upstream reset or timeout, overflow, ...) get ``{"error": {"message", "type", "code"}}`` with
     Envoy's text as the message and its response-code details as the code. The picker's own
-    ImmediateResponses carry no response flag, so their JSON bodies are left alone. (A failed
-    ext_proc stream, i.e. a FailClose pool with the picker down, carries no flag either: it stays an
-    empty 500.)
+    ImmediateResponses carry no response flag, so their JSON bodies are left alone. A failed
+    ext_proc stream (a FailClose pool with the picker down or timing out) carries no flag either; it
+    is recognised by its response code details (``ext_proc_error_…``, set by Envoy) and answered 503
+    ``endpoint_picker_unavailable``.
     """
+    picker_down = {
+        "error": {
+            "message": "the endpoint picker is unavailable (%RESPONSE_CODE_DETAILS%)",
+            "type": "service_unavailable",
+            "code": "endpoint_picker_unavailable",
+        }
+    }
     body = {
         "error": {
             "message": "%LOCAL_REPLY_BODY%",
@@ -322,8 +333,24 @@ def openai_local_replies() -> JsonDict:
             "code": "%RESPONSE_CODE_DETAILS%",
         }
     }
+    ext_proc_failed = {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": _CEL_FILTER_TYPE,
+                "expression": "response.code_details.startsWith('ext_proc_error')",
+            },
+        }
+    }
     return {
-        "mappers": [{"filter": {"response_flag_filter": {}}, "body_format_override": {"json_format": body}}]
+        "mappers": [
+            {
+                "filter": ext_proc_failed,
+                "status_code": 503,
+                "body_format_override": {"json_format": picker_down},
+            },
+            {"filter": {"response_flag_filter": {}}, "body_format_override": {"json_format": body}},
+        ]
     }
 
 

@@ -73,7 +73,9 @@ async def test_picker_down_fail_close_answers_5xx_and_fail_open_still_serves(
     forged = {"x-gateway-destination-endpoint": outside.address}
     for headers in ({}, forged):
         reply = await post_json(http, gateway, completion_body("picker down"), headers=headers, timeout_s=5.0)
-        assert 500 <= reply.status < 600, reply.text
+        assert reply.status == 503, reply.text
+        assert reply.headers.get("content-type", "").startswith("application/json"), reply.headers
+        assert reply.json()["error"]["code"] == "endpoint_picker_unavailable", reply.text
     before = await fleet_stats(http, fleet)
     for i in range(6):
         reply = await post_json(http, gateway, completion_body(f"fail open {i}"), headers={**OPEN, **forged})
