@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from gateway.child_process import dies_with_parent
 from policies.errors import ConfigError
 
 _STDERR_LINES = 200
@@ -107,11 +108,13 @@ class EnvoyProcess:
         config_path = Path(self._workdir.name) / "bootstrap.json"
         config_path.write_text(json.dumps(self._bootstrap, indent=1))
         self._process = await asyncio.create_subprocess_exec(
-            str(binary),
-            "--config-path", str(config_path),
-            "--disable-hot-restart",
-            "--log-level", self._options.log_level,
-            "--concurrency", str(self._options.concurrency),
+            *dies_with_parent([
+                str(binary),
+                "--config-path", str(config_path),
+                "--disable-hot-restart",
+                "--log-level", self._options.log_level,
+                "--concurrency", str(self._options.concurrency),
+            ]),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

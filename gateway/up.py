@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from importlib import resources as package_resources
 from pathlib import Path
 
+from gateway.child_process import dies_with_parent
 from gateway.control_plane import ControlPlane, ControlPlaneSettings
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from gateway.picker import PickerService, PickerSettings
@@ -78,7 +79,7 @@ class SimFleetProcess:
 
     async def start(self) -> None:
         self._process = await asyncio.create_subprocess_exec(
-            *self.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            *dies_with_parent(self.command), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
         )
         try:

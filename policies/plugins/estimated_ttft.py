@@ -22,6 +22,12 @@ Here both sides are seconds, per endpoint ``e``::
                   + queue_wait_s · unknown(e)        (a queue we did not send may wait for free slots)
                   + kv_penalty_s · max(0, kv − kv_knee) / (1 − kv_knee)   (near-full KV: preemption)
                   + LoRA cost (0 active, lora_load_s free slot, lora_wait_s queued, lora_no_slot_s none)
+                  + miss_penalty_factor · prefill_s_per_token · (uncached(e) − min_e' uncached(e'))
+
+The last term is the cost a spill leaves behind: the prefix it rebuilds on ``e`` evicts another
+group's cached blocks there (full caches are the steady state), which that group pays again later,
+and the replica that holds the prefix keeps it only while it is used. With factor 1 a request
+leaves its prefix's replica only when the queueing there costs about twice the prefill it saves.
 
 and ``score(e) = min_ttft / ttft(e)`` in (0, 1]. A hot prefix stays on its replica while the
 queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
@@ -64,6 +70,8 @@ class EstimatedTtftParams(Params):
     lora_load_s: Annotated[float, Field(ge=0.0)] = 0.02
     lora_wait_s: Annotated[float, Field(ge=0.0)] = 0.2
     lora_no_slot_s: Annotated[float, Field(ge=0.0)] = 1.0
+    miss_penalty_factor: Annotated[float, Field(ge=0.0)] = 0.0
+    """Extra cost of leaving the best-cached replica, per prefill second lost (see the docstring)."""
 
 
 _Record = tuple[str, int, int, float, float, EndpointMetrics | None]
@@ -115,6 +123,12 @@ class EstimatedTtftScorer:
         is_adapter: bool | None = None  # computed on first need: only LoRA-serving endpoints ask
         own_inflight = ctx.state.inflight_by_endpoint().get
         prefill_s, max_batched, queue_wait_s = p.prefill_s_per_token, p.max_batched_tokens, p.queue_wait_s
+        miss_s = p.miss_penalty_factor * prefill_s
+        if miss_s and matches:  # the least prefill any endpoint offers (a miss elsewhere costs more)
+            best_uncached = max(0, prompt_tokens - max(matches.values()) * tokens_per_block)
+        else:
+            miss_s = 0.0
+            best_uncached = prompt_tokens
         out: list[float] = []
         append = out.append
         for address, waiting, running, step, kv_s, lora in self._records.get(endpoints):
@@ -132,6 +146,8 @@ class EstimatedTtftScorer:
                 ttft += queue_wait_s * unknown
             if kv_s:
                 ttft += kv_s
+            if miss_s and uncached > best_uncached:
+                ttft += miss_s * (uncached - best_uncached)
             if lora is not None and adapter not in lora.active_loras:
                 if is_adapter is None:
                     is_adapter = _is_adapter(adapter, endpoints)

@@ -39,11 +39,13 @@ def children_of(pid: int) -> set[int]:
 
 
 def alive(pid: int) -> bool:
+    """Running (a zombie waiting for whoever adopted it to reap it counts as gone)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True
+    return state != "Z"
 
 
 async def test_kvgate_up_serves_reports_status_and_stops_on_sigint(http: aiohttp.ClientSession) -> None:
@@ -98,3 +100,31 @@ async def test_kvgate_up_serves_reports_status_and_stops_on_sigint(http: aiohttp
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_kvgate_up_killed_takes_envoy_and_the_simulator_with_it() -> None:
+    """SIGKILL (or the OOM killer) gives kvgate no chance to stop its children: the kernel does
+    (``setpriv --pdeathsig``), so no orphaned Envoy keeps the port."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "1",
+        "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.11",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        output: list[str] = []
+        while not (output and output[-1].startswith("kvgate ready:")):
+            raw = await asyncio.wait_for(process.stdout.readline(), 60.0)
+            assert raw, "kvgate up exited before it was ready:\n" + "\n".join(output)
+            output.append(raw.decode().rstrip())
+        children = children_of(process.pid)
+        assert len(children) >= 2, children
+    finally:
+        process.kill()
+        await process.wait()
+
+    async def orphans_gone() -> bool:
+        return not [pid for pid in children if alive(pid)]
+
+    await wait_until(orphans_gone, "Envoy and the simulator exit after kvgate is killed", timeout_s=15.0)

@@ -166,6 +166,9 @@ class Reference:
         ttft += p.queue_wait_s * unknown
         if kv > p.kv_knee:
             ttft += p.kv_penalty_s / (1.0 - p.kv_knee) * (kv - p.kv_knee)
+        if prompt_tokens and self.matches:
+            best = max(0, prompt_tokens - max(self.matches.values()) * self.tokens_per_block)
+            ttft += p.miss_penalty_factor * p.prefill_s_per_token * max(0, uncached - best)
         adapter = self.request.target_model
         known = any(
             x.metrics is not None

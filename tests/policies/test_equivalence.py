@@ -37,7 +37,7 @@ EVERY_PLUGIN: dict[str, Any] = {
         {"type": "lora-affinity-scorer"},
         {"type": "prefix-cache-scorer"},
         {"type": "session-affinity-scorer"},
-        {"type": "estimated-ttft-scorer"},
+        {"type": "estimated-ttft-scorer", "parameters": {"miss_penalty_factor": 1.5}},
         {"type": "weighted-random-picker"},
     ],
     "profile": {

@@ -116,7 +116,9 @@ def test_burst_between_scrapes_spreads_via_own_inflight_counts() -> None:
     s = scheduler()
     system = text(5, 16000)
     eps = [view(i) for i in range(1, 5)]  # metrics never change during the burst
-    picks = Counter(run(s, request(f"r{i}", system + text(i, 100)), eps, finish=False) for i in range(40))
+    # ~1,000 uncached tokens per request: 40 of them are seconds of prefill on one replica (40 short
+    # questions would rightly stay: they fit one batch, and leaving costs the 4k-token prefix twice)
+    picks = Counter(run(s, request(f"r{i}", system + text(i, 4000)), eps, finish=False) for i in range(40))
     assert len(picks) >= 2
     assert max(picks.values()) < 40
 
