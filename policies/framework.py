@@ -39,6 +39,8 @@ class SchedulingContext:
     rng: random.Random
     hasher: PromptHasher
     session_id: str | None = None
+    own_models: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """This picker's in-flight requests per endpoint and target model (``policies.inflight_models``)."""
     _hashes: tuple[int, ...] | None = field(default=None, repr=False)
     _matches: Mapping[str, int] | None = field(default=None, repr=False)
 

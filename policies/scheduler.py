@@ -41,6 +41,7 @@ from policies.contracts import SchedulingResult
 from policies.errors import NoEligibleEndpointError, RequestShedError
 from policies.framework import PluginTimer, SchedulingContext, ScoredEndpoints
 from policies.hashing import PromptHasher
+from policies.inflight_models import InflightModels
 from policies.memo import TupleMemo
 from policies.plugins.filters import SubsetHintFilter
 from policies.profile import SchedulingProfile
@@ -93,6 +94,8 @@ class ProfileScheduler:
         self._max_pending = max_pending
         self._capacity_scale: dict[str, float] = {}
         self._prefilling: dict[str, str] = {}  # request id → address, counted with tokens until first token
+        self._own_models = InflightModels()
+        self._own_models_view = self._own_models.by_endpoint()
         self._timing_every = max(1, timing_every)
         self._timing_countdown = 0
         self._scorers = tuple(BoundScorer.of(s) for s in profile.scorers)
@@ -105,7 +108,9 @@ class ProfileScheduler:
     ) -> SchedulingResult:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
-        ctx = SchedulingContext(request, now, self.state, self.rng, self._hasher, self._session_id(request))
+        ctx = SchedulingContext(
+            request, now, self.state, self.rng, self._hasher, self._session_id(request), self._own_models_view
+        )
         endpoints = self._subset.filter(ctx, candidates)
         timer = self._timer_for_this_request()
         for f in self.profile.filters:
@@ -208,6 +213,7 @@ class ProfileScheduler:
                 self.state.prefix_insert(address, hashes, self._capacity_of(memo, address))
         self.state.inflight_add(request.request_id, address, tokens)
         self._prefilling[request.request_id] = address
+        self._own_models.add(request.request_id, address, request.target_model)
         session = self._session_id(request)
         if session is not None:
             self.state.session_set(session, address)
@@ -234,11 +240,18 @@ class ProfileScheduler:
     def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
         self.state.inflight_remove(request.request_id)
         self._prefilling.pop(request.request_id, None)
+        self._own_models.remove(request.request_id)
         self._pending.pop(request.request_id, None)
 
     # --- pool membership ----------------------------------------------------------------------
+
+    @property
+    def inflight_models(self) -> Mapping[str, Mapping[str, int]]:
+        """This scheduler's in-flight requests per endpoint and target model (read-only view)."""
+        return self._own_models_view
 
     def forget_endpoint(self, address: str) -> None:
         """Call when an endpoint leaves the pool: drops its state (prefix, in-flight, sessions)."""
         self.state.forget_endpoint(address)
         self._capacity_scale.pop(address, None)
+        self._own_models.forget_endpoint(address)

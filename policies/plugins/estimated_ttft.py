@@ -21,7 +21,9 @@ Here both sides are seconds, per endpoint ``e``::
     ttft(e)     = step(e) · (1 + ceil(work / max_batched_tokens)) + prefill_s_per_token · work
                   + queue_wait_s · unknown(e)        (a queue we did not send may wait for free slots)
                   + kv_penalty_s · max(0, kv − kv_knee) / (1 − kv_knee)   (near-full KV: preemption)
-                  + LoRA cost (0 active, lora_load_s free slot, lora_wait_s queued, lora_no_slot_s none)
+                  + LoRA cost (0 active or ours in flight there, lora_load_s free slot, lora_wait_s
+                    queued, lora_no_slot_s none; our in-flight adapters the scrape does not show
+                    yet take slots: ``policies.inflight_models``)
                   + miss_penalty_factor · prefill_s_per_token · (uncached(e) − min_e' uncached(e'))
 
 The last term is the cost a spill leaves behind: the prefix it rebuilds on ``e`` evicts another
@@ -122,6 +124,8 @@ class EstimatedTtftScorer:
         adapter = ctx.request.target_model
         is_adapter: bool | None = None  # computed on first need: only LoRA-serving endpoints ask
         own_inflight = ctx.state.inflight_by_endpoint().get
+        own_models = ctx.own_models.get
+        known_adapters: frozenset[str] | None = None  # computed on first need, like is_adapter
         prefill_s, max_batched, queue_wait_s = p.prefill_s_per_token, p.max_batched_tokens, p.queue_wait_s
         miss_s = p.miss_penalty_factor * prefill_s
         if miss_s and matches:  # the least prefill any endpoint offers (a miss elsewhere costs more)
@@ -151,8 +155,11 @@ class EstimatedTtftScorer:
             if lora is not None and adapter not in lora.active_loras:
                 if is_adapter is None:
                     is_adapter = _is_adapter(adapter, endpoints)
-                if is_adapter:
-                    ttft += _lora_cost(p, lora, adapter)
+                mine = own_models(address)
+                if is_adapter and not (mine and adapter in mine):  # ours in flight there: resident
+                    if mine and known_adapters is None:
+                        known_adapters = _known_adapters(endpoints)
+                    ttft += _lora_cost(p, lora, adapter, _new_slots(lora, mine, known_adapters))
             append(ttft)
         return out
 
@@ -169,9 +176,12 @@ class EstimatedTtftScorer:
         return dict(zip([e.endpoint.address for e in endpoints], scores, strict=True))
 
 
-def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str) -> float:
-    """Extra wait for an adapter not active on the endpoint: load it, wait for it, or wait for a slot."""
-    if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) < m.max_loras:
+def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str, taken: int = 0) -> float:
+    """Extra wait for an adapter not active on the endpoint: load it, wait for it, or wait for a slot.
+
+    ``taken``: slots this picker's in-flight adapters occupy beyond what the scrape shows.
+    """
+    if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) + taken < m.max_loras:
         return p.lora_load_s
     if adapter in m.waiting_loras:
         return p.lora_wait_s
@@ -185,3 +195,22 @@ def _is_adapter(name: str, endpoints: Sequence[EndpointView]) -> bool:
         if m is not None and (name in m.active_loras or name in m.waiting_loras):
             return True
     return False
+
+
+def _known_adapters(endpoints: Sequence[EndpointView]) -> frozenset[str]:
+    """Every adapter some candidate reports active or waiting (tells adapters from base models)."""
+    names: set[str] = set()
+    for e in endpoints:
+        m = e.metrics
+        if m is not None:
+            names |= m.active_loras
+            names |= m.waiting_loras
+    return frozenset(names)
+
+
+def _new_slots(m: EndpointMetrics, mine: Mapping[str, int] | None, known: frozenset[str] | None) -> int:
+    """Adapters this picker has in flight on the endpoint that its scrape does not show yet."""
+    if not mine or known is None:
+        return 0
+    shown = m.active_loras | m.waiting_loras
+    return sum(1 for name in mine if name in known and name not in shown)

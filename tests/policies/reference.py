@@ -175,8 +175,13 @@ class Reference:
             and (adapter in x.metrics.active_loras or adapter in x.metrics.waiting_loras)
             for x in endpoints
         )
-        if m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras and known:
-            if _free_slot(e):
+        mine = self.s.inflight_models.get(e.address, {})
+        if (m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras and known
+                and adapter not in mine):
+            adapters = set().union(*(x.metrics.active_loras | x.metrics.waiting_loras
+                                     for x in endpoints if x.metrics is not None))
+            taken = len({n for n in mine if n in adapters} - m.active_loras - m.waiting_loras)
+            if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) + taken < m.max_loras:
                 ttft += p.lora_load_s
             elif adapter in m.waiting_loras:
                 ttft += p.lora_wait_s

@@ -237,3 +237,22 @@ def test_scores_are_a_mapping_by_address_in_candidate_order() -> None:
     assert len(scores) == 3
     assert scores["10.0.0.1:8000"] > scores["10.0.0.3:8000"] > scores["10.0.0.2:8000"]
     assert "10.0.0.9:8000" not in scores
+
+
+def test_a_spilled_adapter_burst_stays_on_the_replica_already_loading_it() -> None:
+    """Between two scrapes, the picker's own in-flight adapters count as resident (no new slot):
+    requests for adapter x that must leave its busy home replica follow the first spill instead of
+    taking a LoRA slot on every replica (``policies.inflight_models``)."""
+    s = scheduler()
+    both = frozenset({"x", "y"})
+    eps = [
+        view(1, active=both, max_loras=2, waiting=24, running=200),  # x's home: a deep queue
+        *(view(i, active=frozenset({"y"}), max_loras=2) for i in range(2, 6)),
+    ]
+    picks = [run(s, request(f"r{i}", text(i, 400), model="x"), eps, finish=False) for i in range(12)]
+    assert "10.0.0.1:8000" not in picks
+    assert len(set(picks)) == 1, Counter(picks)  # the first spill, then its resident adapter
+    assert s.inflight_models[picks[0]] == {"x": 12}
+    for i in range(12):  # finished requests leave nothing behind
+        s.on_finished(request(f"r{i}", model="x"), eps[0].endpoint, ok=True, now=NOW)
+    assert dict(s.inflight_models) == {}
