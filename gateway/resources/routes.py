@@ -131,7 +131,19 @@ def _rule_problem(route: HTTPRoute) -> str | None:
                     re.compile(pattern)
                 except re.error as exc:
                     return f"rule {index}: invalid regular expression {pattern!r}: {exc}"
+                unsupported = _NOT_RE2.search(pattern)
+                if unsupported is not None:
+                    return (
+                        f"rule {index}: regular expression {pattern!r} uses {unsupported.group(0)!r}, which"
+                        " RE2 (Envoy's regex engine) does not support (no lookaround, backreferences"
+                        " or atomic groups)"
+                    )
     return None
+
+
+# Python-only constructs: Envoy would NACK the whole update (an unescaped backslash before them is
+# what makes them special; an escaped one, ``\\(?=``, is a literal and fine).
+_NOT_RE2 = re.compile(r"(?<!\\)(?:\(\?(?:=|!|<=|<!|>|P=)|\\[1-9])")
 
 
 def _namespace_allowed(resources: ResourceSet, listener: Listener, gateway_ns: str, route_ns: str) -> bool:

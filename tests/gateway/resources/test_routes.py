@@ -215,6 +215,15 @@ def test_unsupported_filters_and_bad_regex_reject_the_route() -> None:
     )
     config = build(*base(), route("r", regex))
     assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue")
+    for python_only in (r"/v1/(?!embeddings)", r"(a)\1"):  # valid for Python's re, not for RE2
+        header = f"{{type: RegularExpression, name: x-a, value: '{python_only}'}}"
+        regex = (
+            f"    - matches: [{{headers: [{header}]}}]\n"
+            f"      backendRefs: [{pool_ref('pool-a')}]"
+        )
+        config = build(*base(), route("r", regex))
+        assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue"), python_only
+        assert config.routes == ()
 
 
 def test_matches_filters_and_timeouts_reach_the_resolved_rule() -> None:
