@@ -29,6 +29,7 @@ from gateway.pools_file import (
     ModelRewriteSpec,
     ObjectiveSpec,
     PoolSpec,
+    RateLimitSpec,
     RewriteTargetSpec,
 )
 from gateway.resources import FileProvider, ResolvedPool, ResourceSet, ValidatedConfig, validate
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 
 PROFILE_ANNOTATION = "kvgate.io/profile"
 ENGINE_ANNOTATION = "kvgate.io/engine"
+# Per-tenant limits of a pool (no Gateway API resource carries them): requests and tokens per
+# minute per value of the fairness header (default x-gateway-inference-fairness-id).
+RPM_ANNOTATION = "kvgate.io/requests-per-minute"
+TPM_ANNOTATION = "kvgate.io/tokens-per-minute"
+FAIRNESS_HEADER_ANNOTATION = "kvgate.io/fairness-header"
 _DIALECTS: tuple[str, ...] = get_args(Dialect)
 
 
@@ -111,6 +117,7 @@ def pool_spec(
         )
         for rule in (table.rules if table is not None else ())
     )
+    rate_limits = _rate_limits(pool, annotations, warnings)
     spec = PoolSpec.model_validate(
         {
             "name": pool.id,
@@ -120,9 +127,34 @@ def pool_spec(
             "engine": engine,
             "objectives": objectives,
             "model_rewrites": rewrites,
+            "rate_limits": rate_limits,
         }
     )
     return spec, warnings
+
+
+def _rate_limits(
+    pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]
+) -> RateLimitSpec | None:
+    """The pool's per-tenant limits from its annotations (None: no limits); bad values are warned
+    about and ignored, so a typo never takes the pool down."""
+    limits: dict[str, int] = {}
+    for key, name in ((RPM_ANNOTATION, "requests_per_minute"), (TPM_ANNOTATION, "tokens_per_minute")):
+        text = annotations.get(key)
+        if text is None:
+            continue
+        try:
+            value = int(text)
+            if value < 1:
+                raise ValueError(text)
+        except ValueError:
+            warnings.append(f"InferencePool {pool.id}: {key} {text!r} is not a positive integer; ignored")
+            continue
+        limits[name] = value
+    if not limits:
+        return None
+    header = annotations.get(FAIRNESS_HEADER_ANNOTATION, "").strip().lower()
+    return RateLimitSpec(**limits, **({"header": header} if header else {}))  # type: ignore[arg-type]
 
 
 def pool_specs(

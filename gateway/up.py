@@ -43,6 +43,7 @@ from gateway.resources import FileProvider, ResourceSet
 from gateway.resources.core import Pod
 from gateway.resources.inference import InferencePool
 from gateway.resources.validate import ValidationOptions
+from gateway.shared_state.link import RedisSettings
 from gateway.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from policies.errors import ConfigError
 
@@ -143,6 +144,7 @@ class UpOptions:
     sim_time_scale: float = 1.0
     sim_model: str | None = None
     envoy_log_level: str = "warning"
+    redis_url: str | None = None
     scrape_interval: float = 0.05
     stale_after: float = 0.2
     quiet_ms: int = 100
@@ -267,6 +269,7 @@ class KvgateUp:
                 admin_port=options.admin_port,
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
+                redis=RedisSettings(url=options.redis_url) if options.redis_url else None,
             )
         )
         self.picker = picker
@@ -379,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-time-scale", type=float, default=1.0,
                         help="simulator real seconds per simulated second (0.1: ten times faster)")
     parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
+    parser.add_argument(
+        "--redis", default=None, metavar="URL",
+        help="share the picker's state and tenant limits with other kvgate replicas "
+        "(e.g. redis://127.0.0.1:6379/0); default: in process",
+    )
     parser.add_argument("--envoy-log-level", default="warning")
     parser.add_argument("--log-level", default="WARNING")
     return parser
@@ -403,6 +411,7 @@ def main(argv: Sequence[str]) -> int:
         sim_time_scale=args.sim_time_scale,
         sim_model=args.sim_model,
         envoy_log_level=args.envoy_log_level,
+        redis_url=args.redis,
     )
     try:
         return asyncio.run(serve(options))

@@ -111,6 +111,24 @@ def test_unknown_engine_annotation_falls_back_with_a_warning() -> None:
     assert "tgi" in warnings[0]
 
 
+def test_rate_limit_annotations_become_tenant_limits_and_bad_values_are_warned_about() -> None:
+    limited = POOL.replace(
+        "annotations: {{", "annotations: {{kvgate.io/requests-per-minute: '60', "
+        "kvgate.io/tokens-per-minute: 'lots', kvgate.io/fairness-header: X-Team, "
+    ).format(profile="default", engine="vllm")
+    resources = parse_manifests([("x.yaml", limited + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert spec.rate_limits is not None
+    assert (spec.rate_limits.requests_per_minute, spec.rate_limits.tokens_per_minute) == (60, None)
+    assert spec.rate_limits.header == "x-team"
+    [warning] = warnings
+    assert "kvgate.io/tokens-per-minute" in warning
+    plain = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm") + "---" + REST)])
+    [spec], _ = pool_specs(plain, validate(plain, ValidationOptions(require_picker_service=False)), SETTINGS)
+    assert spec.rate_limits is None
+
+
 async def test_weighted_rewrite_draws_in_proportion() -> None:
     resources = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm") + "---" + REST)])
     config = validate(resources, ValidationOptions(require_picker_service=False))
