@@ -60,6 +60,12 @@ from policies.memo import ViewRecords
 from policies.plugins.params import Params, parse_params
 from policies.types import EndpointMetrics, EndpointView
 
+MAX_KNOWN_ADAPTERS = 4096
+"""Adapter names remembered (oldest forgotten first): a model is priced as a LoRA adapter once any
+scrape showed it active or waiting, even when no replica runs it at the moment. (Judged from the
+current scrape alone, a rarely used adapter looked like a base model whenever none of its requests
+was running, and was sent to replicas with every slot busy: the lora-mix p99 of 350-450 ms.)"""
+
 
 class EstimatedTtftParams(Params):
     step_s: Annotated[float, Field(ge=0.0)] = 0.0057527
@@ -94,6 +100,7 @@ class EstimatedTtftScorer:
     def __init__(self, params: EstimatedTtftParams | None = None) -> None:
         self.params = params or EstimatedTtftParams()
         self._records: ViewRecords[_Record] = ViewRecords(self._record)
+        self._known_adapters: dict[str, None] = {}  # insertion-ordered, bounded: MAX_KNOWN_ADAPTERS
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> EstimatedTtftScorer:
@@ -109,8 +116,18 @@ class EstimatedTtftScorer:
             waiting, running, kv = m.waiting, m.running, m.kv_cache_usage
         kv_s = p.kv_penalty_s / (1.0 - p.kv_knee) * (kv - p.kv_knee) if kv > p.kv_knee else 0.0
         lora = m if m is not None and (m.max_loras or m.active_loras) else None
+        if m is not None and (m.active_loras or m.waiting_loras):
+            self._learn_adapters(m.active_loras | m.waiting_loras)
         step = p.step_s + p.decode_s_per_token * running
         return (view.endpoint.address, waiting, running, step, kv_s, lora)
+
+    def _learn_adapters(self, names: frozenset[str]) -> None:
+        known = self._known_adapters
+        for name in names:
+            if name not in known:
+                known[name] = None
+                if len(known) > MAX_KNOWN_ADAPTERS:
+                    del known[next(iter(known))]
 
     def estimates(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
         """Estimated TTFT in seconds per endpoint, in order (one pass; the hot path of ``default``)."""
@@ -122,10 +139,8 @@ class EstimatedTtftScorer:
             address: max(0, prompt_tokens - blocks * tokens_per_block) for address, blocks in matches.items()
         }.get
         adapter = ctx.request.target_model
-        is_adapter: bool | None = None  # computed on first need: only LoRA-serving endpoints ask
         own_inflight = ctx.state.inflight_by_endpoint().get
         own_models = ctx.own_models.get
-        known_adapters: frozenset[str] | None = None  # computed on first need, like is_adapter
         prefill_s, max_batched, queue_wait_s = p.prefill_s_per_token, p.max_batched_tokens, p.queue_wait_s
         miss_s = p.miss_penalty_factor * prefill_s
         if miss_s and matches:  # the least prefill any endpoint offers (a miss elsewhere costs more)
@@ -135,7 +150,10 @@ class EstimatedTtftScorer:
             best_uncached = prompt_tokens
         out: list[float] = []
         append = out.append
-        for address, waiting, running, step, kv_s, lora in self._records.get(endpoints):
+        records = self._records.get(endpoints)  # (learns the adapters these views show)
+        known_adapters = self._known_adapters
+        is_adapter = adapter in known_adapters
+        for address, waiting, running, step, kv_s, lora in records:
             uncached = uncached_on(address, prompt_tokens)
             own = own_inflight(address)
             if own is None:
@@ -152,13 +170,9 @@ class EstimatedTtftScorer:
                 ttft += kv_s
             if miss_s and uncached > best_uncached:
                 ttft += miss_s * (uncached - best_uncached)
-            if lora is not None and adapter not in lora.active_loras:
-                if is_adapter is None:
-                    is_adapter = _is_adapter(adapter, endpoints)
+            if is_adapter and lora is not None and adapter not in lora.active_loras:
                 mine = own_models(address)
-                if is_adapter and not (mine and adapter in mine):  # ours in flight there: resident
-                    if mine and known_adapters is None:
-                        known_adapters = _known_adapters(endpoints)
+                if not (mine and adapter in mine):  # ours in flight there: resident
                     ttft += _lora_cost(p, lora, adapter, _new_slots(lora, mine, known_adapters))
             append(ttft)
         return out
@@ -188,29 +202,9 @@ def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str, taken: 
     return p.lora_no_slot_s
 
 
-def _is_adapter(name: str, endpoints: Sequence[EndpointView]) -> bool:
-    """A name some candidate reports as an active or waiting LoRA adapter."""
-    for e in endpoints:
-        m = e.metrics
-        if m is not None and (name in m.active_loras or name in m.waiting_loras):
-            return True
-    return False
-
-
-def _known_adapters(endpoints: Sequence[EndpointView]) -> frozenset[str]:
-    """Every adapter some candidate reports active or waiting (tells adapters from base models)."""
-    names: set[str] = set()
-    for e in endpoints:
-        m = e.metrics
-        if m is not None:
-            names |= m.active_loras
-            names |= m.waiting_loras
-    return frozenset(names)
-
-
-def _new_slots(m: EndpointMetrics, mine: Mapping[str, int] | None, known: frozenset[str] | None) -> int:
+def _new_slots(m: EndpointMetrics, mine: Mapping[str, int] | None, known: Mapping[str, None]) -> int:
     """Adapters this picker has in flight on the endpoint that its scrape does not show yet."""
-    if not mine or known is None:
+    if not mine:
         return 0
     shown = m.active_loras | m.waiting_loras
     return sum(1 for name in mine if name in known and name not in shown)

@@ -25,8 +25,16 @@ Views = list[EndpointView]
 class Reference:
     """Schedules like ``scheduler`` would, given a copy of its random generator's state."""
 
-    def __init__(self, scheduler: ProfileScheduler, request: InferenceRequest, now: float) -> None:
+    def __init__(
+        self,
+        scheduler: ProfileScheduler,
+        request: InferenceRequest,
+        now: float,
+        known_adapters: set[str] | None = None,
+    ) -> None:
         self.s = scheduler
+        self.known_adapters = known_adapters if known_adapters is not None else set()
+        """Adapters the estimated-TTFT scorer has seen in any scored view (kept across requests)."""
         self.profile: SchedulingProfile = scheduler.profile
         self.request = request
         self.now = now
@@ -130,6 +138,9 @@ class Reference:
             sticky = state.session_get(self.session) if self.session else None
             return {sticky: 1.0} if sticky else {}
         if plugin_type == "estimated-ttft-scorer":
+            for e in endpoints:
+                if e.metrics is not None:
+                    self.known_adapters |= e.metrics.active_loras | e.metrics.waiting_loras
             estimates = [self.ttft(plugin.params, e, endpoints) for e in endpoints]  # type: ignore[attr-defined]
             best = min(estimates)
             if best <= 0.0:
@@ -170,17 +181,11 @@ class Reference:
             best = max(0, prompt_tokens - max(self.matches.values()) * self.tokens_per_block)
             ttft += p.miss_penalty_factor * p.prefill_s_per_token * max(0, uncached - best)
         adapter = self.request.target_model
-        known = any(
-            x.metrics is not None
-            and (adapter in x.metrics.active_loras or adapter in x.metrics.waiting_loras)
-            for x in endpoints
-        )
+        known = adapter in self.known_adapters
         mine = self.s.inflight_models.get(e.address, {})
         if (m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras and known
                 and adapter not in mine):
-            adapters = set().union(*(x.metrics.active_loras | x.metrics.waiting_loras
-                                     for x in endpoints if x.metrics is not None))
-            taken = len({n for n in mine if n in adapters} - m.active_loras - m.waiting_loras)
+            taken = len({n for n in mine if n in self.known_adapters} - m.active_loras - m.waiting_loras)
             if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) + taken < m.max_loras:
                 ttft += p.lora_load_s
             elif adapter in m.waiting_loras:

@@ -127,12 +127,13 @@ def check(scheduler: ProfileScheduler, seed: int, steps: int) -> int:
     systems = [text(seed * 10 + g, 64 * rng.randint(3, 40)) for g in range(4)]
     views: Sequence[EndpointView] = tuple(random_view(rng, i, now) for i in range(rng.choice((3, 8, 30))))
     in_flight: list[tuple[InferenceRequest, Endpoint]] = []
+    known_adapters: set[str] = set()  # the estimated-TTFT scorer's memory of adapter names
     scheduled = 0
     for n in range(steps):
         now += rng.choice((0.0, 0.0, 0.01, 0.1))
         views = evolve(rng, views, now)
         request = random_request(rng, n, systems, views)
-        reference = Reference(scheduler, request, now)
+        reference = Reference(scheduler, request, now, known_adapters)
         try:
             expected = reference.schedule(views)
         except (NoEligibleEndpointError, RequestShedError) as exc:

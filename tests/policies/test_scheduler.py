@@ -256,3 +256,20 @@ def test_a_spilled_adapter_burst_stays_on_the_replica_already_loading_it() -> No
     for i in range(12):  # finished requests leave nothing behind
         s.on_finished(request(f"r{i}", model="x"), eps[0].endpoint, ok=True, now=NOW)
     assert dict(s.inflight_models) == {}
+
+
+def test_an_adapter_stays_known_when_none_of_its_requests_runs() -> None:
+    """A rarely used adapter with nothing running anywhere is still an adapter: it goes to a
+    replica with a free slot, not to a lighter one whose slots are all taken by other adapters."""
+    s = scheduler()
+    full = frozenset({"a", "b", "c"})
+    seen = [view(1, active=frozenset({"x"}), max_loras=3), view(2, active=full, max_loras=3)]
+    run(s, request("warm", text(1, 400), model="x"), seen)  # a scrape once showed x on replica 1
+    now = [
+        view(1, active=frozenset({"y"}), max_loras=3, running=60),  # a free slot, busier
+        view(2, active=full, max_loras=3),  # lighter, but every slot taken
+    ]
+    for i in range(5):
+        assert run(s, request(f"r{i}", text(i + 10, 400), model="x"), now) == "10.0.0.1:8000"
+    # a base model (never seen as an adapter) just takes the lighter replica
+    assert run(s, request("base", text(99, 400), model="base"), now) == "10.0.0.2:8000"
