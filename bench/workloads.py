@@ -14,7 +14,8 @@ Workloads (``WORKLOADS``):
 - ``shared-prefix-exceed``: 256 zipf(1.0)-popular groups (32,768 prefix blocks) on the same fleet
   (19,200 blocks): the working set exceeds the fleet's caches; the hottest group gets ~16 % of the
   traffic, more than one replica's share, so hot groups need several replicas.
-- ``multi-turn``: sessions (Poisson starts) of up to 6 chat turns 4 simulated seconds apart; each turn
+- ``multi-turn``: sessions (Poisson starts) of up to 6 chat turns 4 simulated seconds apart (closer
+  when the arrival window is shorter than a session: ``_plan_chat``); each turn
   re-sends the whole history (shared 512-token system prompt + 96-token user turns + the assistant
   replies as the simulator writes them).
 - ``lora-mix``: 15 adapters in three popularity groups of 5 (60 / 30 / 10 % of the traffic),
@@ -189,8 +190,13 @@ def plan(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) -> list[
 
 
 def _plan_chat(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) -> list[PlannedRequest]:
-    """Sessions start at ``rate / turns`` per second so the request rate is about ``rate``."""
+    """Sessions start at ``rate / turns`` per second so the request rate is about ``rate``.
+
+    Turns are ``turn_gap_s`` apart, or closer when the arrival window is shorter than a whole
+    session (``duration_s / turns``): a 1-second quick window would otherwise hold first turns only.
+    """
     rng = random.Random(seed)
+    gap = min(spec.turn_gap_s, duration_s / spec.turns)
     systems = [text_of(random.Random(seed + 1 + g), spec.prefix_tokens) for g in range(spec.groups)]
     reply = "".join(output_text(i) for i in range(spec.output_tokens))
     raw: list[tuple[float, bytes, int]] = []
@@ -198,7 +204,7 @@ def _plan_chat(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) ->
         messages: list[dict[str, str]] = [{"role": "system", "content": systems[rng.randrange(spec.groups)]}]
         chars = len(messages[0]["content"])
         for turn in range(spec.turns):
-            at = start + turn * spec.turn_gap_s
+            at = start + turn * gap
             user = text_of(rng, spec.question_tokens)
             messages.append({"role": "user", "content": user})
             chars += len(user)
