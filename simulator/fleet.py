@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from simulator.driver import LagMonitor
+from simulator.encode_memo import EncodeMemo
 from simulator.server import Replica, ReplicaConfig
 
 READY_PREFIX = "kvgate-sim ready"
@@ -103,6 +104,7 @@ class Fleet:
     replicas: list[Replica] = field(default_factory=list)
     listeners: list[ReplicaListener] = field(default_factory=list)
     lag: LagMonitor | None = None
+    encode_memo: EncodeMemo = field(default_factory=EncodeMemo)  # shared: one CPU plays every replica
     admin_url: str | None = None
     _admin_runner: web.AppRunner | None = None
 
@@ -114,7 +116,7 @@ class Fleet:
         self.lag.start()
         try:
             for replica_config in self.config.replicas:
-                replica = Replica(replica_config, self.lag)
+                replica = Replica(replica_config, self.lag, self.encode_memo)
                 self.replicas.append(replica)
                 host, port = self.config.address_of(replica_config.index)
                 if self.config.hosts_from is not None and port == 0 and self.listeners:

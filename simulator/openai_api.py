@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simulator import tokenizer
+from simulator.encode_memo import Encode, encode_direct
 
 DEFAULT_COMPLETION_TOKENS = 16
 DEFAULT_CHAT_TOKENS = 128
@@ -95,7 +96,7 @@ def check_model(model: str, served: Sequence[str]) -> None:
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
-def completion_prompts(body: Mapping[str, Any]) -> list[tuple[int, ...]]:
+def completion_prompts(body: Mapping[str, Any], encode: Encode = encode_direct) -> list[tuple[int, ...]]:
     """The token ids of each prompt of a completions body (text, token ids, or a list of either)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -109,7 +110,7 @@ def completion_prompts(body: Mapping[str, Any]) -> list[tuple[int, ...]]:
     prompts: list[tuple[int, ...]] = []
     for item in items:
         if isinstance(item, str):
-            tokens = tuple(tokenizer.encode(item))
+            tokens = encode(item)
         elif isinstance(item, list) and all(_is_token_id(t) for t in item):
             tokens = tuple(item)
         else:
@@ -120,30 +121,31 @@ def completion_prompts(body: Mapping[str, Any]) -> list[tuple[int, ...]]:
     return prompts
 
 
-def chat_prompt(body: Mapping[str, Any]) -> tuple[int, ...]:
+def chat_prompt(body: Mapping[str, Any], encode: Encode = encode_direct) -> tuple[int, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, "each message must be an object with a 'role'", "messages")
-    return tuple(tokenizer.encode(tokenizer.render_chat(messages)))
+    return encode(tokenizer.render_chat(messages))
 
 
 def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str) -> InferenceRequest:
+def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
+                    encode: Encode = encode_direct) -> InferenceRequest:
     model = requested_model(body, base_model)
     if kind == "completion":
-        prompts = completion_prompts(body)
+        prompts = completion_prompts(body, encode)
         if len(prompts) != 1:
             raise ApiError(400, "the simulator serves one prompt per completion request", "prompt")
         prompt_tokens = prompts[0]
         max_tokens = _max_tokens(body, ("max_tokens",), DEFAULT_COMPLETION_TOKENS)
     else:
-        prompt_tokens = chat_prompt(body)
+        prompt_tokens = chat_prompt(body, encode)
         max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), DEFAULT_CHAT_TOKENS)
     n = body.get("n", 1)
     if n not in (None, 1):
@@ -337,14 +339,23 @@ def render_item(kind: ApiKind, model: str, token_ids: Sequence[int], body: Mappi
     }
 
 
-def tokenize_tokens(body: Mapping[str, Any]) -> tuple[int, ...]:
+def render_json(kind: ApiKind, model: str, token_ids_json: str, body: Mapping[str, Any]) -> str:
+    """``json.dumps(render_item(...))`` with the token ids already serialised (a long prompt's list
+    is the costly part: :class:`simulator.encode_memo.EncodeMemo` keeps it for the fleet)."""
+    item = render_item(kind, model, (), body)
+    item["token_ids"] = None
+    head, sep, tail = json.dumps(item).partition('"token_ids": null')  # the first key after request_id
+    return head + '"token_ids": ' + token_ids_json + tail if sep else head
+
+
+def tokenize_tokens(body: Mapping[str, Any], encode: Encode = encode_direct) -> tuple[int, ...]:
     """``POST /tokenize`` takes ``prompt`` (text) or chat ``messages``."""
     if "messages" in body:
-        return chat_prompt(body)
+        return chat_prompt(body, encode)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise ApiError(400, "'prompt' must be a string (or send 'messages')", "prompt")
-    return tuple(tokenizer.encode(prompt))
+    return encode(prompt)
 
 
 def detokenize_text(body: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from simulator import openai_api as api
 from simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
+from simulator.encode_memo import EncodeMemo
 from simulator.engine import Engine, EngineConfig, Finished, SimRequest
 from simulator.faults import ErrorInjector, Faults
 from simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
@@ -56,6 +57,10 @@ def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
 
 
+def _json_text_response(text: str) -> web.Response:
+    return web.Response(body=text.encode(), content_type="application/json")
+
+
 def _error(err: api.ApiError) -> web.Response:
     return json_response(err.body(), err.status)
 
@@ -63,8 +68,10 @@ def _error(err: api.ApiError) -> web.Response:
 class Replica:
     """A simulated vLLM server. Construct inside a running event loop."""
 
-    def __init__(self, config: ReplicaConfig, lag_monitor: LagMonitor | None = None) -> None:
+    def __init__(self, config: ReplicaConfig, lag_monitor: LagMonitor | None = None,
+                 encode_memo: EncodeMemo | None = None) -> None:
         self.config = config
+        self._memo = encode_memo if encode_memo is not None else EncodeMemo()
         self.base_model = config.engine.model
         self.faults = config.faults
         self.counters = ReplicaCounters()
@@ -172,7 +179,7 @@ class Replica:
             return _error(api.ApiError(503, "the replica is stopping"))
         try:
             body = api.decode_json_object(await request.read())
-            parsed = api.parse_inference(kind, body, self.base_model)
+            parsed = api.parse_inference(kind, body, self.base_model, self._memo)
             api.check_model(parsed.model, self.served_models())
         except api.ApiError as err:
             self.counters.requests_rejected += 1
@@ -293,7 +300,7 @@ class Replica:
     async def _tokenize(self, request: web.Request) -> web.Response:
         try:
             body, _ = await self._checked_body(request)
-            tokens = api.tokenize_tokens(body)
+            tokens = api.tokenize_tokens(body, self._memo)
         except api.ApiError as err:
             return _error(err)
         return json_response({"count": len(tokens), "max_model_len": api.MAX_MODEL_LEN,
@@ -309,15 +316,17 @@ class Replica:
     async def _render_completions(self, request: web.Request) -> web.Response:
         try:
             body, model = await self._checked_body(request)
-            prompts = api.completion_prompts(body)
-            return json_response([api.render_item("completion", model, tokens, body) for tokens in prompts])
+            prompts = api.completion_prompts(body, self._memo)
+            items = [api.render_json("completion", model, self._memo.tokens_json(t), body) for t in prompts]
+            return _json_text_response("[" + ", ".join(items) + "]")
         except api.ApiError as err:
             return _error(err)
 
     async def _render_chat(self, request: web.Request) -> web.Response:
         try:
             body, model = await self._checked_body(request)
-            return json_response(api.render_item("chat", model, api.chat_prompt(body), body))
+            tokens = api.chat_prompt(body, self._memo)
+            return _json_text_response(api.render_json("chat", model, self._memo.tokens_json(tokens), body))
         except api.ApiError as err:
             return _error(err)
 
@@ -335,9 +344,9 @@ class Replica:
         try:
             body, model = await self._checked_body(request)
             if "messages" in body:
-                tokens = api.chat_prompt(body)
+                tokens = api.chat_prompt(body, self._memo)
             else:
-                prompts = api.completion_prompts(body)
+                prompts = api.completion_prompts(body, self._memo)
                 tokens = prompts[0]
         except api.ApiError as err:
             return _error(err)

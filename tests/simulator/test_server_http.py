@@ -238,3 +238,17 @@ async def test_client_disconnect_aborts_the_request(make_fleet: FleetFactory) ->
     assert replica.engine.metrics().running == 0
     assert replica.counters.requests_aborted == 1
     assert replica.driver.in_flight == 0
+
+
+async def test_long_prompt_renders_alike_on_every_replica_through_the_shared_memo(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await make_fleet(replicas=2)
+    prompt = "0123456789abcdef" * 2048  # 32 KB: long enough to be memoised
+    answers = [await post(http, url + "/v1/completions/render", {"model": MODEL, "prompt": prompt})
+               for url in fleet.urls]
+    _, tokens = await post(http, fleet.urls[0] + "/tokenize", {"model": MODEL, "prompt": prompt})
+    assert [status for status, _ in answers] == [200, 200]
+    assert answers[0][1][0]["token_ids"] == answers[1][1][0]["token_ids"] == tokens["tokens"]
+    assert answers[0][1][0]["request_id"] != answers[1][1][0]["request_id"]
+    assert fleet.encode_memo.hits >= 2
