@@ -273,3 +273,16 @@ def test_an_adapter_stays_known_when_none_of_its_requests_runs() -> None:
         assert run(s, request(f"r{i}", text(i + 10, 400), model="x"), now) == "10.0.0.1:8000"
     # a base model (never seen as an adapter) just takes the lighter replica
     assert run(s, request("base", text(99, 400), model="base"), now) == "10.0.0.2:8000"
+
+
+def test_a_long_document_stays_on_the_replica_that_read_it_while_its_queue_is_short() -> None:
+    # a 20k-token document (80,000 chars): its replica saves ~345 ms of prefill, which two queued
+    # requests there do not outweigh. With an index reach of 128 blocks (~8k tokens) the saving looked
+    # like 8k tokens and the document went elsewhere to be read again (long-prompts p90 2.6 s).
+    s = scheduler()
+    document = text(11, 80_000)
+    eps = [view(i) for i in range(1, 5)]
+    owner = run(s, request("read", document + "first question"), eps)
+    idx = int(owner.split(".")[3].split(":")[0])
+    queued = [view(i, waiting=2, running=8) if i == idx else view(i, running=8) for i in range(1, 5)]
+    assert all(run(s, request(f"q{i}", document + text(i, 250)), queued) == owner for i in range(10))
