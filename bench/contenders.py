@@ -10,7 +10,8 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
   config (``gateway.envoy_config.static_bootstrap``); ``profile`` is a shipped name or a YAML path.
 - ``vllm-router-cache_aware`` / ``vllm-router-round_robin``: PyPI ``vllm-router`` (Rust).
 - ``sglang-router-cache_aware``: PyPI ``sglang-router`` (``sglang-router launch``, Rust).
-- ``oracle``: :mod:`bench.oracle_router`.
+- ``oracle``: :mod:`bench.oracle_router` (greedy least estimated TTFT); ``oracle-spill``: the same
+  with the cost of leaving the best-cached replica (``--miss-penalty-factor 1``).
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class Contender:
             self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
         elif self.kind == "oracle":
             proc = self._spawn(workdir, [sys.executable, "-m", "bench.oracle_router", "--port", str(port),
-                                         "--max-loras", str(self.max_loras), "--replicas", *replicas])
+                                         "--max-loras", str(self.max_loras), "--miss-penalty-factor",
+                                         self.option or "0", "--replicas", *replicas])
             await proc.wait_for_log(r"^kvgate-oracle ready")
         else:
             raise ValueError(f"unknown contender kind {self.kind!r}")
@@ -225,6 +227,8 @@ def make_contender(name: str) -> Contender:
         return Contender(name, "envoy", "LEAST_REQUEST")
     if name == "oracle":
         return Contender(name, "oracle")
+    if name == "oracle-spill":
+        return Contender(name, "oracle", "1.0")
     for prefix, kind in (("kvgate-", "kvgate"), ("vllm-router-", "vllm-router"),
                          ("sglang-router-", "sglang-router")):
         if name.startswith(prefix):

@@ -12,6 +12,13 @@ used: it counts queued prompts before their cache hits, which makes a hot prefix
 busy and scatters the prefix (one early trial, itself lag-invalid, gave a worse p90 than kvgate). Limits: no
 KV-pressure or preemption term, LoRA residency inferred from its own traffic, peek round trips.
 
+``oracle`` is greedy: each request takes its own least TTFT, whatever a spill costs later. With
+``--miss-penalty-factor F`` (the ``oracle-spill`` contender, F = 1) leaving the best-cached replica
+also pays ``F ×`` the prefill it gives up there, as kvgate's ``default`` does with estimated caches:
+on long documents the greedy oracle spreads each document over the fleet and re-reads it everywhere
+(bench/results/long-prompts.md), so it is no upper bound there; the spill-aware one is the same
+cost model as kvgate's with the true cache contents.
+
 Why a standalone router and not a kvgate profile: ``policies/`` plugins must not do IO and scoring
 is synchronous, so a peek-based scorer would need an asynchronous peek cache in the picker process;
 a standalone router gets fresh peeks per request at the cost of one extra Python hop (comparable to
@@ -81,8 +88,10 @@ def estimate_ttft(
 
 
 class OracleRouter:
-    def __init__(self, replicas: Sequence[str], seed: int = 0, max_loras: int = 4) -> None:
+    def __init__(self, replicas: Sequence[str], seed: int = 0, max_loras: int = 4,
+                 miss_penalty_factor: float = 0.0) -> None:
         self.replicas = list(replicas)
+        self.miss_penalty_s = miss_penalty_factor * PREFILL_S_PER_TOKEN
         self.views = [_ReplicaView() for _ in self.replicas]
         self.rng = random.Random(seed)
         self.max_loras = max_loras
@@ -132,6 +141,11 @@ class OracleRouter:
             missing = int(peek["prompt_tokens"]) - int(peek["cached_tokens"])
             uncached.append(missing)
             estimates.append(estimate_ttft(view, missing, int(peek["running"]), adapter, self.max_loras))
+        if self.miss_penalty_s:
+            reachable = [u for u, t in zip(uncached, estimates, strict=True) if t != float("inf")]
+            least = min(reachable, default=0)
+            penalty = self.miss_penalty_s
+            estimates = [t + penalty * (u - least) for t, u in zip(estimates, uncached, strict=True)]
         best = min(estimates)
         ties = [i for i, t in enumerate(estimates) if t <= best * 1.0001 + 1e-9]
         index = self.rng.choice(ties)
@@ -172,8 +186,10 @@ class OracleRouter:
                                   "slowdown": [v.slowdown for v in self.views]})
 
 
-async def _serve(port: int, replicas: Sequence[str], seed: int, max_loras: int) -> None:
-    router = OracleRouter(replicas, seed, max_loras)
+async def _serve(
+    port: int, replicas: Sequence[str], seed: int, max_loras: int, miss_penalty_factor: float
+) -> None:
+    router = OracleRouter(replicas, seed, max_loras, miss_penalty_factor)
     await router.start()
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.router.add_post("/v1/completions", router.handle)
@@ -203,8 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replicas", nargs="+", required=True, help="replica base URLs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-loras", type=int, default=4, help="the fleet's adapter slots per replica")
+    parser.add_argument("--miss-penalty-factor", type=float, default=0.0,
+                        help="leaving the best-cached replica also pays F x the prefill lost (0: greedy)")
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.port, args.replicas, args.seed, args.max_loras))
+    asyncio.run(_serve(args.port, args.replicas, args.seed, args.max_loras, args.miss_penalty_factor))
     return 0
 
 
