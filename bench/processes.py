@@ -17,6 +17,8 @@ from pathlib import Path
 
 import aiohttp
 
+from gateway.child_process import dies_with_parent
+
 
 class ProcessError(RuntimeError):
     pass
@@ -36,7 +38,8 @@ class ManagedProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
+            # children die with the benchmark, even when it is killed (setpriv --pdeathsig)
+            self._proc = subprocess.Popen(dies_with_parent(self.cmd), stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL)
 
     def log_text(self) -> str:
