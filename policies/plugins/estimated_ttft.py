@@ -13,8 +13,8 @@ Why not "prefix score + load score" (GIE) or "prefix unless imbalanced" (cache-a
 Here both sides are seconds, per endpoint ``e``::
 
     uncached(e) = prompt_tokens − matched_blocks(e) · tokens_per_block      (this request's prefill)
-    unknown(e)  = max(0, waiting(e) − (own_requests(e) − running(e)))     (scraped waiting that our
-                                                own not-yet-running requests do not explain: others')
+    unknown(e)  = max(0, waiting(e) − max(0, own_requests(e) − running(e)))   (scraped waiting that
+                                                our own not-yet-running requests do not explain: others')
     pending(e)  = own_prefill_tokens(e) + unknown(e) · uncached(e)          (work ahead of us)
     step(e)     = step_s + decode_s_per_token · running(e)                  (decode batch slows steps)
     work        = pending(e) + uncached(e)
@@ -160,7 +160,10 @@ class EstimatedTtftScorer:
                 unknown = waiting
                 work: float = waiting * uncached + uncached
             else:
-                unseen = own.requests - running  # ours not yet running at the scrape, or picked since
+                # ours not yet running at the scrape, or picked since (never negative: when fewer of
+                # ours are in flight than the scrape shows running, ours finished since or others'
+                # run there, and neither is a queue)
+                unseen = own.requests - running if own.requests > running else 0
                 unknown = waiting - unseen if waiting > unseen else 0
                 work = own.tokens + unknown * uncached + uncached
             ttft = step * (1.0 + -(-work // max_batched)) + prefill_s * work

@@ -170,7 +170,7 @@ class Reference:
         m = e.metrics
         waiting, running, kv = (m.waiting, m.running, m.kv_cache_usage) if m else (0, 0, 0.0)
         own = self.s.state.inflight(e.address)
-        unknown = waiting if own.requests == 0 else max(0, waiting - (own.requests - running))
+        unknown = waiting if own.requests == 0 else max(0, waiting - max(0, own.requests - running))
         work: float = own.tokens + unknown * uncached + uncached
         batches = -(-work // p.max_batched_tokens)
         ttft = (p.step_s + p.decode_s_per_token * running) * (1.0 + batches) + p.prefill_s_per_token * work

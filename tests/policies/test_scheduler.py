@@ -286,3 +286,19 @@ def test_a_long_document_stays_on_the_replica_that_read_it_while_its_queue_is_sh
     idx = int(owner.split(".")[3].split(":")[0])
     queued = [view(i, waiting=2, running=8) if i == idx else view(i, running=8) for i in range(1, 5)]
     assert all(run(s, request(f"q{i}", document + text(i, 250)), queued) == owner for i in range(10))
+
+
+def test_requests_running_at_the_scrape_are_not_a_queue_when_fewer_of_ours_are_in_flight() -> None:
+    # The scrape shows 10 running; since then most of ours finished and one is still decoding. The
+    # 9 running requests that are not ours in flight (finished since, or another picker's) are no
+    # queue: a chat's next turn stays where its history is cached. (They were counted as waiting,
+    # ~20 ms + a prefill each, and pushed 36 % of multi-turn follow-ups off their replica.)
+    s = scheduler()
+    eps = [view(i, running=10) for i in range(1, 5)]
+    history = text(21, 3000)
+    owner = run(s, request("turn0", history), eps)
+    decoding = request("other", text(22, 1200))
+    s.on_picked(decoding, next(e.endpoint for e in eps if e.endpoint.address == owner), NOW)
+    s.on_first_token(decoding, next(e.endpoint for e in eps if e.endpoint.address == owner), NOW)
+    assert all(run(s, request(f"t{i}", history + text(30 + i, 400)), eps, finish=False) == owner
+               for i in range(3))
