@@ -154,7 +154,7 @@ def _rate_limits(
     if not limits:
         return None
     header = annotations.get(FAIRNESS_HEADER_ANNOTATION, "").strip().lower()
-    return RateLimitSpec(**limits, **({"header": header} if header else {}))  # type: ignore[arg-type]
+    return RateLimitSpec.model_validate({**limits, **({"header": header} if header else {})})
 
 
 def pool_specs(

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-EMPTY: Mapping[str, Mapping[str, int]] = MappingProxyType({})
-
 
 class InflightModels:
     def __init__(self) -> None:
@@ -55,6 +53,3 @@ class InflightModels:
     def by_endpoint(self) -> Mapping[str, Mapping[str, int]]:
         """Address → {model: requests in flight}; a live read-only view (absent = none)."""
         return MappingProxyType(self._by_endpoint)
-
-    def __len__(self) -> int:
-        return len(self._requests)

@@ -82,9 +82,10 @@ class EstimatedTtftParams(Params):
     """Extra cost of leaving the best-cached replica, per prefill second lost (see the docstring)."""
 
 
-_Record = tuple[str, int, int, float, float, EndpointMetrics | None]
+_Record = tuple[str, int, int, float, float, EndpointMetrics | None, frozenset[str]]
 """Per endpoint, from its view alone: address, waiting, running, step seconds, near-full-KV penalty seconds,
-and the metrics when the endpoint serves LoRA adapters (else None)."""
+the metrics when the endpoint serves LoRA adapters (else None) and the adapters its scrape shows
+(active or waiting)."""
 
 
 class EstimatedTtftScorer:
@@ -116,10 +117,11 @@ class EstimatedTtftScorer:
             waiting, running, kv = m.waiting, m.running, m.kv_cache_usage
         kv_s = p.kv_penalty_s / (1.0 - p.kv_knee) * (kv - p.kv_knee) if kv > p.kv_knee else 0.0
         lora = m if m is not None and (m.max_loras or m.active_loras) else None
-        if m is not None and (m.active_loras or m.waiting_loras):
-            self._learn_adapters(m.active_loras | m.waiting_loras)
+        shown = m.active_loras | m.waiting_loras if m is not None else frozenset()
+        if shown:
+            self._learn_adapters(shown)
         step = p.step_s + p.decode_s_per_token * running
-        return (view.endpoint.address, waiting, running, step, kv_s, lora)
+        return (view.endpoint.address, waiting, running, step, kv_s, lora, shown)
 
     def _learn_adapters(self, names: frozenset[str]) -> None:
         known = self._known_adapters
@@ -153,7 +155,7 @@ class EstimatedTtftScorer:
         records = self._records.get(endpoints)  # (learns the adapters these views show)
         known_adapters = self._known_adapters
         is_adapter = adapter in known_adapters
-        for address, waiting, running, step, kv_s, lora in records:
+        for address, waiting, running, step, kv_s, lora, shown in records:
             uncached = uncached_on(address, prompt_tokens)
             own = own_inflight(address)
             if own is None:
@@ -176,7 +178,7 @@ class EstimatedTtftScorer:
             if is_adapter and lora is not None and adapter not in lora.active_loras:
                 mine = own_models(address)
                 if not (mine and adapter in mine):  # ours in flight there: resident
-                    ttft += _lora_cost(p, lora, adapter, _new_slots(lora, mine, known_adapters))
+                    ttft += _lora_cost(p, lora, adapter, _new_slots(shown, mine, known_adapters))
             append(ttft)
         return out
 
@@ -205,9 +207,8 @@ def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str, taken: 
     return p.lora_no_slot_s
 
 
-def _new_slots(m: EndpointMetrics, mine: Mapping[str, int] | None, known: Mapping[str, None]) -> int:
+def _new_slots(shown: frozenset[str], mine: Mapping[str, int] | None, known: Mapping[str, None]) -> int:
     """Adapters this picker has in flight on the endpoint that its scrape does not show yet."""
     if not mine:
         return 0
-    shown = m.active_loras | m.waiting_loras
     return sum(1 for name in mine if name in known and name not in shown)

@@ -40,6 +40,11 @@ def view(
     return EndpointView(Endpoint(f"10.0.0.{i}:8000", "pool"), metrics if scraped else None, healthy)
 
 
+def index_of(address: str) -> int:
+    """The ``i`` of ``view(i)``'s address ``10.0.0.i:8000``."""
+    return int(address.split(":")[0].rsplit(".", 1)[1])
+
+
 def request(
     rid: str = "r1",
     prompt: str = "",

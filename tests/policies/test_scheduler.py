@@ -11,7 +11,7 @@ from policies.profile import load_profile
 from policies.scheduler import ProfileScheduler
 from policies.state import InProcessState
 from policies.types import EndpointView, InferenceRequest, Usage
-from tests.policies.helpers import NOW, request, text, view
+from tests.policies.helpers import NOW, index_of, request, text, view
 
 
 def scheduler(profile: str = "default", seed: int = 1, **kwargs: object) -> ProfileScheduler:
@@ -101,7 +101,7 @@ def test_death_spiral_avoided_hot_prefix_leaves_a_deeply_queued_sticky_endpoint(
     warm = [view(i) for i in range(1, 5)]
     sticky = run(s, request("warm", system + "q0"), warm)
     # the sticky endpoint is now deep in queue (below the saturation threshold: the cost model decides)
-    idx = int(sticky.split(".")[3].split(":")[0])
+    idx = index_of(sticky)
     busy = [view(i, waiting=4, running=200, kv=0.7) if i == idx else view(i) for i in range(1, 5)]
     assert all(run(s, request(f"r{i}", system + text(i, 200)), busy) != sticky for i in range(20))
     # ...while a lightly loaded sticky endpoint keeps its affinity
@@ -164,7 +164,7 @@ def test_session_affinity_sticks_while_eligible() -> None:
     first = run(s, request("r0", text(0, 300), headers={"x-session-id": "abc"}), eps)
     header = {"x-session-id": "abc"}
     assert all(run(s, request(f"r{i}", text(i, 300), headers=header), eps) == first for i in range(1, 30))
-    idx = int(first.split(".")[3].split(":")[0])
+    idx = index_of(first)
     saturated = [view(i, waiting=10) if i == idx else view(i) for i in range(1, 9)]
     assert run(s, request("rx", text(50, 300), headers={"x-session-id": "abc"}), saturated) != first
 
@@ -283,7 +283,7 @@ def test_a_long_document_stays_on_the_replica_that_read_it_while_its_queue_is_sh
     document = text(11, 80_000)
     eps = [view(i) for i in range(1, 5)]
     owner = run(s, request("read", document + "first question"), eps)
-    idx = int(owner.split(".")[3].split(":")[0])
+    idx = index_of(owner)
     queued = [view(i, waiting=2, running=8) if i == idx else view(i, running=8) for i in range(1, 5)]
     assert all(run(s, request(f"q{i}", document + text(i, 250)), queued) == owner for i in range(10))
 
@@ -298,7 +298,8 @@ def test_requests_running_at_the_scrape_are_not_a_queue_when_fewer_of_ours_are_i
     history = text(21, 3000)
     owner = run(s, request("turn0", history), eps)
     decoding = request("other", text(22, 1200))
-    s.on_picked(decoding, next(e.endpoint for e in eps if e.endpoint.address == owner), NOW)
-    s.on_first_token(decoding, next(e.endpoint for e in eps if e.endpoint.address == owner), NOW)
+    owner_endpoint = eps[index_of(owner) - 1].endpoint
+    s.on_picked(decoding, owner_endpoint, NOW)
+    s.on_first_token(decoding, owner_endpoint, NOW)
     assert all(run(s, request(f"t{i}", history + text(30 + i, 400)), eps, finish=False) == owner
                for i in range(3))
