@@ -184,8 +184,13 @@ class Contender:
 
 def _scale_times(node: Any, factor: float) -> Any:
     if isinstance(node, dict):
-        return {k: (v * factor if k == "metrics_staleness_s" and isinstance(v, int | float)
-                    else _scale_times(v, factor)) for k, v in node.items()}
+        scaled = {k: (v * factor if k == "metrics_staleness_s" and isinstance(v, int | float)
+                      else _scale_times(v, factor)) for k, v in node.items()}
+        if scaled.get("type") == "estimated-ttft-scorer":  # its arrival rate is measured on the clock
+            parameters = scaled.get("parameters")
+            known = parameters if isinstance(parameters, dict) else {}
+            scaled["parameters"] = {**known, "time_scale": factor}
+        return scaled
     if isinstance(node, list):
         return [_scale_times(v, factor) for v in node]
     return node
@@ -196,7 +201,8 @@ def scaled_profile(name_or_path: str, time_scale: float, out: Path) -> Path:
 
     The picker's clock is real time; the fleet runs ``time_scale`` times slower than real, so the
     scrape interval (50 ms), staleness (200 ms) and these thresholds are scaled to stay the same in
-    simulated time. The estimated-TTFT costs need no scaling: scores are ratios of like units.
+    simulated time. The estimated-TTFT costs need no scaling (scores are ratios of like units) but
+    its arrival rate does: its ``time_scale`` is set.
     """
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.exists():

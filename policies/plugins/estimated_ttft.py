@@ -25,13 +25,24 @@ Here both sides are seconds, per endpoint ``e``::
                     queued, lora_no_slot_s none; our in-flight adapters the scrape does not show
                     yet take slots: ``policies.inflight_models``)
                   + miss_penalty_factor · prefill_s_per_token · (uncached(e) − min_e' uncached(e'))
+    cost(e)     = ttft(e) · (1 + delay_externality · prefill_s_per_token · uncached(e) · λ / N)
 
-The last term is the cost a spill leaves behind: the prefix it rebuilds on ``e`` evicts another
+The miss penalty is the cost a spill leaves behind: the prefix it rebuilds on ``e`` evicts another
 group's cached blocks there (full caches are the steady state), which that group pays again later,
 and the replica that holds the prefix keeps it only while it is used. With factor 1 a request
 leaves its prefix's replica only when the queueing there costs about twice the prefill it saves.
 
-and ``score(e) = min_ttft / ttft(e)`` in (0, 1]. A hot prefix stays on its replica while the
+The ``cost`` line prices what this request's prefill costs *other* requests: every request that
+reaches ``e`` while this one waits and prefills there (about ``λ/N · ttft(e)`` of them: ``λ`` the
+pool's arrival rate over the last 64 requests, ``N`` its endpoints) waits ``prefill(e)`` longer.
+A greedy estimate of one request's TTFT misses it: in a burst where every replica is busy, a
+request whose document's replica has the longest queue re-read the document elsewhere and delayed
+everyone queued behind that re-read (long prompts at 0.9 × capacity: 5 re-reads of 9-29k-token
+documents after warm-up, p90 TTFT 206 ms in a virtual-time replay, ``bench/replay.py``; with factor
+0.5 none, 63 ms). A request whose prefix is cached has little prefill and so little externality;
+spills of long prompts and new documents on a loaded fleet get the most.
+
+``score(e) = min_cost / cost(e)`` in (0, 1]. A hot prefix stays on its replica while the
 queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
 which learns the prefix at pick time (the index is updated in ``on_picked``): hot groups spread
 over as many replicas as their load needs, and cold groups keep their affinity. ``own_requests`` /
@@ -55,11 +66,13 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from policies.arrival_rate import ArrivalRate
 from policies.framework import SchedulingContext
 from policies.memo import ViewRecords
 from policies.plugins.params import Params, parse_params
 from policies.types import EndpointMetrics, EndpointView
 
+ARRIVAL_WINDOW = 64  # requests the arrival rate λ is measured over
 MAX_KNOWN_ADAPTERS = 4096
 """Adapter names remembered (oldest forgotten first): a model is priced as a LoRA adapter once any
 scrape showed it active or waiting, even when no replica runs it at the moment. (Judged from the
@@ -80,6 +93,10 @@ class EstimatedTtftParams(Params):
     lora_no_slot_s: Annotated[float, Field(ge=0.0)] = 1.0
     miss_penalty_factor: Annotated[float, Field(ge=0.0)] = 0.0
     """Extra cost of leaving the best-cached replica, per prefill second lost (see the docstring)."""
+    delay_externality: Annotated[float, Field(ge=0.0)] = 0.0
+    """Weight of the delay this request's prefill imposes on requests arriving behind it (docstring)."""
+    time_scale: Annotated[float, Field(gt=0.0)] = 1.0
+    """Clock seconds per cost-model second: 1 in production; a benchmark's slowed fleet sets its own."""
 
 
 _Record = tuple[str, int, int, float, float, EndpointMetrics | None, frozenset[str]]
@@ -89,7 +106,7 @@ the metrics when the endpoint serves LoRA adapters (else None) and the adapters 
 
 
 class EstimatedTtftScorer:
-    """Scores endpoints by ``min_ttft / estimated_ttft`` (see the module docstring).
+    """Scores endpoints by ``min_cost / cost`` (estimated TTFT and externality; see the module docstring).
 
     What depends only on an endpoint's view is computed once per snapshot (:class:`ViewRecords`);
     per request the loop adds what changes per request: the prompt's prefix match and this picker's
@@ -102,6 +119,7 @@ class EstimatedTtftScorer:
         self.params = params or EstimatedTtftParams()
         self._records: ViewRecords[_Record] = ViewRecords(self._record)
         self._known_adapters: dict[str, None] = {}  # insertion-ordered, bounded: MAX_KNOWN_ADAPTERS
+        self._arrivals = ArrivalRate(ARRIVAL_WINDOW, self.params.time_scale)
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> EstimatedTtftScorer:
@@ -132,7 +150,8 @@ class EstimatedTtftScorer:
                     del known[next(iter(known))]
 
     def estimates(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
-        """Estimated TTFT in seconds per endpoint, in order (one pass; the hot path of ``default``)."""
+        """Cost per endpoint in seconds, in order: the estimated TTFT, times the externality factor
+        when ``delay_externality`` is set (one pass; the hot path of ``default``)."""
         p = self.params
         prompt_tokens = ctx.request.prompt_tokens_estimate
         tokens_per_block = ctx.tokens_per_block
@@ -150,6 +169,10 @@ class EstimatedTtftScorer:
         else:
             miss_s = 0.0
             best_uncached = prompt_tokens
+        externality = 0.0  # per uncached token, of ttft
+        if p.delay_externality:
+            self._arrivals.observe(ctx.request.request_id, ctx.now)
+            externality = p.delay_externality * prefill_s * self._arrivals.per_second() / len(endpoints)
         out: list[float] = []
         append = out.append
         records = self._records.get(endpoints)  # (learns the adapters these views show)
@@ -179,11 +202,13 @@ class EstimatedTtftScorer:
                 mine = own_models(address)
                 if not (mine and adapter in mine):  # ours in flight there: resident
                     ttft += _lora_cost(p, lora, adapter, _new_slots(shown, mine, known_adapters))
+            if externality:
+                ttft *= 1.0 + externality * uncached
             append(ttft)
         return out
 
     def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
-        """``min_ttft / ttft`` per endpoint, in order (1.0 for zero estimates when the best is zero)."""
+        """``min_cost / cost`` per endpoint, in order (1.0 for zero estimates when the best is zero)."""
         estimates = self.estimates(ctx, endpoints)
         best = min(estimates)
         if best <= 0.0:

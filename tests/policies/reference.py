@@ -31,10 +31,13 @@ class Reference:
         request: InferenceRequest,
         now: float,
         known_adapters: set[str] | None = None,
+        arrivals: list[float] | None = None,
     ) -> None:
         self.s = scheduler
         self.known_adapters = known_adapters if known_adapters is not None else set()
         """Adapters the estimated-TTFT scorer has seen in any scored view (kept across requests)."""
+        self.arrivals = arrivals if arrivals is not None else []
+        """Times of the requests the estimated-TTFT scorer has scored (kept across requests)."""
         self.profile: SchedulingProfile = scheduler.profile
         self.request = request
         self.now = now
@@ -141,7 +144,9 @@ class Reference:
             for e in endpoints:
                 if e.metrics is not None:
                     self.known_adapters |= e.metrics.active_loras | e.metrics.waiting_loras
-            estimates = [self.ttft(plugin.params, e, endpoints) for e in endpoints]  # type: ignore[attr-defined]
+            params: EstimatedTtftParams = plugin.params  # type: ignore[attr-defined]
+            self.arrivals.append(self.now)
+            estimates = [self.cost(params, e, endpoints) for e in endpoints]
             best = min(estimates)
             if best <= 0.0:
                 return {
@@ -161,6 +166,21 @@ class Reference:
         if adapter in m.waiting_loras:
             return 0.6
         return 1.0 if m.max_loras == 0 and not m.active_loras else 0.0
+
+    def cost(self, p: EstimatedTtftParams, e: EndpointView, endpoints: Views) -> float:
+        """TTFT times the externality factor: the last line of the formula in the docstring."""
+        ttft = self.ttft(p, e, endpoints)
+        window = self.arrivals[-64:]
+        if not p.delay_externality or len(window) < 2 or window[-1] == window[0]:
+            return ttft
+        rate = (len(window) - 1) / (window[-1] - window[0]) * p.time_scale
+        externality = p.delay_externality * p.prefill_s_per_token * rate / len(endpoints)
+        if not externality:
+            return ttft
+        prompt_tokens = self.request.prompt_tokens_estimate
+        matched = self.matches.get(e.address, 0) if prompt_tokens else 0
+        uncached = max(0, prompt_tokens - matched * self.tokens_per_block)
+        return ttft * (1.0 + externality * uncached)
 
     def ttft(self, p: EstimatedTtftParams, e: EndpointView, endpoints: Views) -> float:
         """The module docstring of ``policies.plugins.estimated_ttft``, term by term."""

@@ -37,7 +37,8 @@ EVERY_PLUGIN: dict[str, Any] = {
         {"type": "lora-affinity-scorer"},
         {"type": "prefix-cache-scorer"},
         {"type": "session-affinity-scorer"},
-        {"type": "estimated-ttft-scorer", "parameters": {"miss_penalty_factor": 1.5}},
+        {"type": "estimated-ttft-scorer",
+         "parameters": {"miss_penalty_factor": 1.5, "delay_externality": 0.7, "time_scale": 2.0}},
         {"type": "weighted-random-picker"},
     ],
     "profile": {
@@ -128,12 +129,13 @@ def check(scheduler: ProfileScheduler, seed: int, steps: int) -> int:
     views: Sequence[EndpointView] = tuple(random_view(rng, i, now) for i in range(rng.choice((3, 8, 30))))
     in_flight: list[tuple[InferenceRequest, Endpoint]] = []
     known_adapters: set[str] = set()  # the estimated-TTFT scorer's memory of adapter names
+    arrivals: list[float] = []  # and of the times of the requests it scored (its arrival rate)
     scheduled = 0
     for n in range(steps):
         now += rng.choice((0.0, 0.0, 0.01, 0.1))
         views = evolve(rng, views, now)
         request = random_request(rng, n, systems, views)
-        reference = Reference(scheduler, request, now, known_adapters)
+        reference = Reference(scheduler, request, now, known_adapters, arrivals)
         try:
             expected = reference.schedule(views)
         except (NoEligibleEndpointError, RequestShedError) as exc:

@@ -303,3 +303,46 @@ def test_requests_running_at_the_scrape_are_not_a_queue_when_fewer_of_ours_are_i
     s.on_first_token(decoding, owner_endpoint, NOW)
     assert all(run(s, request(f"t{i}", history + text(30 + i, 400)), eps, finish=False) == owner
                for i in range(3))
+
+
+def _busy_owner_of_a_document(s: ProfileScheduler, gap_s: float) -> tuple[str, str, float]:
+    """40 short requests ``gap_s`` apart, then a 20k-token document read on one of 4 idle replicas
+    that then gets three other 20k-token reads queued (~1 s of prefill): (owner, document, now)."""
+    eps = [view(i) for i in range(1, 5)]
+    now = NOW
+    for k in range(40):
+        now += gap_s
+        req = request(f"w{k}", text(100 + k, 400))
+        pick = s.schedule(req, eps, now).pick
+        s.on_picked(req, pick, now)
+        s.on_finished(req, pick, ok=True, now=now)
+    document = text(11, 80_000)
+    read = request("read", document + "first question")
+    owner = s.schedule(read, eps, now).pick
+    s.on_picked(read, owner, now)
+    s.on_first_token(read, owner, now)
+    for k in range(3):  # other documents' first reads, still queued there
+        s.on_picked(request(f"other{k}", text(200 + k, 80_000)), owner, now)
+    return owner.address, document, now
+
+
+def test_a_long_document_is_not_read_again_elsewhere_while_requests_arrive_often() -> None:
+    # 100 req/s over 4 replicas: a second read of the document elsewhere (~345 ms of prefill) would
+    # delay the ~25/s arriving there, which the externality prices (delay_externality); waiting ~1 s
+    # behind the owner's queue costs only this request. (Re-reads like this in the cold-start burst
+    # of the long-prompts benchmark set its p90 TTFT: 206 -> 63 ms in bench/replay.py.)
+    s = scheduler()
+    owner, document, now = _busy_owner_of_a_document(s, gap_s=0.01)
+    eps = [view(i) for i in range(1, 5)]
+    req = request("q", document + text(5, 250))
+    assert s.schedule(req, eps, now).pick.address == owner
+
+
+def test_a_long_document_is_read_again_on_an_idle_replica_when_requests_are_rare() -> None:
+    # The same queue at 1 req/s: few requests would wait behind a second read, so the request takes
+    # the replica where it starts soonest (the externality scales with the arrival rate).
+    s = scheduler()
+    owner, document, now = _busy_owner_of_a_document(s, gap_s=1.0)
+    eps = [view(i) for i in range(1, 5)]
+    req = request("q", document + text(5, 250))
+    assert s.schedule(req, eps, now).pick.address != owner
