@@ -25,7 +25,7 @@ Here both sides are seconds, per endpoint ``e``::
                     queued, lora_no_slot_s none; our in-flight adapters the scrape does not show
                     yet take slots: ``policies.inflight_models``)
                   + miss_penalty_factor · prefill_s_per_token · (uncached(e) − min_e' uncached(e'))
-    cost(e)     = ttft(e) · (1 + delay_externality · prefill_s_per_token · uncached(e) · λ / N)
+    cost(e)     = ttft(e) · (1 + delay_externality · prefill_s_per_token · uncached(e) · λ(e))
 
 The miss penalty is the cost a spill leaves behind: the prefix it rebuilds on ``e`` evicts another
 group's cached blocks there (full caches are the steady state), which that group pays again later,
@@ -33,14 +33,19 @@ and the replica that holds the prefix keeps it only while it is used. With facto
 leaves its prefix's replica only when the queueing there costs about twice the prefill it saves.
 
 The ``cost`` line prices what this request's prefill costs *other* requests: every request that
-reaches ``e`` while this one waits and prefills there (about ``λ/N · ttft(e)`` of them: ``λ`` the
-pool's arrival rate over the last 64 requests, ``N`` its endpoints) waits ``prefill(e)`` longer.
-A greedy estimate of one request's TTFT misses it: in a burst where every replica is busy, a
-request whose document's replica has the longest queue re-read the document elsewhere and delayed
-everyone queued behind that re-read (long prompts at 0.9 × capacity: 5 re-reads of 9-29k-token
-documents after warm-up, p90 TTFT 206 ms in a virtual-time replay, ``bench/replay.py``; with factor
-0.5 none, 63 ms). A request whose prefix is cached has little prefill and so little externality;
-spills of long prompts and new documents on a loaded fleet get the most.
+reaches ``e`` while this one waits and prefills there (about ``λ(e) · ttft(e)`` of them) waits
+``prefill(e)`` longer. ``λ(e)`` is the pool's arrival rate over the last 64 requests, split like
+this picker's in-flight requests (``λ · own_requests(e) / Σ own_requests``; by Little's law, with
+similar service times, requests in flight are in proportion to arrivals), or ``λ / N`` when none is
+in flight: a replica that serves many requests has many waiting behind a long prefill there, an
+idle one few. A greedy estimate of one request's TTFT misses this: in a burst where every replica
+is busy, a request whose document's replica had the longest queue re-read the document elsewhere
+and delayed everyone queued behind that re-read (long prompts at 0.9 × capacity: 5 re-reads of
+9-29k-token documents after warm-up, p90 TTFT 206 ms in a virtual-time replay, ``bench/replay.py``;
+with factor 0.5 none, 38 ms; over 5 seeds 43 → 34 ms with ``λ(e)`` split by in-flight requests
+rather than ``λ / N``, LoRA mix 34 → 30 ms, other workloads unchanged). A request whose prefix is
+cached has little prefill and so little externality; spills of long prompts and new documents on a
+busy fleet get the most.
 
 ``score(e) = min_cost / cost(e)`` in (0, 1]. A hot prefix stays on its replica while the
 queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
@@ -169,10 +174,14 @@ class EstimatedTtftScorer:
         else:
             miss_s = 0.0
             best_uncached = prompt_tokens
-        externality = 0.0  # per uncached token, of ttft
+        externality = 0.0  # of ttft, per uncached token and own request in flight there (or endpoint)
+        share_by_inflight = False
         if p.delay_externality:
             self._arrivals.observe(ctx.request.request_id, ctx.now)
-            externality = p.delay_externality * prefill_s * self._arrivals.per_second() / len(endpoints)
+            externality = p.delay_externality * prefill_s * self._arrivals.per_second()
+            total_own = sum(v.requests for v in ctx.state.inflight_by_endpoint().values())
+            share_by_inflight = total_own > 0
+            externality /= total_own if share_by_inflight else len(endpoints)
         out: list[float] = []
         append = out.append
         records = self._records.get(endpoints)  # (learns the adapters these views show)
@@ -203,7 +212,10 @@ class EstimatedTtftScorer:
                 if not (mine and adapter in mine):  # ours in flight there: resident
                     ttft += _lora_cost(p, lora, adapter, _new_slots(shown, mine, known_adapters))
             if externality:
-                ttft *= 1.0 + externality * uncached
+                if not share_by_inflight:
+                    ttft *= 1.0 + externality * uncached
+                elif own is not None:
+                    ttft *= 1.0 + externality * own.requests * uncached
             append(ttft)
         return out
 

@@ -174,13 +174,17 @@ class Reference:
         if not p.delay_externality or len(window) < 2 or window[-1] == window[0]:
             return ttft
         rate = (len(window) - 1) / (window[-1] - window[0]) * p.time_scale
-        externality = p.delay_externality * p.prefill_s_per_token * rate / len(endpoints)
+        externality = p.delay_externality * p.prefill_s_per_token * rate
         if not externality:
             return ttft
         prompt_tokens = self.request.prompt_tokens_estimate
         matched = self.matches.get(e.address, 0) if prompt_tokens else 0
         uncached = max(0, prompt_tokens - matched * self.tokens_per_block)
-        return ttft * (1.0 + externality * uncached)
+        total_own = sum(v.requests for v in self.s.state.inflight_by_endpoint().values())
+        if total_own == 0:  # λ / N
+            return ttft * (1.0 + externality / len(endpoints) * uncached)
+        own = self.s.state.inflight(e.address).requests  # λ · own(e) / Σ own
+        return ttft * (1.0 + externality / total_own * own * uncached) if own else ttft
 
     def ttft(self, p: EstimatedTtftParams, e: EndpointView, endpoints: Views) -> float:
         """The module docstring of ``policies.plugins.estimated_ttft``, term by term."""

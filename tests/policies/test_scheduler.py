@@ -306,8 +306,9 @@ def test_requests_running_at_the_scrape_are_not_a_queue_when_fewer_of_ours_are_i
 
 
 def _busy_owner_of_a_document(s: ProfileScheduler, gap_s: float) -> tuple[str, str, float]:
-    """40 short requests ``gap_s`` apart, then a 20k-token document read on one of 4 idle replicas
-    that then gets three other 20k-token reads queued (~1 s of prefill): (owner, document, now)."""
+    """40 short requests ``gap_s`` apart, still decoding on 4 replicas, then a 20k-token document
+    read on one of them that then gets three other 20k-token reads queued (~1 s of prefill):
+    (owner, document, now)."""
     eps = [view(i) for i in range(1, 5)]
     now = NOW
     for k in range(40):
@@ -315,7 +316,7 @@ def _busy_owner_of_a_document(s: ProfileScheduler, gap_s: float) -> tuple[str, s
         req = request(f"w{k}", text(100 + k, 400))
         pick = s.schedule(req, eps, now).pick
         s.on_picked(req, pick, now)
-        s.on_finished(req, pick, ok=True, now=now)
+        s.on_first_token(req, pick, now)
     document = text(11, 80_000)
     read = request("read", document + "first question")
     owner = s.schedule(read, eps, now).pick
@@ -327,10 +328,11 @@ def _busy_owner_of_a_document(s: ProfileScheduler, gap_s: float) -> tuple[str, s
 
 
 def test_a_long_document_is_not_read_again_elsewhere_while_requests_arrive_often() -> None:
-    # 100 req/s over 4 replicas: a second read of the document elsewhere (~345 ms of prefill) would
-    # delay the ~25/s arriving there, which the externality prices (delay_externality); waiting ~1 s
-    # behind the owner's queue costs only this request. (Re-reads like this in the cold-start burst
-    # of the long-prompts benchmark set its p90 TTFT: 206 -> 63 ms in bench/replay.py.)
+    # 100 req/s over 4 replicas, each serving ~10: a second read of the document elsewhere (~345 ms
+    # of prefill) would delay the ~25/s arriving there, which the externality prices
+    # (delay_externality); waiting ~1 s behind the owner's queue costs only this request. (Re-reads
+    # like this in the cold-start burst of the long-prompts benchmark set its p90 TTFT: 206 -> 38 ms
+    # in bench/replay.py.)
     s = scheduler()
     owner, document, now = _busy_owner_of_a_document(s, gap_s=0.01)
     eps = [view(i) for i in range(1, 5)]
