@@ -165,7 +165,8 @@ class EstimatedTtftScorer:
             address: max(0, prompt_tokens - blocks * tokens_per_block) for address, blocks in matches.items()
         }.get
         adapter = ctx.request.target_model
-        own_inflight = ctx.state.inflight_by_endpoint().get
+        inflight = ctx.state.inflight_by_endpoint()
+        own_inflight = inflight.get
         own_models = ctx.own_models.get
         prefill_s, max_batched, queue_wait_s = p.prefill_s_per_token, p.max_batched_tokens, p.queue_wait_s
         miss_s = p.miss_penalty_factor * prefill_s
@@ -174,14 +175,15 @@ class EstimatedTtftScorer:
         else:
             miss_s = 0.0
             best_uncached = prompt_tokens
-        externality = 0.0  # of ttft, per uncached token and own request in flight there (or endpoint)
-        share_by_inflight = False
-        if p.delay_externality:
+        by_share = by_endpoint = 0.0  # externality, of ttft per uncached token: × own requests there
+        if p.delay_externality:  # (λ split by in-flight requests) or not (λ / N, none in flight)
             self._arrivals.observe(ctx.request.request_id, ctx.now)
             externality = p.delay_externality * prefill_s * self._arrivals.per_second()
-            total_own = sum(v.requests for v in ctx.state.inflight_by_endpoint().values())
-            share_by_inflight = total_own > 0
-            externality /= total_own if share_by_inflight else len(endpoints)
+            total_own = sum([v.requests for v in inflight.values()])
+            if total_own:
+                by_share = externality / total_own
+            else:
+                by_endpoint = externality / len(endpoints)
         out: list[float] = []
         append = out.append
         records = self._records.get(endpoints)  # (learns the adapters these views show)
@@ -211,11 +213,11 @@ class EstimatedTtftScorer:
                 mine = own_models(address)
                 if not (mine and adapter in mine):  # ours in flight there: resident
                     ttft += _lora_cost(p, lora, adapter, _new_slots(shown, mine, known_adapters))
-            if externality:
-                if not share_by_inflight:
-                    ttft *= 1.0 + externality * uncached
-                elif own is not None:
-                    ttft *= 1.0 + externality * own.requests * uncached
+            if by_share:
+                if own is not None:
+                    ttft *= 1.0 + by_share * own.requests * uncached
+            elif by_endpoint:
+                ttft *= 1.0 + by_endpoint * uncached
             append(ttft)
         return out
 
