@@ -41,6 +41,8 @@ class SchedulingContext:
     session_id: str | None = None
     own_models: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """This picker's in-flight requests per endpoint and target model (``policies.inflight_models``)."""
+    own_requests: int = 0
+    """This picker's requests in flight in the pool (``state`` may also count other pickers')."""
     _hashes: tuple[int, ...] | None = field(default=None, repr=False)
     _matches: Mapping[str, int] | None = field(default=None, repr=False)
 

@@ -45,6 +45,11 @@ class InflightModels:
             if not models:
                 del self._by_endpoint[address]
 
+    @property
+    def requests(self) -> int:
+        """Requests in flight, all endpoints."""
+        return len(self._requests)
+
     def forget_endpoint(self, address: str) -> None:
         self._by_endpoint.pop(address, None)
         for request_id in [r for r, (a, _m) in self._requests.items() if a == address]:

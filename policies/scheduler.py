@@ -109,7 +109,8 @@ class ProfileScheduler:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
         ctx = SchedulingContext(
-            request, now, self.state, self.rng, self._hasher, self._session_id(request), self._own_models_view
+            request, now, self.state, self.rng, self._hasher, self._session_id(request),
+            self._own_models_view, self._own_models.requests,
         )
         endpoints = self._subset.filter(ctx, candidates)
         timer = self._timer_for_this_request()

@@ -34,18 +34,19 @@ leaves its prefix's replica only when the queueing there costs about twice the p
 
 The ``cost`` line prices what this request's prefill costs *other* requests: every request that
 reaches ``e`` while this one waits and prefills there (about ``λ(e) · ttft(e)`` of them) waits
-``prefill(e)`` longer. ``λ(e)`` is the pool's arrival rate over the last 64 requests, split like
-this picker's in-flight requests (``λ · own_requests(e) / Σ own_requests``; by Little's law, with
-similar service times, requests in flight are in proportion to arrivals), or ``λ / N`` when none is
-in flight: a replica that serves many requests has many waiting behind a long prefill there, an
-idle one few. A greedy estimate of one request's TTFT misses this: in a burst where every replica
-is busy, a request whose document's replica had the longest queue re-read the document elsewhere
-and delayed everyone queued behind that re-read (long prompts at 0.9 × capacity: 5 re-reads of
-9-29k-token documents after warm-up, p90 TTFT 206 ms in a virtual-time replay, ``bench/replay.py``;
-with factor 0.5 none, 38 ms; over 5 seeds 43 → 34 ms with ``λ(e)`` split by in-flight requests
-rather than ``λ / N``, LoRA mix 34 → 30 ms, other workloads unchanged). A request whose prefix is
-cached has little prefill and so little externality; spills of long prompts and new documents on a
-busy fleet get the most.
+``prefill(e)`` longer. ``λ(e)`` is the pool's arrival rate over the last 64 requests, split like the
+requests in flight (``λ · own_requests(e) / this picker's requests in flight``: by Little's law,
+with similar service times, requests in flight are in proportion to arrivals; with several pickers
+sharing state, ``own_requests(e)`` counts theirs too and ``λ`` is this picker's, so ``λ(e)`` is
+every picker's arrivals at ``e``), or ``λ / N`` when this picker has none in flight: a replica that
+serves many requests has many waiting behind a long prefill there, an idle one few. A greedy
+estimate of one request's TTFT misses this: in a burst where every replica is busy, a request whose
+document's replica had the longest queue re-read the document elsewhere and delayed everyone queued
+behind that re-read (long prompts at 0.9 × capacity: 5 re-reads of 9-29k-token documents after
+warm-up, p90 TTFT 206 ms in a virtual-time replay, ``bench/replay.py``; with factor 0.5 none, 38 ms; over
+5 seeds 43 → 34 ms with ``λ(e)`` split by in-flight requests rather than ``λ / N``, LoRA mix 34 → 30
+ms, other workloads unchanged). A request whose prefix is cached has little prefill and so little
+externality; spills of long prompts and new documents on a busy fleet get the most.
 
 ``score(e) = min_cost / cost(e)`` in (0, 1]. A hot prefix stays on its replica while the
 queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
@@ -165,8 +166,7 @@ class EstimatedTtftScorer:
             address: max(0, prompt_tokens - blocks * tokens_per_block) for address, blocks in matches.items()
         }.get
         adapter = ctx.request.target_model
-        inflight = ctx.state.inflight_by_endpoint()
-        own_inflight = inflight.get
+        own_inflight = ctx.state.inflight_by_endpoint().get
         own_models = ctx.own_models.get
         prefill_s, max_batched, queue_wait_s = p.prefill_s_per_token, p.max_batched_tokens, p.queue_wait_s
         miss_s = p.miss_penalty_factor * prefill_s
@@ -179,9 +179,8 @@ class EstimatedTtftScorer:
         if p.delay_externality:  # (λ split by in-flight requests) or not (λ / N, none in flight)
             self._arrivals.observe(ctx.request.request_id, ctx.now)
             externality = p.delay_externality * prefill_s * self._arrivals.per_second()
-            total_own = sum([v.requests for v in inflight.values()])
-            if total_own:
-                by_share = externality / total_own
+            if ctx.own_requests:  # λ(e) = λ · in_flight(e) / own (Little's law; own: this picker's)
+                by_share = externality / ctx.own_requests
             else:
                 by_endpoint = externality / len(endpoints)
         out: list[float] = []

@@ -180,7 +180,7 @@ class Reference:
         prompt_tokens = self.request.prompt_tokens_estimate
         matched = self.matches.get(e.address, 0) if prompt_tokens else 0
         uncached = max(0, prompt_tokens - matched * self.tokens_per_block)
-        total_own = sum(v.requests for v in self.s.state.inflight_by_endpoint().values())
+        total_own = sum(sum(models.values()) for models in self.s.inflight_models.values())
         if total_own == 0:  # λ / N
             return ttft * (1.0 + externality / len(endpoints) * uncached)
         own = self.s.state.inflight(e.address).requests  # λ · own(e) / Σ own
