@@ -7,6 +7,8 @@ import pytest
 
 from policies.contracts import Scheduler
 from policies.errors import NoEligibleEndpointError, RequestShedError
+from policies.framework import SchedulingContext
+from policies.plugins.estimated_ttft import EstimatedTtftScorer
 from policies.profile import load_profile
 from policies.scheduler import ProfileScheduler
 from policies.state import InProcessState
@@ -348,3 +350,35 @@ def test_a_long_document_is_read_again_on_an_idle_replica_when_requests_are_rare
     eps = [view(i) for i in range(1, 5)]
     req = request("q", document + text(5, 250))
     assert s.schedule(req, eps, now).pick.address != owner
+
+
+def _document_estimates(pickers: list[ProfileScheduler]) -> list[float]:
+    """40 short requests 10 ms apart, dealt round-robin to ``pickers`` (one shared state) and placed
+    on 4 replicas in turn, still decoding; the first picker's estimated costs for a new 20k-token
+    document there (one per replica, in order)."""
+    eps = [view(i) for i in range(1, 5)]
+    now = NOW
+    for k in range(40):
+        now += 0.01
+        s = pickers[k % len(pickers)]
+        req = request(f"w{k}", text(100 + k, 400))
+        s.schedule(req, eps, now)  # counted as an arrival by the picker that scored it
+        endpoint = eps[(0, 0, 1, 2)[k % 4]].endpoint  # 20, 10, 10 and no requests
+        s.on_picked(req, endpoint, now)
+        s.on_first_token(req, endpoint, now)
+    first = pickers[0]
+    scorer = next(w.plugin for w in first.profile.scorers if w.plugin_type == "estimated-ttft-scorer")
+    assert isinstance(scorer, EstimatedTtftScorer)
+    ctx = SchedulingContext(request("doc", text(7, 80_000)), now + 0.01, first.state, first.rng,
+                            first._hasher, None, first.inflight_models, first._own_models.requests)
+    return scorer.estimates(ctx, eps)
+
+
+def test_pickers_sharing_state_price_the_arrivals_of_all_of_them() -> None:
+    # Two pickers share one state (as through Redis) and each sees half the arrivals: each must
+    # still price a long prefill by every picker's arrivals at the replica (its own rate × the
+    # shared in-flight counts / its own in-flight count), as one picker seeing them all does.
+    alone = _document_estimates([scheduler()])
+    shared = InProcessState()
+    together = _document_estimates([scheduler(state=shared), scheduler(state=shared, seed=2)])
+    assert together == pytest.approx(alone, rel=0.05)
