@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.workloads import WORKLOADS, WorkloadSpec, capacity_estimate, plan
+from bench.run_stats import percentile
+from bench.workloads import WORKLOADS, WorkloadSpec, offered_rate, run_plan
 from extproc.openai_request import parse_request_body
-from policies.framework import SchedulingContext
 from policies.profile import load_profile
 from policies.scheduler import ProfileScheduler
 from policies.types import ApiKind, Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Usage
@@ -41,8 +41,6 @@ from simulator import cli as sim_cli
 from simulator import tokenizer
 from simulator.engine import Engine, Finished, FirstToken, SimRequest
 from simulator.profiles import load_profile as load_latency_profile
-
-WARMUP_FRACTION = 0.2  # as bench.routing
 
 
 @dataclass
@@ -85,10 +83,8 @@ class ReplayResult:
         return [r.ttft * 1e3 for r in self.records if r.counted]
 
     def percentile(self, q: float) -> float:
-        values = sorted(self.ttfts_ms)
-        if not values:
-            return float("nan")
-        return values[min(len(values) - 1, int(q * len(values)))]
+        """TTFT percentile in ms over the counted requests (``q`` in [0, 100], as ``bench.run_stats``)."""
+        return percentile(self.ttfts_ms, q)
 
 
 def engines_for(spec: WorkloadSpec) -> list[Engine]:
@@ -216,15 +212,14 @@ class Replay:
         """The estimated-TTFT scorer's estimates for ``request`` now (what ``--explain`` prints)."""
         s = self.scheduler
         scorer = next(w.plugin for w in s.profile.scorers if w.plugin_type == "estimated-ttft-scorer")
-        ctx = SchedulingContext(request, now, s.state, random.Random(0), s._hasher)
-        estimates: list[float] = scorer.estimates(ctx, self.views)  # type: ignore[attr-defined]
+        estimates: list[float] = scorer.estimates(s.context(request, now), self.views)  # type: ignore[attr-defined]
         return estimates
 
     def _explain(self, now: float, index: int, request: InferenceRequest, previous: int | None, pick: int,
                  estimates: list[float]) -> None:
         s = self.scheduler
         inflight = s.state.inflight_by_endpoint()
-        matches = s.state.prefix_match(s._hasher.hashes(request.target_model, request.prompt))
+        matches = s.context(request, now).prefix_matches()
         tokens = request.prompt_tokens_estimate
         print(f"t={now:8.3f} req {index} ({tokens} tok): replica {previous} -> {pick}")
         for i, (view, estimate) in enumerate(zip(self.views, estimates, strict=True)):
@@ -246,11 +241,10 @@ def timeline(records: Sequence[RequestRecord], bucket_s: float) -> list[str]:
         rows.setdefault(int(r.at // bucket_s), []).append(r)
     out = []
     for b in sorted(rows):
-        ttfts = sorted(r.ttft for r in rows[b])
-        p90 = ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] * 1e3
+        p90 = percentile([r.ttft * 1e3 for r in rows[b]], 90)
         rereads = sum(r.reread for r in rows[b])
         span = f"{b * bucket_s:5.2f}-{(b + 1) * bucket_s:5.2f} s"
-        out.append(f"  {span}: {len(ttfts):4d} req  p90 {p90:7.1f} ms  re-reads {rereads}")
+        out.append(f"  {span}: {len(rows[b]):4d} req  p90 {p90:7.1f} ms  re-reads {rereads}")
     return out
 
 
@@ -272,17 +266,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = WORKLOADS[args.workload].with_output_tokens(args.output_tokens)
     if args.hetero:
         spec = spec.with_fleet(spec.fleet.heterogeneous(), f"{spec.name}-hetero")
-    rate = args.fraction * capacity_estimate(spec)
-    duration = args.requests / (rate / args.fraction)
-    planned = plan(spec, rate, duration, args.seed)
-    warmup = sum(1 for r in planned if r.at_s < WARMUP_FRACTION * duration)
+    rate = offered_rate(spec, args.fraction)
+    planned, warmup = run_plan(spec, rate, args.fraction, args.requests, args.seed)
     replay = Replay(spec, args.profile, args.scrape_interval, args.seed, args.explain)
     result = replay.run([(r.at_s, r.body) for r in planned], warmup)
     hit = result.hits / result.queries if result.queries else 0.0
-    print(f"{spec.name} {args.fraction}x ({rate:.0f} req/s, {len(planned)} requests, {warmup} warm-up), "
+    print(f"{spec.name} {args.fraction}x ({rate:g} req/s, {len(planned)} requests, {warmup} warm-up), "
           f"profile {args.profile}")
-    print(f"  TTFT ms p50 {result.percentile(0.5):.1f}  p90 {result.percentile(0.9):.1f}  "
-          f"p99 {result.percentile(0.99):.1f}  hit {hit:.1%}  moved {result.moved}  "
+    print(f"  TTFT ms p50 {result.percentile(50):.1f}  p90 {result.percentile(90):.1f}  "
+          f"p99 {result.percentile(99):.1f}  hit {hit:.1%}  moved {result.moved}  "
           f"re-reads {result.rereads}")
     if args.timeline:
         print("\n".join(timeline(result.records, args.timeline)))

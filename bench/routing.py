@@ -30,7 +30,14 @@ from bench.loadgen import run_open_loop
 from bench.routing_report import goals, plot, tables
 from bench.run_stats import LAG_LIMIT_SIM_MS, RunFigures, figures_from_json, summarize
 from bench.sim_fleet import SimFleet
-from bench.workloads import WORKLOADS, WorkloadSpec, capacity_estimate, plan
+from bench.workloads import (
+    WARMUP_FRACTION,
+    WORKLOADS,
+    WorkloadSpec,
+    capacity_estimate,
+    offered_rate,
+    run_plan,
+)
 
 RESULTS = Path(__file__).parent / "results"
 FULL_CONTENDERS = ("envoy-rr", "envoy-lr", "kvgate-default", "kvgate-gie-default", "vllm-router-cache_aware",
@@ -38,7 +45,6 @@ FULL_CONTENDERS = ("envoy-rr", "envoy-lr", "kvgate-default", "kvgate-gie-default
 QUICK_CONTENDERS = ("envoy-rr", "kvgate-default", "vllm-router-cache_aware", "oracle")
 FULL_FRACTIONS = (0.3, 0.6, 0.9, 1.2)
 QUICK_FRACTIONS = (0.5, 0.9)
-WARMUP_FRACTION = 0.2
 REQUEST_TIMEOUT_SIM_S = 4.0  # a request not finished by then counts as an error
 
 
@@ -67,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
                   time_scale: float, seed: int, workdir: Path) -> RunFigures:
-    duration = requests / (rate / fraction)  # the same simulated window at every rate
-    planned = plan(spec, rate, duration, seed)
-    warmup = sum(1 for r in planned if r.at_s < WARMUP_FRACTION * duration)
+    planned, warmup = run_plan(spec, rate, fraction, requests, seed)
     fleet = SimFleet(spec.fleet, time_scale, workdir / f"sim-{contender.name}.log", seed)
     urls = await fleet.start()
     try:
@@ -137,7 +141,7 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"kvgate-bench-{spec.name}-") as tmp:
         for fraction in fractions:
-            rate = round(capacity * fraction, 1)
+            rate = offered_rate(spec, fraction)
             runners = [make_contender(name) for name in contenders]
             runners += [contender_for_profile_path(path) for path in profiles]
             for contender in runners:

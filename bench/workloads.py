@@ -218,6 +218,24 @@ def _plan_chat(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) ->
             for i, (at, body, tokens) in enumerate(raw)]
 
 
+WARMUP_FRACTION = 0.2
+"""Requests sent in the first 20 % of a run's arrival window are warm-up: sent, not counted."""
+
+
+def offered_rate(spec: WorkloadSpec, fraction: float) -> float:
+    """Requests/s (simulated) of a run at ``fraction`` of the capacity estimate, as reports show it."""
+    return round(capacity_estimate(spec) * fraction, 1)
+
+
+def run_plan(spec: WorkloadSpec, rate: float, fraction: float, requests: int,
+             seed: int) -> tuple[list[PlannedRequest], int]:
+    """A run's plan and how many of its first requests are warm-up. ``requests`` are planned at 1.0 ×
+    capacity: the arrival window is the same at every rate."""
+    duration = requests / (rate / fraction)
+    planned = plan(spec, rate, duration, seed)
+    return planned, sum(1 for r in planned if r.at_s < WARMUP_FRACTION * duration)
+
+
 def capacity_estimate(spec: WorkloadSpec) -> float:
     """Fleet requests/s (simulated) when every shared prefix hits: the scale rates are derived from.
 

@@ -108,10 +108,7 @@ class ProfileScheduler:
     ) -> SchedulingResult:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
-        ctx = SchedulingContext(
-            request, now, self.state, self.rng, self._hasher, self._session_id(request),
-            self._own_models_view, self._own_models.requests,
-        )
+        ctx = self.context(request, now)
         endpoints = self._subset.filter(ctx, candidates)
         timer = self._timer_for_this_request()
         for f in self.profile.filters:
@@ -141,6 +138,14 @@ class ProfileScheduler:
             self._remember(ctx, ranked)
         scores = ScoresView(addresses, totals)
         return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores)
+
+    def context(self, request: InferenceRequest, now: float) -> SchedulingContext:
+        """What the plugins read while ``request`` is scheduled at ``now`` (``schedule`` builds one;
+        tools that ask a scorer directly, e.g. ``bench/replay.py --explain``, use it too)."""
+        return SchedulingContext(
+            request, now, self.state, self.rng, self._hasher, self._session_id(request),
+            self._own_models_view, self._own_models.requests,
+        )
 
     def _timer_for_this_request(self) -> PluginTimer | None:
         """``timer`` on one request in ``timing_every`` (the first one included), else None."""

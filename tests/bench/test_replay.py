@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.replay import Replay, ReplayResult, timeline
-from bench.workloads import WORKLOADS, PlannedRequest, capacity_estimate, plan
+from bench.workloads import WORKLOADS, PlannedRequest, offered_rate, run_plan
 
 PROFILES = Path(__file__).parents[2] / "policies" / "profiles"
 
@@ -17,10 +17,7 @@ PROFILES = Path(__file__).parents[2] / "policies" / "profiles"
 def replay(workload: str, profile: str, requests: int,
            fraction: float = 0.9) -> tuple[list[PlannedRequest], int, ReplayResult]:
     spec = WORKLOADS[workload].with_output_tokens(16)
-    rate = fraction * capacity_estimate(spec)
-    duration = requests / (rate / fraction)
-    planned = plan(spec, rate, duration, 1)
-    warmup = sum(1 for r in planned if r.at_s < 0.2 * duration)
+    planned, warmup = run_plan(spec, offered_rate(spec, fraction), fraction, requests, 1)
     result = Replay(spec, str(PROFILES / f"{profile}.yaml"), 0.05, 1).run(
         [(r.at_s, r.body) for r in planned], warmup)
     return planned, warmup, result
@@ -32,7 +29,7 @@ def test_every_request_is_scheduled_served_and_counted_after_the_warm_up() -> No
     assert all(r.ttft > 0 and r.prompt_tokens > 0 for r in result.records)
     assert len(result.ttfts_ms) == len(planned) - warmup > 0
     assert 0 < result.hits < result.queries
-    assert result.percentile(0.5) <= result.percentile(0.9) <= result.percentile(0.99)
+    assert result.percentile(50) <= result.percentile(90) <= result.percentile(99)
     lines = timeline(result.records, 0.25)
     assert lines
     assert sum(int(line.split(":")[1].split()[0]) for line in lines) == len(planned)

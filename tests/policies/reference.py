@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from policies.contracts import SchedulingResult
 from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.plugins.estimated_ttft import EstimatedTtftParams
+from policies.plugins.estimated_ttft import ARRIVAL_WINDOW, EstimatedTtftParams
 from policies.profile import SchedulingProfile
 from policies.scheduler import ProfileScheduler
 from policies.types import EndpointView, InferenceRequest
@@ -170,7 +170,7 @@ class Reference:
     def cost(self, p: EstimatedTtftParams, e: EndpointView, endpoints: Views) -> float:
         """TTFT times the externality factor: the last line of the formula in the docstring."""
         ttft = self.ttft(p, e, endpoints)
-        window = self.arrivals[-64:]
+        window = self.arrivals[-ARRIVAL_WINDOW:]
         if not p.delay_externality or len(window) < 2 or window[-1] == window[0]:
             return ttft
         rate = (len(window) - 1) / (window[-1] - window[0]) * p.time_scale

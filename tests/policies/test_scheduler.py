@@ -7,7 +7,6 @@ import pytest
 
 from policies.contracts import Scheduler
 from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.framework import SchedulingContext
 from policies.plugins.estimated_ttft import EstimatedTtftScorer
 from policies.profile import load_profile
 from policies.scheduler import ProfileScheduler
@@ -369,9 +368,7 @@ def _document_estimates(pickers: list[ProfileScheduler]) -> list[float]:
     first = pickers[0]
     scorer = next(w.plugin for w in first.profile.scorers if w.plugin_type == "estimated-ttft-scorer")
     assert isinstance(scorer, EstimatedTtftScorer)
-    ctx = SchedulingContext(request("doc", text(7, 80_000)), now + 0.01, first.state, first.rng,
-                            first._hasher, None, first.inflight_models, first._own_models.requests)
-    return scorer.estimates(ctx, eps)
+    return scorer.estimates(first.context(request("doc", text(7, 80_000)), now + 0.01), eps)
 
 
 def test_pickers_sharing_state_price_the_arrivals_of_all_of_them() -> None:
