@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.contenders import Contender, contender_for_profile_path, make_contender
 from bench.loadgen import run_open_loop
-from bench.routing_report import goals, plot, tables
+from bench.routing_report import goals, plot, summary, tables
 from bench.run_stats import LAG_LIMIT_SIM_MS, RunFigures, figures_from_json, summarize
 from bench.sim_fleet import SimFleet
 from bench.workloads import (
@@ -41,7 +41,7 @@ from bench.workloads import (
 
 RESULTS = Path(__file__).parent / "results"
 FULL_CONTENDERS = ("envoy-rr", "envoy-lr", "kvgate-default", "kvgate-gie-default", "vllm-router-cache_aware",
-                   "vllm-router-round_robin", "sglang-router-cache_aware", "oracle")
+                   "vllm-router-round_robin", "sglang-router-cache_aware", "oracle", "oracle-spill")
 QUICK_CONTENDERS = ("envoy-rr", "kvgate-default", "vllm-router-cache_aware", "oracle")
 FULL_FRACTIONS = (0.3, 0.6, 0.9, 1.2)
 QUICK_FRACTIONS = (0.5, 0.9)
@@ -160,15 +160,48 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
                 figures.append(fig)
                 meta["wall_s"] = time.perf_counter() - started
                 write_report(results_dir / spec.name, meta, figures)
+                write_summary(results_dir)
     return figures
 
 
-def _report_only(results_dir: Path) -> int:
+def _reports(results_dir: Path) -> list[tuple[Path, dict[str, Any], list[RunFigures]]]:
+    """The routing reports' JSON files in ``results_dir`` (other JSON files are skipped)."""
+    out: list[tuple[Path, dict[str, Any], list[RunFigures]]] = []
     for path in sorted(results_dir.glob("*.json")):
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or "runs" not in data or "meta" not in data:
-            continue
-        write_report(path.with_suffix(""), data["meta"], [figures_from_json(r) for r in data["runs"]])
+        if isinstance(data, dict) and "runs" in data and "meta" in data:
+            out.append((path, data["meta"], [figures_from_json(r) for r in data["runs"]]))
+    return out
+
+
+def write_summary(results_dir: Path) -> None:
+    """``SUMMARY.md``: every report in ``results_dir`` in one table (see ``routing_report.summary``)."""
+    reports = _reports(results_dir)
+    if not reports:
+        return
+    lines = [
+        "# Routing benchmark: every report in this folder",
+        "",
+        "p90 TTFT in simulated ms (output tokens/s) per contender and run; **bold** is kvgate-default. "
+        "Each row is one same-run comparison (same fleet, plan and seed for every contender in it); rows "
+        "from different commands are not comparable with each other. The last four columns are "
+        "kvgate-default's ratios against the issue's goals: the best peer is the lowest valid p90 among "
+        "Envoy, vllm-router and sglang-router, the oracle the better of `oracle` and `oracle-spill`. An "
+        "empty cell: the contender was not in that run. Written by `python -m bench.routing` after every "
+        "run and by `--report-only`.",
+        "",
+        summary([(meta["workload"], figures) for _, meta, figures in reports]),
+        "Commands (each report's `.md` has its fleet, plan, wall time and every figure):",
+        "",
+    ]
+    lines += [f"- [{meta['workload']}]({path.stem}.md): `{meta['command']}`" for path, meta, _ in reports]
+    (results_dir / "SUMMARY.md").write_text("\n".join(lines) + "\n")
+
+
+def _report_only(results_dir: Path) -> int:
+    for path, meta, figures in _reports(results_dir):
+        write_report(path.with_suffix(""), meta, figures)
+    write_summary(results_dir)
     return 0
 
 

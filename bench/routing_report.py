@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.run_stats import RunFigures
@@ -47,33 +48,87 @@ def _ratio(a: float, b: float) -> str:
     return "-" if math.isnan(a) or math.isnan(b) or b <= 0 else f"{a / b:.2f}"
 
 
-def goals(figures: Sequence[RunFigures], subject: str = "kvgate-default") -> str:
-    """Per rate: ``subject``'s p90 TTFT and throughput against the best peer, Envoy RR and the oracle.
+@dataclass(frozen=True, slots=True)
+class GoalComparison:
+    """One rate of one workload: the subject's run and the runs the issue's goals compare it with.
 
     The best peer is the valid run with the lowest p90 TTFT among contenders that are neither kvgate
-    nor an oracle (Envoy RR/LR, vllm-router, sglang-router); the oracle column uses the better of
-    ``oracle`` and ``oracle-spill`` where both ran."""
+    nor an oracle (Envoy RR/LR, vllm-router, sglang-router); the oracle is the better of ``oracle``
+    and ``oracle-spill`` where both ran. Invalid runs take no part."""
+
+    rate: float
+    subject: RunFigures | None
+    best_peer: RunFigures | None
+    round_robin: RunFigures | None
+    oracle: RunFigures | None
+
+    def p90_ratio(self, other: RunFigures | None) -> str:
+        if self.subject is None or other is None:
+            return "-"
+        return _ratio(self.subject.ttft_p90_ms, other.ttft_p90_ms)
+
+    def throughput_ratio(self) -> str:
+        if self.subject is None or self.best_peer is None:
+            return "-"
+        return _ratio(self.subject.output_tok_s, self.best_peer.output_tok_s)
+
+
+def compare(figures: Sequence[RunFigures], subject: str = "kvgate-default") -> list[GoalComparison]:
+    """One :class:`GoalComparison` per offered rate, in rate order."""
+    out: list[GoalComparison] = []
+    for rate in sorted({f.rate for f in figures}):
+        runs = {f.contender: f for f in figures
+                if f.rate == rate and f.valid and not math.isnan(f.ttft_p90_ms)}
+        peers = [f for name, f in runs.items() if not name.startswith(("kvgate", "oracle"))]
+        oracles = [f for name, f in runs.items() if name.startswith("oracle")]
+        out.append(GoalComparison(
+            rate=rate, subject=runs.get(subject),
+            best_peer=min(peers, key=lambda f: f.ttft_p90_ms, default=None),
+            round_robin=runs.get("envoy-rr"),
+            oracle=min(oracles, key=lambda f: f.ttft_p90_ms, default=None)))
+    return out
+
+
+def goals(figures: Sequence[RunFigures], subject: str = "kvgate-default") -> str:
+    """Per rate: ``subject``'s p90 TTFT and throughput against the best peer, Envoy RR and the oracle
+    (see :class:`GoalComparison`)."""
     out = ["| offered req/s | best peer | p90 TTFT / best peer | p90 TTFT / envoy-rr | p90 TTFT / oracle "
            "| tok/s / best peer's |", "|---|---|---|---|---|---|"]
-    for rate in sorted({f.rate for f in figures}):
-        runs = {f.contender: f for f in figures if f.rate == rate and f.valid}
-        me = runs.get(subject)
-        if me is None:
-            out.append(f"| {rate:,.0f} | - | ({subject} missing or invalid) | | | |")
+    for c in compare(figures, subject):
+        if c.subject is None:
+            out.append(f"| {c.rate:,.0f} | - | ({subject} missing or invalid) | | | |")
             continue
-        peers = [f for name, f in runs.items() if not name.startswith(("kvgate", "oracle"))
-                 and not math.isnan(f.ttft_p90_ms)]
-        best = min(peers, key=lambda f: f.ttft_p90_ms, default=None)
-        oracles = [f for name, f in runs.items()
-                   if name.startswith("oracle") and not math.isnan(f.ttft_p90_ms)]
-        rr, oracle = runs.get("envoy-rr"), min(oracles, key=lambda f: f.ttft_p90_ms, default=None)
-        nan = float("nan")
         out.append(" | ".join([
-            f"| {rate:,.0f}", best.contender if best else "-",
-            _ratio(me.ttft_p90_ms, best.ttft_p90_ms if best else nan),
-            _ratio(me.ttft_p90_ms, rr.ttft_p90_ms if rr else nan),
-            _ratio(me.ttft_p90_ms, oracle.ttft_p90_ms if oracle else nan),
-            _ratio(me.output_tok_s, best.output_tok_s if best else nan)]) + " |")
+            f"| {c.rate:,.0f}", c.best_peer.contender if c.best_peer else "-", c.p90_ratio(c.best_peer),
+            c.p90_ratio(c.round_robin), c.p90_ratio(c.oracle), c.throughput_ratio()]) + " |")
+    return "\n".join(out) + "\n"
+
+
+def summary(reports: Sequence[tuple[str, Sequence[RunFigures]]], subject: str = "kvgate-default") -> str:
+    """Every workload's runs side by side: a row per workload and rate, p90 TTFT (and output tok/s)
+    per contender, then ``subject``'s ratios against the issue's goals. ``reports``: (workload, runs)."""
+    names = list(dict.fromkeys(f.contender for _, figures in reports for f in figures))
+    head = ["workload", "req/s (× cap.)", *names,
+            "/ best peer", "/ envoy-rr", "/ oracle", "tok/s / best peer's"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for workload, figures in reports:
+        for c in compare(figures, subject):
+            at_rate = {f.contender: f for f in figures if f.rate == c.rate}
+            fraction = next(iter(at_rate.values())).load_fraction
+            cells = [workload, f"{c.rate:,.0f} ({fraction:.1f})"]
+            for name in names:
+                f = at_rate.get(name)
+                if f is None:
+                    cells.append("")
+                elif not f.valid:
+                    cells.append("(invalid)")
+                else:
+                    p90 = _f(f.ttft_p90_ms)
+                    cells.append(f"**{p90}**" if f is c.subject else p90)
+                    cells[-1] += f" ({_f(f.output_tok_s, 0)})"
+            cells += [c.p90_ratio(c.best_peer), c.p90_ratio(c.round_robin), c.p90_ratio(c.oracle),
+                      c.throughput_ratio()]
+            out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
