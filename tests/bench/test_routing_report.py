@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.routing import write_summary
+from bench.routing import report_command, write_summary
 from bench.routing_report import compare, goals, summary
 from bench.run_stats import RunFigures
 
@@ -76,3 +76,10 @@ def test_write_summary_reads_every_report_and_skips_other_json(tmp_path: Path) -
     assert "| lora | 100 (0.5) |" in text
     assert "- [lora](lora.md): `python -m bench.routing --workloads lora`" in text
     assert "other.md" not in text
+
+
+def test_report_command_names_the_rates_and_time_scale_defaults_chose() -> None:
+    assert report_command(["--quick", "--workloads", "lora-mix"], [0.9], 20.0) == (
+        "python -m bench.routing --quick --workloads lora-mix --fractions 0.9 --time-scale 20")
+    given = ["--quick", "--fractions", "0.5", "0.9", "--time-scale", "40"]
+    assert report_command(given, [0.5, 0.9], 40.0) == "python -m bench.routing " + " ".join(given)
