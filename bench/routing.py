@@ -7,6 +7,10 @@ fleet (cold, equal caches), starts the contender in front of it, plays the same 
 lag, checks the contender's policy really ran, and stops both. Results go to
 ``bench/results/<workload>.{json,md,png}``; rates are fractions of a capacity estimate
 (``bench.workloads.capacity_estimate``), times are simulated (real / ``--time-scale``).
+
+Duration on 2 cores: ``--quick`` 7.7 min (3 workloads × 4 contenders at 0.9 ×); the full mode about
+40 hours (5 workloads × 4 rates × 9 contenders, 1,500 requests of 256 output tokens at time scale 40:
+12-17 min per run), so run it per workload or on a larger machine (bench/results/README.md).
 """
 
 from __future__ import annotations
