@@ -71,6 +71,7 @@ async def settle(pickers: Sequence[PickerService], timeout_s: float = 5.0) -> No
         sent = [s.counters.events_sent for s in syncs if s is not None]
         received = [s.counters.events_received for s in syncs if s is not None]
         queued = sum(m.outbox_size for s in syncs if s is not None for m in s.mirrors.values())
+        queued += sum(s.counters.events_writing for s in syncs if s is not None)  # taken, not yet sent
         if queued == 0 and all(r == sum(sent) - own for r, own in zip(received, sent, strict=True)):
             return
         await asyncio.sleep(0.01)

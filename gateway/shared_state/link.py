@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
@@ -147,13 +148,18 @@ class RedisLink:
 
 
 def connect(settings: RedisSettings) -> aioredis.Redis:
-    """A client whose socket operations are bounded and that never retries by itself."""
+    """A client whose socket operations are bounded.
+
+    It retries once, at once, and only on a connection error: a pooled connection that a restarted
+    Redis closed fails on first use, and the retry runs the call on a fresh connection instead of
+    failing it (which would back off and lose the batch of events it carried). A timeout is never
+    retried, and ``RedisLink.run`` bounds the whole call, retry included."""
     timeout = settings.op_timeout_s + 2 * settings.read_block_s
     client: aioredis.Redis = aioredis.Redis.from_url(
         settings.url,
         socket_timeout=timeout,
         socket_connect_timeout=settings.op_timeout_s,
-        retry=Retry(NoBackoff(), 0),
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         decode_responses=False,
     )
     return client

@@ -54,6 +54,8 @@ class SyncCounters:
     events_sent: int = 0
     events_lost: int = 0
     """Taken from an outbox for a write that failed (Redis went away): not shared."""
+    events_writing: int = 0
+    """Taken from an outbox, their write still in flight (counted as sent or lost once it ends)."""
     events_received: int = 0
     bad_entries: int = 0
     syncs: int = 0
@@ -167,12 +169,17 @@ class SharedStateSync:
             for pool in pools:
                 pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
 
-        replies = await self.link.run("sync", write)
+        taken = sum(len(events) for _, _, events in batches)
+        self.counters.events_writing += taken
+        try:
+            replies = await self.link.run("sync", write)
+        finally:
+            self.counters.events_writing -= taken
         if replies is None:
-            self.counters.events_lost += sum(len(events) for _, _, events in batches)
+            self.counters.events_lost += taken
             return
         self.counters.syncs += 1
-        self.counters.events_sent += sum(len(events) for _, _, events in batches)
+        self.counters.events_sent += taken
         members: list[list[bytes]] = replies[len(replies) - len(pools) :]
         await self._read_peers(pools, members)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,35 @@ async def test_two_pickers_share_prefixes_sessions_and_in_flight(make_sync: Make
     assert state_b.inflight("10.0.0.1:80") == InFlight(1, 10)
     # Pools are separate namespaces.
     assert b.state_for("other").prefix_match(HASHES) == {}
+
+
+async def test_events_taken_for_a_write_count_as_writing_until_it_ends(
+    make_sync: MakeSync, redis_server: RedisServer
+) -> None:
+    """Between taking the outbox and the write's reply the events are in neither the outbox nor
+    ``events_sent``: ``events_writing`` holds them, so a "has everything been shared?" check can
+    tell "nothing left" from "still on the wire" (bench.redis_sharing.settle relies on it)."""
+    a = make_sync()
+    state = a.state_for("pool")
+    seen: list[int] = []
+    run = a.link.run
+
+    async def spy(*args: Any, **kwargs: Any) -> list[Any] | None:
+        seen.append(a.counters.events_writing)
+        return await run(*args, **kwargs)
+
+    a.link.run = spy  # type: ignore[method-assign]
+    state.prefix_insert("10.0.0.1:80", HASHES, 1000)
+    state.session_set("alice", "10.0.0.1:80")
+    await a.sync_once()
+    assert seen[0] == 2
+    assert state.outbox_size == 0
+    assert (a.counters.events_writing, a.counters.events_sent) == (0, 2)
+    # A failed write ends the same way: the events are counted lost, none stays "writing".
+    await redis_server.kill()
+    state.prefix_insert("10.0.0.2:80", HASHES, 1000)
+    await a.sync_once()
+    assert (a.counters.events_writing, a.counters.events_lost) == (0, 1)
 
 
 async def test_a_late_picker_replays_recent_prefixes_but_not_expired_ones(make_sync: MakeSync) -> None:
