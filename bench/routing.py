@@ -54,7 +54,8 @@ FULL_TIME_SCALE = 40.0
 QUICK_TIME_SCALE = 20.0
 """Real seconds per simulated second. Quick mode runs the fleet twice as fast as the full mode (real
 request rates of 4-16 req/s instead of 2-8) to finish in under 10 minutes; the lag check still
-guards every run (quick runs at 20 lagged 0.1-0.15 simulated ms p99, limit 1.0)."""
+guards every run (the quick runs at 20 in bench/results/quick/ lagged 0.06-0.27 simulated ms p99,
+limit 1.0)."""
 REQUEST_TIMEOUT_SIM_S = 4.0  # a request not finished by then counts as an error
 
 
