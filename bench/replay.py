@@ -99,7 +99,7 @@ def endpoint_metrics(engine: Engine, now: float) -> EndpointMetrics:
         waiting=m.waiting, running=m.running, kv_cache_usage=m.kv_cache_usage,
         active_loras=frozenset(m.running_loras), waiting_loras=frozenset(m.waiting_loras),
         max_loras=m.max_loras if m.served_loras else 0, block_size=m.block_size,
-        num_gpu_blocks=m.num_gpu_blocks, updated_at=now,
+        num_gpu_blocks=m.num_gpu_blocks, updated_at=now, served_models=frozenset({m.model}),
     )
 
 

@@ -56,6 +56,9 @@ class EndpointMetrics:
     ``updated_at`` is the monotonic time (seconds) of the scrape that produced it.
     ``active_loras`` are adapters running or loaded now; ``waiting_loras`` those queued.
     ``block_size`` / ``num_gpu_blocks`` come from ``cache_config_info`` when the engine exposes it.
+    ``served_models`` are the model names the page labels its gauges with (vLLM's ``model_name``:
+    the base model's served name), empty when it has none; on a LoRA-enabled endpoint any other
+    model a request names is an adapter.
     """
 
     waiting: int = 0
@@ -67,6 +70,7 @@ class EndpointMetrics:
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     updated_at: float = 0.0
+    served_models: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

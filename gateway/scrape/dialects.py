@@ -143,6 +143,12 @@ def _vllm(samples: Samples, updated_at: float) -> EndpointMetrics:
         queued = _adapters(newest.labels.get("waiting_lora_adapters", ""))
         max_loras = _int_label(newest, "max_lora") or 0
     block_size, num_blocks = _cache_info(samples[VLLM_CACHE_INFO], "block_size", "num_gpu_blocks")
+    served = frozenset(
+        name
+        for family in (VLLM_WAITING, VLLM_RUNNING)
+        for sample in samples[family]
+        if (name := sample.labels.get("model_name"))
+    )
     return EndpointMetrics(
         waiting=_count(waiting),
         running=_count(running),
@@ -153,6 +159,7 @@ def _vllm(samples: Samples, updated_at: float) -> EndpointMetrics:
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         updated_at=updated_at,
+        served_models=served,
     )
 
 

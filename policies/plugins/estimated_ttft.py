@@ -21,9 +21,10 @@ Here both sides are seconds, per endpoint ``e``::
     ttft(e)     = step(e) · (1 + ceil(work / max_batched_tokens)) + prefill_s_per_token · work
                   + queue_wait_s · unknown(e)        (a queue we did not send may wait for free slots)
                   + kv_penalty_s · max(0, kv − kv_knee) / (1 − kv_knee)   (near-full KV: preemption)
-                  + LoRA cost (0 active or ours in flight there, lora_load_s free slot, lora_wait_s
-                    queued, lora_no_slot_s none; our in-flight adapters the scrape does not show
-                    yet take slots: ``policies.inflight_models``)
+                  + LoRA cost (0 active or ours in flight there, unless the scrape shows it only
+                    waiting; lora_load_s when the distinct adapters shown plus ours the scrape does
+                    not show yet (``policies.inflight_models``) leave a slot free; lora_wait_s
+                    queued there; else lora_no_slot_s · (1 + adapters queued there for a slot))
                   + miss_penalty_factor · prefill_s_per_token · (uncached(e) − min_e' uncached(e'))
     cost(e)     = ttft(e) · (1 + delay_externality · prefill_s_per_token · uncached(e) · λ(e))
 
@@ -83,7 +84,11 @@ MAX_KNOWN_ADAPTERS = 4096
 """Adapter names remembered (oldest forgotten first): a model is priced as a LoRA adapter once any
 scrape showed it active or waiting, even when no replica runs it at the moment. (Judged from the
 current scrape alone, a rarely used adapter looked like a base model whenever none of its requests
-was running, and was sent to replicas with every slot busy: the lora-mix p99 of 350-450 ms.)"""
+was running, and was sent to replicas with every slot busy: the lora-mix p99 of 350-450 ms.) Before
+any scrape shows it, a model is an adapter on a LoRA-enabled endpoint whose page labels its gauges
+with other model names (vLLM's ``model_name``: ``EndpointMetrics.served_models``), so a rare
+adapter's first request is priced as one too. Limit: a base model requested by a second
+``--served-model-name`` alias (vLLM labels with the first) is then priced as an adapter."""
 
 
 class EstimatedTtftParams(Params):
@@ -208,9 +213,14 @@ class EstimatedTtftScorer:
                 ttft += kv_s
             if miss_s and uncached > best_uncached:
                 ttft += miss_s * (uncached - best_uncached)
-            if is_adapter and lora is not None and adapter not in lora.active_loras:
+            if (
+                lora is not None
+                and adapter not in lora.active_loras
+                and (is_adapter or (lora.served_models and adapter not in lora.served_models))
+            ):
                 mine = own_models(address)
-                if not (mine and adapter in mine):  # ours in flight there: resident
+                # ours in flight there: resident, unless the scrape shows it only waiting (no slot yet)
+                if not (mine and adapter in mine) or adapter in lora.waiting_loras:
                     ttft += _lora_cost(p, lora, adapter, _new_slots(shown, mine, known_adapters))
             if by_share:
                 if own is not None:
@@ -238,11 +248,12 @@ def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str, taken: 
 
     ``taken``: slots this picker's in-flight adapters occupy beyond what the scrape shows.
     """
-    if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) + taken < m.max_loras:
+    if m.max_loras > 0 and len(m.active_loras | m.waiting_loras) + taken < m.max_loras:
         return p.lora_load_s
     if adapter in m.waiting_loras:
         return p.lora_wait_s
-    return p.lora_no_slot_s
+    # each adapter already queued there for a slot is served first
+    return p.lora_no_slot_s * (1 + len(m.waiting_loras - m.active_loras))
 
 
 def _new_slots(shown: frozenset[str], mine: Mapping[str, int] | None, known: Mapping[str, None]) -> int:

@@ -38,6 +38,7 @@ def test_vllm_0_11_page() -> None:
         block_size=16,
         num_gpu_blocks=32931,
         updated_at=12.5,
+        served_models=frozenset({"meta-llama/Llama-3.1-8B-Instruct"}),
     )
 
 
@@ -69,6 +70,7 @@ def test_vllm_sums_gauges_across_model_name_series() -> None:
     )
     metrics = parse_metrics(text, "vllm", 0.0)
     assert (metrics.waiting, metrics.running) == (7, 1)
+    assert metrics.served_models == frozenset({"a", "b"})  # the names adapters are told apart from
 
 
 def test_vllm_lora_newest_series_wins_and_adapter_lists_are_trimmed() -> None:

@@ -25,6 +25,7 @@ def view(
     healthy: bool = True,
     scraped: bool = True,
     num_gpu_blocks: int | None = None,
+    served: frozenset[str] = frozenset(),
 ) -> EndpointView:
     metrics = EndpointMetrics(
         waiting=waiting,
@@ -36,6 +37,7 @@ def view(
         block_size=16 if num_gpu_blocks else None,
         num_gpu_blocks=num_gpu_blocks,
         updated_at=NOW - age,
+        served_models=served,
     )
     return EndpointView(Endpoint(f"10.0.0.{i}:8000", "pool"), metrics if scraped else None, healthy)
 

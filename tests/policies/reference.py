@@ -205,17 +205,21 @@ class Reference:
             best = max(0, prompt_tokens - max(self.matches.values()) * self.tokens_per_block)
             ttft += p.miss_penalty_factor * p.prefill_s_per_token * max(0, uncached - best)
         adapter = self.request.target_model
-        known = adapter in self.known_adapters
         mine = self.s.inflight_models.get(e.address, {})
-        if (m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras and known
-                and adapter not in mine):
-            taken = len({n for n in mine if n in self.known_adapters} - m.active_loras - m.waiting_loras)
-            if m.max_loras > 0 and len(m.active_loras) + len(m.waiting_loras) + taken < m.max_loras:
-                ttft += p.lora_load_s
-            elif adapter in m.waiting_loras:
-                ttft += p.lora_wait_s
-            else:
-                ttft += p.lora_no_slot_s
+        if m is not None and (m.max_loras or m.active_loras) and adapter not in m.active_loras:
+            # an adapter: seen in a scrape once, or not the model the endpoint's metrics are labelled with
+            known = adapter in self.known_adapters or (m.served_models and adapter not in m.served_models)
+            # ours in flight make it resident, unless the scrape shows it waiting for a slot
+            resident = adapter in mine and adapter not in m.waiting_loras
+            if known and not resident:
+                shown = m.active_loras | m.waiting_loras
+                taken = len({n for n in mine if n in self.known_adapters} - shown)
+                if m.max_loras > 0 and len(shown) + taken < m.max_loras:
+                    ttft += p.lora_load_s
+                elif adapter in m.waiting_loras:
+                    ttft += p.lora_wait_s
+                else:  # behind every adapter already waiting there for a slot
+                    ttft += p.lora_no_slot_s * (1 + len(m.waiting_loras - m.active_loras))
         return ttft
 
     # --- pickers ------------------------------------------------------------------------------

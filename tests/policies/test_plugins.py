@@ -195,3 +195,42 @@ def test_estimated_ttft_lora_costs() -> None:
     ]
     est = EstimatedTtftScorer().estimates(context(request(model="x", prompt=text(1, 400))), eps)
     assert est[0] < est[1] < est[2]
+
+
+def test_estimated_ttft_counts_lora_slots_by_distinct_adapter_and_queues_behind_waiting_ones() -> None:
+    """vLLM lists an adapter that runs and has requests queued in both ``running_lora_adapters`` and
+    ``waiting_lora_adapters``: it takes one slot, not two. With every slot taken, each adapter
+    already waiting there for a slot goes first."""
+    a, b, c = frozenset({"a"}), frozenset({"a", "b"}), frozenset({"a", "b", "c"})
+    eps = [
+        view(1, active=b, waiting_loras=a, max_loras=3),  # 2 distinct adapters: a slot is free
+        view(2, active=c, max_loras=3),  # full
+        view(3, active=c, waiting_loras=frozenset({"d"}), max_loras=3),  # full, d queued for a slot
+        view(4, active=c, waiting_loras=frozenset({"d", "e"}), max_loras=3),  # full, two queued
+    ]
+    seen = [view(9, active=frozenset({"x", "d", "e"}), max_loras=3)]  # x, d, e are adapters
+    scorer = EstimatedTtftScorer()
+    scorer.estimates(context(request(model="x", prompt=text(1, 400))), seen)
+    est = scorer.estimates(context(request(model="x", prompt=text(1, 400))), eps)
+    p = scorer.params
+    base = est[0] - p.lora_load_s
+    assert est == pytest.approx([base + p.lora_load_s, base + p.lora_no_slot_s, base + 2 * p.lora_no_slot_s,
+                                 base + 3 * p.lora_no_slot_s])
+
+
+def test_estimated_ttft_knows_an_adapter_by_the_endpoints_model_name_before_any_scrape_shows_it() -> None:
+    """A model other than the one the endpoint labels its metrics with is an adapter on a LoRA-enabled
+    endpoint, from its very first request; the base model pays no LoRA cost."""
+    full = frozenset({"a", "b", "c"})
+    eps = [view(1, max_loras=3, served=frozenset({"base"})),
+           view(2, active=full, max_loras=3, served=frozenset({"base"}))]
+    scorer = EstimatedTtftScorer()
+    new_adapter = scorer.estimates(context(request(model="x", prompt=text(1, 400))), eps)
+    p = scorer.params
+    assert new_adapter[1] - new_adapter[0] == pytest.approx(p.lora_no_slot_s - p.lora_load_s)
+    base = scorer.estimates(context(request(model="base", prompt=text(1, 400))), eps)
+    assert base[0] == pytest.approx(base[1])
+    # without the label (an engine that has none) an unseen model is priced as a base model
+    unlabelled = [view(1, max_loras=3), view(2, active=full, max_loras=3)]
+    est = EstimatedTtftScorer().estimates(context(request(model="y", prompt=text(1, 400))), unlabelled)
+    assert est[0] == pytest.approx(est[1])

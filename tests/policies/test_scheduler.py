@@ -276,6 +276,24 @@ def test_an_adapter_stays_known_when_none_of_its_requests_runs() -> None:
     assert run(s, request("base", text(99, 400), model="base"), now) == "10.0.0.2:8000"
 
 
+def test_ours_in_flight_do_not_make_an_adapter_resident_where_the_scrape_shows_it_waiting() -> None:
+    """An adapter sent to a replica whose slots were all taken waits there for one: once the scrape
+    shows it only waiting, the next request for it goes where a slot is free, instead of queueing
+    behind (the lora-mix p99 of 250-460 ms in replays: rare adapters piled onto a starved replica)."""
+    s = scheduler()
+    full = frozenset({"a", "b", "c"})
+    served = frozenset({"base"})
+    eps = [view(1, active=full, max_loras=3, served=served), view(2, active=full, max_loras=3, served=served)]
+    first = run(s, request("r0", text(1, 400), model="x"), eps, finish=False)
+    other = 3 - index_of(first)
+    stuck = [
+        view(index_of(first), active=full, waiting_loras=frozenset({"x"}), waiting=1, max_loras=3,
+             served=served),
+        view(other, active=frozenset({"a"}), max_loras=3, running=40, served=served),  # busier, a free slot
+    ]
+    assert run(s, request("r1", text(2, 400), model="x"), stuck) == f"10.0.0.{other}:8000"
+
+
 def test_a_long_document_stays_on_the_replica_that_read_it_while_its_queue_is_short() -> None:
     # a 20k-token document (80,000 chars): its replica saves ~345 ms of prefill, which two queued
     # requests there do not outweigh. With an index reach of 128 blocks (~8k tokens) the saving looked
