@@ -221,7 +221,7 @@ class EstimatedTtftScorer:
                 mine = own_models(address)
                 # ours in flight there: resident, unless the scrape shows it only waiting (no slot yet)
                 if not (mine and adapter in mine) or adapter in lora.waiting_loras:
-                    ttft += _lora_cost(p, lora, adapter, _new_slots(shown, mine, known_adapters))
+                    ttft += _lora_cost(p, lora, adapter, shown, _new_slots(shown, mine, known_adapters))
             if by_share:
                 if own is not None:
                     ttft *= 1.0 + by_share * own.requests * uncached
@@ -243,12 +243,15 @@ class EstimatedTtftScorer:
         return dict(zip([e.endpoint.address for e in endpoints], scores, strict=True))
 
 
-def _lora_cost(p: EstimatedTtftParams, m: EndpointMetrics, adapter: str, taken: int = 0) -> float:
+def _lora_cost(
+    p: EstimatedTtftParams, m: EndpointMetrics, adapter: str, shown: frozenset[str], taken: int = 0
+) -> float:
     """Extra wait for an adapter not active on the endpoint: load it, wait for it, or wait for a slot.
 
-    ``taken``: slots this picker's in-flight adapters occupy beyond what the scrape shows.
+    ``shown``: the distinct adapters the scrape shows (active or waiting: one slot each; the
+    snapshot record's union). ``taken``: slots this picker's in-flight adapters occupy beyond them.
     """
-    if m.max_loras > 0 and len(m.active_loras | m.waiting_loras) + taken < m.max_loras:
+    if m.max_loras > 0 and len(shown) + taken < m.max_loras:
         return p.lora_load_s
     if adapter in m.waiting_loras:
         return p.lora_wait_s
