@@ -19,7 +19,10 @@ async def start_redis() -> AsyncIterator[StartRedis]:
 
     async def start() -> RedisServer:
         if not os.access(REDIS_BINARY, os.X_OK):
-            pytest.fail("redis-server is not installed (apt-get install redis-server; .ci/run does it)")
+            pytest.fail(
+                "redis-server is not installed "
+                "(bash scripts/test.sh installs it: apt-get install redis-server)"
+            )
         server = RedisServer()
         started.append(server)
         await server.start()
