@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from extproc.events import Headers
+from extproc.events import BodyMode, Headers
 
 
 class Phase(Enum):
@@ -36,12 +36,17 @@ class HeaderEdit:
 
 @dataclass(frozen=True, slots=True)
 class ContinueHeaders:
-    """Answer a headers message, with optional mutations, route-cache clearing and dynamic metadata."""
+    """Answer a headers message, with optional mutations, route-cache clearing and dynamic metadata.
+
+    ``response_body_mode``: a per-request ``mode_override`` turning the response body on (Envoy 1.40
+    honours it only in the reply to the response headers, and only with ``allow_mode_override``).
+    """
 
     phase: Phase
     edit: HeaderEdit = HeaderEdit()
     clear_route_cache: bool = False
     metadata: DynamicMetadata = field(default_factory=_no_metadata)
+    response_body_mode: BodyMode | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,6 +135,8 @@ def encode(action: Action) -> pb.ProcessingResponse:
         common = _common(action.edit, action.clear_route_cache)
         response = _phase_response(action.phase, headers=pb.HeadersResponse(response=common))
         _set_metadata(response, action.metadata)
+        if action.response_body_mode is not None:
+            response.mode_override.response_body_mode = action.response_body_mode.value
         return response
     if isinstance(action, StreamBody):
         mutation = pb.BodyMutation(

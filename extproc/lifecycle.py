@@ -5,12 +5,22 @@ Its transition table (:data:`TRANSITIONS`, state × event type → handler) is t
     START ──RequestHeaders(eos)──────────────────────────────▶ UPSTREAM        (bodyless: pick now)
     START ──RequestHeaders──▶ REQUEST_BODY ──body eos / trailers─▶ UPSTREAM   (pick on the whole body)
     UPSTREAM ──ResponseHeaders──▶ RESPONSE_BODY ──body eos / trailers──▶ RESPONSE_DONE
+    UPSTREAM ──ResponseHeaders (body not sent)──▶ RESPONSE_PASSTHROUGH ──StreamClosed──▶ DONE
     any ──error──▶ DONE (ImmediateResponse)        any ──StreamClosed──▶ DONE
 
 FULL_DUPLEX_STREAMED request bodies are held until end of stream, then the header response
 (destination, metadata) goes out followed by the body as streamed chunks. BUFFERED bodies get
 the header response at once and the destination on the body response. Responses pass through
 chunk by chunk. ``Scheduler.on_finished`` runs exactly once per picked request.
+
+kvgate's one-pass data path (the configuration kvgate writes: request body BUFFERED, response
+headers SEND, response body NONE, ``allow_mode_override``) sends no response chunk to Python: the
+reply to the response headers turns the response body on for this request only when it must be read
+or changed (the response's ``model`` renamed back after a rewrite, a pool with a token limit, or
+one response in ``observe_usage_every``), and otherwise the request ends when Envoy closes the
+stream at the end of the HTTP request (measured on Envoy 1.40: the stream stays open until then). The
+scheduler then learns the first token of a streamed response from its own estimate
+(``on_first_token_unseen``); a non-streamed response's headers come when it is complete.
 """
 
 from __future__ import annotations
@@ -75,6 +85,26 @@ class LifecycleConfig:
     response_copy_limit: int = 4 * 1024 * 1024
     tenant_limiter: TenantLimiter | None = None
     """Per-tenant rate limits (checked before scheduling, charged with the usage); None = none."""
+    observe_usage: Callable[[], bool] | None = None
+    """One-pass data path: asked once per request whether to read its response body anyway (usage
+    for the token metrics and the prefix index's capacity learning, the exact first token), e.g.
+    :class:`EveryNth`; None = only when a feature needs it (rename, token limits). Each request read
+    costs a message per response chunk."""
+
+
+class EveryNth:
+    """True on one call in ``n`` (the first included): a deterministic 1-in-n sampler."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self._n = n
+        self._countdown = 0
+
+    def __call__(self) -> bool:
+        hit = self._countdown == 0
+        self._countdown = self._n - 1 if hit else self._countdown - 1
+        return hit
 
 
 class State(Enum):
@@ -82,6 +112,8 @@ class State(Enum):
     REQUEST_BODY = "request_body"
     UPSTREAM = "upstream"
     RESPONSE_BODY = "response_body"
+    RESPONSE_PASSTHROUGH = "response_passthrough"
+    """The response flows without reaching the picker; the stream's end is the request's end."""
     RESPONSE_DONE = "response_done"
     DONE = "done"
 
@@ -124,6 +156,8 @@ class RequestLifecycle:
         self._response: ResponseBodyProcessor | None = None
         self._first_byte_seen = False
         self._finished = False
+        self._observe = True
+        """Whether the response body is read (one-pass data path: decided at the pick)."""
 
     @property
     def decision(self) -> Decision | None:
@@ -216,7 +250,7 @@ class RequestLifecycle:
             body=body,
             subset=self._subset,
             now=self._clock.now,
-            inject_usage=self._config.inject_include_usage,
+            inject_usage=self._config.inject_include_usage and self._reads_usage(),
             # Our own id: the scheduler keys in-flight state by it, and clients can repeat x-request-id.
             request_id=uuid.uuid4().hex,
             metrics=self._metrics,
@@ -267,6 +301,26 @@ class RequestLifecycle:
     def _full_duplex_request(self) -> bool:
         return self._modes.request is BodyMode.FULL_DUPLEX_STREAMED
 
+    @property
+    def _response_body_off(self) -> bool:
+        """Envoy sends no response body unless this request turns it on (the one-pass data path)."""
+        return self._modes.response is BodyMode.NONE
+
+    def _counts_tokens(self) -> bool:
+        limiter = self._config.tenant_limiter
+        return limiter is not None and self._pool is not None and limiter.counts_tokens(self._pool.name)
+
+    def _reads_usage(self) -> bool:
+        """Whether this request's response usage will be read (decided once, before the pick)."""
+        if not self._response_body_off:
+            return True
+        self._observe = self._counts_tokens() or self._sampled()
+        return self._observe
+
+    def _sampled(self) -> bool:
+        sampler = self._config.observe_usage
+        return sampler is not None and sampler()
+
     # response path -------------------------------------------------------------------------
     def _on_response_headers(self, event: ResponseHeaders) -> list[Action]:
         decision = self._decision
@@ -288,12 +342,31 @@ class RequestLifecycle:
             copy_limit=self._config.response_copy_limit,
         )
         edit = HeaderEdit(remove=("content-length",)) if self._response.edits else HeaderEdit()
-        if event.end_of_stream or self._modes.response is BodyMode.NONE:
+        if event.end_of_stream:
             self._finish(ok=self._status_ok)
             self.state = State.RESPONSE_DONE
-        else:
+            return [ContinueHeaders(Phase.RESPONSE, edit)]
+        if not self._response_body_off:
             self.state = State.RESPONSE_BODY
-        return [ContinueHeaders(Phase.RESPONSE, edit)]
+            return [ContinueHeaders(Phase.RESPONSE, edit)]
+        if self._observe or self._response.edits:
+            # Turn the body on for this request (STREAMED: chunks as they come, no buffering limit).
+            self.state = State.RESPONSE_BODY
+            self._modes = BodyModes(self._modes.request, BodyMode.STREAMED)
+            return [ContinueHeaders(Phase.RESPONSE, edit, response_body_mode=BodyMode.STREAMED)]
+        self.state = State.RESPONSE_PASSTHROUGH
+        served = self._served
+        if served is not None:
+            if "text/event-stream" in content_type:
+                self._callback(
+                    "on_first_token_unseen",
+                    lambda s: s.on_first_token_unseen(request, served, self._now()),
+                )
+            else:  # a whole (non-streamed) response: its headers come when it is complete
+                self._first_byte_seen = True
+                self._metrics.first_token(self._labels, self._clock.now() - self._started)
+                self._callback("on_first_token", lambda s: s.on_first_token(request, served, self._now()))
+        return [ContinueHeaders(Phase.RESPONSE)]
 
     def _on_response_body(self, event: ResponseBodyChunk) -> list[Action]:
         processor = self._response
@@ -327,6 +400,9 @@ class RequestLifecycle:
         actions.append(ContinueTrailers(Phase.RESPONSE))
         return actions
 
+    def _on_response_trailers_passing(self, event: ResponseTrailers) -> list[Action]:
+        return [ContinueTrailers(Phase.RESPONSE)]
+
     def _complete_response(self) -> None:
         decision = self._decision
         assert decision is not None
@@ -357,6 +433,13 @@ class RequestLifecycle:
     # ending --------------------------------------------------------------------------------
     def _on_closed(self, event: StreamClosed) -> list[Action]:
         self._finish(ok=False)
+        self.state = State.DONE
+        return []
+
+    def _on_closed_after_response(self, event: StreamClosed) -> list[Action]:
+        """The one-pass data path's end of request: Envoy half-closes at the end of the HTTP
+        request (a reset or a client gone shows as a cancelled stream)."""
+        self._finish(ok=self._status_ok and not event.cancelled)
         self.state = State.DONE
         return []
 
@@ -428,6 +511,8 @@ TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
         (State.UPSTREAM, RequestTrailers): RequestLifecycle._on_request_trailers_late,
         (State.UPSTREAM, ResponseHeaders): RequestLifecycle._on_response_headers,
         (State.UPSTREAM, StreamClosed): RequestLifecycle._on_closed,
+        (State.RESPONSE_PASSTHROUGH, ResponseTrailers): RequestLifecycle._on_response_trailers_passing,
+        (State.RESPONSE_PASSTHROUGH, StreamClosed): RequestLifecycle._on_closed_after_response,
         (State.RESPONSE_BODY, ResponseBodyChunk): RequestLifecycle._on_response_body,
         (State.RESPONSE_BODY, ResponseTrailers): RequestLifecycle._on_response_trailers,
         (State.RESPONSE_BODY, StreamClosed): RequestLifecycle._on_closed,

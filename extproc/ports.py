@@ -71,6 +71,10 @@ class TenantLimiter(Protocol):
         """The request was admitted and routed: count it."""
         ...
 
+    def counts_tokens(self, pool: str) -> bool:
+        """Whether ``pool`` has a token limit (then its responses' usage must be read)."""
+        ...
+
     def charge_tokens(self, key: TenantKey, tokens: int) -> None:
         """Count the tokens the response's usage reported (prompt + completion)."""
         ...

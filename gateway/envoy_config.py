@@ -46,7 +46,11 @@ _LOOSE_LIMIT = 1_000_000  # circuit-breaker ceiling: Envoy's default 1,024 throt
 
 @dataclass(frozen=True, slots=True)
 class ExtProcSettings:
-    """How the ext_proc filter talks to the picker (the same for every pool)."""
+    """How the ext_proc filter talks to the picker (the same for every pool).
+
+    The defaults are GIE's processing mode (full duplex both ways), as the Inference Extension's
+    gateways configure a picker; :data:`ONE_PASS` is what kvgate writes for its own Envoy.
+    """
 
     cluster_name: str = EXT_PROC_CLUSTER
     request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
@@ -55,6 +59,16 @@ class ExtProcSettings:
     grpc_timeout_s: float = 30.0
     max_body_bytes: int = 8 * 1024 * 1024
     send_served_endpoint: bool = True
+    allow_mode_override: bool = False
+    """Lets the picker turn the response body on per request (in its reply to the response headers)."""
+
+
+ONE_PASS = ExtProcSettings(request_body_mode="BUFFERED", response_body_mode="NONE", allow_mode_override=True)
+"""kvgate's own data path: the request crosses into Python once (headers, then the whole body in one
+message, no echo of it), the response headers come for the status and the served endpoint, and the
+response body stays in Envoy unless the picker turns it on for one request (model rename, token
+limits, sampled usage). The ext_proc stream stays open until the HTTP request ends, which is how the
+picker learns that it ended (measured on Envoy 1.40: extproc/lifecycle.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +234,8 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
             "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
         },
     }
+    if settings.allow_mode_override:
+        config["allow_mode_override"] = True
     if settings.send_served_endpoint:
         config["response_attributes"] = ["upstream.address"]
     return {"name": EXT_PROC_FILTER, "typed_config": config}

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -144,6 +145,8 @@ class UpOptions:
     sim_time_scale: float = 1.0
     sim_model: str | None = None
     envoy_log_level: str = "warning"
+    envoy_concurrency: int = 0
+    """Envoy worker threads; 0 = one per core of this machine."""
     redis_url: str | None = None
     scrape_interval: float = 0.05
     stale_after: float = 0.2
@@ -298,7 +301,10 @@ class KvgateUp:
         admin_port = options.envoy_admin_port or free_port()
         envoy = EnvoyProcess(
             bootstrap_for_ads(NODE_ID, ads.address, admin_port),
-            EnvoyOptions(log_level=options.envoy_log_level),
+            EnvoyOptions(
+                log_level=options.envoy_log_level,
+                concurrency=options.envoy_concurrency or os.cpu_count() or 1,
+            ),
         )
         self.envoy = envoy
         self._stack.push_async_callback(envoy.stop)
@@ -388,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. redis://127.0.0.1:6379/0); default: in process",
     )
     parser.add_argument("--envoy-log-level", default="warning")
+    parser.add_argument("--envoy-concurrency", type=int, default=0, metavar="N",
+                        help="Envoy worker threads (default 0: one per core)")
     parser.add_argument("--log-level", default="WARNING")
     return parser
 
@@ -411,6 +419,7 @@ def main(argv: Sequence[str]) -> int:
         sim_time_scale=args.sim_time_scale,
         sim_model=args.sim_model,
         envoy_log_level=args.envoy_log_level,
+        envoy_concurrency=args.envoy_concurrency,
         redis_url=args.redis,
     )
     try:

@@ -3,7 +3,9 @@
 The ext_proc request lifecycle calls, in order:
 ``schedule`` once (after the body is parsed), ``on_picked`` when the data plane is told the pick,
 ``on_served`` if the data plane reports a different served endpoint (fallback),
-``on_first_token`` when the first response body bytes arrive (the prompt's prefill is done),
+``on_first_token`` when the first response body bytes arrive (the prompt's prefill is done), or
+``on_first_token_unseen`` when the data plane will not show the response body (kvgate's one-pass
+data path: the scheduler then ends the prefill at its own estimate),
 ``on_usage`` when the response carries token usage, and ``on_finished`` exactly once per picked
 request, success or not (client gone, upstream error, stream reset), so in-flight bookkeeping
 never leaks.
@@ -50,6 +52,11 @@ class Scheduler(Protocol):
 
     def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         """The response's first body bytes arrived: the request no longer waits for prefill."""
+        ...
+
+    def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        """The response started and its body will not be shown: the scheduler ends the request's
+        prefill by its own estimate of the first token's time (at once if it has none)."""
         ...
 
     def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None: ...

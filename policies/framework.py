@@ -43,6 +43,10 @@ class SchedulingContext:
     """This picker's in-flight requests per endpoint and target model (``policies.inflight_models``)."""
     own_requests: int = 0
     """This picker's requests in flight in the pool (``state`` may also count other pickers')."""
+    ttft_estimates: Mapping[str, float] | None = None
+    """Seconds (clock seconds) to this request's first token per endpoint address, left here by a
+    scorer that estimates it (``estimated-ttft-scorer``); the scheduler ends the prefill of a request
+    whose first token the data plane does not report at this estimate (``on_first_token_unseen``)."""
     _hashes: tuple[int, ...] | None = field(default=None, repr=False)
     _matches: Mapping[str, int] | None = field(default=None, repr=False)
 

@@ -15,7 +15,10 @@ timing runs only with a ``timer``, on every request or on one in ``timing_every`
 Lifecycle (``policies.contracts``): ``on_picked`` counts the request in flight on the pick, records
 its session and inserts its prompt blocks into the prefix index; ``on_served`` moves all that to
 the endpoint that really served it; ``on_first_token`` drops the request's prefill tokens from the
-in-flight work (it stays counted as a request: a replica busy decoding is not queued); ``on_usage``
+in-flight work (it stays counted as a request: a replica busy decoding is not queued);
+``on_first_token_unseen`` (the data plane will not show the response body: kvgate's one-pass data
+path) drops them when the TTFT the profile's scorer estimated for the pick has passed (checked at the
+next ``schedule``), or at once when no scorer estimates TTFT (then nothing reads them); ``on_usage``
 learns from the ``cached_tokens`` the replica reports; ``on_finished`` removes exactly what
 ``on_picked`` added. The prompt hashes computed in
 ``schedule`` are kept (bounded LRU by request id, ``max_pending``) until ``on_picked`` so a request
@@ -31,6 +34,7 @@ computed them, so they are cached now.
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
 from collections import OrderedDict
@@ -94,6 +98,8 @@ class ProfileScheduler:
         self._max_pending = max_pending
         self._capacity_scale: dict[str, float] = {}
         self._prefilling: dict[str, str] = {}  # request id → address, counted with tokens until first token
+        self._first_token_due: OrderedDict[str, float] = OrderedDict()  # request id → estimated time
+        self._unseen: list[tuple[float, str]] = []  # heap of (due, request id): first tokens not shown
         self._own_models = InflightModels()
         self._own_models_view = self._own_models.by_endpoint()
         self._timing_every = max(1, timing_every)
@@ -108,6 +114,8 @@ class ProfileScheduler:
     ) -> SchedulingResult:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
+        if self._unseen and self._unseen[0][0] <= now:
+            self._end_estimated_prefills(now)
         ctx = self.context(request, now)
         endpoints = self._subset.filter(ctx, candidates)
         timer = self._timer_for_this_request()
@@ -136,6 +144,14 @@ class ProfileScheduler:
             raise NoEligibleEndpointError(f"picker {picker.name!r} picked nothing")
         if self._tracks_prefix:
             self._remember(ctx, ranked)
+        estimates = ctx.ttft_estimates
+        if estimates:
+            estimate = estimates.get(ranked[0].endpoint.address)
+            if estimate is not None:
+                due = self._first_token_due
+                due[request.request_id] = now + estimate
+                if len(due) > self._max_pending:
+                    due.popitem(last=False)
         scores = ScoresView(addresses, totals)
         return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores)
 
@@ -225,9 +241,27 @@ class ProfileScheduler:
             self.state.session_set(session, address)
 
     def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
-        address = self._prefilling.pop(request.request_id, None)
+        self._first_token_due.pop(request.request_id, None)
+        self._prefill_done(request.request_id)
+
+    def _prefill_done(self, request_id: str) -> None:
+        address = self._prefilling.pop(request_id, None)
         if address is not None:  # still in flight: keep the request, its prefill is done
-            self.state.inflight_add(request.request_id, address, 0)
+            self.state.inflight_add(request_id, address, 0)
+
+    def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        due = self._first_token_due.pop(request.request_id, None)
+        if request.request_id not in self._prefilling:
+            return
+        if due is None or due <= now:
+            self._prefill_done(request.request_id)
+        else:
+            heapq.heappush(self._unseen, (due, request.request_id))
+
+    def _end_estimated_prefills(self, now: float) -> None:
+        unseen = self._unseen
+        while unseen and unseen[0][0] <= now:
+            self._prefill_done(heapq.heappop(unseen)[1])  # finished ones are gone already: no-op
 
     def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None:
         memo = self._pending.get(request.request_id)
@@ -246,6 +280,7 @@ class ProfileScheduler:
     def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
         self.state.inflight_remove(request.request_id)
         self._prefilling.pop(request.request_id, None)
+        self._first_token_due.pop(request.request_id, None)
         self._own_models.remove(request.request_id)
         self._pending.pop(request.request_id, None)
 

@@ -93,6 +93,10 @@ class TenantRateLimiter:
     def record_request(self, key: TenantKey) -> None:
         self._add(key, "requests", 1)
 
+    def counts_tokens(self, pool: str) -> bool:
+        limits = self._limits.get(pool)
+        return limits is not None and limits.tokens is not None
+
     def charge_tokens(self, key: TenantKey, tokens: int) -> None:
         if tokens > 0:
             self._add(key, "tokens", tokens)

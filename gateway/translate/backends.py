@@ -98,15 +98,27 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
 
 
 def pool_per_route(pool: ResolvedPool, settings: TranslationSettings) -> JsonDict:
-    """``ExtProcPerRoute`` naming the pool (and its external picker, if it has one)."""
+    """``ExtProcPerRoute`` naming the pool (and its external picker, if it has one).
+
+    An external picker (another endpoint picker, e.g. the Inference Extension's own) is spoken to
+    in GIE's processing mode (full duplex both ways, unless FailOpen needs a buffered request):
+    kvgate's one-pass mode is for its own picker.
+    """
     backend = ec.PoolBackend(pool.id, pool.picker.failure_mode)
-    per_route = ec.ext_proc_per_route(backend, settings.ext_proc)
-    if pool.picker.addresses:
+    external = bool(pool.picker.addresses)
+    ext_proc = settings.ext_proc
+    if external:
+        ext_proc = ec.ExtProcSettings(cluster_name=ext_proc.cluster_name)
+    per_route = ec.ext_proc_per_route(backend, ext_proc)
+    if external:
         name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
-        per_route["overrides"]["grpc_service"] = {
+        overrides = per_route["overrides"]
+        overrides["grpc_service"] = {
             "envoy_grpc": {"cluster_name": name},
             "timeout": ec.duration(settings.ext_proc.grpc_timeout_s),
         }
+        overrides.setdefault("processing_mode", ec.processing_mode(ext_proc.request_body_mode,
+                                                                   ext_proc.response_body_mode))
     return per_route
 
 

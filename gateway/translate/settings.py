@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from gateway.envoy_config import ExtProcSettings
+from gateway.envoy_config import ONE_PASS, ExtProcSettings
 
 BodyRouting = Literal["auto", "on", "off"]
 
@@ -18,14 +18,15 @@ class TranslationSettings:
     as written in the Gateway. ``body_based_routing``: "auto" emits the body-based-router filter on
     a listener only when one of its routes matches on ``X-Gateway-Model-Name``; "on"/"off" force it.
     ``default_route_timeout_s``: the route timeout when a rule sets none (0 = none: Envoy's own
-    default of 15 s would cut long generations).
+    default of 15 s would cut long generations). ``ext_proc``: the picker's processing mode, kvgate's
+    one-pass data path unless set (``gateway.envoy_config.ONE_PASS``).
     """
 
     picker_addresses: tuple[str, ...]
     listen_host: str = "127.0.0.1"
     listen_ports: tuple[tuple[int, int], ...] = ()
     node_id: str = "kvgate"
-    ext_proc: ExtProcSettings = field(default_factory=ExtProcSettings)
+    ext_proc: ExtProcSettings = ONE_PASS
     body_based_routing: BodyRouting = "auto"
     bbr_failure_mode_allow: bool = True
     bbr_message_timeout_s: float = 5.0

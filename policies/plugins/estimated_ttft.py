@@ -190,6 +190,8 @@ class EstimatedTtftScorer:
                 by_endpoint = externality / len(endpoints)
         out: list[float] = []
         append = out.append
+        ttfts: dict[str, float] = {}  # clock seconds to the first token, for on_first_token_unseen
+        time_scale = p.time_scale
         records = self._records.get(endpoints)  # (learns the adapters these views show)
         known_adapters = self._known_adapters
         is_adapter = adapter in known_adapters
@@ -222,12 +224,14 @@ class EstimatedTtftScorer:
                 # ours in flight there: resident, unless the scrape shows it only waiting (no slot yet)
                 if not (mine and adapter in mine) or adapter in lora.waiting_loras:
                     ttft += _lora_cost(p, lora, adapter, shown, _new_slots(shown, mine, known_adapters))
+            ttfts[address] = ttft * time_scale
             if by_share:
                 if own is not None:
                     ttft *= 1.0 + by_share * own.requests * uncached
             elif by_endpoint:
                 ttft *= 1.0 + by_endpoint * uncached
             append(ttft)
+        ctx.ttft_estimates = ttfts
         return out
 
     def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:

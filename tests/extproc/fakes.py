@@ -19,6 +19,8 @@ from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
 FULL_DUPLEX = 4
 BUFFERED = 2
+STREAMED = 1
+NONE = 0
 
 
 class StepClock:
@@ -40,6 +42,7 @@ class RecordingScheduler:
     calls: list[tuple[str, object]] = field(default_factory=list)
     seen: list[tuple[InferenceRequest, tuple[str, ...]]] = field(default_factory=list)
     first_tokens: list[str] = field(default_factory=list)
+    unseen_first_tokens: list[str] = field(default_factory=list)
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
@@ -57,6 +60,9 @@ class RecordingScheduler:
 
     def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.first_tokens.append(endpoint.address)  # kept apart: ``calls`` sequences stay as they were
+
+    def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self.unseen_first_tokens.append(endpoint.address)
 
     def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None:
         self.calls.append(("usage", usage))
@@ -162,12 +168,13 @@ def request_headers(
     eos: bool = False,
     mode: int = FULL_DUPLEX,
     subset: Sequence[str] | str | None = None,
+    response_mode: int = FULL_DUPLEX,
 ) -> pb.ProcessingRequest:
     headers = [(":method", method), (":path", path), (":authority", "gw"), *extra]
     return pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(headers=_header_map(headers), end_of_stream=eos),
         metadata_context=_metadata(subset),
-        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=FULL_DUPLEX),
+        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=response_mode),
     )
 
 

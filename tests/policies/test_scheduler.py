@@ -397,3 +397,49 @@ def test_pickers_sharing_state_price_the_arrivals_of_all_of_them() -> None:
     shared = InProcessState()
     together = _document_estimates([scheduler(state=shared), scheduler(state=shared, seed=2)])
     assert together == pytest.approx(alone, rel=0.05)
+
+
+def _prefill_tokens(s: ProfileScheduler, address: str) -> int:
+    inflight = s.state.inflight_by_endpoint().get(address)
+    return inflight.tokens if inflight is not None else 0
+
+
+def test_an_unseen_first_token_ends_the_prefill_at_the_estimated_ttft_not_before() -> None:
+    # kvgate's one-pass data path does not show the response body: the prompt's prefill tokens stay
+    # counted until the TTFT the scorer estimated for the pick, then leave at the next schedule.
+    s = scheduler()
+    eps = [view(i) for i in range(1, 5)]
+    long_read = request("doc", text(5, 40_000))
+    pick = s.schedule(long_read, eps, NOW).pick
+    s.on_picked(long_read, pick, NOW)
+    s.on_first_token_unseen(long_read, pick, NOW + 0.001)
+    assert _prefill_tokens(s, pick.address) > 5_000  # ~10k tokens: ~0.2 s of estimated prefill
+    s.schedule(request("soon", text(6, 400)), eps, NOW + 0.01)
+    assert _prefill_tokens(s, pick.address) > 5_000
+    s.schedule(request("later", text(7, 400)), eps, NOW + 5.0)
+    assert _prefill_tokens(s, pick.address) == 0
+    assert s.state.inflight_by_endpoint()[pick.address].requests == 1  # still decoding there
+    s.on_finished(long_read, pick, ok=True, now=NOW + 6.0)
+    assert pick.address not in s.state.inflight_by_endpoint()
+
+
+def test_an_unseen_first_token_without_a_ttft_estimate_ends_the_prefill_at_once() -> None:
+    s = scheduler("gie-default")
+    eps = [view(i) for i in range(1, 5)]
+    req = request("r", text(5, 4_000))
+    pick = s.schedule(req, eps, NOW).pick
+    s.on_picked(req, pick, NOW)
+    s.on_first_token_unseen(req, pick, NOW)
+    assert _prefill_tokens(s, pick.address) == 0
+
+
+def test_a_request_finished_before_its_estimated_first_token_leaves_nothing_behind() -> None:
+    s = scheduler()
+    eps = [view(i) for i in range(1, 5)]
+    req = request("short", text(5, 40_000))
+    pick = s.schedule(req, eps, NOW).pick
+    s.on_picked(req, pick, NOW)
+    s.on_first_token_unseen(req, pick, NOW)
+    s.on_finished(req, pick, ok=False, now=NOW + 0.001)
+    s.schedule(request("later", text(7, 400)), eps, NOW + 5.0)  # the due entry fires on nothing
+    assert pick.address not in s.state.inflight_by_endpoint()
