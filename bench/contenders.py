@@ -6,8 +6,13 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
 
 - ``envoy-rr`` / ``envoy-lr``: plain Envoy, a STATIC cluster of the replicas with ROUND_ROBIN /
   LEAST_REQUEST (no picker).
-- ``kvgate-<profile>``: ``kvgate picker`` (own process) behind Envoy with kvgate's verified ext_proc
-  config (``gateway.envoy_config.static_bootstrap``); ``profile`` is a shipped name or a YAML path.
+- ``kvgate-<profile>``: ``kvgate picker`` (own process) behind Envoy with the ext_proc config that
+  ``kvgate up`` writes (``gateway.envoy_config.static_bootstrap`` with ``ONE_PASS``: one pass per
+  request, no response chunk to Python); ``profile`` is a shipped name or a YAML path. A ``-w<N>``
+  suffix (``kvgate-default-w4``) runs ``kvgate picker --workers N`` (state shared through a private
+  Redis) and lists the workers' own ports in Envoy's ext_proc cluster (N Envoy workers). A ``-fd``
+  suffix (``kvgate-default-fd``) configures GIE's full-duplex mode instead of the one pass (every
+  response chunk through the picker: exact first tokens), to compare the two in one run.
 - ``vllm-router-cache_aware`` / ``vllm-router-round_robin``: PyPI ``vllm-router`` (Rust).
 - ``sglang-router-cache_aware``: PyPI ``sglang-router`` (``sglang-router launch``, Rust).
 - ``oracle``: :mod:`bench.oracle_router` (greedy least estimated TTFT); ``oracle-spill``: the same
@@ -27,7 +32,14 @@ from typing import Any
 import yaml
 
 from bench.processes import ManagedProcess, http_get_text, metric_sum
-from gateway.envoy_config import GatewayConfig, PoolBackend, static_bootstrap
+from gateway.envoy_config import (
+    ONE_PASS,
+    ExtProcSettings,
+    GatewayConfig,
+    PoolBackend,
+    split_host_port,
+    static_bootstrap,
+)
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
@@ -77,6 +89,7 @@ class Contender:
     processes: list[ManagedProcess] = field(default_factory=list)
     envoy: EnvoyProcess | None = None
     metrics_url: str = ""
+    metrics_urls: list[str] = field(default_factory=list)
     max_loras: int = 4  # the fleet's adapter slots (the oracle needs it)
     time_scale: float = 1.0  # real seconds per simulated second: kvgate's clocks are scaled by it
 
@@ -122,21 +135,32 @@ class Contender:
 
     async def _start_kvgate(self, replicas: list[str], workdir: Path, port: int) -> None:
         addresses = [url.removeprefix("http://") for url in replicas]
-        profile = scaled_profile(self.option, self.time_scale, workdir / f"{self.name}.profile.yaml")
+        option, workers = split_workers(self.option)
+        full_duplex = option.endswith("-fd")
+        option = option.removesuffix("-fd")
+        profile = scaled_profile(option, self.time_scale, workdir / f"{self.name}.profile.yaml")
         pools = {"pools": [{"name": "bench", "endpoints": addresses, "profile": str(profile)}]}
         pools_path = workdir / f"{self.name}.pools.json"
         pools_path.write_text(json.dumps(pools))
         proc = self._spawn(workdir, [sys.executable, "-m", "gateway.cli", "picker", "--pools",
                                      str(pools_path), "--grpc-port", "0", "--admin-port", "0",
                                      "--scrape-interval", f"{0.05 * self.time_scale:g}",
-                                     "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING"])
-        match = await proc.wait_for_log(r"^kvgate-picker ready grpc=([\d.]+):(\d+) admin=(\S+)")
+                                     "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
+                                     "--workers", str(workers)])
+        match = await proc.wait_for_log(r"^kvgate-picker ready grpc=([\d.]+):(\d+) admin=(\S+)(.*)")
         grpc_port = int(match.group(2))
         self.metrics_url = match.group(3) + "/metrics"
+        pickers: tuple[tuple[str, int], ...] = (("127.0.0.1", grpc_port),)
+        extra = dict(w.split("=", 1) for w in match.group(4).split() if "=" in w)
+        if "admins" in extra:
+            self.metrics_urls = [url + "/metrics" for url in extra["admins"].split(",")]
+        if "grpc_workers" in extra:
+            pickers = tuple(split_host_port(a) for a in extra["grpc_workers"].split(","))
         config = GatewayConfig(listen_port=port, admin_port=free_port(),
-                               picker_addresses=(("127.0.0.1", grpc_port),),
-                               pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),))
-        self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions())
+                               picker_addresses=pickers,
+                               pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),),
+                               settings=ExtProcSettings() if full_duplex else ONE_PASS)
+        self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions(concurrency=workers))
         await self.envoy.start()
 
     async def check(self) -> str:
@@ -164,11 +188,21 @@ class Contender:
                 return f"CRIPPLED: no {self.option} selections in metrics"
             return f"ok: {picks:.0f} {self.option} selections (text radix tree, no tokenizer)"
         if self.kind == "kvgate":
-            picks = metric_sum(page, "inference_extension_scheduler_e2e_duration_seconds_count")
-            errors = metric_sum(page, "inference_objective_request_error_total")
+            pages = [page]
+            for url in self.metrics_urls[1:]:  # --workers: every worker's page
+                try:
+                    pages.append(await http_get_text(url))
+                except Exception as exc:
+                    return f"unknown: a worker's metrics unreadable ({type(exc).__name__})"
+            per_worker = [
+                metric_sum(p, "inference_extension_scheduler_e2e_duration_seconds_count") for p in pages
+            ]
+            picks = sum(per_worker)
+            errors = sum(metric_sum(p, "inference_objective_request_error_total") for p in pages)
             if picks <= 0:
                 return "CRIPPLED: the picker scheduled nothing"
-            return f"ok: {picks:.0f} picks, {errors:.0f} errors"
+            spread = f" (per worker {', '.join(f'{n:.0f}' for n in per_worker)})" if len(pages) > 1 else ""
+            return f"ok: {picks:.0f} picks, {errors:.0f} errors{spread}"
         if self.kind == "oracle":
             return "ok: peeks every replica per request"
         return "ok: Envoy built-in load balancer"
@@ -240,6 +274,14 @@ def make_contender(name: str) -> Contender:
         if name.startswith(prefix):
             return Contender(name, kind, name[len(prefix):])
     raise ValueError(f"unknown contender {name!r}")
+
+
+def split_workers(option: str) -> tuple[str, int]:
+    """``default-w4`` → (``default``, 4); no ``-w<N>`` suffix → (option, 1)."""
+    head, sep, tail = option.rpartition("-w")
+    if sep and head and tail.isdigit() and int(tail) >= 1:
+        return head, int(tail)
+    return option, 1
 
 
 def contender_for_profile_path(path: Path) -> Contender:

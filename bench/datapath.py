@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile", default="default", help="scheduling profile of the pool")
     parser.add_argument("--no-pair", dest="pair", action="store_false", help="skip the 2-picker path")
     parser.add_argument("--no-null", dest="null", action="store_false", help="skip the null processor")
-    parser.add_argument("--output", type=Path, default=Path("bench/results/datapath.md"))
+    parser.add_argument("--output", type=Path, default=Path("bench/results/datapath-full-duplex.md"))
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # like Ctrl-C: the exit stack stops every child
     report = asyncio.run(run(args))

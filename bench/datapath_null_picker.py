@@ -2,6 +2,11 @@
 
 ``python -m bench.datapath_null_picker --destination IP:PORT [--port P]``
 
+With Envoy's one-pass processing mode (request headers SEND, request body BUFFERED, response phases
+SKIP/NONE: the ``floor`` path of ``bench.datapath_onepass``) the same loop is the one-pass floor:
+it answers the headers at once, parses the JSON body (``json.loads``) and answers it with the
+destination header, ``envoy.lb`` metadata and ``clear_route_cache``: two messages each way.
+
 It does the least a full-duplex endpoint picker must do (ENVOY_EXTPROC.md): hold the request
 headers until the body's end, answer them with a fixed destination header + ``envoy.lb`` metadata,
 re-send the body, answer response headers and echo each response chunk. No parsing, no
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -26,6 +32,7 @@ from google.protobuf import struct_pb2
 from extproc.names import DESTINATION_HEADER, LB_NAMESPACE
 
 READY_PREFIX = "null-picker ready"
+BUFFERED = 2  # ProcessingMode.BodySendMode.BUFFERED
 CHUNK = 62_000
 
 
@@ -48,16 +55,27 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
         )
         self._response_headers = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+        self._continue_headers = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+        self._body_decision = pb.ProcessingResponse(
+            request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
+        )
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         chunks: list[bytes] = []
+        buffered = False
         async for message in requests:
             kind = message.WhichOneof("request")
             if kind == "request_headers":
+                buffered = message.protocol_config.request_body_mode == BUFFERED
                 if message.request_headers.end_of_stream:
                     yield self._decision
+                elif buffered:
+                    yield self._continue_headers
+            elif kind == "request_body" and buffered:
+                json.loads(message.request_body.body)  # the floor parses the body, as any picker must
+                yield self._body_decision
             elif kind == "request_body":
                 chunks.append(message.request_body.body)
                 if not message.request_body.end_of_stream:

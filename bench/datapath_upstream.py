@@ -1,8 +1,10 @@
 """A fast stand-in model server for the data-path benchmark: ``python -m bench.datapath_upstream``.
 
 It answers every POST at once with a small OpenAI completion (usage included, so the picker's
-response path parses it) and serves a minimal vLLM ``/metrics`` page (idle replica, live running
-count) so the picker's scraper accepts it and full scheduling runs. aiohttp's low-level server (C
+response path parses it), or, when the body says ``"stream": true``, with ``max_tokens`` SSE chunks
+of one token each, written as fast as the socket takes them (vLLM's default stream interval: one
+chunk per token), then ``data: [DONE]``. It serves a minimal vLLM ``/metrics`` page (idle replica, live
+running count) so the picker's scraper accepts it and full scheduling runs. aiohttp's low-level server (C
 HTTP parser, no routing or middleware) keeps it far from being the bottleneck. Prints
 ``datapath-upstream ready URL...`` once listening; stops on SIGTERM/SIGINT.
 """
@@ -67,11 +69,36 @@ class FastUpstream:
             return web.Response(body=b"ok", content_type="text/plain")
         self.running += 1
         try:
-            await request.read()  # drain the body (chunked from the ext_proc path, sized direct)
+            body = await request.read()  # drain the body (chunked from the ext_proc path, sized direct)
             self.requests += 1
-            return web.Response(body=COMPLETION, content_type="application/json")
+            if b'"stream":true' not in body and b'"stream": true' not in body:
+                return web.Response(body=COMPLETION, content_type="application/json")
+            return await self._stream(request, _max_tokens(body))
         finally:
             self.running -= 1
+
+    async def _stream(self, request: web.BaseRequest, tokens: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(tokens):
+            await response.write(CHUNK % index)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+CHUNK = (
+    b'data: {"id":"cmpl-bench","object":"text_completion","created":0,"model":"bench-model",'
+    b'"choices":[{"index":0,"text":" t%d","logprobs":null,"finish_reason":null}]}\n\n'
+)
+
+
+def _max_tokens(body: bytes) -> int:
+    try:
+        value = json.loads(body).get("max_tokens", 16)
+    except (ValueError, AttributeError):
+        return 16
+    return value if isinstance(value, int) and 0 < value <= 4096 else 16
 
 
 async def serve(host: str, ports: Sequence[int]) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import os
 import platform
 import shlex
 import signal
@@ -76,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="planned requests of a run at 1.0 x capacity (same arrival window at every rate)")
     p.add_argument("--output-tokens", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=None, help="real seconds per simulated second")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="simulated replicas (default: the workload's, 8); results named <workload>-r<N>")
+    p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
+                   help="tokens per SSE chunk from the simulator (default 1); results named <workload>-si<K>")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--report-only", action="store_true", help="rewrite .md/.png from the .json files")
@@ -145,7 +151,7 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
     meta: dict[str, Any] = {
         "workload": spec.name, "description": spec.description, "mode": mode, "command": command,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {platform.python_version()}, 2 cores",
+        "machine": f"{platform.machine()}, {platform.python_version()}, {os.cpu_count()} cores",
         "fleet_args": shlex.join(spec.fleet.args()), "time_scale": time_scale, "capacity": capacity,
         "requests": requests, "seed": seed, "output_tokens": spec.output_tokens, "wall_s": 0.0,
     }
@@ -248,6 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = WORKLOADS[name].with_output_tokens(output_tokens)
         if args.hetero:
             spec = spec.with_fleet(spec.fleet.heterogeneous(), f"{name}-hetero")
+        if args.replicas:
+            fleet = dataclasses.replace(spec.fleet, replicas=args.replicas)
+            spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
+        if args.stream_interval != 1:
+            fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
+            spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")
         asyncio.run(run_workload(spec, contenders, args.profile, fractions, requests, time_scale, args.seed,
                                  args.results, "quick" if quick else "full", command))
     return 0

@@ -50,10 +50,13 @@ class FleetSpec:
     loras: tuple[str, ...] = ()
     max_loras: int = 4
     overrides: tuple[str, ...] = ()  # --replica I:KEY=VALUE,...
+    stream_interval: int = 1  # tokens per SSE chunk (1: one chunk per token, vLLM's default)
 
     def args(self) -> list[str]:
         out = ["--replicas", str(self.replicas), "--num-gpu-blocks", str(self.num_gpu_blocks),
                "--max-loras", str(self.max_loras)]
+        if self.stream_interval != 1:
+            out += ["--stream-interval", str(self.stream_interval)]
         if self.loras:
             out += ["--loras", ",".join(self.loras)]
         for override in self.overrides:
@@ -64,7 +67,7 @@ class FleetSpec:
         """Replica 0 with half the KV cache, replica 1 1.5× slower (the issue's heterogeneous fleet)."""
         half = max(1, self.num_gpu_blocks // 2)
         return FleetSpec(self.replicas, self.num_gpu_blocks, self.loras, self.max_loras,
-                         (f"0:num_gpu_blocks={half}", "1:slowdown=1.5"))
+                         (f"0:num_gpu_blocks={half}", "1:slowdown=1.5"), self.stream_interval)
 
 
 @dataclass(frozen=True, slots=True)

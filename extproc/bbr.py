@@ -40,7 +40,7 @@ def model_of(body: bytes) -> str | None:
         return None
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(document, dict):
         return None

@@ -86,18 +86,32 @@ class UpstreamBody:
     usage_injected: bool
 
 
+TOO_DEEP = "request body nests JSON arrays or objects too deeply"
+
+
 def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
-    """Parse ``raw`` for routing. Raises MalformedBodyError / BadRequestError (400)."""
+    """Parse ``raw`` for routing. Raises MalformedBodyError / BadRequestError (400), nothing else.
+
+    A body nested deeper than the interpreter's recursion limit (about 1,000 levels, far beyond
+    any OpenAI request) is refused as soon as the decoder reaches that depth.
+    """
     try:
         document = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedBodyError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedBodyError(TOO_DEEP) from None
     if not isinstance(document, dict):
         raise BadRequestError("request body must be a JSON object")
     model = document.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None or model == "":
         raise BadRequestError("'model' is required")
-    prompt = _prompt_of(api, document)
+    if not isinstance(model, str):
+        raise BadRequestError(f"'model' must be a string, not {_json_type(model)}")
+    try:
+        prompt = _prompt_of(api, document)
+    except RecursionError:  # content parts serialised for hashing, nested near the limit
+        raise MalformedBodyError(TOO_DEEP) from None
     stream = document.get("stream") is True
     options = document.get("stream_options")
     usage_requested = isinstance(options, dict) and options.get("include_usage") is True
@@ -128,8 +142,24 @@ def upstream_body(
     if inject:
         options = document.get("stream_options")
         document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    except RecursionError:
+        raise MalformedBodyError(TOO_DEEP) from None
     return UpstreamBody(data, rewritten=True, usage_injected=inject)
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed value's type, for error messages."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null" if value is None else type(value).__name__
 
 
 def _prompt_of(api: ApiKind, document: dict[str, Any]) -> str:

@@ -31,9 +31,14 @@ class ExtProcServer:
         config: LifecycleConfig | None = None,
         max_concurrent_streams: int | None = None,
         reuse_port: bool = False,
+        own_address: str | None = None,
     ) -> None:
-        """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT)."""
+        """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT).
+        ``own_address`` (``host:port``, port 0 = any free) is a second port of this process alone,
+        for a data plane that balances over the workers itself (``own_port`` once started)."""
         self._address = address
+        self._own_address = own_address
+        self.own_port = 0
         options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
         if max_concurrent_streams is not None:
             options.append(("grpc.max_concurrent_streams", max_concurrent_streams))
@@ -46,6 +51,8 @@ class ExtProcServer:
 
     async def start(self) -> int:
         self.port = self._server.add_insecure_port(self._address)
+        if self._own_address is not None:
+            self.own_port = self._server.add_insecure_port(self._own_address)
         await self._server.start()
         for service in ("", EXT_PROC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

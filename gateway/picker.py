@@ -113,6 +113,11 @@ class PickerSettings:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     redis: RedisSettings | None = None
     """Share scheduler state and tenant limits with other picker replicas (None: in process)."""
+    reuse_port: bool = False
+    """Bind the gRPC port with SO_REUSEPORT (one of several workers on one port)."""
+    own_grpc_address: str | None = None
+    """A second gRPC address of this worker alone (``kvgate picker --workers``: the data planes
+    kvgate configures balance over these; the shared port is for gateways given one address)."""
 
 
 class PickerService:
@@ -138,6 +143,8 @@ class PickerService:
             address=settings.grpc_address,
             metrics=self.telemetry,
             config=lifecycle,
+            reuse_port=settings.reuse_port,
+            own_address=settings.own_grpc_address,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)

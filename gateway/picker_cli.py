@@ -11,9 +11,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.envoy_process import free_port
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import load_pools
 from gateway.shared_state.link import RedisSettings
+from gateway.workers import WorkerPlan, WorkerSupervisor, worker_base_command
 from policies.errors import ConfigError
 
 
@@ -30,8 +32,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="share scheduler state and tenant limits with other pickers (e.g. redis://127.0.0.1:6379/0); "
         "overrides the pools file's redis: key; default: in process",
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N",
+        help="picker processes on the one gRPC port (SO_REUSEPORT), sharing state through Redis "
+        "(--redis, else a private redis-server); default 1",
+    )
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="bind the gRPC port with SO_REUSEPORT (set for each of --workers)")
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``--workers N`` (N > 1): run N single-worker pickers on one port and watch over them."""
+    pools = load_pools(args.pools)  # fail here, once, on a bad file
+    plan = WorkerPlan(
+        workers=args.workers,
+        host=args.host,
+        grpc_port=args.grpc_port or free_port(args.host),
+        admin_port=args.admin_port,
+        base_command=worker_base_command(argv),
+    )
+    supervisor = WorkerSupervisor(plan, args.redis or pools.redis)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await supervisor.start()
+        admins, owns = supervisor.admin_urls, supervisor.own_addresses
+        print(
+            f"kvgate-picker ready grpc={args.host}:{plan.grpc_port} admin={admins[0]} "
+            f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)} "
+            f"redis={supervisor.redis_url}",
+            flush=True,
+        )
+        await supervisor.supervise(stop)
+    finally:
+        await supervisor.stop()
+    return 0
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -44,6 +84,8 @@ async def _serve(args: argparse.Namespace) -> int:
         scrape_interval=args.scrape_interval,
         stale_after=args.stale_after,
         redis=RedisSettings(url=redis_url) if redis_url else None,
+        reuse_port=args.reuse_port,
+        own_grpc_address=f"{args.host}:0" if args.worker_index is not None else None,
     )
     service = PickerService(settings)
     service.apply_pools(pools.pools, pools.effective_default)
@@ -52,9 +94,10 @@ async def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    own = f" own={args.host}:{service.extproc.own_port}" if args.worker_index is not None else ""
     print(
         f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
-        f"admin=http://{args.host}:{service.admin.port}",
+        f"admin=http://{args.host}:{service.admin.port}{own}",
         flush=True,
     )
     try:
@@ -69,7 +112,12 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.workers < 1:
+        print("kvgate picker: --workers must be at least 1", file=sys.stderr)
+        return 2
     try:
+        if args.workers > 1:
+            return asyncio.run(_supervise(args, argv))
         return asyncio.run(_serve(args))
     except ConfigError as exc:
         print(f"kvgate picker: {exc.message}", file=sys.stderr)

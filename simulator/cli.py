@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="real seconds per simulated second (0.1: ten times faster than real)")
     p.add_argument("--slowdown", type=float, default=1.0, help="step-time multiplier for every replica")
     p.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered 500")
+    p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
+                   help="tokens per SSE chunk of a streamed response (default 1: one chunk per token)")
     p.add_argument("--admin-port", type=int, default=None, help="fleet admin server port (0: ephemeral)")
     p.add_argument("--replica", action="append", default=[], metavar="I:KEY=VALUE,...",
                    help="per-replica override, repeatable")
@@ -134,6 +136,7 @@ def _replica_config(index: int, args: argparse.Namespace, override: dict[str, st
         time_scale=args.time_scale,
         seed=args.seed,
         faults=faults.updated(fault_changes),
+        stream_interval=args.stream_interval,
     )
 
 

@@ -41,6 +41,9 @@ class ReplicaConfig:
     time_scale: float = 1.0
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
+    stream_interval: int = 1
+    """Tokens per SSE chunk of a streamed response (vLLM's ``--stream-interval``; 1: a chunk per
+    token, as vLLM streams by default). The last chunk may hold fewer."""
 
 
 @dataclass
@@ -240,6 +243,8 @@ class Replica:
             made = delivery.tokens_made
             finished = delivery.finished
             parts: list[bytes] = []
+            if finished is None and made - sent < self.config.stream_interval:
+                continue  # wait for a whole chunk
             if made > sent:
                 if sent == 0 and parsed.kind == "chat":
                     parts.append(sse.role_chunk())

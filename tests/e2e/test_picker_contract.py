@@ -126,6 +126,10 @@ async def test_every_error_status_has_an_openai_json_body(
         (400, {"prompt": "no model"}, "/v1/completions", {}),
         (400, {"model": MODEL}, "/v1/completions", {}),
         (400, {"model": MODEL, "messages": []}, chat, {}),
+        (400, {"model": 123, "prompt": "hi"}, "/v1/completions", {}),
+        # 20,000 levels (within this gateway's 64 KB limit): refused as too deep, and the picker
+        # goes on serving the cases after it
+        (400, '{"model":"m","prompt":' + "[" * 20_000 + "]" * 20_000 + "}", "/v1/completions", {}),
         (404, completion_body("x", model="no-such-model"), "/v1/completions", {}),
         (413, completion_body("y" * 100_000), "/v1/completions", {}),
         (503, completion_body("nowhere"), "/v1/completions", {"x-test-pool": "empty"}),

@@ -159,3 +159,21 @@ def test_large_json_response_with_rename_is_forwarded_unchanged() -> None:
     out = b"".join(processor.feed(data[i : i + 700], False) for i in range(0, len(data), 700))
     out += processor.feed(b"", True)
     assert out == data
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (123, "'model' must be a string, not a number"),
+        (True, "'model' must be a string, not a boolean"),
+        (["m"], "'model' must be a string, not an array"),
+        ({"name": "m"}, "'model' must be a string, not an object"),
+        (None, "'model' is required"),
+        ("", "'model' is required"),
+    ],
+)
+def test_a_model_that_is_not_a_string_says_so(model: object, message: str) -> None:
+    with pytest.raises(BadRequestError) as raised:
+        parse_request_body(ApiKind.COMPLETIONS, json.dumps({"model": model, "prompt": "hi"}).encode())
+    assert raised.value.message == message
+    assert raised.value.status == 400

@@ -1,0 +1,324 @@
+"""Data-path cost of one pick, in one run: Envoy straight to the upstream, the one-pass floor
+processor, kvgate's one-pass data path and kvgate in GIE's full-duplex mode.
+
+``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--output bench/results/datapath.md]``
+
+One Envoy (``--envoy-concurrency`` workers) with one listener per path, all to the same fast
+upstream (bench/datapath_upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
+profile's full scheduling runs over live endpoints; streams of one SSE chunk per token):
+
+- ``direct``: router → round robin over the endpoints (no ext_proc);
+- ``floor``: the one-pass null processor (bench/datapath_null_picker.py): request headers SEND,
+  request body BUFFERED, response phases SKIP/NONE; it parses the JSON body and answers with the
+  destination header and ``clear_route_cache``: the grpc.aio + Envoy floor for a Python picker;
+- ``kvgate``: kvgate's filter chain as ``kvgate up`` writes it (``gateway.envoy_config.ONE_PASS``)
+  in front of one ``kvgate picker`` process;
+- ``kvgate_gie``: the same picker process behind GIE's processing mode (full duplex both ways), as
+  the Inference Extension's gateways configure a picker.
+
+Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
+stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
+each processor's CPU per request (its process's CPU seconds over the requests served). Prints the
+Markdown report and writes it to ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from bench.datapath import load_average, machine, versions, wait_until_serving
+from bench.datapath_envoy import BODY_LIMIT, POOL, direct_cluster, direct_listener
+from bench.datapath_load import completion_bodies, run_wrk, write_bodies
+from bench.datapath_procs import (
+    Child,
+    cpu_snapshot,
+    pools_yaml,
+    start_null_picker,
+    start_picker,
+    start_upstream,
+)
+from gateway.envoy_config import (
+    ONE_PASS,
+    ExtProcSettings,
+    JsonDict,
+    PoolBackend,
+    RouteSpec,
+    bootstrap,
+    ext_proc_cluster,
+    http_connection_manager,
+    listener,
+    pool_clusters,
+    pool_routes,
+    route_configuration,
+)
+from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from policies.types import FailureMode
+
+PATHS = ("direct", "floor", "kvgate", "kvgate_gie")
+PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker"}
+FLOOR = ExtProcSettings(
+    request_body_mode="BUFFERED", response_body_mode="NONE", send_served_endpoint=False,
+    max_body_bytes=BODY_LIMIT,
+)
+GIE = ExtProcSettings(max_body_bytes=BODY_LIMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    latency_s: float
+    stream_requests: int
+    load_s: float
+    connections: int
+    warmup_s: float
+
+
+QUICK = Plan(latency_s=4, stream_requests=150, load_s=5, connections=8, warmup_s=1)
+FULL = Plan(latency_s=8, stream_requests=400, load_s=10, connections=8, warmup_s=2)
+
+
+@dataclass
+class Row:
+    path: str
+    case: str
+    p50_ms: float = 0.0
+    ttft_p50_ms: float | None = None
+    rps: float = 0.0
+    cpu_us_per_request: float | None = None
+    errors: int = 0
+    cpu_cores: dict[str, float] = field(default_factory=dict)
+
+
+def processor_listener(name: str, port: int, cluster: str, settings: ExtProcSettings) -> JsonDict:
+    settings = ExtProcSettings(
+        cluster_name=cluster,
+        request_body_mode=settings.request_body_mode,
+        response_body_mode=settings.response_body_mode,
+        allow_mode_override=settings.allow_mode_override,
+        send_served_endpoint=settings.send_served_endpoint,
+        max_body_bytes=BODY_LIMIT,
+    )
+    pool = PoolBackend(POOL, FailureMode.FAIL_CLOSE)
+    routes = pool_routes(RouteSpec(name=name, pool=POOL), pool, settings)
+    hcm = http_connection_manager(name, route_configuration(name, routes), settings)
+    if settings.response_body_mode == "NONE" and not settings.send_served_endpoint:
+        # the floor: response phases skipped entirely
+        mode = hcm["typed_config"]["http_filters"][1]["typed_config"]["processing_mode"]
+        mode["response_header_mode"] = "SKIP"
+    return listener(name, "127.0.0.1", port, hcm, BODY_LIMIT)
+
+
+def onepass_bootstrap(
+    admin: int, ports: dict[str, int], endpoints: Sequence[str], picker: tuple[str, int],
+    null_picker: tuple[str, int],
+) -> JsonDict:
+    listeners = [
+        direct_listener(ports["direct"]),
+        processor_listener("floor", ports["floor"], "ext_proc_null", FLOOR),
+        processor_listener("kvgate", ports["kvgate"], "ext_proc_kvgate", ONE_PASS),
+        processor_listener("kvgate_gie", ports["kvgate_gie"], "ext_proc_kvgate", GIE),
+    ]
+    clusters = [
+        direct_cluster(endpoints),
+        ext_proc_cluster([null_picker], name="ext_proc_null"),
+        ext_proc_cluster([picker], name="ext_proc_kvgate"),
+        *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
+    ]
+    return bootstrap(admin, listeners, clusters, node_id="kvgate-bench-onepass")
+
+
+def stream_bodies(tokens: int, count: int) -> list[bytes]:
+    out = []
+    for body in completion_bodies(1024, count):
+        document = json.loads(body)
+        document.update(stream=True, max_tokens=tokens)
+        out.append(json.dumps(document, separators=(",", ":")).encode())
+    return out
+
+
+async def stream_latency(url: str, bodies: Sequence[bytes], requests: int) -> tuple[float, float, int]:
+    """Sequential streamed requests: p50 ms to the first body byte and to the last byte, errors."""
+    firsts: list[float] = []
+    lasts: list[float] = []
+    errors = 0
+    async with aiohttp.ClientSession() as session:
+        for index in range(requests):
+            started = time.perf_counter()
+            async with session.post(
+                f"{url}/v1/completions", data=bodies[index % len(bodies)],
+                headers={"content-type": "application/json"},
+            ) as response:
+                first: float | None = None
+                async for _chunk in response.content.iter_any():
+                    if first is None:
+                        first = time.perf_counter()
+                end = time.perf_counter()
+                if response.status != 200 or first is None:
+                    errors += 1
+                    continue
+            firsts.append((first - started) * 1000)
+            lasts.append((end - started) * 1000)
+    return statistics.median(firsts), statistics.median(lasts), errors
+
+
+async def load(
+    url: str, body_file: Path, connections: int, seconds: float, pids: dict[str, int], path: str, case: str
+) -> Row:
+    before = cpu_snapshot(pids)
+    started = time.monotonic()
+    result = await run_wrk(url, body_file, connections=connections, seconds=seconds)
+    wall = time.monotonic() - started
+    after = cpu_snapshot(pids)
+    row = Row(path, case, p50_ms=result.p50_ms, rps=result.requests / result.duration_s, errors=result.errors)
+    row.cpu_cores = {name: (after[name] - before[name]) / wall for name in pids}
+    row.cpu_cores["wrk"] = result.wrk_cpu
+    processor = PROCESSOR.get(path)
+    if processor is not None and result.requests:
+        row.cpu_us_per_request = (after[processor] - before[processor]) / result.requests * 1e6
+    return row
+
+
+async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
+    plan = QUICK if args.quick else FULL
+    rows: list[Row] = []
+    header = {
+        "command": " ".join(["python -m bench.datapath_onepass", *sys.argv[1:]]),
+        **{f"machine {k}": v for k, v in machine().items()},
+        **{f"version {k}": v for k, v in versions().items()},
+        "endpoints": str(args.endpoints),
+        "envoy concurrency": str(args.envoy_concurrency),
+        "plan": str(plan),
+    }
+    with tempfile.TemporaryDirectory(prefix="kvgate-onepass-") as tmp:
+        workdir = Path(tmp)
+        async with contextlib.AsyncExitStack() as stack:
+            upstream, endpoints = await start_upstream(args.endpoints)
+            stack.push_async_callback(upstream.stop)
+            pools = workdir / "pools.yaml"
+            pools.write_text(pools_yaml(endpoints, POOL, args.profile))
+            picker, picker_address, _ = await start_picker("picker", pools, workdir / "picker.log")
+            stack.push_async_callback(picker.stop)
+            null_picker, null_address = await start_null_picker(endpoints[0])
+            stack.push_async_callback(null_picker.stop)
+            ports = {path: free_port() for path in PATHS}
+            envoy = EnvoyProcess(
+                onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address),
+                EnvoyOptions(concurrency=args.envoy_concurrency),
+            )
+            await envoy.start()
+            stack.push_async_callback(envoy.stop)
+            children: list[Child] = [upstream, picker, null_picker]
+            pids = {child.name: child.pid for child in children} | {"envoy": envoy.pid or 0}
+            urls = {path: f"http://127.0.0.1:{port}" for path, port in ports.items()}
+            files = {
+                "1 KB": write_bodies(workdir / "b1k.jsonl", completion_bodies(1024, 64)),
+                "200 KB": write_bodies(workdir / "b200k.jsonl", completion_bodies(200 * 1024, 8)),
+                "stream 64": write_bodies(workdir / "s64.jsonl", stream_bodies(64, 64)),
+                "stream 256": write_bodies(workdir / "s256.jsonl", stream_bodies(256, 64)),
+            }
+            for url in urls.values():
+                await wait_until_serving(url, completion_bodies(1024, 1)[0])
+            for path in PATHS:  # warm-up
+                await load(urls[path], files["1 KB"], 4, plan.warmup_s, pids, path, "warm-up")
+                await load(urls[path], files["stream 64"], 4, plan.warmup_s, pids, path, "warm-up")
+            stream64 = stream_bodies(64, 64)
+            for path in PATHS:
+                for case in ("1 KB", "200 KB"):
+                    row = await load(urls[path], files[case], 1, plan.latency_s, pids, path, f"c=1 {case}")
+                    rows.append(row)
+                    print(_line(row), file=sys.stderr, flush=True)
+                ttft, last, errors = await stream_latency(urls[path], stream64, plan.stream_requests)
+                rows.append(Row(path, "c=1 stream 64", p50_ms=last, ttft_p50_ms=ttft, errors=errors))
+                print(_line(rows[-1]), file=sys.stderr, flush=True)
+            for case in ("1 KB", "stream 64", "stream 256"):
+                for path in PATHS:
+                    row = await load(
+                        urls[path], files[case], plan.connections, plan.load_s, pids, path,
+                        f"c={plan.connections} {case}",
+                    )
+                    rows.append(row)
+                    print(_line(row), file=sys.stderr, flush=True)
+    header["load after"] = load_average()
+    return rows, header
+
+
+def _line(row: Row) -> str:
+    cpu = "" if row.cpu_us_per_request is None else f" cpu {row.cpu_us_per_request:.0f} us/req"
+    ttft = "" if row.ttft_p50_ms is None else f" ttft {row.ttft_p50_ms:.3f}"
+    return f"{row.case:16} {row.path:11} p50 {row.p50_ms:.3f}{ttft} {row.rps:.0f} req/s{cpu} err {row.errors}"
+
+
+def render(rows: Sequence[Row], header: dict[str, str]) -> str:
+    out = ["# Data path: one pass per request (issue 19)", ""]
+    out += [f"- {key}: {value}" for key, value in header.items()]
+    by = {(r.path, r.case): r for r in rows}
+    out += ["", "## Latency at concurrency 1 (p50, ms; added = path − direct, same run)", ""]
+    out += ["| request | direct | floor | kvgate | kvgate_gie | floor added | kvgate added | "
+            "kvgate_gie added | kvgate − floor |", "|---|---|---|---|---|---|---|---|---|"]
+    for case, key in (("c=1 1 KB", "p50_ms"), ("c=1 200 KB", "p50_ms"), ("c=1 stream 64", "ttft_p50_ms"),
+                      ("c=1 stream 64", "p50_ms")):
+        label = case + (" TTFT" if key == "ttft_p50_ms" else " last byte" if "stream" in case else "")
+        values = {p: getattr(by[(p, case)], key) for p in PATHS}
+        added = {p: values[p] - values["direct"] for p in PATHS}
+        out.append(
+            f"| {label} | " + " | ".join(f"{values[p]:.3f}" for p in PATHS)
+            + f" | +{added['floor']:.3f} | +{added['kvgate']:.3f} | +{added['kvgate_gie']:.3f} | "
+            f"{added['kvgate'] - added['floor']:+.3f} |"
+        )
+    loads = [r for r in rows if not r.case.startswith("c=1")]
+    out += ["", "## Closed-loop load: throughput and the processor's CPU per request", "",
+            "CPU columns: cores each process used over the run (1.00 = one core busy).", "",
+            "| request | path | req/s | p50 ms | processor µs/req | × floor | errors | envoy | upstream | "
+            "picker | null_picker | wrk |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in loads:
+        floor = by[("floor", row.case)].cpu_us_per_request
+        ratio = (
+            f"{row.cpu_us_per_request / floor:.2f}"
+            if row.cpu_us_per_request is not None and floor else "–"
+        )
+        cpu = "–" if row.cpu_us_per_request is None else f"{row.cpu_us_per_request:.0f}"
+        names = ("envoy", "upstream", "picker", "null_picker", "wrk")
+        cores = " | ".join(f"{row.cpu_cores.get(name, 0.0):.2f}" for name in names)
+        out.append(
+            f"| {row.case} | {row.path} | {row.rps:.0f} | {row.p50_ms:.2f} | {cpu} | {ratio} | "
+            f"{row.errors} | {cores} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.datapath_onepass", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short runs (about 3 minutes)")
+    parser.add_argument("--endpoints", type=int, default=8, help="upstream endpoints in the pool")
+    parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
+    parser.add_argument("--profile", default="default", help="scheduling profile of the pool")
+    parser.add_argument("--output", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    rows, header = asyncio.run(run(args))
+    text = render(rows, header)
+    print(text)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

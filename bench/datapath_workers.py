@@ -1,0 +1,229 @@
+"""Throughput and CPU per request of ``kvgate picker --workers N`` for several N, in one run.
+
+``python -m bench.datapath_workers [--workers 1 2 4] [--load-cores K] [--output FILE]``
+
+One fast upstream (bench/datapath_upstream.py, ``--endpoints`` ports with live vLLM metrics pages);
+for each N a fresh ``kvgate picker --workers N`` (its workers share state through a private Redis)
+behind one Envoy with kvgate's one-pass filter chain, whose ext_proc cluster lists the workers' own
+ports (least request); wrk closed-loop load with a 1 KB non-streamed body and a 64-token stream of
+one SSE chunk per token. With ``--load-cores K`` (K > 0) wrk runs pinned to the last K cores and
+everything else to the others, so the load generator does not compete with what it measures.
+Reported: req/s, p50, the pickers' CPU per request (every worker and the private Redis summed),
+and each process group's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from bench.datapath import load_average, machine, versions, wait_until_serving
+from bench.datapath_envoy import POOL
+from bench.datapath_load import completion_bodies, run_wrk, write_bodies
+from bench.datapath_onepass import processor_listener, stream_bodies
+from bench.datapath_procs import Child, cpu_seconds, kvgate_command, pools_yaml, start_child, start_upstream
+from gateway.envoy_config import (
+    ONE_PASS,
+    PoolBackend,
+    bootstrap,
+    ext_proc_cluster,
+    pool_clusters,
+    split_host_port,
+)
+from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from policies.types import FailureMode
+
+
+@contextlib.contextmanager
+def affinity(cores: set[int] | None) -> Iterator[None]:
+    """Children started inside inherit ``cores`` (None: leave as is)."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def group_cpu(pid: int) -> float:
+    total = 0.0
+    for member in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(member)
+    return total
+
+
+async def run(args: argparse.Namespace) -> str:
+    cores = sorted(os.sched_getaffinity(0))
+    load_cores = set(cores[-args.load_cores :]) if args.load_cores else None
+    service_cores = set(cores) - load_cores if load_cores else None
+    lines = [
+        "# `kvgate picker --workers N`: throughput and CPU per request",
+        "",
+        f"- command: python -m bench.datapath_workers {' '.join(sys.argv[1:])}",
+        *(f"- machine {k}: {v}" for k, v in machine().items()),
+        *(f"- version {k}: {v}" for k, v in versions().items()),
+        f"- load generator: wrk -t{args.threads} -c{args.connections}, "
+        f"{'cores ' + str(sorted(load_cores)) if load_cores else 'unpinned'}; Envoy workers: "
+        f"{args.envoy_concurrency or 'N'}; endpoints: {args.endpoints}",
+        "",
+        "| N workers | request | req/s | × 1 worker | p50 ms | pickers µs/req | errors "
+        "| cores: pickers+redis | envoy | upstream | wrk |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="kvgate-workers-") as tmp, affinity(service_cores):
+        workdir = Path(tmp)
+        upstream, endpoints = await start_upstream(args.endpoints)
+        try:
+            pools = workdir / "pools.yaml"
+            pools.write_text(pools_yaml(endpoints, POOL, "default"))
+            files = {
+                "1 KB": write_bodies(workdir / "b.jsonl", completion_bodies(1024, 64)),
+                "stream 64": write_bodies(workdir / "s.jsonl", stream_bodies(64, 64)),
+            }
+            for workers in args.workers:
+                rows = await measure(args, workers, pools, files, endpoints, upstream, workdir, load_cores)
+                for case, (rps, p50, per_request, errors, cpu) in rows.items():
+                    base.setdefault(case, rps)
+                    lines.append(
+                        f"| {workers} | {case} | {rps:.0f} | {rps / base[case]:.2f} | {p50:.2f} | "
+                        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {cpu['envoy']:.2f} | "
+                        f"{cpu['upstream']:.2f} | {cpu['wrk']:.2f} |"
+                    )
+                    print(lines[-1], file=sys.stderr, flush=True)
+        finally:
+            await upstream.stop()
+    lines += ["", f"- load after: {load_average()}"]
+    return "\n".join(lines) + "\n"
+
+
+async def measure(
+    args: argparse.Namespace,
+    workers: int,
+    pools: Path,
+    files: dict[str, Path],
+    endpoints: Sequence[str],
+    upstream: Child,
+    workdir: Path,
+    load_cores: set[int] | None,
+) -> dict[str, tuple[float, float, float, int, dict[str, float]]]:
+    command = [
+        *kvgate_command(),
+        "picker",
+        "--pools",
+        str(pools),
+        "--grpc-port",
+        "0",
+        "--admin-port",
+        "0",
+        "--workers",
+        str(workers),
+        "--log-level",
+        "WARNING",
+    ]
+    picker = await start_child(f"picker_w{workers}", command, "kvgate-picker ready", workdir / "picker.log")
+    rows: dict[str, tuple[float, float, float, int, dict[str, float]]] = {}
+    try:
+        words = dict(w.split("=", 1) for w in picker.ready_words if "=" in w)
+        own = words.get("grpc_workers") or words["grpc"]
+        pickers = [split_host_port(a) for a in own.split(",")]
+        port = free_port()
+        config = bootstrap(
+            free_port(),
+            [processor_listener("kvgate", port, "ext_proc_workers", ONE_PASS)],
+            [
+                ext_proc_cluster(pickers, name="ext_proc_workers"),
+                *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
+            ],
+            node_id="kvgate-bench-workers",
+        )
+        envoy = EnvoyProcess(config, EnvoyOptions(concurrency=args.envoy_concurrency or max(2, workers)))
+        await envoy.start()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await wait_until_serving(url, completion_bodies(1024, 1)[0])
+            with affinity(load_cores):
+                await run_wrk(
+                    url, files["1 KB"], connections=args.connections, seconds=2, threads=args.threads
+                )
+            for case, body in files.items():
+                groups = {"pickers": picker.pid, "envoy": envoy.pid or 0, "upstream": upstream.pid}
+                before = {name: group_cpu(pid) for name, pid in groups.items()}
+                started = time.monotonic()
+                with affinity(load_cores):
+                    result = await run_wrk(
+                        url, body, connections=args.connections, seconds=args.seconds, threads=args.threads
+                    )
+                wall = time.monotonic() - started
+                after = {name: group_cpu(pid) for name, pid in groups.items()}
+                cpu = {name: (after[name] - before[name]) / wall for name in groups}
+                cpu["wrk"] = result.wrk_cpu
+                per_request = (after["pickers"] - before["pickers"]) / max(1, result.requests) * 1e6
+                rows[case] = (
+                    result.requests / result.duration_s,
+                    result.p50_ms,
+                    per_request,
+                    result.errors,
+                    cpu,
+                )
+        finally:
+            await envoy.stop()
+    finally:
+        await picker.stop()
+    return rows
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.datapath_workers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--endpoints", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--envoy-concurrency", type=int, default=0, help="0: max(2, N)")
+    parser.add_argument("--load-cores", type=int, default=0, help="pin wrk to the last K cores")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    text = asyncio.run(run(args))
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

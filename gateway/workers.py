@@ -1,0 +1,233 @@
+"""``kvgate picker --workers N``: N picker processes on one gRPC port, sharing state through Redis.
+
+Why processes: one picker process is one Python interpreter, so one core (grpc.aio and the
+scheduler hold the GIL). Why one port: a gateway configures one endpoint-picker address (the
+Inference Extension's 9002); the workers bind it with ``SO_REUSEPORT`` and the kernel spreads the
+gateway's HTTP/2 connections over them (Envoy opens at least one per worker thread).
+
+Why Redis for what they share: each worker must see the others' picks (prefix index, in-flight
+counts, sessions) or routing falls apart (a prefix learned by one worker is unknown to the rest).
+kvgate already shares exactly that between pickers on different hosts through Redis
+(``gateway.shared_state``: batched off the request path, bounded reads, TTLs, a picker that dies
+ages out, Redis going away degrades to the local view), tested and measured
+(bench/results/redis_sharing.md). Workers on one host are the same problem on one machine, so they
+use the same mechanism instead of a second one (shared memory would need its own locking,
+versioning and crash handling). With ``--redis URL`` the workers share it with every other picker;
+without, the supervisor starts a private ``redis-server`` on a free loopback port for them.
+Each worker scrapes the replicas itself (N scrapes per interval per replica: a few KB each).
+
+``SO_REUSEPORT`` spreads connections, not requests, and a gateway multiplexes every request over a
+few HTTP/2 connections, so N workers behind one port are balanced only as well as the kernel's hash
+spreads those few connections. Each worker therefore also serves a port of its own (the ready
+line's ``grpc_workers=``): a data plane that kvgate configures lists those in its ext_proc cluster
+and balances requests over them (least request).
+
+The supervisor starts the workers, prints one ready line when all are serving, restarts a worker
+that dies (with back-off), and on SIGTERM/SIGINT stops them all and its private Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.child_process import dies_with_parent
+from gateway.envoy_process import free_port
+from policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+WORKER_READY = "kvgate-picker ready"
+READY_TIMEOUT_S = 30.0
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    """What the supervisor runs: ``command(index)`` is one worker's argv."""
+
+    workers: int
+    host: str
+    grpc_port: int
+    admin_port: int
+    base_command: tuple[str, ...]
+    """The worker's argv without ``--grpc-port``, ``--admin-port``, ``--redis`` and ``--workers``."""
+
+    def command(self, index: int, redis_url: str) -> list[str]:
+        admin = self.admin_port + index if self.admin_port else 0
+        return [
+            *self.base_command, "--workers", "1", "--reuse-port", "--worker-index", str(index),
+            "--grpc-port", str(self.grpc_port), "--admin-port", str(admin), "--redis", redis_url,
+        ]
+
+
+class PrivateRedis:
+    """A ``redis-server`` on a free loopback port for one supervisor's workers (no persistence)."""
+
+    def __init__(self, binary: str) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._binary = binary
+        self._process: asyncio.subprocess.Process | None = None
+
+    @staticmethod
+    def find() -> str:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ConfigError(
+                "--workers > 1 shares the picker's state through Redis: give --redis URL, "
+                "or install redis-server (e.g. apt-get install redis-server) for a private one"
+            )
+        return binary
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            *dies_with_parent([
+                self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--protected-mode", "yes",
+            ]),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if self._process.returncode is not None:
+                raise ConfigError(f"the private redis-server exited with {self._process.returncode}")
+            with contextlib.suppress(OSError):
+                _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            await asyncio.sleep(0.05)
+        raise ConfigError("the private redis-server did not start listening")
+
+    async def stop(self) -> None:
+        await _terminate(self._process)
+
+
+class WorkerSupervisor:
+    def __init__(self, plan: WorkerPlan, redis_url: str | None) -> None:
+        self.plan = plan
+        self._redis_url = redis_url
+        self._private: PrivateRedis | None = None
+        self._processes: list[asyncio.subprocess.Process | None] = [None] * plan.workers
+        self.admin_urls: list[str] = [""] * plan.workers
+        self.own_addresses: list[str] = [""] * plan.workers
+        """Each worker's own gRPC ``host:port`` (besides the shared one), as it last reported."""
+        self._stopping = False
+
+    @property
+    def redis_url(self) -> str:
+        assert self._redis_url is not None
+        return self._redis_url
+
+    async def start(self) -> None:
+        """Start Redis (if private) and every worker (``admin_urls``, ``own_addresses`` then)."""
+        if self._redis_url is None:
+            self._private = PrivateRedis(PrivateRedis.find())
+            await self._private.start()
+            self._redis_url = self._private.url
+        await asyncio.gather(*(self._start_worker(i) for i in range(self.plan.workers)))
+
+    async def _start_worker(self, index: int) -> None:
+        process = await asyncio.create_subprocess_exec(
+            *dies_with_parent(self.plan.command(index, self.redis_url)),
+            stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._processes[index] = process
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(_ready_line(process.stdout), READY_TIMEOUT_S)
+        except TimeoutError as exc:
+            await _terminate(process)
+            raise ConfigError(f"picker worker {index} did not become ready") from exc
+        if line is None:
+            raise ConfigError(f"picker worker {index} exited with {await process.wait()}")
+        words = dict(w.split("=", 1) for w in line.split()[2:] if "=" in w)
+        self.admin_urls[index] = words.get("admin", "")
+        self.own_addresses[index] = words.get("own", "")
+        asyncio.get_running_loop().create_task(_drain(process.stdout))
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Restart workers that die, until ``stop`` is set."""
+        failures = [0] * self.plan.workers
+        while not stop.is_set():
+            waits = {
+                asyncio.create_task(p.wait()): i for i, p in enumerate(self._processes) if p is not None
+            }
+            stopper = asyncio.create_task(stop.wait())
+            done, pending = await asyncio.wait({*waits, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            if stop.is_set():
+                return
+            for task in done:
+                index = waits.get(task)
+                if index is None:
+                    continue
+                delay = RESTART_BACKOFF_S[min(failures[index], len(RESTART_BACKOFF_S) - 1)]
+                failures[index] += 1
+                log.warning("picker worker %d exited (%s); restarting in %.1f s", index, task.result(), delay)
+                await asyncio.sleep(delay)
+                try:
+                    await self._start_worker(index)
+                except ConfigError as exc:
+                    log.error("%s", exc.message)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await asyncio.gather(*(_terminate(p) for p in self._processes))
+        if self._private is not None:
+            await self._private.stop()
+
+
+async def _ready_line(stream: asyncio.StreamReader) -> str | None:
+    async for raw in stream:
+        line = raw.decode(errors="replace").strip()
+        if line.startswith(WORKER_READY):
+            return line
+    return None
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    async for raw in stream:
+        sys.stdout.write(raw.decode(errors="replace"))
+
+
+async def _terminate(process: asyncio.subprocess.Process | None, timeout_s: float = 5.0) -> None:
+    if process is None or process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
+    """This process's ``kvgate picker`` argv without the options the supervisor sets per worker."""
+    drop_with_value = {"--grpc-port", "--admin-port", "--redis", "--workers", "--worker-index"}
+    out: list[str] = [sys.executable, "-m", "gateway.cli", "picker"]
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in drop_with_value:
+            skip = "=" not in arg
+            continue
+        if name == "--reuse-port":
+            continue
+        out.append(arg)
+    return tuple(out)

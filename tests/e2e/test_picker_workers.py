@@ -1,0 +1,99 @@
+"""``kvgate picker --workers 2``: two picker processes on one gRPC port with a private Redis; a worker
+that dies is restarted; SIGTERM stops every process the supervisor started."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.e2e.test_up_cli import alive, children_of
+
+pytestmark = pytest.mark.e2e
+
+KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+POOLS = 'pools:\n  - name: p\n    endpoints: ["127.0.0.1:1"]\n'
+
+
+async def _ready(process: asyncio.subprocess.Process, output: list[str]) -> dict[str, str]:
+    assert process.stdout is not None
+    async for raw in process.stdout:
+        line = raw.decode(errors="replace").strip()
+        output.append(line)
+        if line.startswith("kvgate-picker ready") and "workers=" in line:
+            return dict(word.split("=", 1) for word in line.split()[2:])
+    raise AssertionError("the supervisor exited before it was ready:\n" + "\n".join(output))
+
+
+async def _serving(address: str) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    process = await asyncio.create_subprocess_exec(
+        *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0",
+        "--workers", "2", "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+    )
+    output: list[str] = []
+    try:
+        words = await asyncio.wait_for(_ready(process, output), 60)
+        drain = asyncio.create_task(_read_rest(process, output))
+        admins = words["admins"].split(",")
+        assert words["workers"] == "2"
+        assert len(set(admins)) == 2
+        assert words["redis"].startswith("redis://127.0.0.1:")
+        assert await _serving(words["grpc"])
+        async with aiohttp.ClientSession() as http:
+            for admin in admins:  # each worker answers on its own admin port
+                async with http.get(f"{admin}/healthz") as response:
+                    assert response.status == 200
+        descendants = children_of(process.pid)
+        workers = [pid for pid in descendants if _is_worker(pid)]
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        for _ in range(200):  # restarted after its back-off (0.5 s)
+            replacement = [pid for pid in children_of(process.pid) if _is_worker(pid)]
+            if len(replacement) == 2 and workers[0] not in replacement:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the killed worker was not restarted:\n" + "\n".join(output))
+        assert await _serving(words["grpc"])
+        everything = children_of(process.pid)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+        drain.cancel()
+        await asyncio.sleep(0.2)
+        assert not [pid for pid in everything if alive(pid)], "a worker or Redis outlived the supervisor"
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def _is_worker(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return b"--worker-index" in cmdline and alive(pid)
+    return False
+
+
+async def _read_rest(process: asyncio.subprocess.Process, output: list[str]) -> None:
+    assert process.stdout is not None
+    async for raw in process.stdout:
+        output.append(raw.decode(errors="replace").rstrip())
+
