@@ -1,11 +1,12 @@
 """kvgate's own CPU per request on the ext_proc path, without gRPC or Envoy.
 
-``python -m bench.datapath_offline [--requests N] [--size BYTES] [--profile]``
+``python -m bench.datapath_offline [--requests N] [--size BYTES] [--one-pass] [--profile]``
 
 Replays the full-duplex message sequence Envoy sends for one completion (request headers with
 ``protocol_config``, the body, an empty end-of-stream chunk, response headers with the
-``upstream.address`` attribute, a JSON response body with usage, an empty end-of-stream chunk —
-see /work/notes/ENVOY_EXTPROC.md) through exactly what the servicer runs per message: protobuf
+``upstream.address`` attribute, a JSON response body with usage, an empty end-of-stream chunk),
+or with ``--one-pass`` the sequence of kvgate's own data path (request headers, the buffered body,
+response headers; the stream's end) through exactly what the servicer runs per message: protobuf
 parse of the wire bytes, ``codec.decode``, ``RequestLifecycle.handle``, ``codec.encode`` and
 protobuf serialisation, with the default profile scheduling over fresh endpoints and the
 gateway's Prometheus telemetry. The difference between this and a picker's CPU per request in
@@ -40,6 +41,8 @@ from policies.types import Endpoint, EndpointMetrics, EndpointView
 
 POOL = "bench"
 FULL_DUPLEX = 4
+BUFFERED = 2
+NONE = 0
 
 
 @dataclass
@@ -95,8 +98,9 @@ def _header_map(pairs: Sequence[tuple[str, str]]) -> base_pb2.HeaderMap:
     )
 
 
-def envoy_messages(body: bytes, upstream: str, request_id: int) -> list[bytes]:
-    """The wire bytes of the ProcessingRequests Envoy sends for one full-duplex completion."""
+def envoy_messages(body: bytes, upstream: str, request_id: int, one_pass: bool = False) -> list[bytes]:
+    """The wire bytes of the ProcessingRequests Envoy sends for one completion (full duplex, or
+    kvgate's one pass: BUFFERED request body, response headers only)."""
     request_headers = [
         (":authority", "127.0.0.1:10000"), (":path", COMPLETION_BODY_PATH), (":method", "POST"),
         (":scheme", "http"), ("content-type", "application/json"), ("content-length", str(len(body))),
@@ -110,12 +114,15 @@ def envoy_messages(body: bytes, upstream: str, request_id: int) -> list[bytes]:
     attributes = struct_pb2.Struct()
     attributes.update({"upstream.address": upstream})
     first = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(request_headers)))
-    first.protocol_config.request_body_mode = FULL_DUPLEX
-    first.protocol_config.response_body_mode = FULL_DUPLEX
+    first.protocol_config.request_body_mode = BUFFERED if one_pass else FULL_DUPLEX
+    first.protocol_config.response_body_mode = NONE if one_pass else FULL_DUPLEX
     response = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_header_map(response_headers)))
     response.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
     body_message = pb.ProcessingRequest(response_body=pb.HttpBody(body=COMPLETION))
     body_message.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+    if one_pass:
+        buffered = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        return [message.SerializeToString() for message in (first, buffered, response)]
     messages = [
         first,
         pb.ProcessingRequest(request_body=pb.HttpBody(body=body)),
@@ -127,17 +134,22 @@ def envoy_messages(body: bytes, upstream: str, request_id: int) -> list[bytes]:
     return [message.SerializeToString() for message in messages]
 
 
-def replay(requests: int, size: int, endpoints: int = 4, seed: int = 3) -> tuple[float, int]:
+def replay(
+    requests: int, size: int, endpoints: int = 4, seed: int = 3, one_pass: bool = False,
+    timing_every: int = 1,
+) -> tuple[float, int]:
     """Seconds of CPU per request (process time) and the number of responses per request."""
     rng = random.Random(seed)
     telemetry = GatewayTelemetry()
-    scheduler = ProfileScheduler(load_profile("default"), timer=telemetry)
+    scheduler = ProfileScheduler(load_profile("default"), timer=telemetry, timing_every=timing_every)
     addresses = [f"127.0.0.1:{20000 + i}" for i in range(endpoints)]
     clock = MonotonicClock()
     pool = StaticPool(POOL, scheduler, fresh_views(addresses, rng, clock.now()))
     directory = OnePool(pool)
     bodies = completion_bodies(size, 32)
-    wires = [envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i) for i in range(64)]
+    wires = [
+        envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i, one_pass) for i in range(64)
+    ]
     responses = 0
     started = time.process_time()
     for index in range(requests):
@@ -159,16 +171,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--size", type=int, default=1024, help="request body bytes")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the replay")
+    parser.add_argument("--one-pass", action="store_true", help="kvgate's one-pass message sequence")
+    parser.add_argument("--endpoints", type=int, default=8)
+    parser.add_argument("--timing-every", type=int, default=1, help="time plugins on 1 request in N")
     args = parser.parse_args(argv)
-    replay(200, args.size)  # warm-up
+    replay(200, args.size, args.endpoints, one_pass=args.one_pass)  # warm-up
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()
-        replay(args.requests, args.size)
+        replay(args.requests, args.size, args.endpoints, one_pass=args.one_pass)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
         return
-    per_request, responses = replay(args.requests, args.size)
+    per_request, responses = replay(
+        args.requests, args.size, args.endpoints, one_pass=args.one_pass, timing_every=args.timing_every
+    )
     print(f"{args.size} B body: {per_request * 1e6:.0f} µs CPU per request "
           f"({responses} ext_proc responses each, no gRPC), {1 / per_request:.0f} requests/s per core")
 

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated replicas (default: the workload's, 8); results named <workload>-r<N>")
     p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
                    help="tokens per SSE chunk from the simulator (default 1); results named <workload>-si<K>")
+    p.add_argument("--sim-processes", type=int, default=1, metavar="K",
+                   help="simulator processes the replicas are split over (a big fleet at real time)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--report-only", action="store_true", help="rewrite .md/.png from the .json files")
@@ -89,9 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
-                  time_scale: float, seed: int, workdir: Path) -> RunFigures:
+                  time_scale: float, seed: int, workdir: Path, sim_processes: int = 1) -> RunFigures:
     planned, warmup = run_plan(spec, rate, fraction, requests, seed)
-    fleet = SimFleet(spec.fleet, time_scale, workdir / f"sim-{contender.name}.log", seed)
+    fleet = SimFleet(spec.fleet, time_scale, workdir / f"sim-{contender.name}.log", seed, sim_processes)
     urls = await fleet.start()
     try:
         base = await contender.start(urls, workdir)
@@ -145,7 +147,8 @@ def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFig
 
 async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: Sequence[Path],
                        fractions: Sequence[float], requests: int, time_scale: float, seed: int,
-                       results_dir: Path, mode: str, command: str) -> list[RunFigures]:
+                       results_dir: Path, mode: str, command: str,
+                       sim_processes: int = 1) -> list[RunFigures]:
     capacity = capacity_estimate(spec)
     figures: list[RunFigures] = []
     meta: dict[str, Any] = {
@@ -167,7 +170,7 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
                 print(f"[{spec.name}] rate {rate} ({fraction}) {contender.name} ...", flush=True)
                 try:
                     fig = await run_one(spec, contender, rate, fraction, requests, time_scale, seed,
-                                        Path(tmp))
+                                        Path(tmp), sim_processes)
                 except Exception as exc:  # one broken contender must not end the run
                     print(f"  FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
                     continue
@@ -261,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
             spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")
         asyncio.run(run_workload(spec, contenders, args.profile, fractions, requests, time_scale, args.seed,
-                                 args.results, "quick" if quick else "full", command))
+                                 args.results, "quick" if quick else "full", command, args.sim_processes))
     return 0
 
 

@@ -42,8 +42,8 @@ class ReplicaConfig:
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
     stream_interval: int = 1
-    """Tokens per SSE chunk of a streamed response (vLLM's ``--stream-interval``; 1: a chunk per
-    token, as vLLM streams by default). The last chunk may hold fewer."""
+    """Tokens per SSE chunk of a streamed response after the first token, which goes out at once
+    (vLLM's ``--stream-interval``; 1: a chunk per token, vLLM's default). The last may hold fewer."""
 
 
 @dataclass
@@ -243,8 +243,8 @@ class Replica:
             made = delivery.tokens_made
             finished = delivery.finished
             parts: list[bytes] = []
-            if finished is None and made - sent < self.config.stream_interval:
-                continue  # wait for a whole chunk
+            if finished is None and sent > 0 and made - sent < self.config.stream_interval:
+                continue  # wait for a whole chunk (the first token goes out at once, as in vLLM)
             if made > sent:
                 if sent == 0 and parsed.kind == "chat":
                     parts.append(sse.role_chunk())
