@@ -14,7 +14,9 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
 - ``kvgate``: kvgate's filter chain as ``kvgate up`` writes it (``gateway.envoy_config.ONE_PASS``)
   in front of one ``kvgate picker`` process;
 - ``kvgate_gie``: the same picker process behind GIE's processing mode (full duplex both ways), as
-  the Inference Extension's gateways configure a picker.
+  the Inference Extension's gateways configure a picker;
+- ``kvgate_tpm``: kvgate's one pass to a second pool of the same endpoints with a tokens-per-minute
+  limit (``rateLimits``), whose responses the picker must read for their usage (load phase only).
 
 Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
@@ -68,7 +70,9 @@ from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate", "kvgate_gie")
-PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker"}
+LOAD_PATHS = (*PATHS, "kvgate_tpm")
+PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker", "kvgate_tpm": "picker"}
+TPM_POOL = "bench_tpm"
 FLOOR = ExtProcSettings(
     request_body_mode="BUFFERED", response_body_mode="NONE", send_served_endpoint=False,
     max_body_bytes=BODY_LIMIT,
@@ -101,7 +105,9 @@ class Row:
     cpu_cores: dict[str, float] = field(default_factory=dict)
 
 
-def processor_listener(name: str, port: int, cluster: str, settings: ExtProcSettings) -> JsonDict:
+def processor_listener(
+    name: str, port: int, cluster: str, settings: ExtProcSettings, pool_name: str = POOL
+) -> JsonDict:
     settings = ExtProcSettings(
         cluster_name=cluster,
         request_body_mode=settings.request_body_mode,
@@ -110,8 +116,8 @@ def processor_listener(name: str, port: int, cluster: str, settings: ExtProcSett
         send_served_endpoint=settings.send_served_endpoint,
         max_body_bytes=BODY_LIMIT,
     )
-    pool = PoolBackend(POOL, FailureMode.FAIL_CLOSE)
-    routes = pool_routes(RouteSpec(name=name, pool=POOL), pool, settings)
+    pool = PoolBackend(pool_name, FailureMode.FAIL_CLOSE)
+    routes = pool_routes(RouteSpec(name=name, pool=pool_name), pool, settings)
     hcm = http_connection_manager(name, route_configuration(name, routes), settings)
     if settings.response_body_mode == "NONE" and not settings.send_served_endpoint:
         # the floor: response phases skipped entirely
@@ -129,14 +135,24 @@ def onepass_bootstrap(
         processor_listener("floor", ports["floor"], "ext_proc_null", FLOOR),
         processor_listener("kvgate", ports["kvgate"], "ext_proc_kvgate", ONE_PASS),
         processor_listener("kvgate_gie", ports["kvgate_gie"], "ext_proc_kvgate", GIE),
+        processor_listener("kvgate_tpm", ports["kvgate_tpm"], "ext_proc_kvgate", ONE_PASS, TPM_POOL),
     ]
     clusters = [
         direct_cluster(endpoints),
         ext_proc_cluster([null_picker], name="ext_proc_null"),
         ext_proc_cluster([picker], name="ext_proc_kvgate"),
         *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
+        *pool_clusters(PoolBackend(TPM_POOL, FailureMode.FAIL_CLOSE)),
     ]
     return bootstrap(admin, listeners, clusters, node_id="kvgate-bench-onepass")
+
+
+def pools_with_token_limit(endpoints: Sequence[str], profile: str) -> str:
+    """The benchmark's pool, and the same endpoints again as a pool with a tokens-per-minute limit."""
+    text = pools_yaml(endpoints, POOL, profile)
+    limited = pools_yaml(endpoints, TPM_POOL, profile).replace("pools:\n", "")
+    limited += "    rateLimits:\n      tokensPerMinute: 1000000000000\n"
+    return text + limited
 
 
 def stream_bodies(tokens: int, count: int) -> list[bytes]:
@@ -207,12 +223,12 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             upstream, endpoints = await start_upstream(args.endpoints)
             stack.push_async_callback(upstream.stop)
             pools = workdir / "pools.yaml"
-            pools.write_text(pools_yaml(endpoints, POOL, args.profile))
+            pools.write_text(pools_with_token_limit(endpoints, args.profile))
             picker, picker_address, _ = await start_picker("picker", pools, workdir / "picker.log")
             stack.push_async_callback(picker.stop)
             null_picker, null_address = await start_null_picker(endpoints[0])
             stack.push_async_callback(null_picker.stop)
-            ports = {path: free_port() for path in PATHS}
+            ports = {path: free_port() for path in LOAD_PATHS}
             envoy = EnvoyProcess(
                 onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address),
                 EnvoyOptions(concurrency=args.envoy_concurrency),
@@ -243,7 +259,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 rows.append(Row(path, "c=1 stream 64", p50_ms=last, ttft_p50_ms=ttft, errors=errors))
                 print(_line(rows[-1]), file=sys.stderr, flush=True)
             for case in ("1 KB", "stream 64", "stream 256"):
-                for path in PATHS:
+                for path in LOAD_PATHS:
                     row = await load(
                         urls[path], files[case], plan.connections, plan.load_s, pids, path,
                         f"c={plan.connections} {case}",

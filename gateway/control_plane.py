@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -58,6 +58,8 @@ class ControlPlaneSettings:
     ``(Gateway listener port, port Envoy binds)`` pairs (others bind as written)."""
 
     picker_address: str
+    extra_picker_addresses: tuple[str, ...] = ()
+    """More picker processes (``kvgate up --workers``): Envoy balances over all of them."""
     node_id: str = ANY_NODE
     listen_host: str = "127.0.0.1"
     listen_ports: tuple[tuple[int, int], ...] = ()
@@ -70,7 +72,7 @@ class ControlPlaneSettings:
 
     def translation(self) -> TranslationSettings:
         return TranslationSettings(
-            picker_addresses=(self.picker_address,),
+            picker_addresses=(self.picker_address, *self.extra_picker_addresses),
             listen_host=self.listen_host,
             listen_ports=self.listen_ports,
             body_based_routing=self.body_based_routing,
@@ -196,7 +198,11 @@ class ControlPlane:
         *,
         xds_status: XdsStatus | None = None,
         extra_pods: Sequence[Pod] = (),
+        on_pools: Callable[[Sequence[PoolSpec], str | None], None] | None = None,
     ) -> None:
+        """``on_pools`` is told every pool table the picker is given (e.g. to write it for worker
+        processes), before Envoy learns the configuration."""
+        self.on_pools = on_pools
         self.provider = provider
         self.picker = picker
         self.cache = cache
@@ -218,6 +224,8 @@ class ControlPlane:
             xds = envoy.snapshot()
             default = specs[0].name if len(specs) == 1 else None
             self.picker.apply_pools(specs, default)  # first: the picker knows a pool before Envoy uses it
+            if self.on_pools is not None:
+                self.on_pools(specs, default)
             self.cache.set_snapshot(self.settings.node_id, xds)
         except ConfigError as exc:
             self.last_error, self.last_error_at = exc.message, time.time()

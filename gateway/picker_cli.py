@@ -11,12 +11,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from watchfiles import awatch
+
 from gateway.envoy_process import free_port
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import load_pools
 from gateway.shared_state.link import RedisSettings
 from gateway.workers import WorkerPlan, WorkerSupervisor, worker_base_command
 from policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reuse-port", action="store_true",
                         help="bind the gRPC port with SO_REUSEPORT (set for each of --workers)")
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--own-port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--watch", action="store_true",
+                        help="reload the pools file when it changes (a bad file keeps the last good pools)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -85,7 +92,7 @@ async def _serve(args: argparse.Namespace) -> int:
         stale_after=args.stale_after,
         redis=RedisSettings(url=redis_url) if redis_url else None,
         reuse_port=args.reuse_port,
-        own_grpc_address=f"{args.host}:0" if args.worker_index is not None else None,
+        own_grpc_address=f"{args.host}:{args.own_port}" if args.worker_index is not None else None,
     )
     service = PickerService(settings)
     service.apply_pools(pools.pools, pools.effective_default)
@@ -100,11 +107,24 @@ async def _serve(args: argparse.Namespace) -> int:
         f"admin=http://{args.host}:{service.admin.port}{own}",
         flush=True,
     )
+    watcher = asyncio.create_task(_watch(args.pools, service, stop)) if args.watch else None
     try:
         await stop.wait()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await service.stop()
     return 0
+
+
+async def _watch(path: Path, service: PickerService, stop: asyncio.Event) -> None:
+    """Apply the pools file again whenever it changes (written whole and renamed into place)."""
+    async for _changes in awatch(path.parent, stop_event=stop, debounce=50, step=20):
+        try:
+            pools = load_pools(path)
+            service.apply_pools(pools.pools, pools.effective_default)
+        except ConfigError as exc:
+            log.warning("keeping the last good pools: %s", exc.message)
 
 
 def main(argv: Sequence[str]) -> int:

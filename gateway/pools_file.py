@@ -23,6 +23,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -168,3 +169,15 @@ def load_pools(path: Path) -> PoolsFile:
     except OSError as exc:
         raise ConfigError(f"cannot read pools file {path}: {exc}") from exc
     return parse_pools(text, source=str(path))
+
+
+def dump_pools(specs: Sequence[PoolSpec], default: str | None = None, redis: str | None = None) -> str:
+    """The pools file of ``specs`` (what ``load_pools`` reads back to equal specs)."""
+    document: dict[str, object] = {
+        "pools": [spec.model_dump(mode="json", by_alias=True, exclude_defaults=True) for spec in specs]
+    }
+    if default is not None:
+        document["defaultPool"] = default
+    if redis is not None:
+        document["redis"] = redis
+    return yaml.safe_dump(document, sort_keys=False)

@@ -45,6 +45,7 @@ from gateway.resources.core import Pod
 from gateway.resources.inference import InferencePool
 from gateway.resources.validate import ValidationOptions
 from gateway.shared_state.link import RedisSettings
+from gateway.workers import UpWorkers
 from gateway.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from policies.errors import ConfigError
 
@@ -147,6 +148,8 @@ class UpOptions:
     envoy_log_level: str = "warning"
     envoy_concurrency: int = 0
     """Envoy worker threads; 0 = one per core of this machine."""
+    workers: int = 1
+    """Picker processes: the in-process one and ``workers - 1`` more (``gateway.workers``)."""
     redis_url: str | None = None
     scrape_interval: float = 0.05
     stale_after: float = 0.2
@@ -265,6 +268,14 @@ class KvgateUp:
             await fleet.start()
             extra = sim_pods(pool, [_host_of(url) for url in fleet.urls])
 
+        workers: UpWorkers | None = None
+        redis_url = options.redis_url
+        if options.workers > 1:
+            workers = UpWorkers(
+                options.workers - 1, scrape_interval=options.scrape_interval, stale_after=options.stale_after
+            )
+            self._stack.push_async_callback(workers.stop)
+            redis_url = await workers.redis_url(redis_url)
         picker = PickerService(
             PickerSettings(
                 grpc_address=f"127.0.0.1:{options.picker_port}",
@@ -272,7 +283,7 @@ class KvgateUp:
                 admin_port=options.admin_port,
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
-                redis=RedisSettings(url=options.redis_url) if options.redis_url else None,
+                redis=RedisSettings(url=redis_url) if redis_url else None,
             )
         )
         self.picker = picker
@@ -288,15 +299,19 @@ class KvgateUp:
         listen_ports = ((listener_ports[0], options.port),) if listener_ports else ()
         settings = ControlPlaneSettings(
             picker_address=f"127.0.0.1:{picker.grpc_port}",
+            extra_picker_addresses=workers.addresses if workers is not None else (),
             listen_host=options.host,
             listen_ports=listen_ports,
         )
+        on_pools = workers.write_pools if workers is not None else None
         control = ControlPlane(self.provider, picker, self.cache, settings, xds_status=self.xds_status,
-                               extra_pods=extra)
+                               extra_pods=extra, on_pools=on_pools)
         self.control = control
         picker.admin.status_provider = control.status
         if not control.apply(first):
             raise ConfigError(f"cannot apply the configuration: {control.last_error}")
+        if workers is not None and redis_url is not None:
+            await workers.start(redis_url)  # serving before Envoy sends them anything
 
         admin_port = options.envoy_admin_port or free_port()
         envoy = EnvoyProcess(
@@ -396,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--envoy-log-level", default="warning")
     parser.add_argument("--envoy-concurrency", type=int, default=0, metavar="N",
                         help="Envoy worker threads (default 0: one per core)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="picker processes, sharing state through Redis (--redis, else a private "
+                        "redis-server); default 1")
     parser.add_argument("--log-level", default="WARNING")
     return parser
 
@@ -420,6 +438,7 @@ def main(argv: Sequence[str]) -> int:
         sim_model=args.sim_model,
         envoy_log_level=args.envoy_log_level,
         envoy_concurrency=args.envoy_concurrency,
+        workers=max(1, args.workers),
         redis_url=args.redis,
     )
     try:

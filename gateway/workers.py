@@ -24,6 +24,12 @@ and balances requests over them (least request).
 
 The supervisor starts the workers, prints one ready line when all are serving, restarts a worker
 that dies (with back-off), and on SIGTERM/SIGINT stops them all and its private Redis.
+
+``kvgate up --workers N`` (:class:`UpWorkers`) keeps its in-process picker and adds N - 1 worker
+processes: ``kvgate picker --watch`` on a pools file that the control plane rewrites with every
+configuration it applies (before Envoy learns it), each on a port chosen in advance so that the
+ext_proc cluster kvgate writes lists all N pickers from the first snapshot on. Each worker has its
+own admin server and /metrics (on a free port); ``kvgate up``'s /metrics is the in-process one's.
 """
 
 from __future__ import annotations
@@ -31,15 +37,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.child_process import dies_with_parent
 from gateway.envoy_process import free_port
+from gateway.pools_file import PoolSpec, dump_pools
 from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,12 +69,16 @@ class WorkerPlan:
     admin_port: int
     base_command: tuple[str, ...]
     """The worker's argv without ``--grpc-port``, ``--admin-port``, ``--redis`` and ``--workers``."""
+    own_ports: tuple[int, ...] = ()
+    """Each worker's own gRPC port, when the caller must know it in advance (else any free)."""
 
     def command(self, index: int, redis_url: str) -> list[str]:
         admin = self.admin_port + index if self.admin_port else 0
+        own = self.own_ports[index] if index < len(self.own_ports) else 0
         return [
             *self.base_command, "--workers", "1", "--reuse-port", "--worker-index", str(index),
             "--grpc-port", str(self.grpc_port), "--admin-port", str(admin), "--redis", redis_url,
+            "--own-port", str(own),
         ]
 
 
@@ -216,7 +230,7 @@ async def _terminate(process: asyncio.subprocess.Process | None, timeout_s: floa
 
 def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
     """This process's ``kvgate picker`` argv without the options the supervisor sets per worker."""
-    drop_with_value = {"--grpc-port", "--admin-port", "--redis", "--workers", "--worker-index"}
+    drop_with_value = {"--grpc-port", "--admin-port", "--redis", "--workers", "--worker-index", "--own-port"}
     out: list[str] = [sys.executable, "-m", "gateway.cli", "picker"]
     skip = False
     for arg in argv:
@@ -231,3 +245,62 @@ def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
             continue
         out.append(arg)
     return tuple(out)
+
+
+class UpWorkers:
+    """``kvgate up --workers N``: N - 1 picker processes beside the in-process picker."""
+
+    def __init__(self, count: int, *, scrape_interval: float, stale_after: float) -> None:
+        self.count = count
+        self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
+        self.pools_path = self.directory / "pools.yaml"
+        self.own_ports = tuple(free_port() for _ in range(count))
+        self.addresses = tuple(f"127.0.0.1:{port}" for port in self.own_ports)
+        """The workers' own gRPC addresses (for the ext_proc cluster)."""
+        self._plan = WorkerPlan(
+            workers=count, host="127.0.0.1", grpc_port=free_port(), admin_port=0,
+            base_command=(
+                sys.executable, "-m", "gateway.cli", "picker", "--pools", str(self.pools_path), "--watch",
+                "--host", "127.0.0.1", "--scrape-interval", f"{scrape_interval:g}",
+                "--stale-after", f"{stale_after:g}", "--log-level", "WARNING",
+            ),
+            own_ports=self.own_ports,
+        )
+        self._private: PrivateRedis | None = None
+        self._supervisor: WorkerSupervisor | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def redis_url(self, given: str | None) -> str:
+        """``given``, else a private redis-server started now (every picker shares through it)."""
+        if given is not None:
+            return given
+        self._private = PrivateRedis(PrivateRedis.find())
+        await self._private.start()
+        return self._private.url
+
+    def write_pools(self, specs: Sequence[PoolSpec], default: str | None) -> None:
+        """The pool table the control plane just gave the in-process picker, for the workers
+        (written whole, then renamed into place; an empty table is not written)."""
+        if not specs:
+            return
+        staged = self.pools_path.with_suffix(".tmp")
+        staged.write_text(dump_pools(specs, default))
+        os.replace(staged, self.pools_path)
+
+    async def start(self, redis_url: str) -> None:
+        """Start the workers (after the first ``write_pools``) and watch over them."""
+        self._supervisor = WorkerSupervisor(self._plan, redis_url)
+        await self._supervisor.start()
+        self._task = asyncio.create_task(self._supervisor.supervise(self._stop))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._task, 2.0)
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+        if self._private is not None:
+            await self._private.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)

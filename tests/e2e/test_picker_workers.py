@@ -1,5 +1,6 @@
 """``kvgate picker --workers 2``: two picker processes on one gRPC port with a private Redis; a worker
-that dies is restarted; SIGTERM stops every process the supervisor started."""
+that dies is restarted; SIGTERM stops every process the supervisor started. ``kvgate up --workers``
+runs one worker process beside its in-process picker."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.envoy_process import free_port
+from tests.e2e.picker_harness import post_json, wait_until
 from tests.e2e.test_up_cli import alive, children_of
 
 pytestmark = pytest.mark.e2e
@@ -97,3 +100,54 @@ async def _read_rest(process: asyncio.subprocess.Process, output: list[str]) -> 
     async for raw in process.stdout:
         output.append(raw.decode(errors="replace").rstrip())
 
+
+
+async def test_kvgate_up_with_two_workers_serves_through_both_and_stops_them(tmp_path: Path) -> None:
+    """``kvgate up --workers 2``: the in-process picker and one worker process (state shared through
+    a private redis-server), both in Envoy's ext_proc cluster; requests are picked by both; SIGINT
+    stops the worker and Redis with everything else."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2", "--workers", "2",
+        "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.21",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+    )
+    output: list[str] = []
+    try:
+        assert process.stdout is not None
+        while not (output and output[-1].startswith("kvgate ready:")):
+            raw = await asyncio.wait_for(process.stdout.readline(), 60.0)
+            assert raw, "kvgate up exited before it was ready:\n" + "\n".join(output)
+            output.append(raw.decode().rstrip())
+        admin = output[-1].split("(admin ")[1].split(";")[0]
+        drain = asyncio.create_task(_read_rest(process, output))
+        everything = children_of(process.pid)
+        workers = [pid for pid in everything if _is_worker(pid)]
+        assert len(workers) == 1
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> bool:
+                async with http.get(f"{admin}/readyz") as response:
+                    return response.status == 200
+
+            await wait_until(ready, "the in-process picker scraped the replicas", timeout_s=15.0)
+            await asyncio.sleep(0.5)  # the worker's first scrapes
+            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Say hello", "max_tokens": 2}
+            for _ in range(30):
+                reply = await post_json(http, f"http://127.0.0.1:{port}", body)
+                assert reply.status == 200, reply
+            async with http.get(f"{admin}/metrics") as response:
+                page = await response.text()
+        in_process = sum(
+            float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+            if line.startswith("inference_extension_scheduler_e2e_duration_seconds_count")
+        )
+        assert 0 < in_process < 30, f"the in-process picker scheduled {in_process} of 30"
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        drain.cancel()
+        await asyncio.sleep(0.2)
+        assert not [pid for pid in everything if alive(pid)], "a worker or Redis outlived kvgate up"
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
