@@ -147,6 +147,8 @@ async def measure(
         "--log-level",
         "WARNING",
     ]
+    if args.redis:  # with one worker too: the cost of sharing alone
+        command += ["--redis", args.redis]
     picker = await start_child(f"picker_w{workers}", command, "kvgate-picker ready", workdir / "picker.log")
     rows: dict[str, tuple[float, float, float, int, dict[str, float]]] = {}
     try:
@@ -216,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--envoy-concurrency", type=int, default=0, help="0: max(2, N)")
     parser.add_argument("--load-cores", type=int, default=0, help="pin wrk to the last K cores")
+    parser.add_argument("--redis", default=None, metavar="URL",
+                        help="share through this Redis (also with 1 worker: isolates the cost of sharing)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
