@@ -151,3 +151,47 @@ async def test_kvgate_up_with_two_workers_serves_through_both_and_stops_them(tmp
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_a_watched_pools_file_is_applied_on_change_and_a_bad_one_is_ignored(tmp_path: Path) -> None:
+    """``kvgate picker --watch`` (what ``kvgate up --workers`` gives its workers)."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    process = await asyncio.create_subprocess_exec(
+        *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0", "--watch",
+        "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+    )
+    output: list[str] = []
+    try:
+        assert process.stdout is not None
+        while not (output and output[-1].startswith("kvgate-picker ready")):
+            raw = await asyncio.wait_for(process.stdout.readline(), 30)
+            assert raw, "the picker exited:\n" + "\n".join(output)
+            output.append(raw.decode().rstrip())
+        admin = dict(w.split("=", 1) for w in output[-1].split()[2:])["admin"]
+        drain = asyncio.create_task(_read_rest(process, output))
+        async with aiohttp.ClientSession() as http:
+            async def names() -> set[str]:
+                async with http.get(f"{admin}/debug/pools") as response:
+                    return {str(pool["name"]) for pool in (await response.json())["pools"]}
+
+            assert await names() == {"p"}
+            staged = tmp_path / "pools.tmp"
+            staged.write_text(POOLS.replace("name: p", "name: q"))
+            os.replace(staged, pools)
+
+            async def renamed() -> bool:
+                return await names() == {"q"}
+
+            await wait_until(renamed, "the rewritten pools file was applied", timeout_s=10.0)
+            pools.write_text("pools: [")  # not YAML: the last good pools stay
+            await asyncio.sleep(0.5)
+            assert await names() == {"q"}
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+        drain.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
