@@ -79,8 +79,10 @@ STREAM_CHUNK_BYTES = 62_000
 @dataclass(frozen=True, slots=True)
 class LifecycleConfig:
     max_body_bytes: int = 16 * 1024 * 1024
-    fallback_count: int = 1
-    """How many ranked endpoints go into the destination value (pick first, then fallbacks)."""
+    fallback_count: int = 3
+    """How many ranked endpoints go into the ``envoy.lb`` destination metadata (the pick first,
+    then fallbacks a data plane may retry on: kvgate's own clusters do); the header always carries
+    the pick alone (an ORIGINAL_DST cluster, as in GIE's reference configuration, reads one)."""
     stream_chunk_bytes: int = STREAM_CHUNK_BYTES
     default_modes: BodyModes = field(
         default_factory=lambda: BodyModes(BodyMode.FULL_DUPLEX_STREAMED, BodyMode.FULL_DUPLEX_STREAMED)
@@ -278,8 +280,7 @@ class RequestLifecycle:
         )
 
     def _destination_edit(self, decision: Decision, *, content_length: bool) -> HeaderEdit:
-        value = self._destination(decision)
-        set_headers = [(names.DESTINATION_HEADER, value)]
+        set_headers = [(names.DESTINATION_HEADER, decision.result.pick.address)]
         if decision.request.model:
             set_headers.append((names.MODEL_NAME_HEADER, decision.request.model))
         if content_length:

@@ -45,6 +45,8 @@ class Target:
     headers: JsonDict = field(default_factory=dict)
     """``request_headers_to_add`` / ``request_headers_to_remove`` / ``host_rewrite_literal`` of the
     backendRef's own filters."""
+    retries: bool = False
+    """A pool whose cluster follows the picker's fallbacks: its routes retry (``pool_retry_policy``)."""
 
 
 @dataclass(slots=True)
@@ -82,8 +84,13 @@ def static_cluster(name: str, addresses: tuple[str, ...] = ()) -> JsonDict:
 
 
 def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[JsonDict]:
-    """The ORIGINAL_DST cluster, the FailOpen fallback (possibly empty) and an external picker's cluster."""
-    clusters = [ec.pool_cluster(pool.id)]
+    """The pool's cluster (the picker's pick and fallbacks over its replicas, or ORIGINAL_DST for an
+    external picker or with ``endpoint_fallbacks`` off), the FailOpen fallback (possibly empty) and an
+    external picker's cluster."""
+    if follows_fallbacks(pool, settings):
+        clusters = [ec.pool_override_cluster(pool.id, pool.addresses)]
+    else:
+        clusters = [ec.pool_cluster(pool.id)]
     if pool.picker.failure_mode is FailureMode.FAIL_OPEN:
         backend = ec.PoolBackend(pool.id, FailureMode.FAIL_OPEN, pool.addresses)
         if pool.addresses:
@@ -95,6 +102,11 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
         addresses = [ec.split_host_port(address) for address in pool.picker.addresses]
         clusters.append(ec.ext_proc_cluster(addresses, name))
     return clusters
+
+
+def follows_fallbacks(pool: ResolvedPool, settings: TranslationSettings) -> bool:
+    """Whether the pool's cluster and routes use the picker's fallback endpoints (kvgate's own picker)."""
+    return settings.endpoint_fallbacks and not pool.picker.addresses
 
 
 def pool_per_route(pool: ResolvedPool, settings: TranslationSettings) -> JsonDict:
@@ -178,7 +190,10 @@ def _target(
         per_filter = clusters.per_filter.get(pool.id)
         if per_filter is None:
             per_filter = clusters.per_filter[pool.id] = {ec.EXT_PROC_FILTER: pool_per_route(pool, settings)}
-        return Target(backend.weight, names[0], names[1] if fail_open else names[0], per_filter, headers)
+        return Target(
+            backend.weight, names[0], names[1] if fail_open else names[0], per_filter, headers,
+            follows_fallbacks(pool, settings),
+        )
     if backend.valid and backend.kind is BackendKind.SERVICE:
         name = service_cluster_name(backend.key, backend.port)
         clusters.add(static_cluster(name, backend.addresses))

@@ -89,11 +89,15 @@ def _envoy_routes(
     rule_action: JsonDict,
     rule_route: JsonDict,
     timeout: str,
+    retries: int,
 ) -> tuple[JsonDict, ...]:
+    follows = retries > 0 and any(target.retries for target in targets)
+    retry = {"retry_policy": ec.pool_retry_policy(retries)} if follows else {}
+
     def build(route_name: str, route_match: JsonDict, picked: bool) -> JsonDict:
         action, route_fields = cluster_action(targets, picked)
         route: JsonDict = {"name": route_name, "match": route_match}
-        route["route"] = {**action, **rule_action, "timeout": timeout}
+        route["route"] = {**action, **rule_action, "timeout": timeout, **(retry if picked else {})}
         route.update(_merge_headers(rule_route, route_fields))
         return route
 
@@ -133,7 +137,9 @@ def route_groups(
                 )
             else:
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
-                routes = _envoy_routes(name, envoy, targets, rule_action, rule_route, timeout)
+                routes = _envoy_routes(
+                    name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries
+                )
             key = (*match_precedence(match), age, str(route.key), rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)
             groups.append(RouteGroup(key, tuple(routes), names))

@@ -32,6 +32,12 @@ class TranslationSettings:
     bbr_message_timeout_s: float = 5.0
     default_route_timeout_s: float = 0.0
     stream_idle_timeout_s: float = 300.0
+    endpoint_fallbacks: bool = True
+    """Pools of kvgate's own picker: clusters of their replicas that follow the picker's ranked list
+    (``envoy_config.pool_override_cluster``) and routes that retry on the next endpoint; False: the
+    ORIGINAL_DST cluster of GIE's reference configuration (one endpoint, no retries)."""
+    pool_retries: int = 2
+    """Retries of a request that has not started its response (``envoy_config.pool_retry_policy``)."""
 
     def __post_init__(self) -> None:
         if not self.picker_addresses:

@@ -33,6 +33,8 @@ from tests.extproc.fakes import (
     streamed,
 )
 
+ALL_THREE = "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"
+
 
 def _metadata_value(response: pb.ProcessingResponse) -> str:
     meta = response.dynamic_metadata
@@ -53,7 +55,7 @@ def test_full_duplex_holds_headers_until_end_of_body_then_resends_body() -> None
     assert headers["x-gateway-model-name"] == "m"
     assert headers["content-length"] == str(len(body))
     assert out[0].request_headers.response.clear_route_cache
-    assert _metadata_value(out[0]) == "10.0.0.1:8000"
+    assert _metadata_value(out[0]) == ALL_THREE  # the pick, then its fallbacks
     chunks = [r.request_body.response.body_mutation.streamed_response for r in out[1:]]
     assert all(len(c.body) <= 62_000 for c in chunks)
     assert [c.end_of_stream for c in chunks] == [False] * (len(chunks) - 1) + [True]
@@ -77,7 +79,7 @@ def test_buffered_answers_headers_at_once_and_routes_on_the_body_response() -> N
     assert common.clear_route_cache
     assert not common.HasField("body_mutation")  # body untouched
     assert set_headers(out[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
-    assert _metadata_value(out[0]) == "10.0.0.1:8000"
+    assert _metadata_value(out[0]) == ALL_THREE
 
 
 def test_buffered_streaming_request_gets_rewritten_body_and_content_length() -> None:
@@ -155,11 +157,15 @@ def test_subset_hint_outside_the_pool_is_503() -> None:
     assert pool.scheduler.seen == []
 
 
-def test_fallback_list_has_configured_length_in_header_and_metadata() -> None:
+def test_the_fallback_list_has_its_configured_length_in_the_metadata_and_the_header_names_the_pick() -> None:
     machine = make_machine(make_pool(), config=LifecycleConfig(fallback_count=2))
     out = feed(machine, [request_headers(), request_body(completion(), eos=True)])
-    assert set_headers(out[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000,10.0.0.2:8000"
+    # one address in the header: an ORIGINAL_DST cluster (GIE's reference configuration) reads it
+    assert set_headers(out[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
     assert _metadata_value(out[0]) == "10.0.0.1:8000,10.0.0.2:8000"
+    single = make_machine(make_pool(), config=LifecycleConfig(fallback_count=1))
+    out = feed(single, [request_headers(), request_body(completion(), eos=True)])
+    assert _metadata_value(out[0]) == "10.0.0.1:8000"
 
 
 def _error_of(

@@ -1,0 +1,99 @@
+"""A replica that dies loses no request that had not started its response (issue 14), through the
+composition ``kvgate up`` runs: real Envoy with kvgate's pool clusters (the picker's pick, then its
+fallbacks: Envoy's override_host policy) and bounded retries, the in-process picker, a simulated
+fleet of three replicas.
+
+Half of the requests stream. One replica's listener is stopped while requests are in flight: a
+request that was picked onto it before the picker noticed (its scrapes fail within ~50 ms) is
+retried on the next endpoint the picker ranked; only responses already streaming from it may end
+early (the simulator ends them with an error). Afterwards the picker's in-flight counts are zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.envoy_process import free_port
+from tests.e2e.conftest import SimFleet
+from tests.e2e.picker_harness import fleet_admin_url, fleet_stats
+from tests.e2e.test_up_routing import StartUp, gateway_yaml, pods_yaml, pool_yaml, start_up, wait_ready
+
+pytestmark = pytest.mark.e2e
+__all__ = ["start_up"]  # the fixture, imported for this module's tests
+
+ROUTE = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: llm}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+    - backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: pool}]
+"""
+
+
+async def _one(http: aiohttp.ClientSession, url: str, index: int) -> tuple[int, bool, bool]:
+    """(status, streamed, whether the response had started before it failed)."""
+    stream = index % 2 == 1
+    body = {"model": "base", "prompt": f"request {index}", "max_tokens": 24, "stream": stream}
+    started = False
+    async with http.post(f"{url}/v1/completions", data=json.dumps(body),
+                         headers={"content-type": "application/json"}) as response:
+        text = ""
+        async for chunk in response.content.iter_any():
+            started = True
+            text += chunk.decode(errors="replace")
+        ok = response.status == 200 and (not stream or "[DONE]" in text) and '"error"' not in text
+        return (200 if ok else response.status or 599), stream, started and response.status == 200
+
+
+async def test_a_stopped_replica_fails_no_request_that_had_not_started(
+    tmp_path: Path, start_up: StartUp, start_fleet: Callable[..., Awaitable[SimFleet]],
+    http: aiohttp.ClientSession,
+) -> None:
+    port = free_port()
+    fleet = await start_fleet(
+        replicas=3, time_scale=0.01,
+        extra_args=["--port", str(port), "--hosts-from", "127.0.4.1", "--admin-port", "0", "--model", "base"],
+    )
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
+    (tmp_path / "route.yaml").write_text(ROUTE)
+    up = await start_up(tmp_path)
+    await wait_ready(http, up, ["pool"])
+    gate = asyncio.Semaphore(16)
+
+    async def limited(index: int) -> tuple[int, bool, bool]:
+        async with gate:
+            return await _one(http, up.url, index)
+
+    tasks = [asyncio.create_task(limited(i)) for i in range(400)]
+    await asyncio.sleep(0.3)  # mid-run
+    async with http.post(f"{fleet_admin_url(fleet)}/replicas/1/stop") as response:
+        assert response.status == 200
+    results = await asyncio.gather(*tasks)
+    failed = [(status, stream, started) for status, stream, started in results if status != 200]
+    not_started = [f for f in failed if not f[2]]
+    assert not_started == [], f"{len(not_started)} requests failed before their response started: {failed}"
+    assert len(failed) <= 16, failed  # at most those streaming from the replica when it stopped
+    stats = await fleet_stats(http, fleet)
+    assert stats[1]["requests_received"] > 0  # it did serve before it stopped
+    served_after = sum(s["requests_received"] for i, s in enumerate(stats) if i != 1)
+    assert served_after + stats[1]["requests_received"] >= 400
+
+    async def inflight() -> int:
+        async with http.get(f"{up.admin_url}/debug/pools") as response:
+            pools = (await response.json())["pools"]
+        return sum(int(e.get("inflight_requests", 0)) for pool in pools for e in pool["endpoints"])
+
+    for _ in range(50):
+        if await inflight() == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert await inflight() == 0
