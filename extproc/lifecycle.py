@@ -342,6 +342,11 @@ class RequestLifecycle:
             elif key == "content-type":
                 content_type = value.lower()
         request = decision.request
+        if self._status >= 500 and self._served is not None:
+            failing = self._served
+            self._callback(
+                "on_endpoint_failed", lambda s: s.on_endpoint_failed(request, failing, self._now())
+            )
         rename = (request.target_model, request.model) if self._config.rename_response_model else None
         self._response = ResponseBodyProcessor(
             sse="text/event-stream" in content_type,
@@ -435,7 +440,12 @@ class RequestLifecycle:
             return
         served = next((e for e in decision.result.ranked if e.address == address), None)
         endpoint = served or Endpoint(address=address, pool=decision.request.pool)
+        failed = self._served  # the data plane went on past it: it failed this request
         self._served = endpoint
+        self._metrics.served_by_fallback(self._labels)
+        self._callback(
+            "on_endpoint_failed", lambda s: s.on_endpoint_failed(decision.request, failed, self._now())
+        )
         self._callback("on_served", lambda s: s.on_served(decision.request, endpoint, self._now()))
 
     # ending --------------------------------------------------------------------------------

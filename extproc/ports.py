@@ -122,6 +122,11 @@ class RequestMetrics(Protocol):
         """Time one ``Scheduler.schedule`` call took (GIE: scheduler_e2e_duration_seconds)."""
         ...
 
+    def served_by_fallback(self, labels: RequestLabels) -> None:
+        """The data plane served a request from a fallback endpoint: its pick failed and was retried
+        (kvgate: ``kvgate_fallback_served_total``)."""
+        ...
+
     def first_token(self, labels: RequestLabels, seconds: float) -> None:
         """Time from request headers to the first response body chunk (GIE: request_ttft_seconds)."""
         ...
@@ -143,6 +148,9 @@ class NoMetrics:
         pass
 
     def scheduled(self, pool: str, seconds: float) -> None:
+        pass
+
+    def served_by_fallback(self, labels: RequestLabels) -> None:
         pass
 
     def first_token(self, labels: RequestLabels, seconds: float) -> None:

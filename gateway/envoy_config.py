@@ -206,6 +206,15 @@ def pool_override_cluster(pool: str, endpoints: Sequence[str], connect_timeout_s
         "connect_timeout": duration(connect_timeout_s),
         "circuit_breakers": breakers,
         "load_assignment": _load_assignment(name, [split_host_port(a) for a in endpoints]),
+        # Envoy's own ejection, beside the picker's (policies.outliers): a request the picker sent
+        # to a replica that has just started failing skips it for the next on the list.
+        "outlier_detection": {
+            "consecutive_5xx": 5,
+            "interval": duration(1.0),
+            "base_ejection_time": duration(5.0),
+            "max_ejection_time": duration(60.0),
+            "max_ejection_percent": 50,
+        },
         "load_balancing_policy": {"policies": [{"typed_extension_config": {
             "name": "envoy.load_balancing_policies.override_host", "typed_config": override,
         }}]},
@@ -213,14 +222,11 @@ def pool_override_cluster(pool: str, endpoints: Sequence[str], connect_timeout_s
 
 
 def pool_retry_policy(retries: int) -> JsonDict:
-    """Retry a request that has not started its response on the next endpoint the picker ranked:
-    connection failures and resets before the request was sent, and a replica's 503 (overloaded),
-    at most ``retries`` times. A response already streaming to the client is never retried."""
-    return {
-        "retry_on": "connect-failure,reset-before-request,refused-stream,retriable-status-codes",
-        "retriable_status_codes": [503],
-        "num_retries": retries,
-    }
+    """Retry a request that has not started its response on the next endpoint the picker ranked, at
+    most ``retries`` times: a replica's 5xx (overloaded, or an engine that died behind a live HTTP
+    server) and no answer at all (Envoy's ``5xx`` includes connect failures and resets), and a reset
+    before the request was sent. A response already streaming to the client is never retried."""
+    return {"retry_on": "5xx,reset-before-request,refused-stream", "num_retries": retries}
 
 
 def pool_fallback_cluster(pool: PoolBackend, connect_timeout_s: float = 2.0) -> JsonDict:

@@ -133,6 +133,12 @@ class GatewayTelemetry:
             "inference_objective_running_requests", "Requests in flight through the picker.",
             ["model_name"], registry=r,
         )
+        self._fallbacks = Counter(
+            "kvgate_fallback_served_total",
+            "Requests served by a fallback endpoint: the picked one failed and the data plane retried.",
+            ["pool"],
+            registry=r,
+        )
         self._scheduler = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Time one scheduling decision took.",
@@ -191,6 +197,9 @@ class GatewayTelemetry:
 
     def scheduled(self, pool: str, seconds: float) -> None:
         self._scheduler.labels(pool).observe(seconds)
+
+    def served_by_fallback(self, labels: RequestLabels) -> None:
+        self._fallbacks.labels(labels.pool).inc()
 
     def first_token(self, labels: RequestLabels, seconds: float) -> None:
         self._of(labels).ttft.observe(seconds)

@@ -6,6 +6,7 @@ The ext_proc request lifecycle calls, in order:
 ``on_first_token`` when the first response body bytes arrive (the prompt's prefill is done), or
 ``on_first_token_unseen`` when the data plane will not show the response body (kvgate's one-pass
 data path: the scheduler then ends the prefill at its own estimate),
+``on_endpoint_failed`` when an endpoint failed it (a 5xx, or a fallback served it),
 ``on_usage`` when the response carries token usage, and ``on_finished`` exactly once per picked
 request, success or not (client gone, upstream error, stream reset), so in-flight bookkeeping
 never leaks.
@@ -52,6 +53,11 @@ class Scheduler(Protocol):
 
     def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         """The response's first body bytes arrived: the request no longer waits for prefill."""
+        ...
+
+    def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        """``endpoint`` failed this request (a 5xx, or the data plane went on to a fallback): counts
+        towards ejecting it from picking (``policies.outliers``)."""
         ...
 
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:

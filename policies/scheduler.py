@@ -19,7 +19,9 @@ in-flight work (it stays counted as a request: a replica busy decoding is not qu
 ``on_first_token_unseen`` (the data plane will not show the response body: kvgate's one-pass data
 path) drops them when the TTFT the profile's scorer estimated for the pick has passed (checked at the
 next ``schedule``), or at once when no scorer estimates TTFT (then nothing reads them); ``on_usage``
-learns from the ``cached_tokens`` the replica reports; ``on_finished`` removes exactly what
+learns from the ``cached_tokens`` the replica reports; ``on_endpoint_failed`` counts towards ejecting
+an endpoint that keeps failing (``policies.outliers``; ejected ones are left out of ``schedule``
+unless nothing else remains); ``on_finished`` removes exactly what
 ``on_picked`` added. The prompt hashes computed in
 ``schedule`` are kept (bounded LRU by request id, ``max_pending``) until ``on_picked`` so a request
 is hashed once; the small rest (predicted matches, the ranked views whose ``num_gpu_blocks`` size
@@ -47,6 +49,7 @@ from policies.framework import PluginTimer, SchedulingContext, ScoredEndpoints
 from policies.hashing import PromptHasher
 from policies.inflight_models import InflightModels
 from policies.memo import TupleMemo
+from policies.outliers import OutlierSettings, OutlierTracker
 from policies.plugins.filters import SubsetHintFilter
 from policies.profile import SchedulingProfile
 from policies.scoring import Addresses, BoundScorer, ScoresView, total_scores
@@ -83,6 +86,7 @@ class ProfileScheduler:
         fallbacks: int | None = None,
         max_pending: int = 4096,
         timing_every: int = 1,
+        outliers: OutlierSettings | None = None,
     ) -> None:
         self.profile = profile
         self.state: SchedulerState = state if state is not None else InProcessState()
@@ -106,6 +110,7 @@ class ProfileScheduler:
         self._timing_countdown = 0
         self._scorers = tuple(BoundScorer.of(s) for s in profile.scorers)
         self._addresses: TupleMemo[Addresses] = TupleMemo()
+        self.outliers = OutlierTracker(outliers or OutlierSettings())
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -118,6 +123,9 @@ class ProfileScheduler:
             self._end_estimated_prefills(now)
         ctx = self.context(request, now)
         endpoints = self._subset.filter(ctx, candidates)
+        if self.outliers.any_ejected(now):  # never empty: with every candidate ejected, all stay
+            ejected = self.outliers.ejected
+            endpoints = tuple(e for e in endpoints if not ejected(e.address, now)) or endpoints
         timer = self._timer_for_this_request()
         for f in self.profile.filters:
             if timer is None:
@@ -249,6 +257,9 @@ class ProfileScheduler:
         if address is not None:  # still in flight: keep the request, its prefill is done
             self.state.inflight_add(request_id, address, 0)
 
+    def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self.outliers.failed(endpoint.address, now)
+
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         due = self._first_token_due.pop(request.request_id, None)
         if request.request_id not in self._prefilling:
@@ -278,6 +289,8 @@ class ProfileScheduler:
             self._capacity_scale[address] = min(1.0, scale + GROW)
 
     def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
+        if ok:
+            self.outliers.succeeded(endpoint.address)
         self.state.inflight_remove(request.request_id)
         self._prefilling.pop(request.request_id, None)
         self._first_token_due.pop(request.request_id, None)
@@ -294,5 +307,6 @@ class ProfileScheduler:
     def forget_endpoint(self, address: str) -> None:
         """Call when an endpoint leaves the pool: drops its state (prefix, in-flight, sessions)."""
         self.state.forget_endpoint(address)
+        self.outliers.forget(address)
         self._capacity_scale.pop(address, None)
         self._own_models.forget_endpoint(address)

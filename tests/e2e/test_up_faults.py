@@ -97,3 +97,46 @@ async def test_a_stopped_replica_fails_no_request_that_had_not_started(
             break
         await asyncio.sleep(0.1)
     assert await inflight() == 0
+
+
+async def test_a_replica_answering_500_fails_no_request_and_is_ejected_from_picking(
+    tmp_path: Path, start_up: StartUp, start_fleet: Callable[..., Awaitable[SimFleet]],
+    http: aiohttp.ClientSession,
+) -> None:
+    """Its metrics page still answers, so only the requests show it: each 500 is retried on the
+    next endpoint the picker ranked, and after a few the picker (and Envoy) stop sending it any."""
+    port = free_port()
+    fleet = await start_fleet(
+        replicas=3, time_scale=0.01,
+        extra_args=[
+            "--port", str(port), "--hosts-from", "127.0.4.11", "--admin-port", "0", "--model", "base",
+        ],
+    )
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
+    (tmp_path / "route.yaml").write_text(ROUTE)
+    up = await start_up(tmp_path)
+    await wait_ready(http, up, ["pool"])
+    async with http.post(f"{fleet_admin_url(fleet)}/replicas/0/faults", json={"error_rate": 1.0}) as response:
+        assert response.status == 200
+    gate = asyncio.Semaphore(8)
+
+    async def limited(index: int) -> tuple[int, bool, bool]:
+        async with gate:
+            return await _one(http, up.url, index)
+
+    first = await asyncio.gather(*(limited(i) for i in range(100)))
+    assert [r for r in first if r[0] != 200] == []
+    before = (await fleet_stats(http, fleet))[0]["requests_received"]
+    second = await asyncio.gather(*(limited(i) for i in range(100, 200)))
+    assert [r for r in second if r[0] != 200] == []
+    after = (await fleet_stats(http, fleet))[0]["requests_received"]
+    assert after - before <= 5, f"the failing replica still got {after - before} of 100 requests"
+    async with http.get(f"{up.admin_url}/metrics") as response:
+        page = await response.text()
+    fallbacks = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("kvgate_fallback_served_total")
+    )
+    assert fallbacks >= before  # every request it failed was served by a fallback, and counted

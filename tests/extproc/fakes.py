@@ -43,6 +43,7 @@ class RecordingScheduler:
     seen: list[tuple[InferenceRequest, tuple[str, ...]]] = field(default_factory=list)
     first_tokens: list[str] = field(default_factory=list)
     unseen_first_tokens: list[str] = field(default_factory=list)
+    failed_endpoints: list[str] = field(default_factory=list)
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
@@ -60,6 +61,9 @@ class RecordingScheduler:
 
     def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.first_tokens.append(endpoint.address)  # kept apart: ``calls`` sequences stay as they were
+
+    def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self.failed_endpoints.append(endpoint.address)
 
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.unseen_first_tokens.append(endpoint.address)
@@ -117,6 +121,9 @@ class RecordingMetrics:
 
     def scheduled(self, pool: str, seconds: float) -> None:
         self.events.append(("scheduled", pool))
+
+    def served_by_fallback(self, labels: RequestLabels) -> None:
+        self.events.append(("fallback", labels.pool))
 
     def first_token(self, labels: RequestLabels, seconds: float) -> None:
         self.events.append(("ttft", seconds))

@@ -135,3 +135,25 @@ def test_a_sampler_reads_one_response_in_n() -> None:
 def test_every_nth_rejects_zero() -> None:
     with pytest.raises(ValueError, match="n must be"):
         EveryNth(0)
+
+
+def test_a_fallback_that_served_reports_the_pick_as_failed_and_counts_it() -> None:
+    pool = make_pool()
+    metrics = RecordingMetrics()
+    machine = make_machine(pool, metrics=metrics)
+    _start(machine, completion())
+    feed(machine, [response_headers(200, "application/json", served="10.0.0.2:8000")])
+    assert pool.scheduler.failed_endpoints == ["10.0.0.1:8000"]
+    assert ("fallback", "llama") in metrics.events
+    machine.handle(StreamClosed(cancelled=False))
+    assert pool.scheduler.calls[-1] == ("finished", ("10.0.0.2:8000", True))
+
+
+def test_a_5xx_from_the_replica_reports_it_as_failed() -> None:
+    pool = make_pool()
+    machine = make_machine(pool)
+    _start(machine, completion())
+    feed(machine, [response_headers(500, "application/json")])
+    assert pool.scheduler.failed_endpoints == ["10.0.0.1:8000"]
+    machine.handle(StreamClosed(cancelled=False))
+    assert pool.scheduler.calls[-1] == ("finished", ("10.0.0.1:8000", False))
