@@ -325,3 +325,35 @@ async def test_against_the_simulator() -> None:
             await eventually(lambda: healthy(scraper, "sim", address), "restarted replica healthy")
     finally:
         await fleet.stop()
+
+
+async def test_a_replica_whose_metrics_page_hangs_is_stale_within_the_window() -> None:
+    """The simulator's ``metrics_delay_s`` fault (its /metrics answers after a delay longer than the
+    scrape timeout): the endpoint's last metrics age past ``stale_after`` (so admission counts it
+    saturated) and the timed-out scrapes make it unhealthy; without the fault it heals."""
+    import dataclasses
+    import time
+
+    from simulator.fleet import Fleet, FleetConfig
+    from simulator.server import ReplicaConfig
+
+    fleet = Fleet(FleetConfig(replicas=(ReplicaConfig(0),), port=0))
+    await fleet.start()
+    try:
+        address = fleet.urls[0].removeprefix("http://")
+        async with fast_scraper(timeout=0.3, stale_after=0.1) as scraper:
+            scraper.set_endpoints("sim", "vllm", [address])
+            await eventually(lambda: healthy(scraper, "sim", address), "scraped")
+            replica = fleet.replicas[0]
+            replica.faults = dataclasses.replace(replica.faults, metrics_delay_s=5.0)
+
+            def stale() -> bool:
+                found = view(scraper, "sim", address)
+                return found is not None and found.age(time.monotonic()) >= 0.1
+
+            await eventually(stale, "metrics older than stale_after")
+            await eventually(lambda: not healthy(scraper, "sim", address), "unhealthy after a timeout")
+            replica.faults = dataclasses.replace(replica.faults, metrics_delay_s=0.0)
+            await eventually(lambda: healthy(scraper, "sim", address), "healthy again", 8.0)
+    finally:
+        await fleet.stop()
