@@ -149,6 +149,9 @@ async def measure(
     ]
     if args.redis:  # with one worker too: the cost of sharing alone
         command += ["--redis", args.redis]
+    if args.scrape_interval:
+        command += ["--scrape-interval", f"{args.scrape_interval:g}",
+                    "--stale-after", f"{max(0.2, 4 * args.scrape_interval):g}"]
     picker = await start_child(f"picker_w{workers}", command, "kvgate-picker ready", workdir / "picker.log")
     rows: dict[str, tuple[float, float, float, int, dict[str, float]]] = {}
     try:
@@ -220,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--load-cores", type=int, default=0, help="pin wrk to the last K cores")
     parser.add_argument("--redis", default=None, metavar="URL",
                         help="share through this Redis (also with 1 worker: isolates the cost of sharing)")
+    parser.add_argument("--scrape-interval", type=float, default=0.0,
+                        help="the pickers' scrape interval (0: their default, 50 ms)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
