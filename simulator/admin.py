@@ -7,7 +7,7 @@ Endpoints (JSON in and out; errors as ``{"error": {"message", "type", "param", "
 - ``POST /replicas/{i}/stop`` → the replica's listener closes (connections refused), its in-flight
   requests end with an error; answers ``{"index", "url", "listening": false}``. Idempotent.
 - ``POST /replicas/{i}/start`` → listens again on the same address; ``{"index", "url", "listening": true}``.
-- ``GET  /replicas/{i}/faults`` / ``POST /replicas/{i}/faults`` (body: any of ``error_rate``,
+- ``GET  /replicas/{i}/faults`` / ``POST /replicas/{i}/faults`` (body: any of ``error_rate``, ``hang``,
   ``slowdown``, ``metrics_delay_s``, ``metrics_frozen``) → the replica's faults after the change.
 - ``GET  /stats?window_s=60`` → ``{"replicas": [per-replica /sim/stats + url, listening], "totals": {…},
   "loop_lag": {"samples", "p50_ms", "p99_ms", "max_ms", "mean_ms"}}``.

@@ -6,7 +6,7 @@ Example: ``kvgate sim --replicas 4 --port 8000 --loras sql,chat --max-loras 1 --
 Per-replica overrides (``--replica I:KEY=VALUE,…``, repeatable) accept the engine keys
 ``max_loras, max_num_seqs, max_num_batched_tokens, num_gpu_blocks, block_size, slowdown,
 lora_load_time, enable_prefix_caching, loras`` (``loras`` separated by ``+``), ``profile``, and the
-fault keys ``error_rate, metrics_delay_s, metrics_frozen``.
+fault keys ``error_rate, metrics_delay_s, metrics_frozen, hang``.
 
 Prints the ready protocol of :mod:`simulator.fleet` on stdout; exits 0 after a clean stop, 1 when a
 listener cannot bind, 2 on bad arguments.

@@ -9,6 +9,9 @@ as a whole when changed (at start from ``--replica I:error_rate=…``, at run ti
   configured ``slowdown`` (a replica that degrades at run time).
 - ``metrics_delay_s`` (real seconds): ``GET /metrics`` answers only after this delay.
 - ``metrics_frozen``: ``GET /metrics`` keeps serving the page it rendered when frozen.
+- ``hang``: inference requests are accepted and never answered (no status, no byte) until the
+  client goes away or the fault is cleared; /metrics and the other endpoints answer as usual (an
+  engine stuck behind a live HTTP server).
 
 Stopping and restarting a replica's listener is not a value here: the fleet does it (see
 :mod:`simulator.fleet`).
@@ -21,7 +24,8 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-FAULT_FIELDS = ("error_rate", "slowdown", "metrics_delay_s", "metrics_frozen")
+FAULT_FIELDS = ("error_rate", "slowdown", "metrics_delay_s", "metrics_frozen", "hang")
+_BOOLEAN_FIELDS = ("metrics_frozen", "hang")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Faults:
     slowdown: float = 1.0
     metrics_delay_s: float = 0.0
     metrics_frozen: bool = False
+    hang: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
@@ -55,7 +60,7 @@ class Faults:
 
 
 def _coerce(key: str, raw: object) -> float | bool:
-    if key == "metrics_frozen":
+    if key in _BOOLEAN_FIELDS:
         if isinstance(raw, bool):
             return raw
         if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0"):

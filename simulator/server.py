@@ -54,6 +54,7 @@ class ReplicaCounters:
     requests_aborted: int = 0  # client went away before the end
     requests_failed_stopped: int = 0  # in flight when the replica was stopped
     errors_injected: int = 0
+    hung: int = 0  # inference requests held by the hang fault
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
@@ -77,6 +78,9 @@ class Replica:
         self._memo = encode_memo if encode_memo is not None else EncodeMemo()
         self.base_model = config.engine.model
         self.faults = config.faults
+        self._hang_cleared = asyncio.Event()
+        if not self.faults.hang:
+            self._hang_cleared.set()
         self.counters = ReplicaCounters()
         self.accepting = True
         self.adapters: dict[str, str] = {name: f"/adapters/{name}" for name in config.engine.served_loras}
@@ -106,6 +110,10 @@ class Replica:
         if not faults.metrics_frozen:
             self._frozen_page = None
         self.faults = faults
+        if faults.hang:
+            self._hang_cleared.clear()
+        else:
+            self._hang_cleared.set()
         return faults
 
     def stop_in_flight(self) -> None:
@@ -131,6 +139,7 @@ class Replica:
             "requests_aborted": c.requests_aborted,
             "requests_failed_stopped": c.requests_failed_stopped,
             "errors_injected": c.errors_injected,
+            "hung": c.hung,
             "in_flight": self.driver.in_flight,
             "waiting": m.waiting,
             "running": m.running,
@@ -187,6 +196,9 @@ class Replica:
         except api.ApiError as err:
             self.counters.requests_rejected += 1
             return _error(err)
+        if self.faults.hang:
+            self.counters.hung += 1
+            await self._hang_cleared.wait()  # until set_faults clears it, or the client goes away
         if self._injector.should_fail(self.faults):
             self.counters.errors_injected += 1
             return _error(api.ApiError(500, "injected fault: internal server error"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 
@@ -84,3 +86,26 @@ async def test_metrics_delay(make_fleet: FleetFactory, http: aiohttp.ClientSessi
     async with http.get(fleet.urls[0] + "/metrics") as response:
         assert response.status == 200
     assert fleet.replicas[0].faults.metrics_delay_s == 0.05
+
+
+async def test_hang_accepts_inference_and_never_answers_while_metrics_answer(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await make_fleet(faults=Faults(hang=True))
+    url = fleet.urls[0]
+    body = {"model": fleet.replicas[0].base_model, "prompt": "hi", "max_tokens": 2}
+    request = asyncio.create_task(http.post(url + "/v1/completions", json=body))
+    await asyncio.sleep(0.3)
+    assert not request.done()  # accepted, no status line
+    async with http.get(url + "/metrics") as response:
+        assert response.status == 200
+    assert fleet.replicas[0].counters.hung == 1
+    fleet.replicas[0].set_faults({"hang": False})  # cleared: the held request goes on, served
+    async with await asyncio.wait_for(request, 10) as response:
+        assert response.status == 200
+
+
+def test_hang_is_a_boolean_fault_field() -> None:
+    assert Faults().updated({"hang": "true"}).hang is True
+    with pytest.raises(ValueError, match="boolean"):
+        Faults().updated({"hang": 2.5})
