@@ -283,9 +283,11 @@ class RequestLifecycle:
         set_headers = [(names.DESTINATION_HEADER, decision.result.pick.address)]
         if decision.request.model:
             set_headers.append((names.MODEL_NAME_HEADER, decision.request.model))
+        if decision.request.stream:
+            set_headers.append((names.STREAM_HEADER, "1"))
         if content_length:
             set_headers.append(("content-length", str(len(decision.body))))
-        remove = tuple(h for h in self._strip if h != names.DESTINATION_HEADER)
+        remove = tuple(h for h in self._strip if h not in _SET_BY_THE_PICKER)
         return HeaderEdit(set=tuple(set_headers), remove=remove)
 
     def _destination(self, decision: Decision) -> str:
@@ -511,6 +513,10 @@ class RequestLifecycle:
 
     def _now(self) -> float:
         return self._clock.now()
+
+
+_SET_BY_THE_PICKER = frozenset({names.DESTINATION_HEADER, names.STREAM_HEADER})
+"""System-owned headers the destination reply sets itself (a client's copy is overwritten, not removed)."""
 
 
 def _unexpected(machine: RequestLifecycle, event: Event) -> list[Action]:

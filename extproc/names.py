@@ -27,6 +27,11 @@ POOL_METADATA_KEY = "x-kvgate-pool"
 
 KVGATE_HEADER_PREFIX = "x-kvgate-"
 
+STREAM_HEADER = "x-kvgate-stream"
+"""Set to ``1`` by the picker on a streamed request: kvgate's routes give such requests an upstream
+idle timeout (a replica that sends nothing is abandoned and the request retried elsewhere), which a
+silent non-streamed generation must not get."""
+
 SYSTEM_OWNED_HEADERS = frozenset({DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY})
 
 

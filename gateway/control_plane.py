@@ -64,6 +64,8 @@ class ControlPlaneSettings:
     listen_host: str = "127.0.0.1"
     listen_ports: tuple[tuple[int, int], ...] = ()
     body_based_routing: BodyRouting = "auto"
+    stream_idle_retry_s: float = 30.0
+    """A streamed request whose replica sends nothing this long is retried elsewhere (0: never)."""
     default_profile: str = "default"
     default_engine: Dialect = "vllm"
     validation: ValidationOptions = field(
@@ -76,6 +78,7 @@ class ControlPlaneSettings:
             listen_host=self.listen_host,
             listen_ports=self.listen_ports,
             body_based_routing=self.body_based_routing,
+            stream_idle_retry_s=self.stream_idle_retry_s,
         )
 
 

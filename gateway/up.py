@@ -150,6 +150,8 @@ class UpOptions:
     """Envoy worker threads; 0 = one per core of this machine."""
     workers: int = 1
     """Picker processes: the in-process one and ``workers - 1`` more (``gateway.workers``)."""
+    stream_idle_retry_s: float = 30.0
+    """A streamed request whose replica sends nothing this long goes to the next endpoint (0: never)."""
     redis_url: str | None = None
     scrape_interval: float = 0.05
     stale_after: float = 0.2
@@ -300,6 +302,7 @@ class KvgateUp:
         settings = ControlPlaneSettings(
             picker_address=f"127.0.0.1:{picker.grpc_port}",
             extra_picker_addresses=workers.addresses if workers is not None else (),
+            stream_idle_retry_s=options.stream_idle_retry_s,
             listen_host=options.host,
             listen_ports=listen_ports,
         )
@@ -411,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--envoy-log-level", default="warning")
     parser.add_argument("--envoy-concurrency", type=int, default=0, metavar="N",
                         help="Envoy worker threads (default 0: one per core)")
+    parser.add_argument("--stream-idle-retry", type=float, default=30.0, metavar="SECONDS",
+                        help="a streamed request whose replica sends nothing this long is retried on the "
+                        "next endpoint, if nothing reached the client yet (0: never; default 30)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
@@ -439,6 +445,7 @@ def main(argv: Sequence[str]) -> int:
         envoy_log_level=args.envoy_log_level,
         envoy_concurrency=args.envoy_concurrency,
         workers=max(1, args.workers),
+        stream_idle_retry_s=args.stream_idle_retry,
         redis_url=args.redis,
     )
     try:

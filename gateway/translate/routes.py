@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.names import DESTINATION_HEADER, LB_NAMESPACE
+from extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from gateway import envoy_config as ec
 from gateway.resources import ResolvedRoute, ResolvedRule
 from gateway.resources.gateway_api import HTTPRouteMatch
@@ -32,6 +32,7 @@ JsonDict = dict[str, Any]
 MatchKey = tuple[int, int, int, int, int, str, str, int, int]
 
 _PICKED = {"filter": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}], "value": {"present_match": True}}
+_STREAMED = {"name": STREAM_HEADER, "string_match": {"exact": "1"}}
 _NO_BACKEND_BODY = "no valid backend for this route rule"
 
 
@@ -90,21 +91,35 @@ def _envoy_routes(
     rule_route: JsonDict,
     timeout: str,
     retries: int,
+    stream_idle_s: float = 0.0,
 ) -> tuple[JsonDict, ...]:
+    """The rule's route (a FailOpen pool: the picked one, then the fallback). With retries to the
+    picker's fallbacks, a copy for streamed requests (the picker's ``x-kvgate-stream: 1``) comes
+    first, whose attempts also end when the replica stays silent for ``stream_idle_s``."""
     follows = retries > 0 and any(target.retries for target in targets)
-    retry = {"retry_policy": ec.pool_retry_policy(retries)} if follows else {}
 
-    def build(route_name: str, route_match: JsonDict, picked: bool) -> JsonDict:
+    def build(
+        route_name: str, route_match: JsonDict, picked: bool, retry: JsonDict | None = None
+    ) -> JsonDict:
         action, route_fields = cluster_action(targets, picked)
         route: JsonDict = {"name": route_name, "match": route_match}
-        route["route"] = {**action, **rule_action, "timeout": timeout, **(retry if picked else {})}
+        route["route"] = {**action, **rule_action, "timeout": timeout}
+        if retry is not None and picked:
+            route["route"]["retry_policy"] = retry
         route.update(_merge_headers(rule_route, route_fields))
         return route
 
-    if all(target.cluster == target.fallback_cluster for target in targets):
-        return (build(name, match, True),)
-    picked_match = {**match, "dynamic_metadata": [_PICKED]}
-    return build(name, picked_match, True), build(f"{name}/fallback", match, False)
+    fail_open = not all(target.cluster == target.fallback_cluster for target in targets)
+    picked_match = {**match, "dynamic_metadata": [_PICKED]} if fail_open else match
+    routes: list[JsonDict] = []
+    if follows and stream_idle_s > 0:
+        stream_match = {**picked_match, "headers": [*picked_match.get("headers", []), _STREAMED]}
+        stream_retry = ec.stream_retry_policy(retries, stream_idle_s)
+        routes.append(build(f"{name}/stream", stream_match, True, stream_retry))
+    routes.append(build(name, picked_match, True, ec.pool_retry_policy(retries) if follows else None))
+    if fail_open:
+        routes.append(build(f"{name}/fallback", match, False))
+    return tuple(routes)
 
 
 def route_groups(
@@ -138,7 +153,8 @@ def route_groups(
             else:
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
                 routes = _envoy_routes(
-                    name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries
+                    name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
+                    settings.stream_idle_retry_s,
                 )
             key = (*match_precedence(match), age, str(route.key), rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)

@@ -38,6 +38,9 @@ class TranslationSettings:
     ORIGINAL_DST cluster of GIE's reference configuration (one endpoint, no retries)."""
     pool_retries: int = 2
     """Retries of a request that has not started its response (``envoy_config.pool_retry_policy``)."""
+    stream_idle_retry_s: float = 30.0
+    """A streamed request (the picker marks it) whose replica sends nothing for this long is retried
+    on the next endpoint (``envoy_config.stream_retry_policy``); 0: no such bound."""
 
     def __post_init__(self) -> None:
         if not self.picker_addresses:

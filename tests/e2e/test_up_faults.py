@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from gateway.envoy_process import free_port
+from gateway.up import KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_admin_url, fleet_stats
 from tests.e2e.test_up_routing import StartUp, gateway_yaml, pods_yaml, pool_yaml, start_up, wait_ready
@@ -140,3 +141,46 @@ async def test_a_replica_answering_500_fails_no_request_and_is_ejected_from_pick
         if line.startswith("kvgate_fallback_served_total")
     )
     assert fallbacks >= before  # every request it failed was served by a fallback, and counted
+
+
+async def test_a_hung_replica_fails_no_streamed_request_and_stops_being_picked(
+    tmp_path: Path, start_fleet: Callable[..., Awaitable[SimFleet]], http: aiohttp.ClientSession,
+) -> None:
+    """The simulator's ``hang`` fault: replica 0 accepts and never answers, its /metrics fine. A
+    streamed request sent there is abandoned after the stream idle bound (0.5 s here) and served by
+    the next endpoint the picker ranked; after a few, the picker leaves the replica out."""
+    port = free_port()
+    fleet = await start_fleet(
+        replicas=3, time_scale=0.01,
+        extra_args=[
+            "--port", str(port), "--hosts-from", "127.0.4.21", "--admin-port", "0", "--model", "base",
+        ],
+    )
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
+    (tmp_path / "route.yaml").write_text(ROUTE)
+    options = UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=0, stream_idle_retry_s=0.5)
+    up = KvgateUp(options)
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        hang = {"hang": True}
+        async with http.post(f"{fleet_admin_url(fleet)}/replicas/0/faults", json=hang) as response:
+            assert response.status == 200
+        gate = asyncio.Semaphore(8)
+
+        async def streamed(index: int) -> tuple[int, bool, bool]:
+            async with gate:
+                return await _one(http, up.url, 2 * index + 1)  # odd: streamed
+
+        results = await asyncio.gather(*(streamed(i) for i in range(60)))
+        assert [r for r in results if r[0] != 200] == []
+        hung = (await fleet_stats(http, fleet))[0]["hung"]
+        assert 0 < hung <= 12, f"the hung replica held {hung} of 60 requests"
+        later = await asyncio.gather(*(streamed(i) for i in range(60, 90)))
+        assert [r for r in later if r[0] != 200] == []
+        assert (await fleet_stats(http, fleet))[0]["hung"] - hung <= 2  # ejected from picking
+    finally:
+        async with http.post(f"{fleet_admin_url(fleet)}/replicas/0/faults", json={"hang": False}):
+            pass
+        await up.stop()

@@ -26,6 +26,7 @@ from tests.extproc.fakes import (
     kinds,
     make_machine,
     make_pool,
+    removed_headers,
     request_body,
     request_headers,
     response_body,
@@ -157,3 +158,16 @@ def test_a_5xx_from_the_replica_reports_it_as_failed() -> None:
     assert pool.scheduler.failed_endpoints == ["10.0.0.1:8000"]
     machine.handle(StreamClosed(cancelled=False))
     assert pool.scheduler.calls[-1] == ("finished", ("10.0.0.1:8000", False))
+
+
+def test_a_streamed_request_is_marked_for_the_stream_route_and_a_client_cannot_forge_it() -> None:
+    streamed = _start(make_machine(make_pool()), completion(stream=True))
+    assert set_headers(streamed[1])["x-kvgate-stream"] == "1"
+    plain = _start(make_machine(make_pool()), completion())
+    assert "x-kvgate-stream" not in set_headers(plain[1])
+    machine = make_machine(make_pool())
+    client = [("x-kvgate-stream", "1")]
+    forged = feed(machine, [request_headers(mode=BUFFERED, response_mode=NONE, extra=client)])
+    assert "x-kvgate-stream" in removed_headers(forged[0])  # a client's copy goes at once
+    forged += feed(machine, [request_body(completion(), eos=True)])
+    assert "x-kvgate-stream" not in set_headers(forged[1])
