@@ -7,18 +7,22 @@ A simulated fleet of 4 replicas (one address each, as Pods; time scale 0.01) beh
 open-loop client at ``--rate`` requests a second for ``--seconds`` (half of them streamed, 24
 tokens), and three phases:
 
-1. at 20 % of the run, replica 1's listener stops (connections refused; responses streaming from it
+1. at 15 % of the run, replica 1's listener stops (connections refused; responses streaming from it
    end with an error event);
-2. at 45 %, replica 2 starts answering every inference request with HTTP 500 (its /metrics still
-   answers, so only the requests show it);
-3. at 75 %, both recover (replica 1 listens again, replica 2's 500s stop).
+2. at 35 %, replica 3 hangs (accepts inference requests and never answers; its /metrics answers);
+3. at 55 %, replica 2 starts answering every inference request with HTTP 500;
+4. at 80 %, all recover (replica 1 listens again, replica 3 answers what it held, the 500s stop).
+
+``kvgate up`` runs with ``--stream-idle-retry 1`` (a streamed request whose replica stays silent for
+1 s goes to the next endpoint); non-streamed requests have no such bound, so those the hung replica
+took wait until it recovers: the report's slowest-request column shows them.
 
 Reported per phase: requests sent, completed, failed before their response started (the issue's
 goal: zero), failed after it started (streams cut by the stop), retried to a fallback
 (``kvgate_fallback_served_total``), and how long after the fault the replica last received a pick
 (replica 2: its request counter; replica 1: the picker's fallback counter, which grows while the
-picker still names it). The picker's in-flight count at the end must be zero. A hung replica (it
-accepts and never answers) is not in it: the simulator has no such fault yet.
+picker still names it; replica 3: its held-requests counter). The picker's in-flight count at the
+end must be zero.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from gateway.up import KvgateUp, UpOptions
 MODEL = "base"
 FIRST_IP = "127.0.6.1"
 REPLICAS = 4
+STREAM_IDLE_S = 1.0
 
 
 @dataclass
@@ -52,13 +57,16 @@ class Outcome:
     ok: bool = False
     started: bool = False
     status: int = 0
+    seconds: float = 0.0
+    stream: bool = False
 
 
 @dataclass
 class Timeline:
-    """Samples of (time, replica 2's requests received, the picker's fallback count)."""
+    """Samples of (time, replica 2's requests received, the picker's fallback count, replica 3's
+    held requests)."""
 
-    samples: list[tuple[float, int, float]] = field(default_factory=list)
+    samples: list[tuple[float, int, float, int]] = field(default_factory=list)
 
 
 def manifests(directory: Path, port: int) -> None:
@@ -94,6 +102,8 @@ spec:
 
 async def one(http: aiohttp.ClientSession, url: str, index: int, outcome: Outcome) -> None:
     stream = index % 2 == 1
+    outcome.stream = stream
+    began = time.monotonic()
     body = {"model": MODEL, "prompt": f"request {index} " + "words " * 40, "max_tokens": 24, "stream": stream}
     try:
         async with http.post(f"{url}/v1/completions", data=json.dumps(body),
@@ -106,6 +116,7 @@ async def one(http: aiohttp.ClientSession, url: str, index: int, outcome: Outcom
             outcome.ok = response.status == 200 and (not stream or "[DONE]" in text) and '"error"' not in text
     except aiohttp.ClientError:
         outcome.ok = False
+    outcome.seconds = time.monotonic() - began
 
 
 async def sample(http: aiohttp.ClientSession, admin: str, picker_admin: str, timeline: Timeline,
@@ -117,7 +128,7 @@ async def sample(http: aiohttp.ClientSession, admin: str, picker_admin: str, tim
             page = await http_get_text(f"{picker_admin}/metrics")
             timeline.samples.append((
                 time.monotonic() - started, int(replicas[2]["requests_received"]),
-                metric_sum(page, "kvgate_fallback_served_total"),
+                metric_sum(page, "kvgate_fallback_served_total"), int(replicas[3]["hung"]),
             ))
         await asyncio.sleep(0.05)
 
@@ -149,7 +160,8 @@ def last_change_after(samples: Sequence[tuple[float, float]], after: float, unti
 
 async def run(args: argparse.Namespace) -> str:
     seconds, rate = args.seconds, args.rate
-    phases = {"stop": 0.20 * seconds, "errors": 0.45 * seconds, "recover": 0.75 * seconds}
+    phases = {"stop": 0.15 * seconds, "hang": 0.35 * seconds, "errors": 0.55 * seconds,
+              "recover": 0.80 * seconds}
     with tempfile.TemporaryDirectory(prefix="kvgate-faults-") as tmp:
         workdir = Path(tmp)
         port = free_port()
@@ -165,7 +177,8 @@ async def run(args: argparse.Namespace) -> str:
             config = workdir / "config"
             config.mkdir()
             manifests(config, port)
-            up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=0))
+            up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=0,
+                                    stream_idle_retry_s=STREAM_IDLE_S))
             await up.start()
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
                 for _ in range(100):
@@ -210,38 +223,50 @@ async def run(args: argparse.Namespace) -> str:
 async def apply_phase(http: aiohttp.ClientSession, admin: str, name: str) -> None:
     if name == "stop":
         await (await http.post(f"{admin}/replicas/1/stop")).release()
+    elif name == "hang":
+        await (await http.post(f"{admin}/replicas/3/faults", json={"hang": True})).release()
     elif name == "errors":
         await (await http.post(f"{admin}/replicas/2/faults", json={"error_rate": 1.0})).release()
     else:
         await (await http.post(f"{admin}/replicas/1/start")).release()
         await (await http.post(f"{admin}/replicas/2/faults", json={"error_rate": 0.0})).release()
+        await (await http.post(f"{admin}/replicas/3/faults", json={"hang": False})).release()
 
 
 def report(args: argparse.Namespace, outcomes: Sequence[Outcome], timeline: Timeline,
            phases: dict[str, float], inflight: int) -> str:
     bounds = [
         ("before the faults", 0.0, phases["stop"]),
-        ("replica 1 stopped", phases["stop"], phases["errors"]),
+        ("replica 1 stopped", phases["stop"], phases["hang"]),
+        ("… and replica 3 hung", phases["hang"], phases["errors"]),
         ("… and replica 2 answering 500", phases["errors"], phases["recover"]),
-        ("both recovered", phases["recover"], float("inf")),
+        ("all recovered", phases["recover"], float("inf")),
     ]
     lines = [
         "# Faults under load through `kvgate up` (issue 14)", "",
         f"- command: `python -m bench.faults {' '.join(sys.argv[1:])}`",
         f"- machine: {platform.machine()}, Python {platform.python_version()}; {REPLICAS} simulated replicas "
-        f"(time scale 0.01), open loop {args.rate} req/s for {args.seconds} s, half streamed (24 tokens)",
+        f"(time scale 0.01), open loop {args.rate} req/s for {args.seconds} s, half streamed (24 tokens); "
+        f"`kvgate up` with a stream idle bound of {STREAM_IDLE_S:g} s",
         f"- picker in-flight requests at the end: **{inflight}**", "",
-        "| phase | sent | completed | failed before the response started | failed after it started |",
-        "|---|---|---|---|---|",
+        "| phase | sent | completed | failed before the response started | failed after it started "
+        "| slowest streamed (s) | slowest non-streamed (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, low, high in bounds:
         part = [o for o in outcomes if low <= o.sent_at < high]
         before = sum(1 for o in part if not o.ok and not o.started)
         after = sum(1 for o in part if not o.ok and o.started)
-        lines.append(f"| {name} | {len(part)} | {sum(o.ok for o in part)} | {before} | {after} |")
-    fallback = [(at, fb) for at, _, fb in timeline.samples]
-    replica2 = [(at, float(r2)) for at, r2, _ in timeline.samples]
-    stopped = last_change_after(fallback, phases["stop"], phases["errors"])
+        slow_stream = max((o.seconds for o in part if o.stream), default=0.0)
+        slow_plain = max((o.seconds for o in part if not o.stream), default=0.0)
+        lines.append(f"| {name} | {len(part)} | {sum(o.ok for o in part)} | {before} | {after} "
+                     f"| {slow_stream:.2f} | {slow_plain:.2f} |")
+    fallback = [(at, fb) for at, _, fb, _ in timeline.samples]
+    replica2 = [(at, float(r2)) for at, r2, _, _ in timeline.samples]
+    replica3 = [(at, float(held)) for at, _, _, held in timeline.samples]
+    stopped = last_change_after(fallback, phases["stop"], phases["hang"])
+    hung = first_quiet_after(replica3, phases["hang"], phases["errors"])
+    held = replica3[-1][1] if replica3 else 0.0
     ejected = first_quiet_after(replica2, phases["errors"], phases["recover"])
     erroring = last_change_after(replica2, phases["errors"], phases["recover"])
     total_fallbacks = fallback[-1][1] if fallback else 0.0
@@ -250,6 +275,10 @@ def report(args: argparse.Namespace, outcomes: Sequence[Outcome], timeline: Time
         f"- requests served by a fallback endpoint (`kvgate_fallback_served_total`): {total_fallbacks:.0f}",
         "- replica 1 (stopped): the picker last named it "
         + (f"{stopped:.2f} s after the stop" if stopped is not None else "never after the stop"),
+        f"- replica 3 (hung): it held {held:.0f} requests; it stopped getting requests "
+        + (f"{hung:.2f} s after it hung" if hung is not None else "(no quiet second seen)")
+        + f" (streamed ones went on after {STREAM_IDLE_S:g} s of silence; non-streamed ones waited "
+        "for it to recover)",
         "- replica 2 (500s): it stopped getting requests "
         + (f"{ejected:.2f} s after its 500s began" if ejected is not None else "(no quiet second seen)")
         + "; ejected for a back-off (5 s, doubling), it was tried again, the last time "
