@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import statistics
@@ -53,6 +54,7 @@ from bench.datapath_procs import (
     start_upstream,
 )
 from gateway.envoy_config import (
+    EXT_PROC_FILTER,
     ONE_PASS,
     ExtProcSettings,
     JsonDict,
@@ -108,21 +110,14 @@ class Row:
 def processor_listener(
     name: str, port: int, cluster: str, settings: ExtProcSettings, pool_name: str = POOL
 ) -> JsonDict:
-    settings = ExtProcSettings(
-        cluster_name=cluster,
-        request_body_mode=settings.request_body_mode,
-        response_body_mode=settings.response_body_mode,
-        allow_mode_override=settings.allow_mode_override,
-        send_served_endpoint=settings.send_served_endpoint,
-        max_body_bytes=BODY_LIMIT,
-    )
+    settings = dataclasses.replace(settings, cluster_name=cluster, max_body_bytes=BODY_LIMIT)
     pool = PoolBackend(pool_name, FailureMode.FAIL_CLOSE)
     routes = pool_routes(RouteSpec(name=name, pool=pool_name), pool, settings)
     hcm = http_connection_manager(name, route_configuration(name, routes), settings)
     if settings.response_body_mode == "NONE" and not settings.send_served_endpoint:
         # the floor: response phases skipped entirely
-        mode = hcm["typed_config"]["http_filters"][1]["typed_config"]["processing_mode"]
-        mode["response_header_mode"] = "SKIP"
+        ext_proc = next(f for f in hcm["typed_config"]["http_filters"] if f["name"] == EXT_PROC_FILTER)
+        ext_proc["typed_config"]["processing_mode"]["response_header_mode"] = "SKIP"
     return listener(name, "127.0.0.1", port, hcm, BODY_LIMIT)
 
 

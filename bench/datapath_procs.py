@@ -129,3 +129,27 @@ def cpu_snapshot(pids: Mapping[str, int]) -> dict[str, float]:
 def cpu_share(before: Mapping[str, float], after: Mapping[str, float], wall_s: float) -> dict[str, float]:
     """Cores used by each process over ``wall_s`` (1.0 = one core busy all the time)."""
     return {name: (after[name] - before[name]) / wall_s for name in before}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), children first."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def group_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and all its descendants."""
+    total = 0.0
+    for member in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(member)
+    return total

@@ -24,35 +24,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from bench.datapath_onepass import stream_latency
-from bench.datapath_procs import cpu_snapshot, kvgate_command, start_child
+from bench.datapath_onepass import FULL, QUICK, stream_latency
+from bench.datapath_procs import cpu_snapshot, descendants, kvgate_command, start_child
 from gateway.envoy_process import free_port
 from gateway.up import EXAMPLE_MODEL
 
 READY = "kvgate ready:"
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    latency_s: float
-    stream_requests: int
-    load_s: float
-    connections: int
-
-
-QUICK = Plan(latency_s=4, stream_requests=150, load_s=5, connections=8)
-FULL = Plan(latency_s=8, stream_requests=400, load_s=10, connections=8)
-
-
-@dataclass
-class Line:
-    label: str
-    values: dict[str, float] = field(default_factory=dict)
 
 
 def bodies(tokens: int, stream: bool, count: int) -> list[bytes]:
@@ -67,23 +48,15 @@ def bodies(tokens: int, stream: bool, count: int) -> list[bytes]:
 
 
 def child_pids(pid: int) -> dict[str, int]:
-    """Envoy and the simulator: the ``kvgate up`` process's children, by command line."""
+    """Envoy and the simulator, started by the ``kvgate up`` process, by command line."""
     found: dict[str, int] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent != pid:
-            continue
-        if "envoy" in cmdline:
-            found["envoy"] = int(proc.name)
-        elif "simulator" in cmdline:
-            found["simulator"] = int(proc.name)
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"envoy" in cmdline:
+                found.setdefault("envoy", child)
+            elif b"simulator" in cmdline:
+                found.setdefault("simulator", child)
     return found
 
 

@@ -29,7 +29,7 @@ from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_envoy import POOL
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
 from bench.datapath_onepass import processor_listener, stream_bodies
-from bench.datapath_procs import Child, cpu_seconds, kvgate_command, pools_yaml, start_child, start_upstream
+from bench.datapath_procs import Child, group_cpu, kvgate_command, pools_yaml, start_child, start_upstream
 from gateway.envoy_config import (
     ONE_PASS,
     PoolBackend,
@@ -54,28 +54,6 @@ def affinity(cores: set[int] | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def descendants(pid: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        found += frontier
-    return found
-
-
-def group_cpu(pid: int) -> float:
-    total = 0.0
-    for member in [pid, *descendants(pid)]:
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(member)
-    return total
 
 
 async def run(args: argparse.Namespace) -> str:

@@ -252,6 +252,7 @@ class RequestLifecycle:
 
     def _pick(self, body: bytes) -> Decision:
         assert self._pool is not None
+        self._observe = self._reads_response()
         decision = decide(
             pool=self._pool,
             api=self._api,
@@ -259,7 +260,7 @@ class RequestLifecycle:
             body=body,
             subset=self._subset,
             now=self._clock.now,
-            inject_usage=self._config.inject_include_usage and self._reads_usage(),
+            inject_usage=self._config.inject_include_usage and self._observe,
             # Our own id: the scheduler keys in-flight state by it, and clients can repeat x-request-id.
             request_id=uuid.uuid4().hex,
             metrics=self._metrics,
@@ -320,12 +321,10 @@ class RequestLifecycle:
         limiter = self._config.tenant_limiter
         return limiter is not None and self._pool is not None and limiter.counts_tokens(self._pool.name)
 
-    def _reads_usage(self) -> bool:
-        """Whether this request's response usage will be read (decided once, before the pick)."""
-        if not self._response_body_off:
-            return True
-        self._observe = self._counts_tokens() or self._sampled()
-        return self._observe
+    def _reads_response(self) -> bool:
+        """Whether this request's response body will be read (decided once, before the pick):
+        always when Envoy sends it, else for token limits or the sampler."""
+        return not self._response_body_off or self._counts_tokens() or self._sampled()
 
     def _sampled(self) -> bool:
         sampler = self._config.observe_usage

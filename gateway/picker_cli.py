@@ -56,7 +56,6 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
     pools = load_pools(args.pools)  # fail here, once, on a bad file
     plan = WorkerPlan(
         workers=args.workers,
-        host=args.host,
         grpc_port=args.grpc_port or free_port(args.host),
         admin_port=args.admin_port,
         base_command=worker_base_command(argv),

@@ -64,7 +64,6 @@ class WorkerPlan:
     """What the supervisor runs: ``command(index)`` is one worker's argv."""
 
     workers: int
-    host: str
     grpc_port: int
     admin_port: int
     base_command: tuple[str, ...]
@@ -134,7 +133,7 @@ class WorkerSupervisor:
         self.admin_urls: list[str] = [""] * plan.workers
         self.own_addresses: list[str] = [""] * plan.workers
         """Each worker's own gRPC ``host:port`` (besides the shared one), as it last reported."""
-        self._stopping = False
+        self._drains: set[asyncio.Task[None]] = set()
 
     @property
     def redis_url(self) -> str:
@@ -167,7 +166,9 @@ class WorkerSupervisor:
         words = dict(w.split("=", 1) for w in line.split()[2:] if "=" in w)
         self.admin_urls[index] = words.get("admin", "")
         self.own_addresses[index] = words.get("own", "")
-        asyncio.get_running_loop().create_task(_drain(process.stdout))
+        drain = asyncio.create_task(_drain(process.stdout))
+        self._drains.add(drain)
+        drain.add_done_callback(self._drains.discard)
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Restart workers that die, until ``stop`` is set."""
@@ -196,7 +197,6 @@ class WorkerSupervisor:
                     log.error("%s", exc.message)
 
     async def stop(self) -> None:
-        self._stopping = True
         await asyncio.gather(*(_terminate(p) for p in self._processes))
         if self._private is not None:
             await self._private.stop()
@@ -258,7 +258,7 @@ class UpWorkers:
         self.addresses = tuple(f"127.0.0.1:{port}" for port in self.own_ports)
         """The workers' own gRPC addresses (for the ext_proc cluster)."""
         self._plan = WorkerPlan(
-            workers=count, host="127.0.0.1", grpc_port=free_port(), admin_port=0,
+            workers=count, grpc_port=free_port(), admin_port=0,
             base_command=(
                 sys.executable, "-m", "gateway.cli", "picker", "--pools", str(self.pools_path), "--watch",
                 "--host", "127.0.0.1", "--scrape-interval", f"{scrape_interval:g}",

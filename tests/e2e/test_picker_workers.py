@@ -26,14 +26,19 @@ KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.e
 POOLS = 'pools:\n  - name: p\n    endpoints: ["127.0.0.1:1"]\n'
 
 
-async def _ready(process: asyncio.subprocess.Process, output: list[str]) -> dict[str, str]:
+async def _ready_line(process: asyncio.subprocess.Process, prefix: str, output: list[str]) -> str:
+    """The first line of ``process``'s output starting with ``prefix`` (all lines kept in ``output``)."""
     assert process.stdout is not None
     async for raw in process.stdout:
         line = raw.decode(errors="replace").strip()
         output.append(line)
-        if line.startswith("kvgate-picker ready") and "workers=" in line:
-            return dict(word.split("=", 1) for word in line.split()[2:])
-    raise AssertionError("the supervisor exited before it was ready:\n" + "\n".join(output))
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"exited before {prefix!r}:\n" + "\n".join(output))
+
+
+def _words(line: str) -> dict[str, str]:
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
 
 
 async def _serving(address: str) -> bool:
@@ -53,7 +58,7 @@ async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(
     )
     output: list[str] = []
     try:
-        words = await asyncio.wait_for(_ready(process, output), 60)
+        words = _words(await asyncio.wait_for(_ready_line(process, "kvgate-picker ready", output), 60))
         drain = asyncio.create_task(_read_rest(process, output))
         admins = words["admins"].split(",")
         assert words["workers"] == "2"
@@ -114,12 +119,8 @@ async def test_kvgate_up_with_two_workers_serves_through_both_and_stops_them(tmp
     )
     output: list[str] = []
     try:
-        assert process.stdout is not None
-        while not (output and output[-1].startswith("kvgate ready:")):
-            raw = await asyncio.wait_for(process.stdout.readline(), 60.0)
-            assert raw, "kvgate up exited before it was ready:\n" + "\n".join(output)
-            output.append(raw.decode().rstrip())
-        admin = output[-1].split("(admin ")[1].split(";")[0]
+        line = await asyncio.wait_for(_ready_line(process, "kvgate ready:", output), 60)
+        admin = line.split("(admin ")[1].split(";")[0]
         drain = asyncio.create_task(_read_rest(process, output))
         everything = children_of(process.pid)
         workers = [pid for pid in everything if _is_worker(pid)]
@@ -164,12 +165,8 @@ async def test_a_watched_pools_file_is_applied_on_change_and_a_bad_one_is_ignore
     )
     output: list[str] = []
     try:
-        assert process.stdout is not None
-        while not (output and output[-1].startswith("kvgate-picker ready")):
-            raw = await asyncio.wait_for(process.stdout.readline(), 30)
-            assert raw, "the picker exited:\n" + "\n".join(output)
-            output.append(raw.decode().rstrip())
-        admin = dict(w.split("=", 1) for w in output[-1].split()[2:])["admin"]
+        ready = await asyncio.wait_for(_ready_line(process, "kvgate-picker ready", output), 30)
+        admin = _words(ready)["admin"]
         drain = asyncio.create_task(_read_rest(process, output))
         async with aiohttp.ClientSession() as http:
             async def names() -> set[str]:

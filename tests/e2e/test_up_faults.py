@@ -39,6 +39,22 @@ spec:
 """
 
 
+async def three_replicas_configured(
+    start_fleet: Callable[..., Awaitable[SimFleet]], directory: Path, first_ip: str
+) -> SimFleet:
+    """Three simulated replicas from ``first_ip`` on, and the manifests of one pool of them routed
+    by one HTTPRoute, written into ``directory`` for ``kvgate up``."""
+    port = free_port()
+    fleet = await start_fleet(
+        replicas=3, time_scale=0.01,
+        extra_args=["--port", str(port), "--hosts-from", first_ip, "--admin-port", "0", "--model", "base"],
+    )
+    (directory / "gateway.yaml").write_text(gateway_yaml())
+    (directory / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
+    (directory / "route.yaml").write_text(ROUTE)
+    return fleet
+
+
 async def _one(http: aiohttp.ClientSession, url: str, index: int) -> tuple[int, bool, bool]:
     """(status, streamed, whether the response had started before it failed)."""
     stream = index % 2 == 1
@@ -58,14 +74,7 @@ async def test_a_stopped_replica_fails_no_request_that_had_not_started(
     tmp_path: Path, start_up: StartUp, start_fleet: Callable[..., Awaitable[SimFleet]],
     http: aiohttp.ClientSession,
 ) -> None:
-    port = free_port()
-    fleet = await start_fleet(
-        replicas=3, time_scale=0.01,
-        extra_args=["--port", str(port), "--hosts-from", "127.0.4.1", "--admin-port", "0", "--model", "base"],
-    )
-    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
-    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
-    (tmp_path / "route.yaml").write_text(ROUTE)
+    fleet = await three_replicas_configured(start_fleet, tmp_path, "127.0.4.1")
     up = await start_up(tmp_path)
     await wait_ready(http, up, ["pool"])
     gate = asyncio.Semaphore(16)
@@ -106,16 +115,7 @@ async def test_a_replica_answering_500_fails_no_request_and_is_ejected_from_pick
 ) -> None:
     """Its metrics page still answers, so only the requests show it: each 500 is retried on the
     next endpoint the picker ranked, and after a few the picker (and Envoy) stop sending it any."""
-    port = free_port()
-    fleet = await start_fleet(
-        replicas=3, time_scale=0.01,
-        extra_args=[
-            "--port", str(port), "--hosts-from", "127.0.4.11", "--admin-port", "0", "--model", "base",
-        ],
-    )
-    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
-    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
-    (tmp_path / "route.yaml").write_text(ROUTE)
+    fleet = await three_replicas_configured(start_fleet, tmp_path, "127.0.4.11")
     up = await start_up(tmp_path)
     await wait_ready(http, up, ["pool"])
     async with http.post(f"{fleet_admin_url(fleet)}/replicas/0/faults", json={"error_rate": 1.0}) as response:
@@ -149,16 +149,7 @@ async def test_a_hung_replica_fails_no_streamed_request_and_stops_being_picked(
     """The simulator's ``hang`` fault: replica 0 accepts and never answers, its /metrics fine. A
     streamed request sent there is abandoned after the stream idle bound (0.5 s here) and served by
     the next endpoint the picker ranked; after a few, the picker leaves the replica out."""
-    port = free_port()
-    fleet = await start_fleet(
-        replicas=3, time_scale=0.01,
-        extra_args=[
-            "--port", str(port), "--hosts-from", "127.0.4.21", "--admin-port", "0", "--model", "base",
-        ],
-    )
-    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
-    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port) + "---" + pods_yaml("pool", fleet))
-    (tmp_path / "route.yaml").write_text(ROUTE)
+    fleet = await three_replicas_configured(start_fleet, tmp_path, "127.0.4.21")
     options = UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=0, stream_idle_retry_s=0.5)
     up = KvgateUp(options)
     try:

@@ -89,12 +89,11 @@ def test_content_nested_near_the_limit_is_refused_when_hashing_it_would_recurse(
     depth = 990  # parses (under the limit) but its serialisation for prefix hashing goes deeper
     content = "[" * depth + "]" * depth
     raw = ('{"model":"m","messages":[{"role":"user","content":[' + content + "]}]}").encode()
-    outcome: str
+    refusal: str | None = None
     try:
         parsed = parse_request_body(ApiKind.CHAT_COMPLETIONS, raw)
     except MalformedBodyError as error:
-        outcome = error.message
-    else:
-        upstream_body(parsed, raw, "m-v2", inject_usage=True)  # or it is parsed and can be forwarded
-        outcome = TOO_DEEP
-    assert outcome == TOO_DEEP
+        refusal = error.message
+    else:  # or it is parsed and can be forwarded (any other exception fails the test)
+        upstream_body(parsed, raw, "m-v2", inject_usage=True)
+    assert refusal in (None, TOO_DEEP)

@@ -13,14 +13,14 @@ def test_the_worker_command_drops_what_the_supervisor_sets_per_worker() -> None:
 
 
 def test_each_worker_gets_the_shared_port_its_own_admin_port_and_the_redis_url() -> None:
-    plan = WorkerPlan(workers=3, host="127.0.0.1", grpc_port=9002, admin_port=9090, base_command=("kvgate",))
+    plan = WorkerPlan(workers=3, grpc_port=9002, admin_port=9090, base_command=("kvgate",))
     command = plan.command(2, "redis://127.0.0.1:7000/0")
     assert command[command.index("--grpc-port") + 1] == "9002"
     assert command[command.index("--admin-port") + 1] == "9092"
     assert command[command.index("--redis") + 1] == "redis://127.0.0.1:7000/0"
     assert "--reuse-port" in command
     assert command[command.index("--workers") + 1] == "1"
-    other = WorkerPlan(2, "h", 1, 0, (), own_ports=(7001, 7002)).command(1, "r")
+    other = WorkerPlan(2, 1, 0, (), own_ports=(7001, 7002)).command(1, "r")
     assert other[other.index("--admin-port") + 1] == "0"  # admin 0 stays "any free"
     assert other[other.index("--own-port") + 1] == "7002"
 
