@@ -14,8 +14,9 @@ tokens), and three phases:
 4. at 80 %, all recover (replica 1 listens again, replica 3 answers what it held, the 500s stop).
 
 ``kvgate up`` runs with ``--stream-idle-retry 1`` (a streamed request whose replica stays silent for
-1 s goes to the next endpoint); non-streamed requests have no such bound, so those the hung replica
-took wait until it recovers: the report's slowest-request column shows them.
+1 s goes to the next endpoint) and ``--attempt-timeout 1 --attempt-timeout-per-token 0.01`` (a
+non-streamed request of 24 tokens that has no answer after 1.24 s goes to the next endpoint): the
+report's slowest-request columns show what a request the hung replica took waited.
 
 Reported per phase: requests sent, completed, failed before their response started (the issue's
 goal: zero), failed after it started (streams cut by the stop), retried to a fallback
@@ -49,6 +50,8 @@ MODEL = "base"
 FIRST_IP = "127.0.6.1"
 REPLICAS = 4
 STREAM_IDLE_S = 1.0
+ATTEMPT_BASE_S = 1.0
+ATTEMPT_PER_TOKEN_S = 0.01
 
 
 @dataclass
@@ -177,8 +180,10 @@ async def run(args: argparse.Namespace) -> str:
             config = workdir / "config"
             config.mkdir()
             manifests(config, port)
-            up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=0,
-                                    stream_idle_retry_s=STREAM_IDLE_S))
+            up = KvgateUp(UpOptions(
+                directory=config, port=free_port(), admin_port=0, sim=0, stream_idle_retry_s=STREAM_IDLE_S,
+                attempt_timeout_s=ATTEMPT_BASE_S, attempt_timeout_per_token_s=ATTEMPT_PER_TOKEN_S,
+            ))
             await up.start()
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
                 for _ in range(100):
@@ -247,7 +252,8 @@ def report(args: argparse.Namespace, outcomes: Sequence[Outcome], timeline: Time
         f"- command: `python -m bench.faults {' '.join(sys.argv[1:])}`",
         f"- machine: {platform.machine()}, Python {platform.python_version()}; {REPLICAS} simulated replicas "
         f"(time scale 0.01), open loop {args.rate} req/s for {args.seconds} s, half streamed (24 tokens); "
-        f"`kvgate up` with a stream idle bound of {STREAM_IDLE_S:g} s",
+        f"`kvgate up` with a stream idle bound of {STREAM_IDLE_S:g} s and an attempt bound of "
+        f"{ATTEMPT_BASE_S:g} s + {ATTEMPT_PER_TOKEN_S:g} s a token for non-streamed requests",
         f"- picker in-flight requests at the end: **{inflight}**", "",
         "| phase | sent | completed | failed before the response started | failed after it started "
         "| slowest streamed (s) | slowest non-streamed (s) |",
@@ -277,8 +283,8 @@ def report(args: argparse.Namespace, outcomes: Sequence[Outcome], timeline: Time
         + (f"{stopped:.2f} s after the stop" if stopped is not None else "never after the stop"),
         f"- replica 3 (hung): it held {held:.0f} requests; it stopped getting requests "
         + (f"{hung:.2f} s after it hung" if hung is not None else "(no quiet second seen)")
-        + f" (streamed ones went on after {STREAM_IDLE_S:g} s of silence; non-streamed ones waited "
-        "for it to recover)",
+        + f" (streamed ones went on after {STREAM_IDLE_S:g} s of silence, non-streamed ones after "
+        f"{ATTEMPT_BASE_S + 24 * ATTEMPT_PER_TOKEN_S:g} s without an answer)",
         "- replica 2 (500s): it stopped getting requests "
         + (f"{ejected:.2f} s after its 500s began" if ejected is not None else "(no quiet second seen)")
         + "; ejected for a back-off (5 s, doubling), it was tried again, the last time "

@@ -23,7 +23,9 @@ scheduler then learns the first token of a streamed response from its own estima
 (``on_first_token_unseen``); a non-streamed response's headers come when it is complete.
 
 Measured on the pinned Envoy 1.40 (and relied on): the stream is half-closed at the end of the HTTP
-request (cancelled on a reset or a client gone), also when the response phases send nothing; the
+request, also when the response phases send nothing (it may arrive as a cancellation instead: about
+one complete response in seven did, under load, so a cancelled stream does not tell a reset from a
+clean end, and nothing here counts it as a failure of the replica); the
 ext_proc ``grpc_service.timeout`` does not end a long stream; ``mode_override`` counts in the reply
 to the response headers only (a request-body or response-body reply's is ignored); with a BUFFERED
 request body, ``send_body_without_waiting_for_header_response`` does not send the body before the
@@ -50,6 +52,7 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
+from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER, AttemptTimeout
 from extproc.decision import Decision, decide
 from extproc.errors import immediate_response
 from extproc.events import (
@@ -99,6 +102,10 @@ class LifecycleConfig:
     for the token metrics and the prefix index's capacity learning, the exact first token), e.g.
     :class:`EveryNth`; None = only when a feature needs it (rename, token limits). Each request read
     costs a message per response chunk."""
+    attempt_timeout: AttemptTimeout | None = None
+    """Bound each attempt of a non-streamed request by its ``max_tokens`` (Envoy's per-try timeout
+    header): for data planes whose routes retry on the picker's fallbacks, as kvgate's do. None:
+    no bound (a gateway configured by others keeps its own timeouts)."""
 
 
 class EveryNth:
@@ -286,6 +293,11 @@ class RequestLifecycle:
             set_headers.append((names.MODEL_NAME_HEADER, decision.request.model))
         if decision.request.stream:
             set_headers.append((names.STREAM_HEADER, "1"))
+        bound = self._config.attempt_timeout
+        if bound is not None:
+            ms = bound.milliseconds(decision.request.max_tokens, streamed=decision.request.stream)
+            if ms is not None:
+                set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms)))
         if content_length:
             set_headers.append(("content-length", str(len(decision.body))))
         remove = tuple(h for h in self._strip if h not in _SET_BY_THE_PICKER)
@@ -456,8 +468,8 @@ class RequestLifecycle:
         return []
 
     def _on_closed_after_response(self, event: StreamClosed) -> list[Action]:
-        """The one-pass data path's end of request: Envoy half-closes at the end of the HTTP
-        request (a reset or a client gone shows as a cancelled stream)."""
+        """The one-pass data path's end of request: Envoy closes the stream at the end of the HTTP
+        request (a half-close, or a cancellation: not a reliable sign of a reset, see above)."""
         self._finish(ok=self._status_ok and not event.cancelled)
         self.state = State.DONE
         return []

@@ -288,6 +288,11 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
         "status_on_error": {"code": 503},
         "processing_mode": processing_mode(settings.request_body_mode, settings.response_body_mode),
         "message_timeout": duration(settings.message_timeout_s),
+        # The picker sets the router's per-try timeout header (extproc.attempt_timeout); ext_proc
+        # refuses x-envoy-* mutations unless allowed. A client's copies never reach it: Envoy removes
+        # the router's x-envoy-* headers from external requests, and with no internal_address_config
+        # (kvgate writes none) every request is external (Envoy 1.40; tests/e2e/test_picker_contract).
+        "mutation_rules": {"allow_envoy": True},
         "metadata_options": {
             "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE, LB_NAMESPACE]},
             "receiving_namespaces": {"untyped": [LB_NAMESPACE]},

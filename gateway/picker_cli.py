@@ -13,6 +13,8 @@ from pathlib import Path
 
 from watchfiles import awatch
 
+from extproc.attempt_timeout import AttemptTimeout
+from extproc.lifecycle import LifecycleConfig
 from gateway.envoy_process import free_port
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import load_pools
@@ -47,8 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--own-port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--watch", action="store_true",
                         help="reload the pools file when it changes (a bad file keeps the last good pools)")
+    parser.add_argument(
+        "--attempt-timeout", type=float, default=0.0, metavar="SECONDS",
+        help="bound each attempt of a non-streamed request with max_tokens to SECONDS plus "
+        "--attempt-timeout-per-token a token (Envoy's per-try timeout header), for data planes that "
+        "retry on the picker's fallbacks; 0 (default): no bound",
+    )
+    parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
+                        help="seconds a requested token adds to --attempt-timeout (default 0.1)")
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+def attempt_timeout(base_s: float, per_token_s: float) -> AttemptTimeout | None:
+    """The flags' attempt bound (None for a base of 0)."""
+    return AttemptTimeout(base_s, per_token_s) if base_s > 0 else None
 
 
 async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -92,6 +107,9 @@ async def _serve(args: argparse.Namespace) -> int:
         redis=RedisSettings(url=redis_url) if redis_url else None,
         reuse_port=args.reuse_port,
         own_grpc_address=f"{args.host}:{args.own_port}" if args.worker_index is not None else None,
+        lifecycle=LifecycleConfig(
+            attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token)
+        ),
     )
     service = PickerService(settings)
     service.apply_pools(pools.pools, pools.effective_default)

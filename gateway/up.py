@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from importlib import resources as package_resources
 from pathlib import Path
 
+from extproc.attempt_timeout import AttemptTimeout
+from extproc.lifecycle import LifecycleConfig
 from gateway.child_process import dies_with_parent
 from gateway.control_plane import ControlPlane, ControlPlaneSettings
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
@@ -152,6 +154,11 @@ class UpOptions:
     """Picker processes: the in-process one and ``workers - 1`` more (``gateway.workers``)."""
     stream_idle_retry_s: float = 30.0
     """A streamed request whose replica sends nothing this long goes to the next endpoint (0: never)."""
+    attempt_timeout_s: float = 30.0
+    attempt_timeout_per_token_s: float = 0.1
+    """A non-streamed request with ``max_tokens`` whose replica has not answered within
+    ``attempt_timeout_s + attempt_timeout_per_token_s × max_tokens`` goes to the next endpoint
+    (``extproc.attempt_timeout``; a base of 0: never)."""
     redis_url: str | None = None
     scrape_interval: float = 0.05
     stale_after: float = 0.2
@@ -270,11 +277,16 @@ class KvgateUp:
             await fleet.start()
             extra = sim_pods(pool, [_host_of(url) for url in fleet.urls])
 
+        attempt_bound = (
+            AttemptTimeout(options.attempt_timeout_s, options.attempt_timeout_per_token_s)
+            if options.attempt_timeout_s > 0 else None
+        )
         workers: UpWorkers | None = None
         redis_url = options.redis_url
         if options.workers > 1:
             workers = UpWorkers(
-                options.workers - 1, scrape_interval=options.scrape_interval, stale_after=options.stale_after
+                options.workers - 1, scrape_interval=options.scrape_interval,
+                stale_after=options.stale_after, attempt_timeout=attempt_bound,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -286,6 +298,7 @@ class KvgateUp:
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
                 redis=RedisSettings(url=redis_url) if redis_url else None,
+                lifecycle=LifecycleConfig(attempt_timeout=attempt_bound),
             )
         )
         self.picker = picker
@@ -417,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stream-idle-retry", type=float, default=30.0, metavar="SECONDS",
                         help="a streamed request whose replica sends nothing this long is retried on the "
                         "next endpoint, if nothing reached the client yet (0: never; default 30)")
+    parser.add_argument("--attempt-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="a non-streamed request with max_tokens whose replica has not answered in "
+                        "SECONDS plus --attempt-timeout-per-token a token is retried on the next "
+                        "endpoint (0: never; default 30)")
+    parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
+                        help="seconds each requested token adds to --attempt-timeout (default 0.1)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
@@ -446,6 +465,8 @@ def main(argv: Sequence[str]) -> int:
         envoy_concurrency=args.envoy_concurrency,
         workers=max(1, args.workers),
         stream_idle_retry_s=args.stream_idle_retry,
+        attempt_timeout_s=args.attempt_timeout,
+        attempt_timeout_per_token_s=args.attempt_timeout_per_token,
         redis_url=args.redis,
     )
     try:

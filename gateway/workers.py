@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from extproc.attempt_timeout import AttemptTimeout
 from gateway.child_process import dies_with_parent
 from gateway.envoy_process import free_port
 from gateway.pools_file import PoolSpec, dump_pools
@@ -250,7 +251,10 @@ def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
 class UpWorkers:
     """``kvgate up --workers N``: N - 1 picker processes beside the in-process picker."""
 
-    def __init__(self, count: int, *, scrape_interval: float, stale_after: float) -> None:
+    def __init__(
+        self, count: int, *, scrape_interval: float, stale_after: float,
+        attempt_timeout: AttemptTimeout | None = None,
+    ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
         self.pools_path = self.directory / "pools.yaml"
@@ -263,6 +267,7 @@ class UpWorkers:
                 sys.executable, "-m", "gateway.cli", "picker", "--pools", str(self.pools_path), "--watch",
                 "--host", "127.0.0.1", "--scrape-interval", f"{scrape_interval:g}",
                 "--stale-after", f"{stale_after:g}", "--log-level", "WARNING",
+                *_attempt_flags(attempt_timeout),
             ),
             own_ports=self.own_ports,
         )
@@ -304,3 +309,9 @@ class UpWorkers:
         if self._private is not None:
             await self._private.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _attempt_flags(bound: AttemptTimeout | None) -> tuple[str, ...]:
+    if bound is None:
+        return ()
+    return ("--attempt-timeout", f"{bound.base_s:g}", "--attempt-timeout-per-token", f"{bound.per_token_s:g}")

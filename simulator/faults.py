@@ -12,6 +12,9 @@ as a whole when changed (at start from ``--replica I:error_rate=…``, at run ti
 - ``hang``: inference requests are accepted and never answered (no status, no byte) until the
   client goes away or the fault is cleared; /metrics and the other endpoints answer as usual (an
   engine stuck behind a live HTTP server).
+- ``cut_streams``: a streamed response's connection is aborted once half of its ``max_tokens`` were
+  sent (no error event, no end of the chunked body: an engine process that died mid-generation);
+  non-streamed requests are answered as usual.
 
 Stopping and restarting a replica's listener is not a value here: the fleet does it (see
 :mod:`simulator.fleet`).
@@ -24,8 +27,8 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-FAULT_FIELDS = ("error_rate", "slowdown", "metrics_delay_s", "metrics_frozen", "hang")
-_BOOLEAN_FIELDS = ("metrics_frozen", "hang")
+FAULT_FIELDS = ("error_rate", "slowdown", "metrics_delay_s", "metrics_frozen", "hang", "cut_streams")
+_BOOLEAN_FIELDS = ("metrics_frozen", "hang", "cut_streams")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Faults:
     metrics_delay_s: float = 0.0
     metrics_frozen: bool = False
     hang: bool = False
+    cut_streams: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:

@@ -165,7 +165,8 @@ class Fleet:
             item["listening"] = listener.running
             per_replica.append(item)
         summed = ("requests_received", "requests_served", "requests_rejected", "requests_aborted",
-                  "requests_failed_stopped", "errors_injected", "hung", "in_flight", "waiting", "running",
+                  "requests_failed_stopped", "errors_injected", "hung", "streams_cut", "in_flight",
+                  "waiting", "running",
                   "prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens",
                   "request_success", "preemptions")
         totals: dict[str, Any] = {key: sum(item[key] for item in per_replica) for key in summed}

@@ -55,6 +55,7 @@ class ReplicaCounters:
     requests_failed_stopped: int = 0  # in flight when the replica was stopped
     errors_injected: int = 0
     hung: int = 0  # inference requests held by the hang fault
+    streams_cut: int = 0  # streamed responses aborted by the cut_streams fault
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
@@ -140,6 +141,7 @@ class Replica:
             "requests_failed_stopped": c.requests_failed_stopped,
             "errors_injected": c.errors_injected,
             "hung": c.hung,
+            "streams_cut": c.streams_cut,
             "in_flight": self.driver.in_flight,
             "waiting": m.waiting,
             "running": m.running,
@@ -239,11 +241,12 @@ class Replica:
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
         with contextlib.suppress(ConnectionResetError):  # the client went away; the caller aborts
-            await self._write_stream(response, parsed, request_id, delivery)
+            await self._write_stream(request, response, parsed, request_id, delivery)
         return response
 
     async def _write_stream(
-        self, response: web.StreamResponse, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
+        self, request: web.Request, response: web.StreamResponse, parsed: api.InferenceRequest,
+        request_id: str, delivery: Delivery,
     ) -> None:
         sse = api.SseFormatter(parsed, request_id, int(time.time()))
         sent = 0
@@ -271,7 +274,16 @@ class Replica:
                 break
             if parts:
                 await response.write(b"".join(parts))
+                if self.faults.cut_streams and 2 * sent >= parsed.max_tokens and finished is None:
+                    self._cut(request)
+                    return
         await response.write_eof()
+
+    def _cut(self, request: web.Request) -> None:
+        """The cut_streams fault: abort the connection mid-response, as a dead engine process would."""
+        self.counters.streams_cut += 1
+        if request.transport is not None:
+            request.transport.abort()
 
     # ---- model management ------------------------------------------------------------------
 

@@ -58,6 +58,11 @@ async def test_subset_hint_is_honoured_and_forged_destinations_are_ignored(
         {DESTINATION: addresses[0]},
         {"x-gateway-destination-endpoint-served": outside.address},
         {"x-kvgate-pool": "other"},
+        # Envoy's router obeys these from internal requests only; they would time the request out
+        # after 1 ms. With no internal_address_config (kvgate writes none) every request is external,
+        # whatever its x-forwarded-for, and Envoy removes them (the picker sets the per-try one).
+        {"x-envoy-upstream-rq-timeout-ms": "1", "x-forwarded-for": "10.1.2.3"},
+        {"x-envoy-upstream-rq-per-try-timeout-ms": "1", "x-forwarded-for": "10.1.2.3"},
     ]
     before = await fleet_stats(http, fleet)
     for i, headers in enumerate(forged * 2):

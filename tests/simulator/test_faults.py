@@ -109,3 +109,29 @@ def test_hang_is_a_boolean_fault_field() -> None:
     assert Faults().updated({"hang": "true"}).hang is True
     with pytest.raises(ValueError, match="boolean"):
         Faults().updated({"hang": 2.5})
+
+
+async def test_cut_streams_aborts_a_streamed_response_halfway(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await make_fleet(faults=Faults(cut_streams=True))
+    url = fleet.urls[0]
+    model = fleet.replicas[0].base_model
+    streamed = {"model": model, "prompt": "hi", "max_tokens": 16, "stream": True}
+    async with http.post(url + "/v1/completions", json=streamed) as response:
+        assert response.status == 200  # the response had started
+        received = bytearray()
+
+        async def read_all() -> None:
+            async for chunk in response.content.iter_any():
+                received.extend(chunk)
+
+        with pytest.raises(aiohttp.ClientPayloadError):  # and ends without the end of its body
+            await read_all()
+    assert 8 <= received.count(b"data: {") < 16
+    assert b"[DONE]" not in received
+    assert fleet.replicas[0].counters.streams_cut == 1
+    plain = {"model": model, "prompt": "hi", "max_tokens": 16}
+    async with http.post(url + "/v1/completions", json=plain) as response:
+        assert response.status == 200
+        assert (await response.json())["object"] == "text_completion"
