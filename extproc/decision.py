@@ -69,7 +69,7 @@ def decide(
         model, prompt, stream = parsed.model, parsed.prompt, parsed.stream
         cache_salt, max_tokens = parsed.cache_salt, parsed.max_tokens
         if pool.served_models and model not in pool.served_models:
-            raise ModelNotFoundError(f"model {model!r} is not served by this gateway")
+            raise ModelNotFoundError.of(model)
         target_model = pool.rewrite_model(model, headers)
         prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage)
         upstream, rewritten, injected = prepared.data, prepared.rewritten, prepared.usage_injected

@@ -70,7 +70,7 @@ from extproc.events import (
 from extproc.openai_request import BodyBuffer, api_kind
 from extproc.openai_response import ResponseBodyProcessor
 from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics, TenantLimiter
-from policies.errors import KvgateError, PayloadTooLargeError
+from policies.errors import KvgateError, ModelNotFoundError, PayloadTooLargeError, RouteNotFoundError
 from policies.types import ApiKind, Endpoint
 
 _log = logging.getLogger(__name__)
@@ -205,7 +205,13 @@ class RequestLifecycle:
                 headers[key] = value
         self._headers = MappingProxyType(headers)
         self._strip = tuple(dict.fromkeys(strip))
-        self._pool = self._directory.resolve(self._pool_name)
+        try:
+            self._pool = self._directory.resolve(self._pool_name)
+        except RouteNotFoundError:
+            model = headers.get(names.MODEL_NAME_HEADER)
+            if model:  # set from the body by the body-based router: no route serves this model
+                raise ModelNotFoundError.of(model) from None
+            raise
         self._api = api_kind(headers.get(":path", ""))
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self._config.max_body_bytes:

@@ -32,6 +32,9 @@ STREAM_HEADER = "x-kvgate-stream"
 idle timeout (a replica that sends nothing is abandoned and the request retried elsewhere), which a
 silent non-streamed generation must not get."""
 
+LISTENER_PORT_HEADER = "x-kvgate-listener-port"
+"""Set by the ``/v1/models`` routes kvgate writes: the Gateway listener port a request came in on."""
+
 SYSTEM_OWNED_HEADERS = frozenset({DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY})
 
 

@@ -66,6 +66,8 @@ class ControlPlaneSettings:
     body_based_routing: BodyRouting = "auto"
     stream_idle_retry_s: float = 30.0
     """A streamed request whose replica sends nothing this long is retried elsewhere (0: never)."""
+    models_address: str | None = None
+    """kvgate's models server (``GET /v1/models`` answered by the gateway); None: not routed."""
     default_profile: str = "default"
     default_engine: Dialect = "vllm"
     validation: ValidationOptions = field(
@@ -79,6 +81,7 @@ class ControlPlaneSettings:
             listen_ports=self.listen_ports,
             body_based_routing=self.body_based_routing,
             stream_idle_retry_s=self.stream_idle_retry_s,
+            models_address=self.models_address,
         )
 
 

@@ -41,6 +41,8 @@ from extproc.lifecycle import LifecycleConfig
 from gateway.child_process import dies_with_parent
 from gateway.control_plane import ControlPlane, ControlPlaneSettings
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.models.reports import ReplicaModelsPoller
+from gateway.models.server import ModelsServer
 from gateway.picker import PickerService, PickerSettings
 from gateway.resources import FileProvider, ResourceSet
 from gateway.resources.core import Pod
@@ -310,9 +312,18 @@ class KvgateUp:
         self._stack.push_async_callback(ads.stop, 0.5)
         await ads.start()
 
+        poller = ReplicaModelsPoller(picker.scraper.snapshot)
+        self._stack.push_async_callback(poller.stop)
+        await poller.start()
+        models = ModelsServer(lambda: self.control.config if self.control is not None else None,
+                              poller.reports)
+        self._stack.push_async_callback(models.stop)
+        await models.start()
+
         listener_ports = sorted({ls.port for gw in first.config.gateways for ls in gw.listeners})
         listen_ports = ((listener_ports[0], options.port),) if listener_ports else ()
         settings = ControlPlaneSettings(
+            models_address=models.address,
             picker_address=f"127.0.0.1:{picker.grpc_port}",
             extra_picker_addresses=workers.addresses if workers is not None else (),
             stream_idle_retry_s=options.stream_idle_retry_s,

@@ -56,6 +56,11 @@ class ModelNotFoundError(KvgateError):
     error_type = "invalid_request_error"
     code = "model_not_found"
 
+    @classmethod
+    def of(cls, model: str) -> ModelNotFoundError:
+        """OpenAI's and vLLM's wording, which their clients show as it is."""
+        return cls(f"The model `{model}` does not exist.")
+
 
 class RouteNotFoundError(ModelNotFoundError):
     """No route (so no pool) matched the request: with model routing, a model nobody serves."""

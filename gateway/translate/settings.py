@@ -42,6 +42,10 @@ class TranslationSettings:
     """A streamed request (the picker marks it) whose replica sends nothing for this long is retried
     on the next endpoint (``envoy_config.stream_retry_policy``); 0: no such bound."""
 
+    models_address: str | None = None
+    """``ip:port`` of kvgate's models server: every virtual host answers ``GET /v1/models`` from it
+    (``gateway.translate.models``); None: no such routes."""
+
     def __post_init__(self) -> None:
         if not self.picker_addresses:
             raise ValueError("translation needs at least one picker address")

@@ -16,6 +16,7 @@ from gateway.resources import ValidatedConfig
 from gateway.translate.backends import ClusterSet, pool_clusters
 from gateway.translate.listeners import envoy_listener
 from gateway.translate.messages import snapshot_of
+from gateway.translate.models import models_cluster, models_routes
 from gateway.translate.routes import RouteGroup, route_groups
 from gateway.translate.settings import TranslationSettings
 from gateway.translate.virtual_hosts import Attached, PortListener, route_configuration
@@ -54,6 +55,8 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     for pool in config.pools:
         for cluster in pool_clusters(pool, settings):
             clusters.add(cluster)
+    if settings.models_address is not None:
+        clusters.add(models_cluster(settings.models_address))
 
     listeners: dict[int, list[PortListener]] = defaultdict(list)
     for gateway in config.gateways:
@@ -71,7 +74,8 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     route_configs: list[JsonDict] = []
     for port in sorted(listeners):
         on_port = attached.get(port, [])
-        route_configs.append(route_configuration(port, listeners[port], on_port))
+        first = models_routes(port) if settings.models_address is not None else []
+        route_configs.append(route_configuration(port, listeners[port], on_port, first))
         matches_model = any(
             MODEL_NAME_HEADER in group.header_names for item in on_port for group in item.groups
         )

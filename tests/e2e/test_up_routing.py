@@ -219,14 +219,15 @@ spec:
         assert await totals(http, fleet) - hit0 == 30
         assert await totals(http, other) - miss0 == 0
     # An unknown model matches no route rule and reaches no replica: the endpoint-picker filter still
-    # asks the picker, which sees no pool on the stream and answers the Gateway API's 404.
+    # asks the picker, which sees no pool on the stream and answers 404 model_not_found (OpenAI's code).
     a0, b0 = await totals(http, fleet_a), await totals(http, fleet_b)
     unknown = await post_json(
         http, up.url, {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
         path="/v1/chat/completions",
     )
     assert unknown.status == 404, unknown
-    assert unknown.json()["error"]["code"] == "route_not_found"
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    assert unknown.json()["error"]["message"] == "The model `nope` does not exist."
     assert (await totals(http, fleet_a), await totals(http, fleet_b)) == (a0, b0)
 
 

@@ -14,7 +14,7 @@ from gateway.translate import EnvoyResources, TranslationSettings, translate
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 CASES = sorted(path.name for path in GOLDEN_DIR.iterdir() if path.is_dir())
-SETTINGS = TranslationSettings(picker_addresses=("127.0.0.1:9002",))
+SETTINGS = TranslationSettings(picker_addresses=("127.0.0.1:9002",), models_address="127.0.0.1:9091")
 
 
 def translate_case(case: str, settings: TranslationSettings = SETTINGS) -> EnvoyResources:

@@ -31,7 +31,9 @@ PORTS = (8080, 9090)
 
 def _settings() -> TranslationSettings:
     mapped = tuple((port, free_port()) for port in PORTS)
-    return TranslationSettings(picker_addresses=SETTINGS.picker_addresses, listen_ports=mapped)
+    return TranslationSettings(
+        picker_addresses=SETTINGS.picker_addresses, listen_ports=mapped, models_address=SETTINGS.models_address
+    )
 
 
 async def _acked(status: XdsStatus, snapshot: Snapshot, case: str, limit_s: float = 10.0) -> None:
