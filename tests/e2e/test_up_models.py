@@ -69,7 +69,8 @@ async def test_the_gateway_lists_and_retrieves_the_models_its_routes_serve(
     fleet_b = await _fleet(start_fleet, "127.0.5.11", "model-b")
     fleet_c = await _fleet(start_fleet, "127.0.5.21", "model-c")
     (tmp_path / "gateway.yaml").write_text(gateway_yaml())
-    pools = [_pool("pool-a", fleet_a), _pool("pool-b", fleet_b), _pool("pool-c", fleet_c), _pool("pool-d", None)]
+    pools = [_pool("pool-a", fleet_a), _pool("pool-b", fleet_b), _pool("pool-c", fleet_c),
+             _pool("pool-d", None)]
     (tmp_path / "pools.yaml").write_text("---".join(pools))
     (tmp_path / "route.yaml").write_text(_route("models", [
         ("RegularExpression", "model-a|sql-.*", "pool-a"),

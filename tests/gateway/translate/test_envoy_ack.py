@@ -32,7 +32,8 @@ PORTS = (8080, 9090)
 def _settings() -> TranslationSettings:
     mapped = tuple((port, free_port()) for port in PORTS)
     return TranslationSettings(
-        picker_addresses=SETTINGS.picker_addresses, listen_ports=mapped, models_address=SETTINGS.models_address
+        picker_addresses=SETTINGS.picker_addresses, listen_ports=mapped,
+        models_address=SETTINGS.models_address,
     )
 
 
