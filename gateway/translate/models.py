@@ -1,7 +1,7 @@
 """The ``/v1/models`` routes: ``GET /v1/models`` and ``GET /v1/models/{id}`` go to kvgate's models
 server (:mod:`gateway.models.server`), first in every virtual host, with the picker and the
 body-based router off (no body, no pool, no replica). The route names the Gateway listener port in
-``x-kvgate-listener-port`` (an ``x-kvgate-`` header: a client's copy is removed before routing)."""
+``x-kvgate-listener-port`` (a client's copy is overwritten)."""
 
 from __future__ import annotations
 
