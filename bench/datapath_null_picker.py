@@ -7,7 +7,7 @@ SKIP/NONE: the ``floor`` path of ``bench.datapath_onepass``) the same loop is th
 it answers the headers at once, parses the JSON body (``json.loads``) and answers it with the
 destination header, ``envoy.lb`` metadata and ``clear_route_cache``: two messages each way.
 
-It does the least a full-duplex endpoint picker must do (ENVOY_EXTPROC.md): hold the request
+It does the least a full-duplex endpoint picker must do (docs/envoy-extproc.md): hold the request
 headers until the body's end, answer them with a fixed destination header + ``envoy.lb`` metadata,
 re-send the body, answer response headers and echo each response chunk. No parsing, no
 scheduling, no metrics: the same number of gRPC messages as kvgate for the same request, so its

@@ -2,7 +2,7 @@
 
 Each builder returns one Envoy resource (a cluster, a listener, a route, an HTTP filter) so that the
 static bootstrap here and the xDS translator reuse the same code. The shapes follow the behaviour of
-real Envoy 1.40 measured in ``/work/notes/ENVOY_EXTPROC.md``:
+real Envoy 1.40 measured in ``docs/envoy-extproc.md``:
 
 - one ORIGINAL_DST cluster per pool follows ``x-gateway-destination-endpoint`` (ONE ``ip:port``);
 - the pool reaches the picker as gRPC initial metadata ``x-kvgate-pool`` from a per-route

@@ -2,7 +2,7 @@
 
 It always routes to one fixed upstream: sets ``x-gateway-destination-endpoint`` (and ``envoy.lb``
 metadata, ``clear_route_cache``), follows Envoy's full-duplex and buffered message sequences
-(see /work/notes/ENVOY_EXTPROC.md), and records what it received.
+(see docs/envoy-extproc.md), and records what it received.
 """
 
 from __future__ import annotations
