@@ -254,7 +254,9 @@ def _router_binary(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if found is None:
-        raise FileNotFoundError(f"{name} is not installed: pip install '.[bench]'")
+        raise FileNotFoundError(
+            f"{name} is not installed: pip install 'kvgate[bench]' (or '.[bench]' in a checkout)"
+        )
     return found
 
 

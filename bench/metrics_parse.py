@@ -27,10 +27,10 @@ from functools import partial
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.metrics_pages import vllm_page
 from gateway.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
 from gateway.scrape.exposition import Sample
 from policies.types import EndpointMetrics
-from tests.gateway.fixtures.metrics_pages import vllm_page
 
 SPEC = DIALECTS[MetricsDialect.VLLM]
 

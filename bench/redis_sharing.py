@@ -16,12 +16,14 @@ import asyncio
 import json
 import random
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench.processes import ManagedProcess
 from gateway.envoy_config import (
     EXT_PROC_CLUSTER,
     ExtProcSettings,
@@ -32,7 +34,8 @@ from gateway.envoy_config import (
 from gateway.envoy_process import EnvoyProcess, free_port
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import parse_pools
-from gateway.shared_state import RedisSettings
+from gateway.redis_link import RedisSettings
+from gateway.workers import PrivateRedis
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "lambda", "zeta"]
@@ -159,26 +162,34 @@ async def measure(
 
 
 async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    from tests.e2e.conftest import launch_fleet
-    from tests.redis_server import RedisServer
-
-    fleet = await launch_fleet(args.replicas, 0.1, ["--admin-port", "0"])
-    redis = RedisServer()
-    await redis.start()
-    admin = next(line.split()[-1] for line in fleet.output if line.startswith("kvgate-sim admin "))
+    workdir = Path(tempfile.mkdtemp(prefix="kvgate-redis-sharing-"))
+    fleet = ManagedProcess("simulator", [
+        sys.executable, "-m", "simulator", "--replicas", str(args.replicas), "--port", "0",
+        "--admin-port", "0", "--time-scale", "0.1",
+    ], workdir / "sim.log")
+    fleet.start()
+    redis = PrivateRedis(PrivateRedis.find())
+    try:
+        urls = (await fleet.wait_for_log(r"^kvgate-sim ready (.+)$")).group(1).split()
+        addresses = [url.removeprefix("http://") for url in urls]
+        admin = (await fleet.wait_for_log(r"^kvgate-sim admin (\S+)$")).group(1)
+        await redis.start()
+    except BaseException:
+        await fleet.stop()
+        raise
     results: dict[str, dict[str, Any]] = {}
     try:
         for seed in range(args.repeats):
             for name, count, url in (("one picker", 1, None), ("two pickers, no Redis", 2, None),
                                      ("two pickers, shared Redis", 2, redis.url)):
                 # a fresh prompt set per configuration and repeat: caches start cold for it
-                result = await measure(fleet.addresses, admin, count, url, args, seed=100 * seed + count
+                result = await measure(addresses, admin, count, url, args, seed=100 * seed + count
                                        + (1000 if url else 0))
                 entry = results.setdefault(name, {"hit_rates": [], "errors": 0})
                 entry["hit_rates"].append(result["hit_rate"])
                 entry["errors"] += result["errors"]
     finally:
-        await redis.kill()
+        await redis.stop()
         await fleet.stop()
     return results
 

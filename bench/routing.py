@@ -45,7 +45,14 @@ from bench.workloads import (
     run_plan,
 )
 
-RESULTS = Path(__file__).parent / "results"
+
+def _default_results() -> Path:
+    """bench/results in a source checkout; ./kvgate-bench-results where kvgate is installed."""
+    here = Path(__file__).resolve().parent
+    return here / "results" if (here.parent / "pyproject.toml").exists() else Path("kvgate-bench-results")
+
+
+RESULTS = _default_results()
 FULL_CONTENDERS = ("envoy-rr", "envoy-lr", "kvgate-default", "kvgate-gie-default", "vllm-router-cache_aware",
                    "vllm-router-round_robin", "sglang-router-cache_aware", "oracle", "oracle-spill")
 QUICK_CONTENDERS = ("envoy-rr", "kvgate-default", "vllm-router-cache_aware", "oracle")

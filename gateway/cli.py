@@ -2,6 +2,10 @@
 
 ``kvgate sim`` hands its arguments to the simulator's own CLI (the simulator is an outsider that
 imports nothing of ours; importing it here, lazily, is the only edge towards it).
+
+Commands of packages on top of the product come in as plugins: an entry point in the
+``kvgate.commands`` group names a ``main(argv) -> int`` (the benchmark's ``kvgate bench`` is one,
+declared in pyproject.toml), so the product never imports them.
 """
 
 from __future__ import annotations
@@ -9,8 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
 
 SubcommandMain = Callable[[Sequence[str]], int]
+
+PLUGIN_GROUP = "kvgate.commands"
+_PLUGIN_HELP = {"bench": "run the routing-quality benchmark (its routers: pip install 'kvgate[bench]')"}
 
 
 def _run_sim(argv: Sequence[str]) -> int:
@@ -23,12 +31,6 @@ def _run_picker(argv: Sequence[str]) -> int:
     from gateway.picker_cli import main as picker_main
 
     return picker_main(argv)
-
-
-def _run_bench(argv: Sequence[str]) -> int:
-    from bench.routing import main as bench_main
-
-    return bench_main(argv)
 
 
 def _run_up(argv: Sequence[str]) -> int:
@@ -49,13 +51,29 @@ def _subcommands() -> dict[str, tuple[str, SubcommandMain]]:
         "status": ("show the resource conditions and xDS state of a running kvgate up", _run_status),
         "sim": ("run a simulated vLLM-compatible fleet", _run_sim),
         "picker": ("run the endpoint picker (ext_proc) for pools listed in a file", _run_picker),
-        "bench": ("run the routing-quality benchmark (bench/, needs a source checkout)", _run_bench),
     }
+
+
+def _plugin(entry: EntryPoint) -> SubcommandMain:
+    def run(argv: Sequence[str]) -> int:
+        command: SubcommandMain = entry.load()
+        return command(argv)
+
+    return run
+
+
+def _commands() -> dict[str, tuple[str, SubcommandMain]]:
+    commands = _subcommands()
+    for entry in entry_points(group=PLUGIN_GROUP):
+        if entry.name not in commands:
+            help_text = _PLUGIN_HELP.get(entry.name, f"plugin command ({entry.value})")
+            commands[entry.name] = (help_text, _plugin(entry))
+    return commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = _subcommands()
+    commands = _commands()
     parser = argparse.ArgumentParser(
         prog="kvgate",
         description="kvgate: a KV-cache, prefix and LoRA aware inference gateway on Envoy.",

@@ -21,8 +21,8 @@ from extproc.ports import Pool
 from extproc.server import ExtProcServer
 from gateway.admin_http import AdminServer
 from gateway.pools_file import PoolSpec
+from gateway.redis_link import RedisSettings
 from gateway.scraper import MetricsScraper
-from gateway.shared_state.link import RedisSettings
 from gateway.shared_state.runtime import SharingCollector, SharingRuntime
 from gateway.telemetry import GatewayTelemetry
 from policies.contracts import Scheduler

@@ -18,7 +18,7 @@ from extproc.lifecycle import LifecycleConfig
 from gateway.envoy_process import free_port
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import load_pools
-from gateway.shared_state.link import RedisSettings
+from gateway.redis_link import RedisSettings
 from gateway.workers import WorkerPlan, WorkerSupervisor, worker_base_command
 from policies.errors import ConfigError
 

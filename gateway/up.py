@@ -44,11 +44,11 @@ from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from gateway.models.reports import ReplicaModelsPoller
 from gateway.models.server import ModelsServer
 from gateway.picker import PickerService, PickerSettings
+from gateway.redis_link import RedisSettings
 from gateway.resources import FileProvider, ResourceSet
 from gateway.resources.core import Pod
 from gateway.resources.inference import InferencePool
 from gateway.resources.validate import ValidationOptions
-from gateway.shared_state.link import RedisSettings
 from gateway.workers import UpWorkers
 from gateway.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from policies.errors import ConfigError

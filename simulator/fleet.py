@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from simulator.admin import make_admin_app
 from simulator.driver import LagMonitor
 from simulator.encode_memo import EncodeMemo
 from simulator.server import Replica, ReplicaConfig
@@ -110,8 +111,6 @@ class Fleet:
 
     async def start(self) -> None:
         """Builds the replicas and starts every listener (and the admin server)."""
-        from simulator.admin import make_admin_app
-
         self.lag = LagMonitor(self.config.lag_interval_s)
         self.lag.start()
         try:

@@ -20,7 +20,7 @@ from typing import Protocol
 from redis.asyncio.client import Pipeline
 
 from gateway.ratelimit.window import Window
-from gateway.shared_state.link import RedisLink
+from gateway.redis_link import RedisLink
 
 log = logging.getLogger(__name__)
 

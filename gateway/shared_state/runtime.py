@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from gateway.pools_file import PoolSpec
 from gateway.ratelimit.limiter import TenantLimits, TenantRateLimiter
 from gateway.ratelimit.stores import InProcessCounters, RedisCounters
-from gateway.shared_state.link import RedisLink, RedisSettings
+from gateway.redis_link import RedisLink, RedisSettings
 from gateway.shared_state.sync import SharedStateSync
 from policies.state import InProcessState, SchedulerState
 

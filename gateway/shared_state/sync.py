@@ -30,6 +30,7 @@ from typing import Any
 
 from redis.asyncio.client import Pipeline
 
+from gateway.redis_link import RedisLink
 from gateway.shared_state.codec import (
     PrefixInsert,
     SharedEvent,
@@ -38,7 +39,6 @@ from gateway.shared_state.codec import (
     encode_batch,
     encode_inflight,
 )
-from gateway.shared_state.link import RedisLink
 from gateway.shared_state.mirror import MirroredState
 from policies.state import InFlight
 

@@ -16,7 +16,7 @@ import aiohttp
 
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import PoolSpec
-from gateway.shared_state.link import RedisSettings
+from gateway.redis_link import RedisSettings
 from tests.redis_server import RedisServer
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kvgate-dashboard.json"

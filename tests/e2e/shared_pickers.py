@@ -26,7 +26,7 @@ from gateway.envoy_config import (
 from gateway.envoy_process import EnvoyProcess, free_port
 from gateway.picker import PickerService, PickerSettings
 from gateway.pools_file import parse_pools
-from gateway.shared_state import RedisSettings
+from gateway.redis_link import RedisSettings
 from tests.e2e.picker_harness import JsonDict, wait_scraped
 
 StartPickers = Callable[..., Awaitable[list[PickerService]]]

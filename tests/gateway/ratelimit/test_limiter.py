@@ -17,7 +17,7 @@ from gateway.ratelimit import (
     Window,
     format_duration,
 )
-from gateway.shared_state import RedisLink, RedisSettings
+from gateway.redis_link import RedisLink, RedisSettings
 from policies.errors import RateLimitedError
 from tests.redis_server import RedisServer
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.shared_state import RedisLink, RedisSettings, SharedStateSync
+from gateway.redis_link import RedisLink, RedisSettings
+from gateway.shared_state import SharedStateSync
 from policies.state import InFlight
 from tests.redis_server import RedisServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.asyncio.client import Pipeline
 
-from gateway.shared_state import RedisLink, RedisSettings
+from gateway.redis_link import RedisLink, RedisSettings
 from tests.redis_server import RedisServer
 
 
