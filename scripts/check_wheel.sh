@@ -19,7 +19,11 @@ quietly() {  # pip's output only when it fails
   "$@" >"$WORK/pip.log" 2>&1 || { cat "$WORK/pip.log" >&2; return 1; }
 }
 echo "== wheel: build"
-quietly "$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$ROOT"
+# from a copy of the sources (setuptools writes build/ and *.egg-info beside what it builds)
+mkdir "$WORK/src"
+tar -C "$ROOT" --exclude=./.git --exclude=./.venv --exclude=./.dev --exclude=./build --exclude='*.egg-info' \
+  --exclude=__pycache__ -cf - . | tar -C "$WORK/src" -xf -
+quietly "$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
 echo "== wheel: install into a fresh virtual environment"
 "$PY" -m venv "$WORK/venv"
 quietly "$WORK/venv/bin/python" -m pip install -q --upgrade pip
