@@ -47,6 +47,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff"; ruff check .
 echo "== mypy --strict"; mypy
+echo "== import layers"; lint-imports --no-cache
 echo "== pytest"
 set +e
 pytest -q "$@"
