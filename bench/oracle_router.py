@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-STEP_S = 0.0057527  # PROTOCOL.md simulator physics (BLIS Llama-3.1-8B / H100)
+STEP_S = 0.0057527  # docs/simulator.md (BLIS Llama-3.1-8B / H100)
 PREFILL_S_PER_TOKEN = 17.25e-6
 DECODE_S_PER_TOKEN = 6.0e-6
 MAX_BATCHED_TOKENS = 8192

@@ -16,7 +16,7 @@ from bench.loadgen import RequestResult
 
 LAG_LIMIT_SIM_MS = 1.0
 """Lag p99 (simulated ms) a valid run stays under: ~17 % of one 5.75 ms engine step. (The capacity
-benchmark, bench/sim_capacity.md, accepted 5 ms at time scale 1: most of a step.)"""
+benchmark, bench/results/sim_capacity.md, accepted 5 ms at time scale 1: most of a step.)"""
 
 
 def percentile(values: Sequence[float], q: float) -> float:

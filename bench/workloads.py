@@ -34,7 +34,7 @@ from simulator.tokenizer import output_text
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CHARS_PER_TOKEN = 4
-# PROTOCOL.md "Simulator physics": one engine step = 5752.7 µs + 17.25 µs × prefill + 6 µs × decode tokens.
+# docs/simulator.md: one engine step = 5752.7 µs + 17.25 µs × prefill + 6 µs × decode tokens.
 STEP_S = 0.0057527
 PREFILL_S_PER_TOKEN = 17.25e-6
 DECODE_S_PER_TOKEN = 6.0e-6

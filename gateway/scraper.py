@@ -8,7 +8,7 @@
         ──▶ new EndpointSnapshot, swapped in as one reference (version + 1) ──▶ on_snapshot(snapshot)
 
 Readers call :meth:`MetricsScraper.snapshot` (or keep what ``on_snapshot`` handed them) and never
-lock: a snapshot never changes once published (ARCHITECTURE.md principle 1).
+lock: a snapshot never changes once published (docs/architecture.md, principle 1).
 
 Staleness: a failed scrape (connection refused, timeout, HTTP status other than 200, unreadable page)
 keeps the endpoint's last metrics; once those are older than ``stale_after`` (or there never were

@@ -6,7 +6,7 @@
                ──▶ scorers (each: endpoints → {address: score}, clamped to [0, 1], × weight, summed)
                ──▶ picker (scored endpoints → pick + fallbacks)
 
-The hot path (ARCHITECTURE.md principle 7): a scorer that scores every endpoint may also implement
+The hot path (docs/architecture.md, principle 7): a scorer that scores every endpoint may also implement
 :class:`DenseScorer` (a list in endpoint order, already in [0, 1]); the scheduler then sums lists by
 position instead of building and merging a dict per scorer. Sparse scorers (prefix, session) keep
 returning small mappings. Filters return their input object unchanged when they drop nothing.

@@ -1,4 +1,4 @@
-"""Per-snapshot memos for the scheduling hot path (ARCHITECTURE.md principle 7).
+"""Per-snapshot memos for the scheduling hot path (docs/architecture.md, principle 7).
 
 The scraper publishes each pool's endpoints as a new immutable tuple of immutable views, and that
 tuple serves every request until the next publish. Work that depends only on those views (what a

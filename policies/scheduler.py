@@ -5,7 +5,7 @@ scorers → picker. Admission: when every remaining candidate is saturated, a sh
 (priority < 0) gets ``RequestShedError`` (429, ``retry-after``); other requests are never shed and
 go to the best-scored (least-loaded) endpoint.
 
-Hot path (ARCHITECTURE.md principle 7): what depends only on the snapshot's views is computed once
+Hot path (docs/architecture.md, principle 7): what depends only on the snapshot's views is computed once
 per snapshot tuple (``policies.memo``: filter results, load scores, the cost model's per-endpoint
 constants, the candidates' addresses); per request, one pass per scorer adds what changes per
 request (prefix matches, this picker's in-flight work, sessions, LoRA), scores are summed by

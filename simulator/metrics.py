@@ -1,6 +1,6 @@
 """Prometheus text for one replica, in the metric dialect of the engine it plays.
 
-Names, labels and semantics follow docs PROTOCOL.md ("Model-server metrics"):
+Names, labels and semantics follow the engines' own (docs/metrics.md):
 
 - ``vllm``: ``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``
   and the older ``vllm:gpu_cache_usage_perc`` (0..1), ``vllm:lora_requests_info{running_lora_adapters,

@@ -1,6 +1,6 @@
 """Model-server metric dialects: one Prometheus page in, one engine-neutral :class:`EndpointMetrics` out.
 
-Names per engine are PROTOCOL.md's "Model-server metrics" table. Aggregation across several series
+Names per engine: docs/metrics.md. Aggregation across several series
 of one family (several ``model_name``, data-parallel ``engine`` or ``dp_rank`` series):
 
 - request counts (waiting, running) and block counts are summed;

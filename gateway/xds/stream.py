@@ -1,7 +1,7 @@
 """The sans-IO state of one ADS (State of the World) stream: requests and snapshots in, actions out.
 
 Per type URL the stream remembers what it last sent (version, nonce, resource names), what Envoy last
-acknowledged, and which versions Envoy rejected. The rules (ARCHITECTURE.md, principle 5):
+acknowledged, and which versions Envoy rejected. The rules (docs/architecture.md, principle 5):
 
 - every response carries a fresh nonce, unique on the stream;
 - a request whose ``response_nonce`` is not the last one sent for its type is stale and ignored

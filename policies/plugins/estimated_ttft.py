@@ -61,7 +61,7 @@ by their exact prefill work, not again per waiting request (``queue_wait_s`` wou
 them and push a hot prefix off its replica at the first burst). Ties (e.g. an idle fleet and a new
 prompt) are left to the picker's random tie-break.
 
-Defaults are the simulator's physics (PROTOCOL.md: 5752.7 µs + 17.25 µs/prefill token + 6 µs/decode
+Defaults are the simulator's physics (docs/simulator.md: 5752.7 µs + 17.25 µs/prefill token + 6 µs/decode
 token per step); ``queue_wait_s``, ``kv_*`` and the LoRA costs are starting points the routing
 benchmark (issue 5) tunes.
 """

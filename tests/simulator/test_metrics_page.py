@@ -1,4 +1,4 @@
-"""/metrics parses with prometheus_client and carries PROTOCOL.md's names for each engine dialect."""
+"""/metrics parses with prometheus_client and carries docs/metrics.md's names for each engine dialect."""
 
 from __future__ import annotations
 
