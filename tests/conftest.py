@@ -11,6 +11,16 @@ from tests.redis_server import REDIS_BINARY, RedisServer
 
 StartRedis = Callable[[], Awaitable[RedisServer]]
 
+_STARTS_A_PROCESS = frozenset({"start_redis", "redis_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a real redis-server (through these fixtures) is an end-to-end test:
+    ``pytest -m "not e2e"`` leaves it out, so the unit run starts no process."""
+    for item in items:
+        if _STARTS_A_PROCESS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
 
 @pytest.fixture
 async def start_redis() -> AsyncIterator[StartRedis]:

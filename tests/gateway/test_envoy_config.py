@@ -201,6 +201,7 @@ def test_static_bootstrap_rejects_bad_input(changes: dict[str, Any], message: st
         static_bootstrap(_config(**changes))
 
 
+@pytest.mark.e2e  # runs the Envoy binary (--mode validate)
 def test_real_envoy_accepts_the_bootstrap(tmp_path: Path) -> None:
     path = tmp_path / "bootstrap.json"
     path.write_text(json.dumps(static_bootstrap(_config(subset_hint=("127.0.0.1:8001",)))))

@@ -11,6 +11,8 @@ import pytest
 from gateway.envoy_config import bootstrap, listener, router_filter, socket_address
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, EnvoyStartError, find_envoy_binary, free_port
 
+pytestmark = pytest.mark.e2e  # starts processes (Envoy / the simulator)
+
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 
 

@@ -16,6 +16,8 @@ import pytest
 from simulator.cli import build_parser, fleet_config, main
 from simulator.fleet import parse_ready_line
 
+pytestmark = pytest.mark.e2e  # starts processes (Envoy / the simulator)
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
