@@ -1,27 +1,37 @@
-"""Wire format of what pickers share through Redis (pure; no IO).
+"""Wire format of what pickers share through Redis (pure; no IO). The schema is
+proto/shared_state.proto (package ``kvgate.shared_state.v1``).
 
-* Prefix insertions and session pins travel as *event batches*: one stream entry per flush holds
-  a compact binary blob of many events (``encode_batch`` / ``decode_batch``)::
+* Prefix insertions and session pins travel as *event batches*: one stream entry per flush, whose
+  field ``p`` is an ``EventBatch`` (``encode_batch`` / :func:`decode_entry`). A batch names its
+  format; a reader refuses one it does not know (:class:`UnknownFormat`, counted by the sync and
+  skipped), so two kvgate versions side by side never misread each other.
+* A picker's in-flight contribution per endpoint is one hash field holding an ``InFlight``.
 
-      P  u16 len, address | u32 capacity | u16 n | n × u64 block hash
-      S  u16 len, session id | u16 len, address
-
-* A picker's in-flight contribution per endpoint is one hash field, ``"requests tokens"``.
+Format 0, what kvgate wrote before the schema (a hand-packed ``struct`` layout in stream field
+``b``; in-flight values as the text ``"requests tokens"``), is still read, so pickers of the
+previous version keep sharing with upgraded ones during a rolling upgrade. (Pickers of that version
+ignore format-1 entries: until they are replaced they route on their own view, as when Redis is
+away.) bench/shared_state_codec.py compares the two encodings' costs.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from policies.state import InFlight
+from proto import shared_state_pb2 as pb
 
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_MAX_STR = 0xFFFF
-_MAX_HASHES = 0xFFFF
-_U64_MAX = (1 << 64) - 1
+FORMAT = 1
+"""The event-batch format this version writes (``EventBatch.format``)."""
+BATCH_FIELD = b"p"
+LEGACY_BATCH_FIELD = b"b"
+_U32_MAX = 0xFFFFFFFF
+
+
+class UnknownFormat(ValueError):
+    """A batch written in a format this version cannot read (a newer kvgate's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,40 +54,82 @@ class SessionPin:
 SharedEvent = PrefixInsert | SessionPin
 
 
-def _put_str(out: bytearray, value: str) -> bool:
-    data = value.encode()
-    if len(data) > _MAX_STR:
-        return False
-    out += _U16.pack(len(data))
-    out += data
-    return True
-
-
 def encode_batch(events: Iterable[SharedEvent]) -> bytes:
-    """Events in order; ones that cannot be encoded (a 64 KiB id, a hash out of u64) are skipped."""
-    out = bytearray()
+    """Events in order, as an ``EventBatch``; a prefix insert with a hash outside u64 is skipped."""
+    batch = pb.EventBatch(format=FORMAT)
     for event in events:
-        mark = len(out)
         if isinstance(event, PrefixInsert):
-            hashes = event.hashes[:_MAX_HASHES]
-            if any(h < 0 or h > _U64_MAX for h in hashes):
+            prefix = batch.events.add().prefix
+            try:
+                prefix.hashes.extend(event.hashes)  # protobuf refuses a value outside u64
+            except (ValueError, TypeError):
+                del batch.events[-1]
                 continue
-            out += b"P"
-            if not _put_str(out, event.address):
-                del out[mark:]
-                continue
-            out += _U32.pack(max(0, min(event.capacity, 0xFFFFFFFF)))
-            out += _U16.pack(len(hashes))
-            out += struct.pack(f"<{len(hashes)}Q", *hashes)
+            prefix.address = event.address
+            prefix.capacity = max(0, min(event.capacity, _U32_MAX))
         else:
-            out += b"S"
-            if not (_put_str(out, event.session_id) and _put_str(out, event.address)):
-                del out[mark:]
-    return bytes(out)
+            session = batch.events.add().session
+            session.session_id = event.session_id
+            session.address = event.address
+    return batch.SerializeToString()
 
 
 def decode_batch(data: bytes) -> list[SharedEvent]:
-    """The events of one blob; raises ValueError when it is truncated or unknown."""
+    """The events of one ``EventBatch``; raises :class:`UnknownFormat` for a format other than
+    :data:`FORMAT`, ValueError when the bytes are not a batch."""
+    try:
+        batch = pb.EventBatch.FromString(data)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ValueError(f"not an event batch: {exc}") from exc
+    if batch.format != FORMAT:
+        raise UnknownFormat(f"event batch format {batch.format} (this kvgate reads {FORMAT} and 0)")
+    events: list[SharedEvent] = []
+    for event in batch.events:
+        kind = event.WhichOneof("kind")
+        if kind == "prefix":
+            prefix = event.prefix
+            events.append(PrefixInsert(prefix.address, tuple(prefix.hashes), prefix.capacity))
+        elif kind == "session":
+            events.append(SessionPin(event.session.session_id, event.session.address))
+        # an event kind added later (a field this version does not know) is skipped
+    return events
+
+
+def decode_entry(fields: Mapping[bytes, bytes]) -> list[SharedEvent]:
+    """The events of one stream entry, of either format; raises ValueError (UnknownFormat included)."""
+    data = fields.get(BATCH_FIELD)
+    if data is not None:
+        return decode_batch(data)
+    legacy = fields.get(LEGACY_BATCH_FIELD)
+    if legacy is not None:
+        return decode_legacy_batch(legacy)
+    raise UnknownFormat("a stream entry with no event batch field this kvgate knows")
+
+
+def encode_inflight(value: InFlight) -> bytes:
+    return pb.InFlight(requests=max(0, value.requests), tokens=max(0, value.tokens)).SerializeToString()
+
+
+def decode_inflight(value: bytes | str) -> InFlight:
+    """An ``InFlight`` message, or format 0's text ``"requests tokens"``; raises ValueError."""
+    data = value.encode() if isinstance(value, str) else value
+    if data[:1].isdigit():
+        requests, tokens = data.decode().split()
+        return InFlight(int(requests), int(tokens))
+    try:
+        message = pb.InFlight.FromString(data)
+    except Exception as exc:  # protobuf's DecodeError
+        raise ValueError(f"not an in-flight record: {exc}") from exc
+    return InFlight(message.requests, message.tokens)
+
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+
+
+def decode_legacy_batch(data: bytes) -> list[SharedEvent]:
+    """Format 0: ``P u16 len, address | u32 capacity | u16 n | n × u64 hash`` and
+    ``S u16 len, session id | u16 len, address``, little-endian; raises ValueError."""
     events: list[SharedEvent] = []
     view = memoryview(data)
     pos = 0
@@ -88,9 +140,9 @@ def decode_batch(data: bytes) -> list[SharedEvent]:
         pos += 2
         if pos + length > len(view):
             raise ValueError("truncated string")
-        value = bytes(view[pos : pos + length]).decode()
+        text = bytes(view[pos : pos + length]).decode()
         pos += length
-        return value
+        return text
 
     try:
         while pos < len(view):
@@ -112,14 +164,3 @@ def decode_batch(data: bytes) -> list[SharedEvent]:
     except struct.error as exc:
         raise ValueError(f"truncated event batch: {exc}") from exc
     return events
-
-
-def encode_inflight(value: InFlight) -> str:
-    return f"{value.requests} {value.tokens}"
-
-
-def decode_inflight(value: bytes | str) -> InFlight:
-    """``"requests tokens"``; raises ValueError on anything else."""
-    text = value.decode() if isinstance(value, bytes) else value
-    requests, tokens = text.split()
-    return InFlight(int(requests), int(tokens))

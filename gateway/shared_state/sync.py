@@ -32,9 +32,11 @@ from redis.asyncio.client import Pipeline
 
 from gateway.redis_link import RedisLink
 from gateway.shared_state.codec import (
+    BATCH_FIELD,
     PrefixInsert,
     SharedEvent,
-    decode_batch,
+    UnknownFormat,
+    decode_entry,
     decode_inflight,
     encode_batch,
     encode_inflight,
@@ -58,6 +60,8 @@ class SyncCounters:
     """Taken from an outbox, their write still in flight (counted as sent or lost once it ends)."""
     events_received: int = 0
     bad_entries: int = 0
+    unknown_format: int = 0
+    """Entries a different kvgate version wrote in a format this one cannot read (skipped)."""
     syncs: int = 0
     peer_reads: int = 0
     peers: int = 0
@@ -161,7 +165,7 @@ class SharedStateSync:
                     ttl = s.prefix_ttl_s if kind == "prefix" else s.session_ttl_s
                     pipe.xadd(
                         self._key(pool, kind),
-                        {"o": self.picker_id, "b": encode_batch(events)},
+                        {"o": self.picker_id, BATCH_FIELD: encode_batch(events)},
                         minid=now_ms - int(ttl * 1000),
                         approximate=True,
                     )
@@ -264,7 +268,12 @@ class SharedStateSync:
                 if mirror is None or fields.get(b"o") == me:
                     continue
                 try:
-                    events = decode_batch(fields.get(b"b", b""))
+                    events = decode_entry(fields)
+                except UnknownFormat as exc:
+                    self.counters.unknown_format += 1
+                    if self.counters.unknown_format == 1:
+                        log.warning("skipping shared-state entries a different kvgate wrote: %s", exc)
+                    continue
                 except ValueError:
                     self.counters.bad_entries += 1
                     continue

@@ -3,16 +3,22 @@ from __future__ import annotations
 import pytest
 
 from gateway.shared_state.codec import (
+    BATCH_FIELD,
+    FORMAT,
+    LEGACY_BATCH_FIELD,
     PrefixInsert,
     SessionPin,
     SharedEvent,
+    UnknownFormat,
     decode_batch,
+    decode_entry,
     decode_inflight,
     encode_batch,
     encode_inflight,
 )
 from gateway.shared_state.mirror import MirroredState
 from policies.state import InFlight
+from proto import shared_state_pb2 as pb
 
 
 def test_event_batches_round_trip() -> None:
@@ -26,13 +32,45 @@ def test_event_batches_round_trip() -> None:
 
 
 def test_unencodable_events_are_skipped_and_garbage_is_rejected() -> None:
-    too_long = SessionPin("x" * 70_000, "a:1")
-    blob = encode_batch([PrefixInsert("a:1", (-1,), 1), too_long, SessionPin("s", "a:1")])
+    blob = encode_batch([PrefixInsert("a:1", (-1,), 1), SessionPin("s", "a:1")])
     assert decode_batch(blob) == [SessionPin("s", "a:1")]
-    with pytest.raises(ValueError, match="unknown"):
-        decode_batch(b"Zjunk")
-    with pytest.raises(ValueError, match="truncated"):
+    with pytest.raises(ValueError, match="not an event batch"):
+        decode_batch(b"\xff\xffjunk")
+    with pytest.raises(ValueError, match="not an event batch"):
         decode_batch(encode_batch([PrefixInsert("a:1", (1, 2, 3), 5)])[:-3])
+
+
+# What kvgate wrote before proto/ (format 0, stream field "b"), captured from that encoder:
+# PrefixInsert("10.0.0.1:8000", (1, 2**64 - 1), 4096), SessionPin("user-7", "10.0.0.2:8000").
+FORMAT_0_BATCH = bytes.fromhex(
+    "500d0031302e302e302e313a383030300010000002000100000000000000ffffffffffffffff"
+    "530600757365722d370d0031302e302e302e323a38303030"
+)
+
+
+def test_a_batch_written_by_the_previous_version_is_read() -> None:
+    assert decode_entry({b"o": b"old-picker", LEGACY_BATCH_FIELD: FORMAT_0_BATCH}) == [
+        PrefixInsert("10.0.0.1:8000", (1, 2**64 - 1), 4096),
+        SessionPin("user-7", "10.0.0.2:8000"),
+    ]
+    assert decode_inflight(b"3 900") == InFlight(3, 900)  # format 0's in-flight text
+
+
+def test_a_batch_of_a_format_this_version_does_not_know_is_refused_clearly() -> None:
+    newer = pb.EventBatch(format=FORMAT + 1)
+    newer.events.add().session.session_id = "s"
+    with pytest.raises(UnknownFormat, match=f"format {FORMAT + 1}"):
+        decode_entry({BATCH_FIELD: newer.SerializeToString()})
+    with pytest.raises(UnknownFormat):
+        decode_entry({b"o": b"someone", b"x": b"?"})
+    assert decode_entry({BATCH_FIELD: encode_batch([SessionPin("s", "a:1")])}) == [SessionPin("s", "a:1")]
+
+
+def test_in_flight_records_round_trip_including_zero() -> None:
+    for value in (InFlight(0, 0), InFlight(1, 0), InFlight(70_000, 2**40)):
+        assert decode_inflight(encode_inflight(value)) == value
+    with pytest.raises(ValueError, match="not an in-flight record"):
+        decode_inflight(b"\xff\xff")
 
 
 def test_mirror_sums_peers_in_flight_and_counts_exactly_its_own() -> None:

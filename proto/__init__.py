@@ -1,0 +1,1 @@
+"""kvgate's own wire formats (``*.proto``) and their generated Python modules (scripts/gen_proto.sh)."""
