@@ -32,8 +32,14 @@ from gateway.pools_file import (
     RateLimitSpec,
     RewriteTargetSpec,
 )
-from gateway.resources import FileProvider, ResolvedPool, ResourceSet, ValidatedConfig, validate
-from gateway.resources import Snapshot as ConfigSnapshot
+from gateway.resources import (
+    ConfigSnapshot,
+    FileProvider,
+    ResolvedPool,
+    ResourceSet,
+    ValidatedConfig,
+    validate,
+)
 from gateway.resources.core import Pod
 from gateway.resources.validate import ValidationOptions
 from gateway.translate import BodyRouting, TranslationSettings, translate

@@ -3,7 +3,7 @@
 Pipeline: ``load_directory(DIR)`` → :class:`ResourceSet` (immutable; ManifestError on anything
 ``kubectl apply`` would refuse) → ``validate(resources)`` → :class:`ValidatedConfig` (resolved,
 usable parts plus a :class:`StatusReport` of conditions). :class:`FileProvider` watches DIR and
-publishes :class:`Snapshot` objects, keeping the last good one when a change does not load.
+publishes :class:`ConfigSnapshot` objects, keeping the last good one when a change does not load.
 """
 
 from gateway.resources.conditions import (
@@ -23,7 +23,7 @@ from gateway.resources.loader import (
     parse_manifests,
 )
 from gateway.resources.meta import ObjectKey, ResourceRef, parse_duration
-from gateway.resources.provider import FileProvider, ProviderStatus, Snapshot
+from gateway.resources.provider import ConfigSnapshot, FileProvider, ProviderStatus
 from gateway.resources.resolved import (
     BackendKind,
     ModelRewriteRule,
@@ -48,6 +48,7 @@ __all__ = [
     "Condition",
     "ConditionStatus",
     "ConditionType",
+    "ConfigSnapshot",
     "FileProvider",
     "ManifestError",
     "ManifestProblem",
@@ -68,7 +69,6 @@ __all__ = [
     "ResourceSet",
     "ResourceStatus",
     "RouteAttachment",
-    "Snapshot",
     "StatusReport",
     "ValidatedConfig",
     "ValidationOptions",

@@ -25,13 +25,13 @@ from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[["Snapshot"], Awaitable[None]]
+Publish = Callable[["ConfigSnapshot"], Awaitable[None]]
 _IDLE_TIMEOUT_MS = 200
 """How long the watcher waits before saying "no change" (its first such answer starts the load)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class ConfigSnapshot:
     """One published configuration. ``version`` grows by one per publish; ``content_hash`` is
     the manifests' hash (equal hashes, equal content)."""
 
@@ -78,12 +78,12 @@ class FileProvider:
         self._quiet_ms = quiet_ms
         self._max_batch_ms = max_batch_ms
         self._force_polling = force_polling
-        self._current: Snapshot | None = None
+        self._current: ConfigSnapshot | None = None
         self._last_error: str | None = None
         self._last_error_at: float | None = None
 
     @property
-    def current(self) -> Snapshot | None:
+    def current(self) -> ConfigSnapshot | None:
         return self._current
 
     def status(self) -> ProviderStatus:
@@ -97,7 +97,7 @@ class FileProvider:
             loaded_at=current.loaded_at if current else None,
         )
 
-    def load(self) -> Snapshot:
+    def load(self) -> ConfigSnapshot:
         """Load now; on success the result is current. Raises ConfigError (and records it)."""
         try:
             resources = load_directory(self._directory)
@@ -110,11 +110,11 @@ class FileProvider:
             return current
         config = validate(resources, self._options)
         version = current.version + 1 if current else 1
-        snapshot = Snapshot(version, resources.content_hash, resources, config, time.time())
+        snapshot = ConfigSnapshot(version, resources.content_hash, resources, config, time.time())
         self._current = snapshot
         return snapshot
 
-    async def _reload(self) -> Snapshot | None:
+    async def _reload(self) -> ConfigSnapshot | None:
         """Load in a worker thread; None when it failed or nothing changed."""
         before = self._current
         try:
@@ -152,12 +152,12 @@ class FileProvider:
                 if snapshot is not None:
                     await publish(snapshot)
 
-    async def updates(self, stop: asyncio.Event | None = None) -> AsyncGenerator[Snapshot, None]:
+    async def updates(self, stop: asyncio.Event | None = None) -> AsyncGenerator[ConfigSnapshot, None]:
         """The current snapshot, then each new one, until ``stop`` is set (wraps ``run``)."""
-        queue: asyncio.Queue[Snapshot | None] = asyncio.Queue()
+        queue: asyncio.Queue[ConfigSnapshot | None] = asyncio.Queue()
         stop = stop or asyncio.Event()
 
-        async def publish(snapshot: Snapshot) -> None:
+        async def publish(snapshot: ConfigSnapshot) -> None:
             queue.put_nowait(snapshot)
 
         async def watch() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.resources import FileProvider, ObjectKey, Snapshot
+from gateway.resources import ConfigSnapshot, FileProvider, ObjectKey
 from policies.errors import ConfigError
 from tests.gateway.resources.manifests import base, pool_ref, route
 
@@ -17,7 +17,7 @@ def _route(weight_a: int, weight_b: int) -> str:
     return route("r", f"    - backendRefs: [{pool_ref('pool-a', weight_a)}, {pool_ref('pool-b', weight_b)}]")
 
 
-def _weights(snapshot: Snapshot) -> list[int]:
+def _weights(snapshot: ConfigSnapshot) -> list[int]:
     return [backend.weight for backend in snapshot.config.routes[0].rules[0].backends]
 
 
@@ -28,7 +28,7 @@ def manifests(tmp_path: Path) -> Path:
     return tmp_path
 
 
-async def _next(updates: AsyncIterator[Snapshot], within_s: float = 10.0) -> Snapshot:
+async def _next(updates: AsyncIterator[ConfigSnapshot], within_s: float = 10.0) -> ConfigSnapshot:
     return await asyncio.wait_for(anext(updates), within_s)
 
 
@@ -56,14 +56,14 @@ def test_first_load_failure_raises_and_is_reported(tmp_path: Path) -> None:
 async def test_hot_reload_publishes_changes_and_keeps_last_good(manifests: Path) -> None:
     stop = asyncio.Event()
     provider = FileProvider(manifests, quiet_ms=50, max_batch_ms=300)
-    published: asyncio.Queue[Snapshot] = asyncio.Queue()
+    published: asyncio.Queue[ConfigSnapshot] = asyncio.Queue()
 
-    async def publish(snapshot: Snapshot) -> None:
+    async def publish(snapshot: ConfigSnapshot) -> None:
         published.put_nowait(snapshot)
 
     watcher = asyncio.create_task(provider.run(publish, stop))
 
-    async def next_snapshot() -> Snapshot:
+    async def next_snapshot() -> ConfigSnapshot:
         return await asyncio.wait_for(published.get(), 10.0)
 
     try:
