@@ -22,12 +22,13 @@ MakeSync = Callable[..., SharedStateSync]
 async def make_sync(redis_server: RedisServer) -> AsyncIterator[MakeSync]:
     made: list[SharedStateSync] = []
 
-    def make(**overrides: float) -> SharedStateSync:
+    def make(*, ahead_s: float = 0.0, **overrides: float) -> SharedStateSync:
+        """A sync whose wall clock runs ``ahead_s`` ahead (TTLs tested by moving the clock)."""
         settings = RedisSettings(
             url=redis_server.url, key_prefix="t", sync_interval_s=0.02, read_block_s=0.05,
             backoff_initial_s=0.05, backoff_max_s=0.2, **overrides,  # type: ignore[arg-type]
         )
-        sync = SharedStateSync(RedisLink(settings))
+        sync = SharedStateSync(RedisLink(settings), wall_clock=lambda: time.time() + ahead_s)
         made.append(sync)
         return sync
 
@@ -110,21 +111,22 @@ async def test_a_late_picker_replays_recent_prefixes_but_not_expired_ones(make_s
     late_state = late.state_for("pool")
     await late.read_once()
     assert late_state.prefix_match(HASHES) == {"10.0.0.1:80": 4}
-    await asyncio.sleep(0.6)
-    too_late = make_sync(prefix_ttl_s=0.5)
+    too_late = make_sync(prefix_ttl_s=0.5, ahead_s=0.6)  # starts 0.6 s later, past the TTL
     too_late_state = too_late.state_for("pool")
     await too_late.read_once()
     assert too_late_state.prefix_match(HASHES) == {}
 
 
 async def test_a_dead_pickers_in_flight_counts_age_out(make_sync: MakeSync) -> None:
-    a, b = make_sync(inflight_ttl_s=0.3), make_sync(inflight_ttl_s=0.3)
+    now = [time.time()]
+    a = make_sync(inflight_ttl_s=0.3)
+    b = SharedStateSync(a.link, picker_id="b", wall_clock=lambda: now[0])
     a.state_for("pool").inflight_add("r1", "10.0.0.1:80", 5)
     state_b = b.state_for("pool")
     await a.sync_once()  # a publishes once, then "dies" (never publishes again)
     await b.sync_once()
     assert state_b.inflight("10.0.0.1:80") == InFlight(1, 5)
-    await asyncio.sleep(0.4)
+    now[0] += 0.4  # past the TTL on b's clock
     await b.sync_once()
     assert state_b.inflight("10.0.0.1:80") == InFlight()
 
