@@ -11,18 +11,16 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 import aiohttp
 
-from gateway.child_process import dies_with_parent
+from gateway.child_process import ChildProcess
 from policies.errors import ConfigError
 
 _STDERR_LINES = 200
@@ -84,10 +82,9 @@ class EnvoyProcess:
         self._bootstrap = bootstrap
         self._options = options or EnvoyOptions()
         self.admin_port = _admin_port(bootstrap)
-        self._process: asyncio.subprocess.Process | None = None
+        self._child: ChildProcess | None = None
+        self._last_log = ""
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
-        self._log: deque[str] = deque(maxlen=_STDERR_LINES)
-        self._reader: asyncio.Task[None] | None = None
 
     @property
     def admin_url(self) -> str:
@@ -95,55 +92,45 @@ class EnvoyProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process else None
+        return self._child.pid if self._child is not None else None
 
     def log_tail(self) -> str:
-        return "\n".join(self._log)
+        """Envoy's last log lines (of the running process, else of the last one)."""
+        return self._child.tail(_STDERR_LINES) if self._child is not None else self._last_log
 
     async def start(self) -> None:
-        if self._process is not None:
+        if self._child is not None:
             raise RuntimeError("Envoy is already started")
         binary = self._options.binary or find_envoy_binary()
         self._workdir = tempfile.TemporaryDirectory(prefix="kvgate-envoy-")
         config_path = Path(self._workdir.name) / "bootstrap.json"
         config_path.write_text(json.dumps(self._bootstrap, indent=1))
-        self._process = await asyncio.create_subprocess_exec(
-            *dies_with_parent([
+        self._child = ChildProcess(
+            [
                 str(binary),
                 "--config-path", str(config_path),
                 "--disable-hot-restart",
                 "--log-level", self._options.log_level,
                 "--concurrency", str(self._options.concurrency),
-            ]),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
+            ],
+            name="Envoy", stderr="capture", keep_lines=_STDERR_LINES,
         )
-        self._reader = asyncio.create_task(self._read_log())
+        await self._child.start()
         try:
             await self._wait_ready()
         except BaseException:
             await self.stop()
             raise
 
-    async def _read_log(self) -> None:
-        assert self._process is not None
-        assert self._process.stderr is not None
-        async for raw in self._process.stderr:
-            self._log.append(raw.decode(errors="replace").rstrip())
-
     async def _wait_ready(self) -> None:
-        assert self._process is not None
+        assert self._child is not None
         deadline = time.monotonic() + self._options.ready_timeout_s
         timeout = aiohttp.ClientTimeout(total=1.0)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while time.monotonic() < deadline:
-                if self._process.returncode is not None:
-                    await self._drain_log()
-                    raise EnvoyStartError(
-                        f"Envoy exited with {self._process.returncode}:\n{self.log_tail()}"
-                    )
+                if not self._child.running:
+                    code = await self._child.stop()
+                    raise EnvoyStartError(f"Envoy exited with {code}:\n{self.log_tail()}")
                 if await self._is_ready(session):
                     return
                 await asyncio.sleep(0.05)
@@ -164,30 +151,12 @@ class EnvoyProcess:
         expected = len(self._bootstrap.get("static_resources", {}).get("listeners", []))
         return len(listeners) >= expected
 
-    async def _drain_log(self) -> None:
-        if self._reader is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
-
     async def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns the exit status."""
-        process, self._process = self._process, None
-        code: int | None = None
-        if process is not None:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(process.wait(), self._options.stop_timeout_s)
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                    await process.wait()
-            code = process.returncode
-        if self._reader is not None:
-            await self._drain_log()
-            self._reader.cancel()
-            self._reader = None
+        child, self._child = self._child, None
+        code = await child.stop(self._options.stop_timeout_s) if child is not None else None
+        if child is not None:
+            self._last_log = child.tail(_STDERR_LINES)
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None

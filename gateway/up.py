@@ -38,7 +38,7 @@ from pathlib import Path
 
 from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle import LifecycleConfig
-from gateway.child_process import dies_with_parent
+from gateway.child_process import ChildProcess, ChildProcessError
 from gateway.control_plane import ControlPlane, ControlPlaneSettings
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from gateway.models.reports import ReplicaModelsPoller
@@ -65,7 +65,7 @@ SIM_READY_TIMEOUT_S = 30.0
 
 
 class SimFleetProcess:
-    """``python -m simulator`` as a child process in its own session; ``urls`` once started."""
+    """``python -m simulator`` as a child process (``gateway.child_process``); ``urls`` once started."""
 
     def __init__(
         self, *, replicas: int, port: int, hosts_from: str, time_scale: float, model: str | None
@@ -76,58 +76,27 @@ class SimFleetProcess:
             *(("--model", model) if model else ()),
         ]
         self.urls: list[str] = []
-        self.output: list[str] = []
-        self._process: asyncio.subprocess.Process | None = None
-        self._drain: asyncio.Task[None] | None = None
+        self._child = ChildProcess(self.command, name="the simulator", keep_lines=200)
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        return self._child.pid
+
+    @property
+    def output(self) -> list[str]:
+        return list(self._child.lines)
 
     async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            *dies_with_parent(self.command), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-        )
+        await self._child.start()
         try:
-            self.urls = await asyncio.wait_for(self._ready(), SIM_READY_TIMEOUT_S)
-        except TimeoutError as exc:
-            raise ConfigError("the simulator did not start:\n" + "\n".join(self.output[-20:])) from exc
-        self._drain = asyncio.create_task(self._read_rest())
-
-    async def _ready(self) -> list[str]:
-        assert self._process is not None
-        assert self._process.stdout is not None
-        async for raw in self._process.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            self.output.append(line)
-            if line.startswith(SIM_READY_PREFIX):
-                return line[len(SIM_READY_PREFIX):].split()
-        raise ConfigError("the simulator exited before it was ready:\n" + "\n".join(self.output[-20:]))
-
-    async def _read_rest(self) -> None:
-        assert self._process is not None
-        assert self._process.stdout is not None
-        async for raw in self._process.stdout:
-            self.output.append(raw.decode(errors="replace").rstrip())
-            del self.output[:-200]
+            ready = await self._child.wait_for_line(SIM_READY_PREFIX + r"(.*)$", SIM_READY_TIMEOUT_S)
+        except ChildProcessError as exc:
+            await self._child.stop()
+            raise ConfigError(f"the simulator did not start: {exc}") from exc
+        self.urls = ready.group(1).split()
 
     async def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 10.0)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-        if self._drain is not None:
-            self._drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
-            self._drain = None
+        await self._child.stop(10.0)
 
 
 def bundled_example() -> Path:

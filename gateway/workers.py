@@ -38,17 +38,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
-import signal
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from extproc.attempt_timeout import AttemptTimeout
-from gateway.child_process import dies_with_parent
+from gateway.child_process import ChildProcess, ChildProcessError
 from gateway.envoy_process import free_port
 from gateway.pools_file import PoolSpec, dump_pools
 from policies.errors import ConfigError
@@ -89,7 +88,7 @@ class PrivateRedis:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._binary = binary
-        self._process: asyncio.subprocess.Process | None = None
+        self._child: ChildProcess | None = None
 
     @staticmethod
     def find() -> str:
@@ -102,27 +101,20 @@ class PrivateRedis:
         return binary
 
     async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            *dies_with_parent([
-                self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--protected-mode", "yes",
-            ]),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-        )
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            if self._process.returncode is not None:
-                raise ConfigError(f"the private redis-server exited with {self._process.returncode}")
-            with contextlib.suppress(OSError):
-                _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                return
-            await asyncio.sleep(0.05)
-        raise ConfigError("the private redis-server did not start listening")
+        self._child = ChildProcess([
+            self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--protected-mode", "yes",
+        ], name="the private redis-server", keep_lines=50)
+        await self._child.start()
+        try:
+            await self._child.wait_for_line(r".*Ready to accept connections", timeout_s=10.0)
+        except ChildProcessError as exc:
+            await self._child.stop()
+            raise ConfigError(f"the private redis-server did not start: {exc}") from exc
 
     async def stop(self) -> None:
-        await _terminate(self._process)
+        if self._child is not None:
+            await self._child.stop()
 
 
 class WorkerSupervisor:
@@ -130,11 +122,10 @@ class WorkerSupervisor:
         self.plan = plan
         self._redis_url = redis_url
         self._private: PrivateRedis | None = None
-        self._processes: list[asyncio.subprocess.Process | None] = [None] * plan.workers
+        self._processes: list[ChildProcess | None] = [None] * plan.workers
         self.admin_urls: list[str] = [""] * plan.workers
         self.own_addresses: list[str] = [""] * plan.workers
         """Each worker's own gRPC ``host:port`` (besides the shared one), as it last reported."""
-        self._drains: set[asyncio.Task[None]] = set()
 
     @property
     def redis_url(self) -> str:
@@ -150,26 +141,21 @@ class WorkerSupervisor:
         await asyncio.gather(*(self._start_worker(i) for i in range(self.plan.workers)))
 
     async def _start_worker(self, index: int) -> None:
-        process = await asyncio.create_subprocess_exec(
-            *dies_with_parent(self.plan.command(index, self.redis_url)),
-            stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
+        child = ChildProcess(
+            self.plan.command(index, self.redis_url), name=f"picker worker {index}", stderr="inherit",
+            keep_lines=100,
         )
-        self._processes[index] = process
-        assert process.stdout is not None
+        self._processes[index] = child
+        await child.start()
         try:
-            line = await asyncio.wait_for(_ready_line(process.stdout), READY_TIMEOUT_S)
-        except TimeoutError as exc:
-            await _terminate(process)
-            raise ConfigError(f"picker worker {index} did not become ready") from exc
-        if line is None:
-            raise ConfigError(f"picker worker {index} exited with {await process.wait()}")
-        words = dict(w.split("=", 1) for w in line.split()[2:] if "=" in w)
+            ready = await child.wait_for_line(re.escape(WORKER_READY) + ".*", READY_TIMEOUT_S)
+        except ChildProcessError as exc:
+            await child.stop()
+            raise ConfigError(str(exc)) from exc
+        words = dict(w.split("=", 1) for w in ready.group(0).split()[2:] if "=" in w)
         self.admin_urls[index] = words.get("admin", "")
         self.own_addresses[index] = words.get("own", "")
-        drain = asyncio.create_task(_drain(process.stdout))
-        self._drains.add(drain)
-        drain.add_done_callback(self._drains.discard)
+        child.echo = sys.stdout  # what it prints from now on (its ready line is this supervisor's to say)
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Restart workers that die, until ``stop`` is set."""
@@ -198,35 +184,9 @@ class WorkerSupervisor:
                     log.error("%s", exc.message)
 
     async def stop(self) -> None:
-        await asyncio.gather(*(_terminate(p) for p in self._processes))
+        await asyncio.gather(*(p.stop() for p in self._processes if p is not None))
         if self._private is not None:
             await self._private.stop()
-
-
-async def _ready_line(stream: asyncio.StreamReader) -> str | None:
-    async for raw in stream:
-        line = raw.decode(errors="replace").strip()
-        if line.startswith(WORKER_READY):
-            return line
-    return None
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    async for raw in stream:
-        sys.stdout.write(raw.decode(errors="replace"))
-
-
-async def _terminate(process: asyncio.subprocess.Process | None, timeout_s: float = 5.0) -> None:
-    if process is None or process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
 
 
 def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
