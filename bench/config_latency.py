@@ -111,7 +111,7 @@ async def run(repetitions: int) -> list[tuple[float, float, float]]:
         up: KvgateUp | None = None
         try:
             for fleet in fleets.values():
-                fleet.start()
+                await fleet.start()
             for fleet in fleets.values():
                 await fleet.wait_for_log(r"^kvgate-sim ready")
             (config / "gateway.yaml").write_text(GATEWAY)

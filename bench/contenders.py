@@ -104,32 +104,35 @@ class Contender:
             await self._start_kvgate(replicas, workdir, port)
         elif self.kind == "vllm-router":
             prom = free_port()
-            proc = self._spawn(workdir, [_router_binary("vllm-router"), "--host", "127.0.0.1", "--port",
-                                         str(port), "--worker-urls", *replicas, "--policy", self.option,
-                                         "--prometheus-port", str(prom), "--disable-retries",
-                                         "--health-check-interval-secs", "300", "--log-level", "info"])
+            proc = await self._spawn(workdir, [
+                _router_binary("vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
+                *replicas, "--policy", self.option, "--prometheus-port", str(prom), "--disable-retries",
+                "--health-check-interval-secs", "300", "--log-level", "info",
+            ])
             await proc.wait_for_port(port)
             self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
         elif self.kind == "sglang-router":
             prom = free_port()
-            proc = self._spawn(workdir, [_router_binary("sglang-router"), "launch", "--host", "127.0.0.1",
-                                         "--port", str(port), "--worker-urls", *replicas, "--policy",
-                                         self.option, "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                                         str(prom)])
+            proc = await self._spawn(workdir, [
+                _router_binary("sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
+                "--worker-urls", *replicas, "--policy", self.option, "--prometheus-host", "127.0.0.1",
+                "--prometheus-port", str(prom),
+            ])
             await proc.wait_for_port(port)
             self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
         elif self.kind == "oracle":
-            proc = self._spawn(workdir, [sys.executable, "-m", "bench.oracle_router", "--port", str(port),
-                                         "--max-loras", str(self.max_loras), "--miss-penalty-factor",
-                                         self.option or "0", "--replicas", *replicas])
+            proc = await self._spawn(workdir, [
+                sys.executable, "-m", "bench.oracle_router", "--port", str(port), "--max-loras",
+                str(self.max_loras), "--miss-penalty-factor", self.option or "0", "--replicas", *replicas,
+            ])
             await proc.wait_for_log(r"^kvgate-oracle ready")
         else:
             raise ValueError(f"unknown contender kind {self.kind!r}")
         return f"http://127.0.0.1:{port}"
 
-    def _spawn(self, workdir: Path, cmd: list[str]) -> ManagedProcess:
+    async def _spawn(self, workdir: Path, cmd: list[str]) -> ManagedProcess:
         proc = ManagedProcess(self.name, cmd, workdir / f"{self.name}.log")
-        proc.start()
+        await proc.start()
         self.processes.append(proc)
         return proc
 
@@ -142,11 +145,12 @@ class Contender:
         pools = {"pools": [{"name": "bench", "endpoints": addresses, "profile": str(profile)}]}
         pools_path = workdir / f"{self.name}.pools.json"
         pools_path.write_text(json.dumps(pools))
-        proc = self._spawn(workdir, [sys.executable, "-m", "gateway.cli", "picker", "--pools",
-                                     str(pools_path), "--grpc-port", "0", "--admin-port", "0",
-                                     "--scrape-interval", f"{0.05 * self.time_scale:g}",
-                                     "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
-                                     "--workers", str(workers)])
+        proc = await self._spawn(workdir, [
+            sys.executable, "-m", "gateway.cli", "picker", "--pools", str(pools_path), "--grpc-port", "0",
+            "--admin-port", "0", "--scrape-interval", f"{0.05 * self.time_scale:g}",
+            "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
+            "--workers", str(workers),
+        ])
         match = await proc.wait_for_log(r"^kvgate-picker ready grpc=([\d.]+):(\d+) admin=(\S+)(.*)")
         grpc_port = int(match.group(2))
         self.metrics_url = match.group(3) + "/metrics"

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import signal
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
+from gateway.child_process import ChildProcess
 
 PICKER_READY = "kvgate-picker ready"
 READY_TIMEOUT_S = 30.0
@@ -21,59 +20,33 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 @dataclass
 class Child:
-    """A started subprocess and the words after its ready prefix."""
+    """A started child process (``gateway.child_process``) and the words after its ready prefix."""
 
     name: str
-    process: asyncio.subprocess.Process
+    process: ChildProcess
     ready_words: list[str]
-    log: IO[bytes] | None = None
 
     @property
     def pid(self) -> int:
+        assert self.process.pid is not None
         return self.process.pid
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
-        if self.log is not None:
-            self.log.close()
+        await self.process.stop(timeout_s)
 
 
 async def start_child(
     name: str, command: Sequence[str], ready_prefix: str, log_path: Path | None = None
 ) -> Child:
-    """Start ``command``; return once a stdout line starts with ``ready_prefix`` (stderr → log)."""
-    log = log_path.open("wb") if log_path is not None else None
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=log if log is not None else asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    child = Child(name, process, [], log)
+    """Start ``command``; return once a line starts with ``ready_prefix`` (output → ``log_path``)."""
+    process = ChildProcess(command, name=name, log_path=log_path, keep_lines=200)
+    await process.start()
     try:
-        child.ready_words = await asyncio.wait_for(_ready_line(process, ready_prefix), READY_TIMEOUT_S)
+        ready = await process.wait_for_line(re.escape(ready_prefix) + "(.*)$", READY_TIMEOUT_S)
     except BaseException:
-        await child.stop()
+        await process.stop()
         raise
-    return child
-
-
-async def _ready_line(process: asyncio.subprocess.Process, prefix: str) -> list[str]:
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        line = raw.decode(errors="replace").strip()
-        if line.startswith(prefix):
-            return line[len(prefix) :].split()
-    raise RuntimeError(f"{prefix!r}: the process exited before its ready line")
+    return Child(name, process, ready.group(1).split())
 
 
 async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:

@@ -172,7 +172,7 @@ async def run(args: argparse.Namespace) -> str:
             sys.executable, "-m", "simulator", "--replicas", str(REPLICAS), "--port", str(port),
             "--hosts-from", FIRST_IP, "--admin-port", "0", "--model", MODEL, "--time-scale", "0.01",
         ], workdir / "sim.log")
-        sim.start()
+        await sim.start()
         up: KvgateUp | None = None
         try:
             await sim.wait_for_log(r"^kvgate-sim ready")

@@ -50,7 +50,7 @@ async def run(args: argparse.Namespace) -> str:
             sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--admin-port", "0",
             "--sim", "2", "--sim-time-scale", "0.001",
         ], Path(tmp) / "up.log")
-        up.start()
+        await up.start()
         try:
             await up.wait_for_log(r"kvgate ready", timeout_s=60)
             url = f"http://127.0.0.1:{port}"

@@ -10,37 +10,32 @@ import asyncio
 import contextlib
 import re
 import socket
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
 
-from gateway.child_process import dies_with_parent
+from gateway.child_process import ChildProcess, ChildProcessError
 
 
 class ProcessError(RuntimeError):
     pass
 
 
-class ManagedProcess:
+class ManagedProcess(ChildProcess):
+    """A benchmark's child process (``gateway.child_process.ChildProcess``) whose output goes to
+    ``log_path`` (kept with the run's files), with the waits the benchmarks use."""
+
     def __init__(self, name: str, cmd: Sequence[str], log_path: Path) -> None:
-        self.name = name
+        super().__init__(cmd, name=name, log_path=log_path, keep_lines=200)
         self.cmd = list(cmd)
         self.log_path = log_path
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def start(self) -> None:
+    async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            # children die with the benchmark, even when it is killed (setpriv --pdeathsig)
-            self._proc = subprocess.Popen(dies_with_parent(self.cmd), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+        self.log_path.write_text("")
+        await super().start()
 
     def log_text(self) -> str:
         try:
@@ -49,40 +44,24 @@ class ManagedProcess:
             return ""
 
     async def wait_for_log(self, pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
-        regex = re.compile(pattern, re.MULTILINE)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            match = regex.search(self.log_text())
-            if match is not None:
-                return match
-            if self._proc is not None and self._proc.poll() is not None:
-                raise ProcessError(f"{self.name} exited ({self._proc.returncode}): {self.log_text()[-2000:]}")
-            await asyncio.sleep(0.1)
-        raise ProcessError(f"{self.name} not ready after {timeout_s} s: {self.log_text()[-2000:]}")
+        """The first output line in which ``pattern`` is found (``^``/``$``: the line's ends)."""
+        try:
+            return await self.wait_for_line(re.compile(f".*?(?:{pattern})"), timeout_s)
+        except ChildProcessError as exc:
+            raise ProcessError(str(exc)) from exc
 
     async def wait_for_port(self, port: int, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise ProcessError(f"{self.name} exited ({self._proc.returncode}): {self.log_text()[-2000:]}")
+            if self.pid is not None and not self.running:
+                raise ProcessError(f"{self.name} exited ({self.returncode}): {self.tail()}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
             await asyncio.sleep(0.2)
         raise ProcessError(f"{self.name} does not listen on {port} after {timeout_s} s")
 
-    async def stop(self, timeout_s: float = 5.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            await asyncio.sleep(0.05)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    async def stop(self, timeout_s: float = 5.0) -> int | None:
+        return await super().stop(timeout_s)
 
 
 async def http_get_text(url: str, timeout_s: float = 5.0) -> str:

@@ -167,7 +167,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         sys.executable, "-m", "simulator", "--replicas", str(args.replicas), "--port", "0",
         "--admin-port", "0", "--time-scale", "0.1",
     ], workdir / "sim.log")
-    fleet.start()
+    await fleet.start()
     redis = PrivateRedis(PrivateRedis.find())
     try:
         urls = (await fleet.wait_for_log(r"^kvgate-sim ready (.+)$")).group(1).split()

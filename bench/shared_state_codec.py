@@ -1,4 +1,4 @@
-"""Cost of the shared-state wire format: format 1 (protobuf, proto/shared_state.proto) against
+"""Cost of the shared-state wire format: format 1 (protobuf, proto/kvgate_proto/shared_state.proto) against
 format 0 (the hand-packed ``struct`` layout kvgate wrote before, still read).
 
 ``python -m bench.shared_state_codec [--batches 2000] [--output bench/results/shared_state_codec.md]``

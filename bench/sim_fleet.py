@@ -62,7 +62,7 @@ class SimFleet:
 
     async def start(self) -> list[str]:
         for process in self.processes:
-            process.start()
+            await process.start()
         for process in self.processes:
             match = await process.wait_for_log(r"^kvgate-sim ready (.+)$")
             self.urls += match.group(1).split()

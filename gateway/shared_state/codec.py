@@ -1,5 +1,5 @@
 """Wire format of what pickers share through Redis (pure; no IO). The schema is
-proto/shared_state.proto (package ``kvgate.shared_state.v1``).
+proto/kvgate_proto/shared_state.proto (package ``kvgate.shared_state.v1``).
 
 * Prefix insertions and session pins travel as *event batches*: one stream entry per flush, whose
   field ``p`` is an ``EventBatch`` (``encode_batch`` / :func:`decode_entry`). A batch names its
@@ -20,8 +20,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kvgate_proto import shared_state_pb2 as pb
 from policies.state import InFlight
-from proto import shared_state_pb2 as pb
 
 FORMAT = 1
 """The event-batch format this version writes (``EventBatch.format``)."""

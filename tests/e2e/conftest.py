@@ -14,18 +14,17 @@ Fixtures (all function-scoped, all stop what they started):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from gateway.child_process import ChildProcess
 from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 
 __all__ = ["EchoUpstream", "SimFleet", "free_port"]
@@ -36,12 +35,14 @@ SIM_READY_TIMEOUT_S = 30.0
 
 @dataclass
 class SimFleet:
-    """A running simulator fleet subprocess."""
+    """A running simulator fleet (``python -m simulator`` as a ``ChildProcess``)."""
 
-    process: asyncio.subprocess.Process
+    child: ChildProcess
     urls: list[str]
-    output: list[str] = field(default_factory=list)
-    reader: asyncio.Task[None] | None = None
+
+    @property
+    def output(self) -> list[str]:
+        return list(self.child.lines)
 
     @property
     def addresses(self) -> list[str]:
@@ -49,60 +50,25 @@ class SimFleet:
         return [url.removeprefix("http://").rstrip("/") for url in self.urls]
 
     async def stop(self) -> int:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 10.0)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
-        if self.reader is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.reader, 2.0)
-        return self.process.returncode if self.process.returncode is not None else -1
-
-
-async def _read_until_ready(process: asyncio.subprocess.Process, output: list[str]) -> list[str]:
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        line = raw.decode(errors="replace").rstrip()
-        output.append(line)
-        if line.startswith(SIM_READY_PREFIX):
-            return line[len(SIM_READY_PREFIX):].split()
-    raise RuntimeError("simulator exited before its ready line:\n" + "\n".join(output[-50:]))
+        code = await self.child.stop(10.0)
+        return code if code is not None else -1
 
 
 async def launch_fleet(
     replicas: int = 2, time_scale: float = 1.0, extra_args: Sequence[str] = ()
 ) -> SimFleet:
     """Starts ``python -m simulator`` on ephemeral loopback ports (stderr merged into ``output``)."""
-    command = [
+    child = ChildProcess([
         sys.executable, "-m", "simulator",
         "--replicas", str(replicas), "--port", "0", "--time-scale", str(time_scale), *extra_args,
-    ]
-    process = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-    )
-    output: list[str] = []
-    fleet = SimFleet(process, [], output)
+    ], name="the simulator")
+    await child.start()
     try:
-        fleet.urls = await asyncio.wait_for(_read_until_ready(process, output), SIM_READY_TIMEOUT_S)
+        ready = await child.wait_for_line(SIM_READY_PREFIX + "(.*)$", SIM_READY_TIMEOUT_S)
     except BaseException:
-        await fleet.stop()
+        await child.stop()
         raise
-    # Keep draining stdout so the child never blocks on a full pipe.
-    fleet.reader = asyncio.create_task(_drain(process, output))
-    return fleet
-
-
-async def _drain(process: asyncio.subprocess.Process, output: list[str]) -> None:
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        output.append(raw.decode(errors="replace").rstrip())
-        del output[:-500]
+    return SimFleet(child, ready.group(1).split())
 
 
 @dataclass

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ import yaml
 from aiohttp import web
 
 from extproc.lifecycle import LifecycleConfig
+from gateway.child_process import ChildProcess
 from gateway.envoy_config import ExtProcSettings, GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
 from gateway.envoy_process import EnvoyProcess, free_port
 from gateway.picker import PickerService, PickerSettings
@@ -170,22 +170,17 @@ async def _listening(address: str) -> bool:
 class PickerProcess:
     """``kvgate picker`` running as a child process."""
 
-    process: asyncio.subprocess.Process
+    child: ChildProcess
     grpc_port: int
     admin_url: str
-    output: list[str]
+
+    @property
+    def output(self) -> list[str]:
+        return list(self.child.lines)
 
     async def stop(self) -> int:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 10.0)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
-        return self.process.returncode if self.process.returncode is not None else -1
+        code = await self.child.stop(10.0)
+        return code if code is not None else -1
 
 
 @pytest.fixture
@@ -195,35 +190,25 @@ async def start_picker_process(tmp_path: Path) -> AsyncIterator[Callable[..., Aw
     async def start(pools: Sequence[JsonDict]) -> PickerProcess:
         pools_file = tmp_path / f"pools-{len(started)}.yaml"
         pools_file.write_text(yaml.safe_dump({"pools": list(pools)}))
-        command = [
+        child = ChildProcess([
             sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())",
             "picker", "--pools", str(pools_file), "--grpc-port", "0", "--admin-port", "0",
             "--log-level", "WARNING",
-        ]
-        process = await asyncio.create_subprocess_exec(
-            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-        )
-        output: list[str] = []
-        ready = await asyncio.wait_for(_picker_ready_line(process, output), 30.0)
+        ], name="kvgate picker")
+        await child.start()
+        try:
+            ready = (await child.wait_for_line(PICKER_READY_PREFIX + ".*", 30.0)).group(0)
+        except BaseException:
+            await child.stop()
+            raise
         fields = dict(item.split("=", 1) for item in ready.split()[2:])
-        picker = PickerProcess(process, int(fields["grpc"].rpartition(":")[2]), fields["admin"], output)
+        picker = PickerProcess(child, int(fields["grpc"].rpartition(":")[2]), fields["admin"])
         started.append(picker)
         return picker
 
     yield start
     for picker in reversed(started):
         await picker.stop()
-
-
-async def _picker_ready_line(process: asyncio.subprocess.Process, output: list[str]) -> str:
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        line = raw.decode(errors="replace").rstrip()
-        output.append(line)
-        if line.startswith(PICKER_READY_PREFIX):
-            return line
-    raise RuntimeError("kvgate picker exited before its ready line:\n" + "\n".join(output[-50:]))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.child_process import ChildProcess
 from gateway.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 from tests.e2e.test_up_cli import alive, children_of
@@ -26,15 +28,9 @@ KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.e
 POOLS = 'pools:\n  - name: p\n    endpoints: ["127.0.0.1:1"]\n'
 
 
-async def _ready_line(process: asyncio.subprocess.Process, prefix: str, output: list[str]) -> str:
-    """The first line of ``process``'s output starting with ``prefix`` (all lines kept in ``output``)."""
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        line = raw.decode(errors="replace").strip()
-        output.append(line)
-        if line.startswith(prefix):
-            return line
-    raise AssertionError(f"exited before {prefix!r}:\n" + "\n".join(output))
+def _pid(process: ChildProcess) -> int:
+    assert process.pid is not None
+    return process.pid
 
 
 def _words(line: str) -> dict[str, str]:
@@ -51,15 +47,13 @@ async def _serving(address: str) -> bool:
 async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(tmp_path: Path) -> None:
     pools = tmp_path / "pools.yaml"
     pools.write_text(POOLS)
-    process = await asyncio.create_subprocess_exec(
+    process = ChildProcess([
         *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0",
         "--workers", "2", "--log-level", "WARNING",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-    )
-    output: list[str] = []
+    ], name="kvgate")
+    await process.start()
     try:
-        words = _words(await asyncio.wait_for(_ready_line(process, "kvgate-picker ready", output), 60))
-        drain = asyncio.create_task(_read_rest(process, output))
+        words = _words((await process.wait_for_line(re.escape("kvgate-picker ready") + ".*", 60)).group(0))
         admins = words["admins"].split(",")
         assert words["workers"] == "2"
         assert len(set(admins)) == 2
@@ -69,28 +63,25 @@ async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(
             for admin in admins:  # each worker answers on its own admin port
                 async with http.get(f"{admin}/healthz") as response:
                     assert response.status == 200
-        descendants = children_of(process.pid)
+        descendants = children_of(_pid(process))
         workers = [pid for pid in descendants if _is_worker(pid)]
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGKILL)
         for _ in range(200):  # restarted after its back-off (0.5 s)
-            replacement = [pid for pid in children_of(process.pid) if _is_worker(pid)]
+            replacement = [pid for pid in children_of(_pid(process)) if _is_worker(pid)]
             if len(replacement) == 2 and workers[0] not in replacement:
                 break
             await asyncio.sleep(0.05)
         else:
-            raise AssertionError("the killed worker was not restarted:\n" + "\n".join(output))
+            raise AssertionError("the killed worker was not restarted:\n" + process.tail())
         assert await _serving(words["grpc"])
-        everything = children_of(process.pid)
+        everything = children_of(_pid(process))
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
-        drain.cancel()
         await asyncio.sleep(0.2)
         assert not [pid for pid in everything if alive(pid)], "a worker or Redis outlived the supervisor"
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await process.stop()
 
 
 def _is_worker(pid: int) -> bool:
@@ -100,29 +91,20 @@ def _is_worker(pid: int) -> bool:
     return False
 
 
-async def _read_rest(process: asyncio.subprocess.Process, output: list[str]) -> None:
-    assert process.stdout is not None
-    async for raw in process.stdout:
-        output.append(raw.decode(errors="replace").rstrip())
-
-
-
 async def test_kvgate_up_with_two_workers_serves_through_both_and_stops_them(tmp_path: Path) -> None:
     """``kvgate up --workers 2``: the in-process picker and one worker process (state shared through
     a private redis-server), both in Envoy's ext_proc cluster; requests are picked by both; SIGINT
     stops the worker and Redis with everything else."""
     port = free_port()
-    process = await asyncio.create_subprocess_exec(
+    process = ChildProcess([
         *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2", "--workers", "2",
         "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.21",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-    )
-    output: list[str] = []
+    ], name="kvgate")
+    await process.start()
     try:
-        line = await asyncio.wait_for(_ready_line(process, "kvgate ready:", output), 60)
+        line = (await process.wait_for_line(re.escape("kvgate ready:") + ".*", 60)).group(0)
         admin = line.split("(admin ")[1].split(";")[0]
-        drain = asyncio.create_task(_read_rest(process, output))
-        everything = children_of(process.pid)
+        everything = children_of(_pid(process))
         workers = [pid for pid in everything if _is_worker(pid)]
         assert len(workers) == 1
         async with aiohttp.ClientSession() as http:
@@ -145,29 +127,24 @@ async def test_kvgate_up_with_two_workers_serves_through_both_and_stops_them(tmp
         assert 0 < in_process < 30, f"the in-process picker scheduled {in_process} of 30"
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 30) == 0
-        drain.cancel()
         await asyncio.sleep(0.2)
         assert not [pid for pid in everything if alive(pid)], "a worker or Redis outlived kvgate up"
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await process.stop()
 
 
 async def test_a_watched_pools_file_is_applied_on_change_and_a_bad_one_is_ignored(tmp_path: Path) -> None:
     """``kvgate picker --watch`` (what ``kvgate up --workers`` gives its workers)."""
     pools = tmp_path / "pools.yaml"
     pools.write_text(POOLS)
-    process = await asyncio.create_subprocess_exec(
+    process = ChildProcess([
         *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0", "--watch",
         "--log-level", "WARNING",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-    )
-    output: list[str] = []
+    ], name="kvgate")
+    await process.start()
     try:
-        ready = await asyncio.wait_for(_ready_line(process, "kvgate-picker ready", output), 30)
+        ready = (await process.wait_for_line(re.escape("kvgate-picker ready") + ".*", 30)).group(0)
         admin = _words(ready)["admin"]
-        drain = asyncio.create_task(_read_rest(process, output))
         async with aiohttp.ClientSession() as http:
             async def names() -> set[str]:
                 async with http.get(f"{admin}/debug/pools") as response:
@@ -187,8 +164,5 @@ async def test_a_watched_pools_file_is_applied_on_change_and_a_bad_one_is_ignore
             assert await names() == {"q"}
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
-        drain.cancel()
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await process.stop()

@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gateway.child_process import ChildProcess
 from gateway.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 
@@ -50,25 +51,20 @@ def alive(pid: int) -> bool:
 
 async def test_kvgate_up_serves_reports_status_and_stops_on_sigint(http: aiohttp.ClientSession) -> None:
     port = free_port()
-    process = await asyncio.create_subprocess_exec(
+    process = ChildProcess([
         *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2",
         "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.1",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-    )
-    output: list[str] = []
+    ], name="kvgate up")
+    await process.start()
     try:
-        assert process.stdout is not None
-        while True:
-            raw = await asyncio.wait_for(process.stdout.readline(), 60.0)
-            assert raw, "kvgate up exited before it was ready:\n" + "\n".join(output)
-            output.append(raw.decode().rstrip())
-            if output[-1].startswith("kvgate ready:"):
-                break
-        lines = [output[-1]] + [(await process.stdout.readline()).decode().rstrip() for _ in range(2)]
-        assert f"http://127.0.0.1:{port}" in lines[0]
-        assert lines[1].lstrip().startswith(f"curl http://127.0.0.1:{port}/v1/completions")
-        admin = lines[2].split()[-1]
-        children = children_of(process.pid)
+        await process.wait_for_line("kvgate ready:", 60.0)
+        admin_line = await process.wait_for_line(r"\s+kvgate status --admin (\S+)$", 10.0)
+        lines = list(process.lines)
+        first = next(i for i, line in enumerate(lines) if line.startswith("kvgate ready:"))
+        assert f"http://127.0.0.1:{port}" in lines[first]
+        assert lines[first + 1].lstrip().startswith(f"curl http://127.0.0.1:{port}/v1/completions")
+        admin = admin_line.group(1)
+        children = children_of(_pid(process))
         assert len(children) >= 2, children  # Envoy and the simulator
 
         async def ready() -> bool:
@@ -93,38 +89,34 @@ async def test_kvgate_up_serves_reports_status_and_stops_on_sigint(http: aiohttp
 
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 30.0) == 0
-        rest = (await process.stdout.read()).decode()
-        assert "kvgate stopped" in rest
+        await process.wait_for_line("kvgate stopped", 5.0)
         assert [pid for pid in children if alive(pid)] == []
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await process.stop()
 
 
 async def test_kvgate_up_killed_takes_envoy_and_the_simulator_with_it() -> None:
     """SIGKILL (or the OOM killer) gives kvgate no chance to stop its children: the kernel does
     (``setpriv --pdeathsig``), so no orphaned Envoy keeps the port."""
     port = free_port()
-    process = await asyncio.create_subprocess_exec(
+    process = ChildProcess([
         *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "1",
         "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.11",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-    )
+    ], name="kvgate up")
+    await process.start()
     try:
-        assert process.stdout is not None
-        output: list[str] = []
-        while not (output and output[-1].startswith("kvgate ready:")):
-            raw = await asyncio.wait_for(process.stdout.readline(), 60.0)
-            assert raw, "kvgate up exited before it was ready:\n" + "\n".join(output)
-            output.append(raw.decode().rstrip())
-        children = children_of(process.pid)
+        await process.wait_for_line("kvgate ready:", 60.0)
+        children = children_of(_pid(process))
         assert len(children) >= 2, children
     finally:
-        process.kill()
-        await process.wait()
+        await process.kill()
 
     async def orphans_gone() -> bool:
         return not [pid for pid in children if alive(pid)]
 
     await wait_until(orphans_gone, "Envoy and the simulator exit after kvgate is killed", timeout_s=15.0)
+
+
+def _pid(process: ChildProcess) -> int:
+    assert process.pid is not None
+    return process.pid

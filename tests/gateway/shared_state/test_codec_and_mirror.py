@@ -17,8 +17,8 @@ from gateway.shared_state.codec import (
     encode_inflight,
 )
 from gateway.shared_state.mirror import MirroredState
+from kvgate_proto import shared_state_pb2 as pb
 from policies.state import InFlight
-from proto import shared_state_pb2 as pb
 
 
 def test_event_batches_round_trip() -> None:

@@ -165,7 +165,7 @@ async def test_redis_killed_mid_run_local_view_keeps_working_and_sharing_resumes
 
 
 async def test_an_unreachable_redis_never_raises_and_is_counted() -> None:
-    from tests.redis_server import free_port
+    from gateway.envoy_process import free_port
 
     settings = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", op_timeout_s=0.1)
     sync = SharedStateSync(RedisLink(settings))
