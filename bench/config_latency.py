@@ -25,9 +25,9 @@ from pathlib import Path
 import aiohttp
 
 from bench.processes import ManagedProcess
-from gateway.envoy_process import free_port
+from gateway.controlplane.xds import ROUTE
+from gateway.processes.envoy_process import free_port
 from gateway.up import KvgateUp, UpOptions
-from gateway.xds import ROUTE
 
 GATEWAY = """
 apiVersion: gateway.networking.k8s.io/v1

@@ -7,7 +7,7 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
 - ``envoy-rr`` / ``envoy-lr``: plain Envoy, a STATIC cluster of the replicas with ROUND_ROBIN /
   LEAST_REQUEST (no picker).
 - ``kvgate-<profile>``: ``kvgate picker`` (own process) behind Envoy with the ext_proc config that
-  ``kvgate up`` writes (``gateway.envoy_config.static_bootstrap`` with ``ONE_PASS``: one pass per
+  ``kvgate up`` writes (``gateway.controlplane.envoy_config.static_bootstrap`` with ``ONE_PASS``: one pass per
   request, no response chunk to Python); ``profile`` is a shipped name or a YAML path. A ``-w<N>``
   suffix (``kvgate-default-w4``) runs ``kvgate picker --workers N`` (state shared through a private
   Redis) and lists the workers' own ports in Envoy's ext_proc cluster (N Envoy workers). A ``-fd``
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from bench.processes import ManagedProcess, http_get_text, metric_sum
-from gateway.envoy_config import (
+from gateway.controlplane.envoy_config import (
     ONE_PASS,
     ExtProcSettings,
     GatewayConfig,
@@ -40,7 +40,7 @@ from gateway.envoy_config import (
     split_host_port,
     static_bootstrap,
 )
-from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
 JsonDict = dict[str, Any]

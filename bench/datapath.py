@@ -51,7 +51,7 @@ from bench.datapath_procs import (
     start_upstream,
 )
 from bench.datapath_report import Measurement, Report, kept_analysis, render
-from gateway.envoy_process import EnvoyOptions, EnvoyProcess, find_envoy_binary, free_port
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, find_envoy_binary, free_port
 
 LATENCY_PATHS = ("direct", "null_extproc", "kvgate")
 SIZES = {"1 KB": 1024, "200 KB": 200 * 1024}

@@ -2,8 +2,8 @@
 
 - ``direct``: a plain route to a STATIC round-robin cluster of the upstream endpoints (router only,
   no ext_proc) — the baseline.
-- ``kvgate``: kvgate's own filter chain (``gateway.envoy_config``: strip system headers → ext_proc
-  full duplex → router) to the pool's ORIGINAL_DST cluster, one picker process.
+- ``kvgate``: kvgate's own filter chain (``gateway.controlplane.envoy_config``: strip system
+  headers → ext_proc full duplex → router) to the pool's ORIGINAL_DST cluster, one picker process.
 - ``kvgate_pair`` (when two picker addresses are given): the same, with an ext_proc cluster listing
   two picker processes (Envoy balances the gRPC streams, LEAST_REQUEST).
 - ``null_extproc`` (when a null processor is given): the same filter chain with
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.envoy_config import (
+from gateway.controlplane.envoy_config import (
     ExtProcSettings,
     JsonDict,
     PoolBackend,

@@ -33,7 +33,7 @@ from extproc import codec
 from extproc.events import StreamClosed
 from extproc.lifecycle import RequestLifecycle
 from extproc.ports import MonotonicClock, Pool
-from gateway.telemetry import GatewayTelemetry
+from gateway.picker.telemetry import GatewayTelemetry
 from policies.contracts import Scheduler
 from policies.profile import load_profile
 from policies.scheduler import ProfileScheduler

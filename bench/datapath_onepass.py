@@ -11,8 +11,8 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
 - ``floor``: the one-pass null processor (bench/datapath_null_picker.py): request headers SEND,
   request body BUFFERED, response phases SKIP/NONE; it parses the JSON body and answers with the
   destination header and ``clear_route_cache``: the grpc.aio + Envoy floor for a Python picker;
-- ``kvgate``: kvgate's filter chain as ``kvgate up`` writes it (``gateway.envoy_config.ONE_PASS``)
-  in front of one ``kvgate picker`` process;
+- ``kvgate``: kvgate's filter chain as ``kvgate up`` writes it
+  (``gateway.controlplane.envoy_config.ONE_PASS``) in front of one ``kvgate picker`` process;
 - ``kvgate_gie``: the same picker process behind GIE's processing mode (full duplex both ways), as
   the Inference Extension's gateways configure a picker;
 - ``kvgate_tpm``: kvgate's one pass to a second pool of the same endpoints with a tokens-per-minute
@@ -53,7 +53,7 @@ from bench.datapath_procs import (
     start_picker,
     start_upstream,
 )
-from gateway.envoy_config import (
+from gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     ONE_PASS,
     ExtProcSettings,
@@ -68,7 +68,7 @@ from gateway.envoy_config import (
     pool_routes,
     route_configuration,
 )
-from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate", "kvgate_gie")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
-from gateway.child_process import ChildProcess
+from gateway.processes.child_process import ChildProcess
 
 PICKER_READY = "kvgate-picker ready"
 READY_TIMEOUT_S = 30.0
@@ -20,7 +20,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 @dataclass
 class Child:
-    """A started child process (``gateway.child_process``) and the words after its ready prefix."""
+    """A started child process (``gateway.processes.child_process``) and the words after its ready prefix."""
 
     name: str
     process: ChildProcess

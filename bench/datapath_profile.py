@@ -37,7 +37,7 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("policies/", "scheduler (policies)"),
     ("gateway/telemetry", "telemetry (prometheus)"),
     ("prometheus_client", "telemetry (prometheus)"),
-    ("gateway/scrape", "scraper"),
+    ("gateway/picker/scrape", "scraper"),
     ("gateway/scraper", "scraper"),
     ("aiohttp", "scraper / admin HTTP (aiohttp)"),
     ("json/", "json"),
@@ -89,7 +89,10 @@ def _frames(stack: str) -> list[tuple[str, str]]:
     return frames
 
 
-KVGATE_CODE = ("extproc/", "policies/", "gateway/scrape", "gateway/telemetry", "prometheus_client", "json/")
+KVGATE_CODE = (
+    "extproc/", "policies/", "gateway/picker/scrape", "gateway/picker/telemetry",
+    "prometheus_client", "json/",
+)
 
 
 def area_of(label: str, file: str) -> str:

@@ -30,7 +30,7 @@ from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
 from bench.datapath_onepass import FULL, QUICK, stream_latency
 from bench.datapath_procs import cpu_snapshot, descendants, kvgate_command, start_child
-from gateway.envoy_process import free_port
+from gateway.processes.envoy_process import free_port
 from gateway.up import EXAMPLE_MODEL
 
 READY = "kvgate ready:"

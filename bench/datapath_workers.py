@@ -30,7 +30,7 @@ from bench.datapath_envoy import POOL
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
 from bench.datapath_onepass import processor_listener, stream_bodies
 from bench.datapath_procs import Child, group_cpu, kvgate_command, pools_yaml, start_child, start_upstream
-from gateway.envoy_config import (
+from gateway.controlplane.envoy_config import (
     ONE_PASS,
     PoolBackend,
     bootstrap,
@@ -38,7 +38,7 @@ from gateway.envoy_config import (
     pool_clusters,
     split_host_port,
 )
-from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.processes import ManagedProcess, http_get_text, metric_sum
-from gateway.envoy_process import free_port
+from gateway.processes.envoy_process import free_port
 from gateway.up import KvgateUp, UpOptions
 
 MODEL = "base"

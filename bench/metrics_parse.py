@@ -7,10 +7,10 @@ dialect logic; only the parser differs:
 
 - ``prometheus_client``: ``prometheus_client.parser.text_string_to_metric_families`` over the whole
   page, keeping the samples of the wanted names;
-- ``selective``: ``gateway.scrape.exposition.read_samples``, which finds the wanted names with
+- ``selective``: ``gateway.picker.scrape.exposition.read_samples``, which finds the wanted names with
   ``str.find`` and parses only their lines (what the scraper uses).
 
-Pages: the vLLM 0.11 fixture (one engine, ``tests/gateway/fixtures/vllm_0_11.prom``) and the same
+Pages: the vLLM 0.11 fixture (one engine, ``tests/gateway/picker/fixtures/vllm_0_11.prom``) and the same
 page rendered for 4 and 8 data-parallel engines. The UTF-8 decode of the body (both need it) is
 timed apart. Prints a Markdown table of per-page µs (min, median and p99 over ``--repeat`` runs;
 prometheus_client, ~100× slower, over ``--repeat-reference`` runs).
@@ -28,8 +28,8 @@ from functools import partial
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.metrics_pages import vllm_page
-from gateway.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
-from gateway.scrape.exposition import Sample
+from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
+from gateway.picker.scrape.exposition import Sample
 from policies.types import EndpointMetrics
 
 SPEC = DIALECTS[MetricsDialect.VLLM]

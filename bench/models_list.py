@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.processes import ManagedProcess
-from gateway.envoy_process import free_port
+from gateway.processes.envoy_process import free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

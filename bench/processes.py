@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.child_process import ChildProcess, ChildProcessError
+from gateway.processes.child_process import ChildProcess, ChildProcessError
 
 
 class ProcessError(RuntimeError):
@@ -24,7 +24,7 @@ class ProcessError(RuntimeError):
 
 
 class ManagedProcess(ChildProcess):
-    """A benchmark's child process (``gateway.child_process.ChildProcess``) whose output goes to
+    """A benchmark's child process (``gateway.processes.child_process.ChildProcess``) whose output goes to
     ``log_path`` (kept with the run's files), with the waits the benchmarks use."""
 
     def __init__(self, name: str, cmd: Sequence[str], log_path: Path) -> None:

@@ -24,18 +24,18 @@ from typing import Any
 import aiohttp
 
 from bench.processes import ManagedProcess
-from gateway.envoy_config import (
+from gateway.controlplane.envoy_config import (
     EXT_PROC_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
     PoolBackend,
     static_bootstrap,
 )
-from gateway.envoy_process import EnvoyProcess, free_port
-from gateway.picker import PickerService, PickerSettings
-from gateway.pools_file import parse_pools
-from gateway.redis_link import RedisSettings
-from gateway.workers import PrivateRedis
+from gateway.picker.pools_file import parse_pools
+from gateway.picker.redis_link import RedisSettings
+from gateway.picker.service import PickerService, PickerSettings
+from gateway.picker.workers import PrivateRedis
+from gateway.processes.envoy_process import EnvoyProcess, free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "lambda", "zeta"]

@@ -20,7 +20,7 @@ import timeit
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gateway.shared_state.codec import (
+from gateway.picker.shared_state.codec import (
     PrefixInsert,
     SessionPin,
     SharedEvent,

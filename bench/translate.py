@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from gateway.resources import ResourceSet, ValidatedConfig, parse_manifests, validate
-from gateway.translate import EnvoyResources, TranslationSettings, translate
+from gateway.controlplane.resources import ResourceSet, ValidatedConfig, parse_manifests, validate
+from gateway.controlplane.translate import EnvoyResources, TranslationSettings, translate
 
 T = TypeVar("T")
 POOLS = 8

@@ -27,7 +27,8 @@ from extproc.events import (
 )
 
 ROLE_METADATA_KEY = "x-kvgate-role"
-"""gRPC initial metadata naming the role of an ext_proc stream (``gateway.translate`` sets it)."""
+"""gRPC initial metadata naming the role of an ext_proc stream (set by the routes that
+``gateway.controlplane.translate`` writes)."""
 BBR_ROLE = "bbr"
 """The role value of the body-based router's streams."""
 

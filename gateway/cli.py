@@ -28,7 +28,7 @@ def _run_sim(argv: Sequence[str]) -> int:
 
 
 def _run_picker(argv: Sequence[str]) -> int:
-    from gateway.picker_cli import main as picker_main
+    from gateway.picker.cli import main as picker_main
 
     return picker_main(argv)
 
@@ -40,7 +40,7 @@ def _run_up(argv: Sequence[str]) -> int:
 
 
 def _run_status(argv: Sequence[str]) -> int:
-    from gateway.status_cli import main as status_main
+    from gateway.controlplane.status_cli import main as status_main
 
     return status_main(argv)
 

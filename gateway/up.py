@@ -38,19 +38,19 @@ from pathlib import Path
 
 from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle import LifecycleConfig
-from gateway.child_process import ChildProcess, ChildProcessError
-from gateway.control_plane import ControlPlane, ControlPlaneSettings
-from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
-from gateway.models.reports import ReplicaModelsPoller
-from gateway.models.server import ModelsServer
-from gateway.picker import PickerService, PickerSettings
-from gateway.redis_link import RedisSettings
-from gateway.resources import FileProvider, ResourceSet
-from gateway.resources.core import Pod
-from gateway.resources.inference import InferencePool
-from gateway.resources.validate import ValidationOptions
-from gateway.workers import UpWorkers
-from gateway.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
+from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
+from gateway.controlplane.models.reports import ReplicaModelsPoller
+from gateway.controlplane.models.server import ModelsServer
+from gateway.controlplane.resources import FileProvider, ResourceSet
+from gateway.controlplane.resources.core import Pod
+from gateway.controlplane.resources.inference import InferencePool
+from gateway.controlplane.resources.validate import ValidationOptions
+from gateway.controlplane.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
+from gateway.picker.redis_link import RedisSettings
+from gateway.picker.service import PickerService, PickerSettings
+from gateway.picker.workers import UpWorkers
+from gateway.processes.child_process import ChildProcess, ChildProcessError
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ SIM_READY_TIMEOUT_S = 30.0
 
 
 class SimFleetProcess:
-    """``python -m simulator`` as a child process (``gateway.child_process``); ``urls`` once started."""
+    """``python -m simulator`` as a child process (``gateway.processes.child_process``); ``urls``
+    once started."""
 
     def __init__(
         self, *, replicas: int, port: int, hosts_from: str, time_scale: float, model: str | None
@@ -122,7 +123,7 @@ class UpOptions:
     envoy_concurrency: int = 0
     """Envoy worker threads; 0 = one per core of this machine."""
     workers: int = 1
-    """Picker processes: the in-process one and ``workers - 1`` more (``gateway.workers``)."""
+    """Picker processes: the in-process one and ``workers - 1`` more (``gateway.picker.workers``)."""
     stream_idle_retry_s: float = 30.0
     """A streamed request whose replica sends nothing this long goes to the next endpoint (0: never)."""
     attempt_timeout_s: float = 30.0

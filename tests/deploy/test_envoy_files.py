@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from extproc.names import DESTINATION_HEADER, POOL_METADATA_KEY
-from gateway.envoy_process import find_envoy_binary
-from gateway.pools_file import load_pools
+from gateway.picker.pools_file import load_pools
+from gateway.processes.envoy_process import find_envoy_binary
 
 REPO = Path(__file__).resolve().parents[2]
 ENVOY_DIR = REPO / "deploy" / "envoy"

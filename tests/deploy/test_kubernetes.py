@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.picker_cli import build_parser
-from gateway.pools_file import PoolsFile, parse_pools
-from gateway.resources import ConditionType, ResourceRef, ValidationOptions, parse_manifests, validate
+from gateway.controlplane.resources import (
+    ConditionType,
+    ResourceRef,
+    ValidationOptions,
+    parse_manifests,
+    validate,
+)
+from gateway.picker.cli import build_parser
+from gateway.picker.pools_file import PoolsFile, parse_pools
 from policies.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ Fixtures (all function-scoped, all stop what they started):
 - ``start_echo_upstream() -> EchoUpstream``: an aiohttp server answering JSON with its own port,
   the request's headers and body length (``?sse=N`` streams N SSE events).
 - ``http``: an aiohttp ClientSession.
-- ``free_port()`` (plain function, re-exported from gateway.envoy_process).
+- ``free_port()`` (plain function, re-exported from gateway.processes.envoy_process).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.child_process import ChildProcess
-from gateway.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.processes.child_process import ChildProcess
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 
 __all__ = ["EchoUpstream", "SimFleet", "free_port"]
 

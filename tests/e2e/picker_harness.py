@@ -8,7 +8,7 @@ Fixtures (function-scoped, each stops what it started; import them into a test m
   scraped.
 - ``start_picker_process(pools) -> PickerProcess``: ``kvgate picker --pools FILE`` as a subprocess.
 - ``start_gateway(picker_port, backends, routes=(), subset_hint=None, settings=None) -> str``: Envoy
-  built by ``gateway.envoy_config.static_bootstrap``; returns the gateway's base URL.
+  built by ``gateway.controlplane.envoy_config.static_bootstrap``; returns the gateway's base URL.
 - ``start_counting_upstream() -> CountingUpstream``: an HTTP server outside every pool that counts
   what reaches it.
 
@@ -34,11 +34,17 @@ import yaml
 from aiohttp import web
 
 from extproc.lifecycle import LifecycleConfig
-from gateway.child_process import ChildProcess
-from gateway.envoy_config import ExtProcSettings, GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
-from gateway.envoy_process import EnvoyProcess, free_port
-from gateway.picker import PickerService, PickerSettings
-from gateway.pools_file import parse_pools
+from gateway.controlplane.envoy_config import (
+    ExtProcSettings,
+    GatewayConfig,
+    PoolBackend,
+    RouteSpec,
+    static_bootstrap,
+)
+from gateway.picker.pools_file import parse_pools
+from gateway.picker.service import PickerService, PickerSettings
+from gateway.processes.child_process import ChildProcess
+from gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.conftest import SimFleet
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
-from gateway.envoy_config import (
+from gateway.controlplane.envoy_config import (
     EXT_PROC_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
@@ -23,10 +23,10 @@ from gateway.envoy_config import (
     RouteSpec,
     static_bootstrap,
 )
-from gateway.envoy_process import EnvoyProcess, free_port
-from gateway.picker import PickerService, PickerSettings
-from gateway.pools_file import parse_pools
-from gateway.redis_link import RedisSettings
+from gateway.picker.pools_file import parse_pools
+from gateway.picker.redis_link import RedisSettings
+from gateway.picker.service import PickerService, PickerSettings
+from gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.picker_harness import JsonDict, wait_scraped
 
 StartPickers = Callable[..., Awaitable[list[PickerService]]]

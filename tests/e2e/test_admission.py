@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from bench.redis_sharing import settle
-from gateway.envoy_config import PoolBackend
-from gateway.picker import PickerService
+from gateway.controlplane.envoy_config import PoolBackend
+from gateway.picker.service import PickerService
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     StartGateway,

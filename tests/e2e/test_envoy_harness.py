@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from gateway.envoy_config import GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
-from gateway.envoy_process import EnvoyProcess, free_port
+from gateway.controlplane.envoy_config import GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
+from gateway.processes.envoy_process import EnvoyProcess, free_port
 from policies.types import FailureMode
 from tests.e2e.conftest import EchoUpstream, SimFleet
 from tests.e2e.standin_picker import RunningPicker, start_standin_picker

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 
 from extproc.lifecycle import LifecycleConfig
-from gateway.envoy_config import PoolBackend, RouteSpec
-from gateway.envoy_process import free_port
-from gateway.picker import PoolRuntime
+from gateway.controlplane.envoy_config import PoolBackend, RouteSpec
+from gateway.picker.service import PoolRuntime
+from gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     MODEL,

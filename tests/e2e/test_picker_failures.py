@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from gateway.envoy_config import PoolBackend, RouteSpec
+from gateway.controlplane.envoy_config import PoolBackend, RouteSpec
 from policies.types import FailureMode
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (

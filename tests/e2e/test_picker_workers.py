@@ -17,8 +17,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.child_process import ChildProcess
-from gateway.envoy_process import free_port
+from gateway.processes.child_process import ChildProcess
+from gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 from tests.e2e.test_up_cli import alive, children_of
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.child_process import ChildProcess
-from gateway.envoy_process import free_port
+from gateway.processes.child_process import ChildProcess
+from gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 
 pytestmark = pytest.mark.e2e

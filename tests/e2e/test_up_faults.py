@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.envoy_process import free_port
+from gateway.processes.envoy_process import free_port
 from gateway.up import KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_admin_url, fleet_stats

@@ -21,7 +21,7 @@ from extproc.events import (
     StreamClosed,
 )
 from extproc.server import ExtProcServer
-from gateway.translate import names as translate_names
+from gateway.controlplane.translate import names as translate_names
 from tests.extproc.fakes import FakeDirectory, completion, make_pool, request_body, request_headers
 
 BUFFERED = 2

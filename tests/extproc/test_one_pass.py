@@ -14,8 +14,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.events import StreamClosed
 from extproc.lifecycle import EveryNth, LifecycleConfig, RequestLifecycle, State
-from gateway.ratelimit.limiter import TenantLimits, TenantRateLimiter
-from gateway.ratelimit.stores import InProcessCounters
+from gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
+from gateway.picker.ratelimit.stores import InProcessCounters
 from tests.extproc.fakes import (
     BUFFERED,
     NONE,

@@ -9,7 +9,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.lifecycle import LifecycleConfig
 from extproc.ports import TenantKey
-from gateway.ratelimit import InProcessCounters, TenantLimits, TenantRateLimiter
+from gateway.picker.ratelimit import InProcessCounters, TenantLimits, TenantRateLimiter
 from policies.errors import RequestShedError
 from tests.extproc.fakes import (
     FakePool,

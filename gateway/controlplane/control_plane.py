@@ -1,0 +1,295 @@
+"""The control loop: manifests → validated config → Envoy over xDS, and → the in-process picker's pools.
+
+Each provider snapshot (plus any synthetic Pods, e.g. those of ``kvgate up --sim``) is validated,
+translated (``gateway.controlplane.translate``) and published to the :class:`SnapshotCache` the
+ADS server serves, and every InferencePool that uses kvgate's own picker becomes one :class:`PoolSpec` of the
+:class:`PickerService` (pool name = the pool id ``namespace/name``; endpoints; failure mode;
+objectives from its InferenceObjectives; model rewrites from its InferenceModelRewrites; profile and
+metrics dialect from the annotations ``kvgate.io/profile`` / ``kvgate.io/engine``).
+
+The picker learns new pools before Envoy routes to them. A configuration that cannot be applied
+(inconsistent xDS snapshot, unknown profile…) changes nothing: the last good one keeps serving and
+:meth:`ControlPlane.status` reports the error, next to the resources' conditions, the provider's
+last load error and Envoy's ACKs/NACKs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from gateway.controlplane.resources import (
+    ConfigSnapshot,
+    FileProvider,
+    ResolvedPool,
+    ResourceSet,
+    ValidatedConfig,
+    validate,
+)
+from gateway.controlplane.resources.core import Pod
+from gateway.controlplane.resources.validate import ValidationOptions
+from gateway.controlplane.translate import BodyRouting, TranslationSettings, translate
+from gateway.controlplane.xds import ANY_NODE, SnapshotCache, XdsStatus
+from gateway.picker.pools_file import (
+    Dialect,
+    ModelRewriteSpec,
+    ObjectiveSpec,
+    PoolSpec,
+    RateLimitSpec,
+    RewriteTargetSpec,
+)
+from gateway.picker.service import PickerService
+from policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PROFILE_ANNOTATION = "kvgate.io/profile"
+ENGINE_ANNOTATION = "kvgate.io/engine"
+# Per-tenant limits of a pool (no Gateway API resource carries them): requests and tokens per
+# minute per value of the fairness header (default x-gateway-inference-fairness-id).
+RPM_ANNOTATION = "kvgate.io/requests-per-minute"
+TPM_ANNOTATION = "kvgate.io/tokens-per-minute"
+FAIRNESS_HEADER_ANNOTATION = "kvgate.io/fairness-header"
+_DIALECTS: tuple[str, ...] = get_args(Dialect)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPlaneSettings:
+    """``picker_address``: ``ip:port`` Envoy uses for the ext_proc cluster. ``listen_ports``:
+    ``(Gateway listener port, port Envoy binds)`` pairs (others bind as written)."""
+
+    picker_address: str
+    extra_picker_addresses: tuple[str, ...] = ()
+    """More picker processes (``kvgate up --workers``): Envoy balances over all of them."""
+    node_id: str = ANY_NODE
+    listen_host: str = "127.0.0.1"
+    listen_ports: tuple[tuple[int, int], ...] = ()
+    body_based_routing: BodyRouting = "auto"
+    stream_idle_retry_s: float = 30.0
+    """A streamed request whose replica sends nothing this long is retried elsewhere (0: never)."""
+    models_address: str | None = None
+    """kvgate's models server (``GET /v1/models`` answered by the gateway); None: not routed."""
+    default_profile: str = "default"
+    default_engine: Dialect = "vllm"
+    validation: ValidationOptions = field(
+        default_factory=lambda: ValidationOptions(require_picker_service=False)
+    )
+
+    def translation(self) -> TranslationSettings:
+        return TranslationSettings(
+            picker_addresses=(self.picker_address, *self.extra_picker_addresses),
+            listen_host=self.listen_host,
+            listen_ports=self.listen_ports,
+            body_based_routing=self.body_based_routing,
+            stream_idle_retry_s=self.stream_idle_retry_s,
+            models_address=self.models_address,
+        )
+
+
+def with_pods(resources: ResourceSet, pods: Sequence[Pod]) -> ResourceSet:
+    """``resources`` plus ``pods`` (synthetic ones, e.g. a simulated fleet's replicas)."""
+    if not pods:
+        return resources
+    return dataclasses.replace(resources, pods=resources.pods + tuple(pods))
+
+
+def _annotations(resources: ResourceSet, pool: ResolvedPool) -> Mapping[str, str]:
+    for source in resources.inference_pools:
+        if source.key == pool.key:
+            return source.metadata.annotations
+    return {}
+
+
+def pool_spec(
+    pool: ResolvedPool, resources: ResourceSet, config: ValidatedConfig, settings: ControlPlaneSettings
+) -> tuple[PoolSpec, list[str]]:
+    """The picker's view of ``pool`` and any warnings (e.g. an unknown engine annotation)."""
+    warnings: list[str] = []
+    annotations = _annotations(resources, pool)
+    engine = annotations.get(ENGINE_ANNOTATION, settings.default_engine)
+    if engine not in _DIALECTS:
+        warnings.append(
+            f"InferencePool {pool.id}: {ENGINE_ANNOTATION} {engine!r} is not one of {list(_DIALECTS)}; "
+            f"using {settings.default_engine}"
+        )
+        engine = settings.default_engine
+    objectives = tuple(
+        ObjectiveSpec(name=objective.key.name, priority=objective.priority)
+        for objective in config.objectives
+        if objective.pool == pool.key
+    )
+    table = config.rewrites.get(pool.key)
+    rewrites = tuple(
+        ModelRewriteSpec(
+            models=tuple(sorted(rule.models)),
+            targets=tuple(RewriteTargetSpec(model=t.model, weight=t.weight) for t in rule.targets),
+        )
+        for rule in (table.rules if table is not None else ())
+    )
+    rate_limits = _rate_limits(pool, annotations, warnings)
+    spec = PoolSpec.model_validate(
+        {
+            "name": pool.id,
+            "endpoints": pool.addresses,
+            "failure_mode": pool.picker.failure_mode,
+            "profile": annotations.get(PROFILE_ANNOTATION, settings.default_profile),
+            "engine": engine,
+            "objectives": objectives,
+            "model_rewrites": rewrites,
+            "rate_limits": rate_limits,
+        }
+    )
+    return spec, warnings
+
+
+def _rate_limits(
+    pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]
+) -> RateLimitSpec | None:
+    """The pool's per-tenant limits from its annotations (None: no limits); bad values are warned
+    about and ignored, so a typo never takes the pool down."""
+    limits: dict[str, int] = {}
+    for key, name in ((RPM_ANNOTATION, "requests_per_minute"), (TPM_ANNOTATION, "tokens_per_minute")):
+        text = annotations.get(key)
+        if text is None:
+            continue
+        try:
+            value = int(text)
+            if value < 1:
+                raise ValueError(text)
+        except ValueError:
+            warnings.append(f"InferencePool {pool.id}: {key} {text!r} is not a positive integer; ignored")
+            continue
+        limits[name] = value
+    if not limits:
+        return None
+    header = annotations.get(FAIRNESS_HEADER_ANNOTATION, "").strip().lower()
+    return RateLimitSpec.model_validate({**limits, **({"header": header} if header else {})})
+
+
+def pool_specs(
+    resources: ResourceSet, config: ValidatedConfig, settings: ControlPlaneSettings
+) -> tuple[tuple[PoolSpec, ...], list[str]]:
+    """One PoolSpec per pool served by kvgate's own picker (pools with an external picker are left out)."""
+    specs: list[PoolSpec] = []
+    warnings: list[str] = []
+    for pool in config.pools:
+        if pool.picker.addresses:
+            continue
+        spec, pool_warnings = pool_spec(pool, resources, config, settings)
+        specs.append(spec)
+        warnings.extend(pool_warnings)
+    return tuple(specs), warnings
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What the control loop last published."""
+
+    config_version: int
+    content_hash: str
+    xds_version: str
+    pools: tuple[str, ...]
+    warnings: tuple[str, ...]
+    at: float
+
+
+class ControlPlane:
+    """Keeps Envoy (through ``cache``) and ``picker`` in step with ``provider``'s snapshots."""
+
+    def __init__(
+        self,
+        provider: FileProvider,
+        picker: PickerService,
+        cache: SnapshotCache,
+        settings: ControlPlaneSettings,
+        *,
+        xds_status: XdsStatus | None = None,
+        extra_pods: Sequence[Pod] = (),
+        on_pools: Callable[[Sequence[PoolSpec], str | None], None] | None = None,
+    ) -> None:
+        """``on_pools`` is told every pool table the picker is given (e.g. to write it for worker
+        processes), before Envoy learns the configuration."""
+        self.on_pools = on_pools
+        self.provider = provider
+        self.picker = picker
+        self.cache = cache
+        self.settings = settings
+        self.xds_status = xds_status or XdsStatus()
+        self.extra_pods = tuple(extra_pods)
+        self.applied: Applied | None = None
+        self.config: ValidatedConfig | None = None
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+
+    def apply(self, snapshot: ConfigSnapshot) -> bool:
+        """Publish ``snapshot``; False (and ``last_error`` set) when it could not be applied."""
+        try:
+            resources = with_pods(snapshot.resources, self.extra_pods)
+            config = validate(resources, self.settings.validation) if self.extra_pods else snapshot.config
+            specs, warnings = pool_specs(resources, config, self.settings)
+            envoy = translate(config, self.settings.translation())
+            xds = envoy.snapshot()
+            default = specs[0].name if len(specs) == 1 else None
+            self.picker.apply_pools(specs, default)  # first: the picker knows a pool before Envoy uses it
+            if self.on_pools is not None:
+                self.on_pools(specs, default)
+            self.cache.set_snapshot(self.settings.node_id, xds)
+        except ConfigError as exc:
+            self.last_error, self.last_error_at = exc.message, time.time()
+            log.warning("keeping the last good configuration: %s", exc.message)
+            return False
+        self.config = config
+        self.last_error = self.last_error_at = None
+        self.applied = Applied(
+            snapshot.version,
+            snapshot.content_hash,
+            xds.version,
+            tuple(spec.name for spec in specs),
+            (*warnings, *envoy.warnings),
+            time.time(),
+        )
+        log.info(
+            "configuration %s applied (xDS %s, pools: %s)",
+            snapshot.version, xds.version, ", ".join(self.applied.pools) or "none",
+        )
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Apply each snapshot the provider publishes until ``stop`` is set."""
+        async for snapshot in self.provider.updates(stop):
+            if self.applied is None or snapshot.content_hash != self.applied.content_hash:
+                self.apply(snapshot)
+
+    def status(self) -> dict[str, Any]:
+        """The JSON of ``GET /status`` (what ``kvgate status`` prints)."""
+        provider = self.provider.status()
+        applied = self.applied
+        config = self.config
+        return {
+            "config": {
+                "directory": provider.directory,
+                "version": provider.version,
+                "content_hash": provider.content_hash,
+                "loaded_at": provider.loaded_at,
+                "load_error": provider.last_error,
+                "load_error_at": provider.last_error_at,
+            },
+            "applied": None if applied is None else {
+                "config_version": applied.config_version,
+                "content_hash": applied.content_hash,
+                "xds_version": applied.xds_version,
+                "pools": list(applied.pools),
+                "warnings": list(applied.warnings),
+                "at": applied.at,
+            },
+            "apply_error": self.last_error,
+            "apply_error_at": self.last_error_at,
+            "resources": [] if config is None else config.status.to_json(),
+            "notes": [] if config is None else list(config.notes),
+            "xds": self.xds_status.as_dict(),
+        }

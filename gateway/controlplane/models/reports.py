@@ -1,0 +1,122 @@
+"""What each pool's ready replicas serve: their ``/v1/models``, polled off the request path.
+
+A replica is ready when its metrics scrape succeeds (the picker's view). Each ready replica's
+``GET /v1/models`` is fetched when it is first seen and then every ``interval`` seconds (a replica
+loads and unloads LoRA adapters at run time); between polls the scraped metrics fill in (the base
+model a page labels its gauges with, the adapters it runs), so a new adapter shows within a scrape.
+Nothing here is on a request's path: ``GET /v1/models`` through the gateway reads the latest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+from gateway.controlplane.models.catalog import PoolModels, ReportedModel
+from policies.types import EndpointSnapshot, EndpointView
+
+log = logging.getLogger(__name__)
+
+
+def _parse(body: Any) -> tuple[ReportedModel, ...]:
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return ()
+    return tuple(
+        ReportedModel(item["id"], item)
+        for item in data
+        if isinstance(item, dict) and isinstance(item.get("id"), str)
+    )
+
+
+def _from_metrics(view: EndpointView) -> list[ReportedModel]:
+    metrics = view.metrics
+    if metrics is None:
+        return []
+    bases = sorted(metrics.served_models)
+    parent = bases[0] if len(bases) == 1 else None
+    found = [ReportedModel(name) for name in bases]
+    found += [
+        ReportedModel(name, {"parent": parent} if parent else {})
+        for name in sorted(metrics.active_loras | metrics.waiting_loras)
+    ]
+    return found
+
+
+def pool_models(
+    snapshot: EndpointSnapshot, polled: Mapping[str, tuple[ReportedModel, ...]]
+) -> dict[str, PoolModels]:
+    """Each pool's ready replicas and the models they report (polled first, then scraped)."""
+    out: dict[str, PoolModels] = {}
+    for pool, views in snapshot.pools.items():
+        ready = [view for view in views if view.healthy and view.metrics is not None]
+        merged: dict[str, ReportedModel] = {}
+        for view in ready:
+            for model in polled.get(view.address, ()):
+                merged.setdefault(model.id, model)
+        for view in ready:
+            for model in _from_metrics(view):
+                merged.setdefault(model.id, model)
+        out[pool] = PoolModels(len(ready), tuple(merged.values()))
+    return out
+
+
+class ReplicaModelsPoller:
+    def __init__(
+        self, snapshot: Callable[[], EndpointSnapshot], *, interval: float = 5.0, timeout: float = 1.0
+    ) -> None:
+        self._snapshot = snapshot
+        self._interval = interval
+        self._timeout = timeout
+        self._polled: dict[str, tuple[ReportedModel, ...]] = {}
+        self._polled_at: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def reports(self) -> dict[str, PoolModels]:
+        return pool_models(self._snapshot(), self._polled)
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        while True:
+            await self.poll_due(time.monotonic())
+            await asyncio.sleep(0.25)
+
+    async def poll_due(self, now: float) -> None:
+        """Poll every ready replica not polled in the last ``interval`` seconds; forget the gone."""
+        views = [v for vs in self._snapshot().pools.values() for v in vs if v.healthy and v.metrics]
+        present = {view.address for view in views}
+        for gone in set(self._polled) - present:
+            self._polled.pop(gone, None)
+            self._polled_at.pop(gone, None)
+        due = [a for a in sorted(present) if now - self._polled_at.get(a, -1e18) >= self._interval]
+        if due:
+            await asyncio.gather(*(self._poll(address, now) for address in due))
+
+    async def _poll(self, address: str, now: float) -> None:
+        assert self._session is not None
+        self._polled_at[address] = now
+        try:
+            async with self._session.get(f"http://{address}/v1/models") as response:
+                if response.status != 200:
+                    return
+                self._polled[address] = _parse(await response.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("GET http://%s/v1/models failed: %s", address, exc)

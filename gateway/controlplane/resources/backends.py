@@ -1,0 +1,133 @@
+"""Addresses behind references: Services, InferencePools (endpoints and picker), with pool status.
+
+Pure functions over a :class:`ResourceSet`; the results are frozen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
+from gateway.controlplane.resources.core import Pod, Service, check_address, format_address
+from gateway.controlplane.resources.inference import InferencePool
+from gateway.controlplane.resources.loader import ResourceSet
+from gateway.controlplane.resources.meta import ObjectKey
+from gateway.controlplane.resources.resolved import ResolvedPicker, ResolvedPool
+from policies.types import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAddresses:
+    addresses: tuple[str, ...]
+    problem: str | None = None
+
+
+def ready_pods(resources: ResourceSet, namespace: str, labels: Mapping[str, str]) -> tuple[Pod, ...]:
+    """Ready pods in ``namespace`` whose labels include every ``labels`` pair, sorted by name."""
+    chosen = [
+        pod
+        for pod in resources.pods
+        if pod.metadata.namespace == namespace
+        and pod.ready
+        and all(pod.metadata.labels.get(k) == v for k, v in labels.items())
+    ]
+    return tuple(sorted(chosen, key=lambda pod: pod.metadata.name))
+
+
+def service_addresses(resources: ResourceSet, service: Service, port: int | None) -> ServiceAddresses:
+    """``ip:port`` of a Service: its ``kvgate.io/endpoints`` annotation, else ready selected pods.
+
+    ``port`` is the port the reference names (None: any; the annotation's addresses are used as
+    written, and a selector-based Service uses its only port).
+    """
+    annotated = service.annotated_endpoints
+    if annotated is not None:
+        try:
+            return ServiceAddresses(tuple(sorted({check_address(addr) for addr in annotated})))
+        except ValueError as exc:
+            return ServiceAddresses((), f"{service.ref}: bad kvgate.io/endpoints annotation: {exc}")
+    if not service.spec.selector:
+        return ServiceAddresses((), f"{service.ref} has no selector and no kvgate.io/endpoints annotation")
+    if port is None:
+        if len(service.spec.ports) != 1:
+            return ServiceAddresses((), f"{service.ref}: name a port (it has {len(service.spec.ports)})")
+        service_port = service.spec.ports[0]
+    else:
+        found = service.port(port)
+        if found is None:
+            return ServiceAddresses((), f"{service.ref} has no port {port}")
+        service_port = found
+    target = service_port.effective_target
+    if isinstance(target, str):
+        if not target.isdigit():
+            return ServiceAddresses((), f"{service.ref}: named targetPort {target!r} is not supported")
+        target = int(target)
+    pods = ready_pods(resources, service.metadata.namespace, service.spec.selector)
+    addresses = {format_address(pod.status.pod_ip or "", target) for pod in pods}
+    return ServiceAddresses(tuple(sorted(addresses)))
+
+
+def find_service(resources: ResourceSet, key: ObjectKey) -> Service | None:
+    return next((svc for svc in resources.services if svc.key == key), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolResolution:
+    """A pool with its ResolvedRefs condition; ``pool`` is None when its picker reference is invalid."""
+
+    source: InferencePool
+    pool: ResolvedPool | None
+    resolved_refs: Condition
+
+
+def _picker(
+    resources: ResourceSet, pool: InferencePool, require_service: bool
+) -> tuple[ResolvedPicker | None, str]:
+    ref = pool.spec.endpoint_picker_ref
+    if ref.group != "" or ref.kind != "Service":
+        return (
+            None,
+            f"endpointPickerRef kind {ref.group or 'core'}/{ref.kind} is not supported (Service only)",
+        )
+    service = find_service(resources, ObjectKey(pool.metadata.namespace, ref.name))
+    if service is None:
+        if require_service:
+            return None, f"endpointPickerRef: Service {pool.metadata.namespace}/{ref.name} not found"
+        return ResolvedPicker(ref.name, ref.port_number, ref.failure_mode), "kvgate's own picker"
+    if service.spec.ports and service.port(ref.port_number) is None:
+        return None, f"endpointPickerRef: Service {ref.name} has no port {ref.port_number}"
+    annotated = service.annotated_endpoints
+    if annotated is None and not service.spec.selector:
+        # A Service with no addresses of its own names kvgate's in-process picker.
+        return ResolvedPicker(ref.name, ref.port_number, ref.failure_mode), "kvgate's own picker"
+    found = service_addresses(resources, service, ref.port_number if service.spec.ports else None)
+    if found.problem is not None:
+        return None, f"endpointPickerRef: {found.problem}"
+    picker = ResolvedPicker(ref.name, ref.port_number, ref.failure_mode, found.addresses)
+    return picker, f"Service {ref.name} ({len(found.addresses)} addresses)"
+
+
+def resolve_pool(
+    resources: ResourceSet, pool: InferencePool, *, require_picker_service: bool
+) -> PoolResolution:
+    generation = pool.observed_generation
+    picker, message = _picker(resources, pool, require_picker_service)
+    if picker is None:
+        cond = condition(
+            ConditionType.RESOLVED_REFS, False, Reason.INVALID_EXTENSION_REF, message, generation
+        )
+        return PoolResolution(pool, None, cond)
+    ports = tuple(port.number for port in pool.spec.target_ports)
+    pods = ready_pods(resources, pool.metadata.namespace, pool.spec.selector.match_labels)
+    endpoints = tuple(
+        Endpoint(
+            address=format_address(pod.status.pod_ip or "", port), pool=str(pool.key), name=pod.metadata.name
+        )
+        for pod in pods
+        for port in ports
+    )
+    resolved = ResolvedPool(pool.key, ports, picker, endpoints)
+    text = f"endpoint picker: {message}; {len(endpoints)} endpoints from {len(pods)} ready pods"
+    cond = condition(ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, text, generation)
+    return PoolResolution(pool, resolved, cond)

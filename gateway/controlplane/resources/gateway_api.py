@@ -1,0 +1,278 @@
+"""Gateway API manifests (``gateway.networking.k8s.io``): Gateway, HTTPRoute, ReferenceGrant.
+
+Only what kvgate acts on is typed; fields a real manifest may carry that kvgate does not act on
+(TLS, addresses, retries, session persistence…) are accepted and ignored so that ordinary
+manifests load. Rules the Gateway API's CRDs check at admission (CEL) are checked here too, so
+a manifest ``kubectl apply`` would refuse is refused at load time.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.controlplane.resources.meta import (
+    AnyValue,
+    Duration,
+    PortNumber,
+    Resource,
+    SpecModel,
+    parse_duration,
+)
+
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+INFERENCE_GROUP = "inference.networking.k8s.io"
+CORE_GROUP = ""
+
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+
+
+# --------------------------------------------------------------------------- Gateway
+
+
+class RouteNamespaces(SpecModel):
+    from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
+    selector: AnyValue | None = None
+
+
+class RouteGroupKind(SpecModel):
+    group: str = GATEWAY_GROUP
+    kind: str
+
+
+class AllowedRoutes(SpecModel):
+    namespaces: RouteNamespaces = RouteNamespaces()
+    kinds: tuple[RouteGroupKind, ...] = ()
+
+
+class Listener(SpecModel):
+    name: str = Field(min_length=1, max_length=253)
+    port: PortNumber
+    protocol: str = Field(min_length=1)
+    hostname: str | None = None
+    allowed_routes: AllowedRoutes = AllowedRoutes()
+    tls: AnyValue | None = None
+
+
+class GatewaySpec(SpecModel):
+    gateway_class_name: str = Field(min_length=1)
+    listeners: tuple[Listener, ...] = Field(min_length=1, max_length=64)
+    addresses: AnyValue | None = None
+    infrastructure: AnyValue | None = None
+
+    @field_validator("listeners")
+    @classmethod
+    def _unique_names(cls, listeners: tuple[Listener, ...]) -> tuple[Listener, ...]:
+        names = [listener.name for listener in listeners]
+        if len(set(names)) != len(names):
+            raise ValueError("listener names must be unique within a Gateway")
+        return listeners
+
+
+class Gateway(Resource):
+    kind: Literal["Gateway"]
+    spec: GatewaySpec
+
+
+# --------------------------------------------------------------------------- HTTPRoute
+
+
+class ParentReference(SpecModel):
+    group: str = GATEWAY_GROUP
+    kind: str = "Gateway"
+    namespace: str | None = None
+    name: str = Field(min_length=1)
+    section_name: str | None = None
+    port: PortNumber | None = None
+
+
+class PathMatch(SpecModel):
+    type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
+    value: str = "/"
+
+    @model_validator(mode="after")
+    def _absolute(self) -> PathMatch:
+        if self.type != "RegularExpression" and not self.value.startswith("/"):
+            raise ValueError(f"path {self.value!r} must start with '/'")
+        return self
+
+
+class HeaderMatch(SpecModel):
+    type: Literal["Exact", "RegularExpression"] = "Exact"
+    name: str = Field(min_length=1, max_length=256, pattern=_HEADER_NAME.pattern)
+    value: str = Field(max_length=4096)
+
+
+class QueryParamMatch(SpecModel):
+    type: Literal["Exact", "RegularExpression"] = "Exact"
+    name: str = Field(min_length=1, max_length=256)
+    value: str = Field(max_length=1024)
+
+
+HttpMethod = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
+
+
+class HTTPRouteMatch(SpecModel):
+    path: PathMatch = PathMatch()
+    headers: tuple[HeaderMatch, ...] = ()
+    query_params: tuple[QueryParamMatch, ...] = ()
+    method: HttpMethod | None = None
+
+
+class HTTPHeader(SpecModel):
+    name: str = Field(min_length=1, max_length=256, pattern=_HEADER_NAME.pattern)
+    value: str = Field(max_length=4096)
+
+
+class HeaderModifier(SpecModel):
+    set: tuple[HTTPHeader, ...] = ()
+    add: tuple[HTTPHeader, ...] = ()
+    remove: tuple[str, ...] = ()
+
+
+class PathModifier(SpecModel):
+    type: Literal["ReplaceFullPath", "ReplacePrefixMatch"]
+    replace_full_path: str | None = None
+    replace_prefix_match: str | None = None
+
+    @model_validator(mode="after")
+    def _one_value(self) -> PathModifier:
+        if self.type == "ReplaceFullPath" and self.replace_full_path is None:
+            raise ValueError("replaceFullPath must be set when type is ReplaceFullPath")
+        if self.type == "ReplacePrefixMatch" and self.replace_prefix_match is None:
+            raise ValueError("replacePrefixMatch must be set when type is ReplacePrefixMatch")
+        return self
+
+
+class URLRewrite(SpecModel):
+    hostname: str | None = None
+    path: PathModifier | None = None
+
+
+SUPPORTED_FILTERS = frozenset({"RequestHeaderModifier", "URLRewrite"})
+
+
+class HTTPRouteFilter(SpecModel):
+    """One filter. Types other than ``SUPPORTED_FILTERS`` load, and make the route not Accepted."""
+
+    type: Literal[
+        "RequestHeaderModifier",
+        "ResponseHeaderModifier",
+        "RequestMirror",
+        "RequestRedirect",
+        "URLRewrite",
+        "ExtensionRef",
+        "CORS",
+        "ExternalAuth",
+    ]
+    request_header_modifier: HeaderModifier | None = None
+    url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
+    response_header_modifier: AnyValue | None = None
+    request_mirror: AnyValue | None = None
+    request_redirect: AnyValue | None = None
+    extension_ref: AnyValue | None = None
+    cors: AnyValue | None = None
+    external_auth: AnyValue | None = None
+
+    @model_validator(mode="after")
+    def _config_present(self) -> HTTPRouteFilter:
+        if self.type == "RequestHeaderModifier" and self.request_header_modifier is None:
+            raise ValueError("filter RequestHeaderModifier needs requestHeaderModifier")
+        if self.type == "URLRewrite" and self.url_rewrite is None:
+            raise ValueError("filter URLRewrite needs urlRewrite")
+        return self
+
+
+class HTTPRouteTimeouts(SpecModel):
+    request: Duration | None = None
+    backend_request: Duration | None = None
+
+    @model_validator(mode="after")
+    def _backend_within_request(self) -> HTTPRouteTimeouts:
+        if self.request is None or self.backend_request is None:
+            return self
+        request, backend = parse_duration(self.request), parse_duration(self.backend_request)
+        if request != 0 and backend > request:
+            raise ValueError("backendRequest timeout must not be longer than the request timeout")
+        return self
+
+    @property
+    def request_seconds(self) -> float | None:
+        """None when unset; 0 means no timeout, as the Gateway API says."""
+        return None if self.request is None else parse_duration(self.request)
+
+    @property
+    def backend_request_seconds(self) -> float | None:
+        return None if self.backend_request is None else parse_duration(self.backend_request)
+
+
+class HTTPBackendRef(SpecModel):
+    """A Service (``port`` required) or an InferencePool (``group: inference.networking.k8s.io``)."""
+
+    group: str = CORE_GROUP
+    kind: str = "Service"
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    port: PortNumber | None = None
+    weight: int = Field(default=1, ge=0, le=1_000_000)
+    filters: tuple[HTTPRouteFilter, ...] = ()
+
+
+class HTTPRouteRule(SpecModel):
+    name: str | None = None
+    matches: tuple[HTTPRouteMatch, ...] = (HTTPRouteMatch(),)
+    filters: tuple[HTTPRouteFilter, ...] = ()
+    backend_refs: tuple[HTTPBackendRef, ...] = ()
+    timeouts: HTTPRouteTimeouts | None = None
+    retry: AnyValue | None = None
+    session_persistence: AnyValue | None = None
+
+    @model_validator(mode="after")
+    def _prefix_rewrite_needs_prefix_match(self) -> HTTPRouteRule:
+        for flt in self.filters:
+            path = flt.url_rewrite.path if flt.url_rewrite is not None else None
+            prefix_rewrite = path is not None and path.type == "ReplacePrefixMatch"
+            if prefix_rewrite and any(match.path.type != "PathPrefix" for match in self.matches):
+                raise ValueError("ReplacePrefixMatch needs every match of the rule to be a PathPrefix")
+        kinds = [flt.type for flt in self.filters if flt.type in {"RequestHeaderModifier", "URLRewrite"}]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("RequestHeaderModifier and URLRewrite may each appear once per rule")
+        return self
+
+
+class HTTPRouteSpec(SpecModel):
+    parent_refs: tuple[ParentReference, ...] = Field(default=(), max_length=32)
+    hostnames: tuple[str, ...] = Field(default=(), max_length=16)
+    rules: tuple[HTTPRouteRule, ...] = Field(default=(HTTPRouteRule(),), max_length=16)
+
+
+class HTTPRoute(Resource):
+    kind: Literal["HTTPRoute"]
+    spec: HTTPRouteSpec
+
+
+# --------------------------------------------------------------------------- ReferenceGrant
+
+
+class ReferenceGrantFrom(SpecModel):
+    group: str
+    kind: str
+    namespace: str
+
+
+class ReferenceGrantTo(SpecModel):
+    group: str
+    kind: str
+    name: str | None = None
+
+
+class ReferenceGrantSpec(SpecModel):
+    from_: tuple[ReferenceGrantFrom, ...] = Field(alias="from", min_length=1)
+    to: tuple[ReferenceGrantTo, ...] = Field(min_length=1)
+
+
+class ReferenceGrant(Resource):
+    kind: Literal["ReferenceGrant"]
+    spec: ReferenceGrantSpec

@@ -1,0 +1,197 @@
+"""The validated configuration: what translation to Envoy reads. Immutable, sorted, references resolved.
+
+Only what is usable appears: Gateways that are Accepted with their valid listeners, HTTPRoutes
+attached to at least one listener, InferencePools whose picker reference resolved. A backend that
+cannot be used stays in its rule with ``valid=False`` and its weight, because the Gateway API
+says its share of traffic must get HTTP 500 (``ResolvedRule.answers_500`` when it is all of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from gateway.controlplane.resources.conditions import StatusReport
+from gateway.controlplane.resources.gateway_api import HTTPRouteFilter, HTTPRouteMatch, HTTPRouteTimeouts
+from gateway.controlplane.resources.meta import ObjectKey
+from policies.types import Endpoint, FailureMode
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedListener:
+    name: str
+    port: int
+    hostname: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedGateway:
+    key: ObjectKey
+    gateway_class_name: str
+    listeners: tuple[ResolvedListener, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPicker:
+    """The endpoint picker of a pool. ``addresses`` empty: kvgate's in-process picker serves it."""
+
+    service: str
+    port: int
+    failure_mode: FailureMode
+    addresses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPool:
+    """An InferencePool with its endpoints: ready selected pods × targetPorts, sorted.
+
+    ``id`` (``namespace/name``) is the pool name kvgate uses everywhere else (``Endpoint.pool``,
+    the picker's pool identifier, cluster names).
+    """
+
+    key: ObjectKey
+    target_ports: tuple[int, ...]
+    picker: ResolvedPicker
+    endpoints: tuple[Endpoint, ...]
+
+    @property
+    def id(self) -> str:
+        return str(self.key)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(endpoint.address for endpoint in self.endpoints)
+
+
+class BackendKind(StrEnum):
+    INFERENCE_POOL = "InferencePool"
+    SERVICE = "Service"
+    INVALID = "Invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedBackend:
+    """One backendRef. ``valid=False``: requests sent to it must get 500 (``reason`` says why).
+
+    ``addresses`` are a Service's ``ip:port`` list (empty for a pool: see ``pool.endpoints``).
+    ``filters`` are the backendRef's own filters.
+    """
+
+    kind: BackendKind
+    key: ObjectKey
+    weight: int
+    valid: bool
+    reason: str = ""
+    port: int | None = None
+    pool: ResolvedPool | None = None
+    addresses: tuple[str, ...] = ()
+    filters: tuple[HTTPRouteFilter, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRule:
+    index: int
+    name: str | None
+    matches: tuple[HTTPRouteMatch, ...]
+    filters: tuple[HTTPRouteFilter, ...]
+    timeouts: HTTPRouteTimeouts | None
+    backends: tuple[ResolvedBackend, ...]
+
+    @property
+    def valid_backends(self) -> tuple[ResolvedBackend, ...]:
+        return tuple(backend for backend in self.backends if backend.valid and backend.weight > 0)
+
+    @property
+    def answers_500(self) -> bool:
+        """No valid backend with a weight: every request this rule matches must get HTTP 500."""
+        return not self.valid_backends
+
+
+@dataclass(frozen=True, slots=True)
+class RouteAttachment:
+    """The route accepted by one listener; ``hostnames`` are the intersection of both ("*": any)."""
+
+    gateway: ObjectKey
+    listener: str
+    port: int
+    hostnames: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRoute:
+    key: ObjectKey
+    attachments: tuple[RouteAttachment, ...]
+    rules: tuple[ResolvedRule, ...]
+    creation_timestamp: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedObjective:
+    key: ObjectKey
+    pool: ObjectKey
+    priority: int
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedModel:
+    model: str
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRewriteRule:
+    """``models`` empty: a generic rule that matches any model."""
+
+    source: ObjectKey
+    models: frozenset[str]
+    targets: tuple[WeightedModel, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRewriteTable:
+    """Every rewrite rule for one pool, in GIE's precedence: exact matches first (oldest resource
+    first, then list order), then generic rules in the same order."""
+
+    pool: ObjectKey
+    rules: tuple[ModelRewriteRule, ...]
+
+    def lookup(self, model: str) -> tuple[WeightedModel, ...] | None:
+        """The weighted targets for ``model``, or None when no rule matches."""
+        for rule in self.rules:
+            if not rule.models or model in rule.models:
+                return rule.targets
+        return None
+
+
+def _empty_map() -> Mapping[ObjectKey, ModelRewriteTable]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatedConfig:
+    gateways: tuple[ResolvedGateway, ...] = ()
+    routes: tuple[ResolvedRoute, ...] = ()
+    pools: tuple[ResolvedPool, ...] = ()
+    objectives: tuple[ResolvedObjective, ...] = ()
+    rewrites: Mapping[ObjectKey, ModelRewriteTable] = field(default_factory=_empty_map)
+    status: StatusReport = field(default_factory=StatusReport)
+    notes: tuple[str, ...] = ()
+
+    def pool(self, key: ObjectKey) -> ResolvedPool | None:
+        return next((pool for pool in self.pools if pool.key == key), None)
+
+    def objective(self, key: ObjectKey) -> ResolvedObjective | None:
+        return next((objective for objective in self.objectives if objective.key == key), None)
+
+    def routes_for(self, gateway: ObjectKey, listener: str) -> tuple[ResolvedRoute, ...]:
+        return tuple(
+            route
+            for route in self.routes
+            if any(a.gateway == gateway and a.listener == listener for a in route.attachments)
+        )

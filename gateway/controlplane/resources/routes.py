@@ -1,0 +1,274 @@
+"""HTTPRoute validation: parent attachment (Accepted) and backend references (ResolvedRefs).
+
+Per the Gateway API, a route gets one status per parentRef. ``Accepted`` says whether that parent
+took the route; ``ResolvedRefs`` whether every backendRef resolved. An unresolved backend does not
+reject the route: its rule keeps it with ``valid=False`` so its share of traffic gets HTTP 500.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gateway.controlplane.resources.backends import find_service, service_addresses
+from gateway.controlplane.resources.conditions import (
+    Condition,
+    ConditionType,
+    Reason,
+    ResourceStatus,
+    condition,
+)
+from gateway.controlplane.resources.core import Namespace
+from gateway.controlplane.resources.gateway_api import (
+    CORE_GROUP,
+    GATEWAY_GROUP,
+    INFERENCE_GROUP,
+    SUPPORTED_FILTERS,
+    HTTPBackendRef,
+    HTTPRoute,
+    Listener,
+    ParentReference,
+)
+from gateway.controlplane.resources.hostnames import intersect
+from gateway.controlplane.resources.loader import ResourceSet
+from gateway.controlplane.resources.meta import ObjectKey, ResourceRef
+from gateway.controlplane.resources.resolved import (
+    BackendKind,
+    ResolvedBackend,
+    ResolvedGateway,
+    ResolvedPool,
+    ResolvedRoute,
+    ResolvedRule,
+    RouteAttachment,
+)
+
+PoolLookup = Callable[[ObjectKey], "ResolvedPool | str | None"]
+"""A pool key → the usable pool, a reason it is unusable, or None when there is no such pool."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResult:
+    route: ResolvedRoute | None
+    statuses: tuple[ResourceStatus, ...]
+    referenced_pools: frozenset[ObjectKey]
+    parents: tuple[tuple[ResourceRef, bool], ...]
+    """Each parent with whether it accepted the route."""
+
+
+def _permitted(resources: ResourceSet, route: HTTPRoute, group: str, kind: str, target: ObjectKey) -> bool:
+    if target.namespace == route.metadata.namespace:
+        return True
+    for grant in resources.reference_grants:
+        if grant.metadata.namespace != target.namespace:
+            continue
+        from_ok = any(
+            f.group == GATEWAY_GROUP and f.kind == "HTTPRoute" and f.namespace == route.metadata.namespace
+            for f in grant.spec.from_
+        )
+        to_ok = any(
+            t.group == group and t.kind == kind and t.name in (None, target.name) for t in grant.spec.to
+        )
+        if from_ok and to_ok:
+            return True
+    return False
+
+
+def _backend(
+    resources: ResourceSet, route: HTTPRoute, ref: HTTPBackendRef, pools: PoolLookup
+) -> tuple[ResolvedBackend, Reason | None]:
+    key = ObjectKey(ref.namespace or route.metadata.namespace, ref.name)
+
+    def invalid(reason: Reason, message: str) -> tuple[ResolvedBackend, Reason | None]:
+        return ResolvedBackend(BackendKind.INVALID, key, ref.weight, False, message, ref.port), reason
+
+    if (ref.group, ref.kind) == (INFERENCE_GROUP, "InferencePool"):
+        if not _permitted(resources, route, ref.group, ref.kind, key):
+            return invalid(Reason.REF_NOT_PERMITTED, f"InferencePool {key}: no ReferenceGrant allows it")
+        found = pools(key)
+        if found is None:
+            return invalid(Reason.BACKEND_NOT_FOUND, f"InferencePool {key} not found")
+        if isinstance(found, str):
+            # The reference resolves; the pool itself is unusable (its own status says why).
+            backend = ResolvedBackend(BackendKind.INFERENCE_POOL, key, ref.weight, False, found, ref.port)
+            return backend, None
+        backend = ResolvedBackend(
+            BackendKind.INFERENCE_POOL, key, ref.weight, True, "", ref.port, pool=found, filters=ref.filters
+        )
+        return backend, None
+    if (ref.group, ref.kind) == (CORE_GROUP, "Service"):
+        if ref.port is None:
+            return invalid(Reason.UNSUPPORTED_VALUE, f"Service {key}: backendRef needs a port")
+        if not _permitted(resources, route, ref.group, ref.kind, key):
+            return invalid(Reason.REF_NOT_PERMITTED, f"Service {key}: no ReferenceGrant allows it")
+        service = find_service(resources, key)
+        if service is None:
+            return invalid(Reason.BACKEND_NOT_FOUND, f"Service {key} not found")
+        found_addresses = service_addresses(resources, service, ref.port)
+        if found_addresses.problem is not None:
+            return invalid(Reason.BACKEND_NOT_FOUND, found_addresses.problem)
+        backend = ResolvedBackend(
+            BackendKind.SERVICE,
+            key,
+            ref.weight,
+            True,
+            "",
+            ref.port,
+            addresses=found_addresses.addresses,
+            filters=ref.filters,
+        )
+        return backend, None
+    return invalid(Reason.INVALID_KIND, f"backendRef kind {ref.group or 'core'}/{ref.kind} is not supported")
+
+
+def _rule_problem(route: HTTPRoute) -> str | None:
+    """A reason the route cannot be accepted at all (unsupported filter or invalid regex)."""
+    for index, rule in enumerate(route.spec.rules):
+        filters = list(rule.filters) + [f for ref in rule.backend_refs for f in ref.filters]
+        for flt in filters:
+            if flt.type not in SUPPORTED_FILTERS:
+                return f"rule {index}: filter {flt.type} is not supported (only {sorted(SUPPORTED_FILTERS)})"
+        for match in rule.matches:
+            patterns = [match.path.value] if match.path.type == "RegularExpression" else []
+            patterns += [h.value for h in match.headers if h.type == "RegularExpression"]
+            patterns += [q.value for q in match.query_params if q.type == "RegularExpression"]
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    return f"rule {index}: invalid regular expression {pattern!r}: {exc}"
+                unsupported = _NOT_RE2.search(pattern)
+                if unsupported is not None:
+                    return (
+                        f"rule {index}: regular expression {pattern!r} uses {unsupported.group(0)!r}, which"
+                        " RE2 (Envoy's regex engine) does not support (no lookaround, backreferences"
+                        " or atomic groups)"
+                    )
+    return None
+
+
+# Python-only constructs: Envoy would NACK the whole update (an unescaped backslash before them is
+# what makes them special; an escaped one, ``\\(?=``, is a literal and fine).
+_NOT_RE2 = re.compile(r"(?<!\\)(?:\(\?(?:=|!|<=|<!|>|P=)|\\[1-9])")
+
+
+def _namespace_allowed(resources: ResourceSet, listener: Listener, gateway_ns: str, route_ns: str) -> bool:
+    origin = listener.allowed_routes.namespaces
+    if origin.from_ == "All":
+        return True
+    if origin.from_ == "Same":
+        return route_ns == gateway_ns
+    selector = origin.selector if isinstance(origin.selector, Mapping) else {}
+    wanted = selector.get("matchLabels") or {}
+    namespace: Namespace | None = next(
+        (ns for ns in resources.namespaces if ns.metadata.name == route_ns), None
+    )
+    labels = dict(namespace.metadata.labels) if namespace is not None else {}
+    labels.setdefault("kubernetes.io/metadata.name", route_ns)
+    return isinstance(wanted, Mapping) and all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _kind_allowed(listener: Listener) -> bool:
+    kinds = listener.allowed_routes.kinds
+    return not kinds or any(k.kind == "HTTPRoute" and k.group == GATEWAY_GROUP for k in kinds)
+
+
+def _attach(
+    resources: ResourceSet,
+    route: HTTPRoute,
+    parent: ParentReference,
+    gateways: Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]],
+) -> tuple[list[RouteAttachment], Reason, str]:
+    key = ObjectKey(parent.namespace or route.metadata.namespace, parent.name)
+    if (parent.group, parent.kind) != (GATEWAY_GROUP, "Gateway"):
+        return [], Reason.NO_MATCHING_PARENT, f"parent kind {parent.kind} is not supported (Gateway only)"
+    found = gateways.get(key)
+    if found is None:
+        return [], Reason.NO_MATCHING_PARENT, f"Gateway {key} not found or not accepted"
+    gateway, specs = found
+    candidates = [
+        listener
+        for listener in gateway.listeners
+        if (parent.section_name is None or listener.name == parent.section_name)
+        and (parent.port is None or listener.port == parent.port)
+    ]
+    if not candidates:
+        wanted = f"sectionName {parent.section_name!r}" if parent.section_name else f"port {parent.port}"
+        return [], Reason.NO_MATCHING_PARENT, f"Gateway {key} has no valid listener with {wanted}"
+    allowed = [
+        listener
+        for listener in candidates
+        if _kind_allowed(specs[listener.name])
+        and _namespace_allowed(resources, specs[listener.name], key.namespace, route.metadata.namespace)
+    ]
+    if not allowed:
+        message = f"no listener of Gateway {key} allows HTTPRoutes from namespace {route.metadata.namespace}"
+        return [], Reason.NOT_ALLOWED_BY_LISTENERS, message
+    attachments = []
+    for listener in allowed:
+        hostnames = intersect(listener.hostname, route.spec.hostnames)
+        if hostnames:
+            attachments.append(RouteAttachment(key, listener.name, listener.port, hostnames))
+    if not attachments:
+        return [], Reason.NO_MATCHING_LISTENER_HOSTNAME, "no listener hostname matches the route's hostnames"
+    names = ", ".join(a.listener for a in attachments)
+    return attachments, Reason.ACCEPTED, f"accepted by listener(s) {names}"
+
+
+def validate_route(
+    resources: ResourceSet,
+    route: HTTPRoute,
+    gateways: Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]],
+    pools: PoolLookup,
+) -> RouteResult:
+    generation = route.observed_generation
+    rules: list[ResolvedRule] = []
+    ref_problems: list[tuple[Reason, str]] = []
+    referenced: set[ObjectKey] = set()
+    for index, rule in enumerate(route.spec.rules):
+        backends = []
+        for ref in rule.backend_refs:
+            backend, problem = _backend(resources, route, ref, pools)
+            backends.append(backend)
+            if backend.kind is BackendKind.INFERENCE_POOL:
+                referenced.add(backend.key)
+            if problem is not None:
+                ref_problems.append((problem, backend.reason))
+        rules.append(
+            ResolvedRule(index, rule.name, rule.matches, rule.filters, rule.timeouts, tuple(backends))
+        )
+    if ref_problems:
+        reason, _ = ref_problems[0]
+        message = "; ".join(text for _, text in ref_problems)
+        resolved_refs: Condition = condition(ConditionType.RESOLVED_REFS, False, reason, message, generation)
+    else:
+        resolved_refs = condition(
+            ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, "all references resolved", generation
+        )
+    rule_problem = _rule_problem(route)
+    statuses = []
+    parents: list[tuple[ResourceRef, bool]] = []
+    attachments: list[RouteAttachment] = []
+    if not route.spec.parent_refs:
+        cond = condition(
+            ConditionType.ACCEPTED, False, Reason.NO_MATCHING_PARENT, "no parentRefs", generation
+        )
+        statuses.append(ResourceStatus(route.ref, (cond, resolved_refs)))
+    for parent in route.spec.parent_refs:
+        parent_ref = ResourceRef(parent.kind, parent.namespace or route.metadata.namespace, parent.name)
+        if rule_problem is not None:
+            accepted = condition(
+                ConditionType.ACCEPTED, False, Reason.UNSUPPORTED_VALUE, rule_problem, generation
+            )
+        else:
+            found, reason, message = _attach(resources, route, parent, gateways)
+            attachments.extend(a for a in found if a not in attachments)
+            accepted = condition(ConditionType.ACCEPTED, bool(found), reason, message, generation)
+        statuses.append(ResourceStatus(route.ref, (accepted, resolved_refs), parent=parent_ref))
+        parents.append((parent_ref, accepted.is_true))
+    resolved = (
+        ResolvedRoute(route.key, tuple(attachments), tuple(rules), route.metadata.creation_timestamp)
+        if attachments
+        else None
+    )
+    return RouteResult(resolved, tuple(statuses), frozenset(referenced), tuple(parents))

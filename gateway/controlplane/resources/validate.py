@@ -1,0 +1,265 @@
+"""From a :class:`ResourceSet` to a :class:`ValidatedConfig` with a status report. Pure.
+
+Each resource is judged on its own: an invalid one is left out (or, for a backend, kept as
+"answers 500") with conditions saying why, and everything else stays usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from gateway.controlplane.resources.backends import PoolResolution, resolve_pool
+from gateway.controlplane.resources.conditions import (
+    ConditionType,
+    Reason,
+    ResourceStatus,
+    StatusReport,
+    condition,
+)
+from gateway.controlplane.resources.gateway_api import Gateway, Listener
+from gateway.controlplane.resources.inference import InferenceModelRewrite, PoolObjectReference
+from gateway.controlplane.resources.loader import ResourceSet
+from gateway.controlplane.resources.meta import ObjectKey, ResourceRef
+from gateway.controlplane.resources.resolved import (
+    ModelRewriteRule,
+    ModelRewriteTable,
+    ResolvedGateway,
+    ResolvedListener,
+    ResolvedObjective,
+    ResolvedPool,
+    ResolvedRoute,
+    ValidatedConfig,
+    WeightedModel,
+)
+from gateway.controlplane.resources.routes import RouteResult, validate_route
+
+SUPPORTED_PROTOCOLS = frozenset({"HTTP"})
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationOptions:
+    """``gateway_classes``: the classes kvgate implements (None: any class).
+    ``require_picker_service``: an InferencePool's endpointPickerRef must name a Service in the
+    manifests (GIE's behaviour; False lets a missing Service mean kvgate's in-process picker).
+    """
+
+    gateway_classes: frozenset[str] | None = None
+    require_picker_service: bool = True
+
+
+GatewayIndex = Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]]
+
+
+def _validate_gateway(
+    gateway: Gateway, options: ValidationOptions
+) -> tuple[ResolvedGateway | None, list[ResourceStatus]]:
+    generation = gateway.observed_generation
+    spec = gateway.spec
+    if options.gateway_classes is not None and spec.gateway_class_name not in options.gateway_classes:
+        message = (
+            f"gatewayClassName {spec.gateway_class_name!r} is not one of {sorted(options.gateway_classes)}"
+        )
+        accepted = condition(ConditionType.ACCEPTED, False, Reason.INVALID, message, generation)
+        programmed = condition(ConditionType.PROGRAMMED, False, Reason.INVALID, message, generation)
+        return None, [ResourceStatus(gateway.ref, (accepted, programmed))]
+    statuses: list[ResourceStatus] = []
+    valid: list[ResolvedListener] = []
+    seen: dict[tuple[int, str], str] = {}
+    for listener in spec.listeners:
+        host = (listener.hostname or "").lower()
+        conflicted = condition(ConditionType.CONFLICTED, False, Reason.NO_CONFLICTS, "", generation)
+        if listener.protocol not in SUPPORTED_PROTOCOLS:
+            message = f"protocol {listener.protocol} is not supported (HTTP only)"
+            ok, reason = False, Reason.UNSUPPORTED_PROTOCOL
+        elif listener.allowed_routes.kinds and not any(
+            kind.kind == "HTTPRoute" for kind in listener.allowed_routes.kinds
+        ):
+            ok, reason, message = False, Reason.INVALID_ROUTE_KINDS, "allowedRoutes.kinds has no HTTPRoute"
+        elif (listener.port, host) in seen:
+            other = seen[(listener.port, host)]
+            message = f"port {listener.port} and hostname {host or '*'} already used by listener {other}"
+            ok, reason = False, Reason.HOSTNAME_CONFLICT
+            conflicted = condition(
+                ConditionType.CONFLICTED, True, Reason.HOSTNAME_CONFLICT, message, generation
+            )
+        else:
+            ok, reason, message = True, Reason.ACCEPTED, "listener accepted"
+            seen[(listener.port, host)] = listener.name
+            valid.append(ResolvedListener(listener.name, listener.port, listener.hostname))
+        programmed_reason = Reason.PROGRAMMED if ok else Reason.INVALID
+        conditions = (
+            condition(ConditionType.ACCEPTED, ok, reason, message, generation),
+            conflicted,
+            condition(ConditionType.PROGRAMMED, ok, programmed_reason, message, generation),
+        )
+        statuses.append(ResourceStatus(gateway.ref, conditions, section=listener.name))
+    if not valid:
+        message = "no listener is valid"
+        accepted = condition(ConditionType.ACCEPTED, False, Reason.LISTENERS_NOT_VALID, message, generation)
+        programmed = condition(ConditionType.PROGRAMMED, False, Reason.INVALID, message, generation)
+        return None, [ResourceStatus(gateway.ref, (accepted, programmed)), *statuses]
+    if len(valid) < len(spec.listeners):
+        reason, message = (
+            Reason.LISTENERS_NOT_VALID,
+            f"{len(spec.listeners) - len(valid)} listener(s) not valid",
+        )
+    else:
+        reason, message = Reason.ACCEPTED, "gateway accepted"
+    accepted = condition(ConditionType.ACCEPTED, True, reason, message, generation)
+    programmed = condition(ConditionType.PROGRAMMED, True, Reason.PROGRAMMED, message, generation)
+    resolved = ResolvedGateway(gateway.key, spec.gateway_class_name, tuple(valid))
+    return resolved, [ResourceStatus(gateway.ref, (accepted, programmed)), *statuses]
+
+
+def _pool_statuses(resolution: PoolResolution, routes: list[RouteResult]) -> list[ResourceStatus]:
+    """One entry per Gateway whose routes reference the pool (GIE's status.parents)."""
+    source = resolution.source
+    generation = source.observed_generation
+    per_parent: dict[ResourceRef, bool] = {}
+    for result in routes:
+        if source.key not in result.referenced_pools:
+            continue
+        for parent, accepted in result.parents:
+            per_parent[parent] = per_parent.get(parent, False) or accepted
+    if not per_parent:
+        pending = condition(
+            ConditionType.ACCEPTED, None, Reason.PENDING, "no HTTPRoute references this pool", generation
+        )
+        return [ResourceStatus(source.ref, (pending, resolution.resolved_refs))]
+    statuses = []
+    for parent, accepted in sorted(per_parent.items()):
+        if accepted:
+            cond = condition(
+                ConditionType.ACCEPTED,
+                True,
+                Reason.ACCEPTED,
+                "referenced by an accepted HTTPRoute",
+                generation,
+            )
+        else:
+            message = "every HTTPRoute referencing this pool was rejected by this parent"
+            cond = condition(
+                ConditionType.ACCEPTED, False, Reason.HTTPROUTE_NOT_ACCEPTED, message, generation
+            )
+        statuses.append(ResourceStatus(source.ref, (cond, resolution.resolved_refs), parent=parent))
+    return statuses
+
+
+def _pool_ref_problem(
+    ref: PoolObjectReference, namespace: str, pools: Mapping[ObjectKey, object]
+) -> str | None:
+    if (ref.group, ref.kind) != ("inference.networking.k8s.io", "InferencePool"):
+        return f"poolRef kind {ref.group}/{ref.kind} is not supported"
+    if ObjectKey(namespace, ref.name) not in pools:
+        return f"InferencePool {namespace}/{ref.name} not found"
+    return None
+
+
+def _rewrite_tables(
+    rewrites: list[InferenceModelRewrite], order: Mapping[ObjectKey, int]
+) -> tuple[Mapping[ObjectKey, ModelRewriteTable], list[ResourceStatus]]:
+    """Merge the rewrites of each pool in GIE's precedence (exact first; oldest, then load order)."""
+
+    def age(rewrite: InferenceModelRewrite) -> tuple[str, int]:
+        # Missing timestamps sort last among dated ones ("~" > any digit); load order breaks ties.
+        return (rewrite.metadata.creation_timestamp or "~", order[rewrite.key])
+
+    statuses: list[ResourceStatus] = []
+    exact: dict[ObjectKey, list[ModelRewriteRule]] = {}
+    generic: dict[ObjectKey, list[ModelRewriteRule]] = {}
+    claimed: dict[tuple[ObjectKey, str], ObjectKey] = {}
+    for rewrite in sorted(rewrites, key=age):
+        pool = ObjectKey(rewrite.metadata.namespace, rewrite.spec.pool_ref.name)
+        shadowed: list[str] = []
+        for rule in rewrite.spec.rules:
+            targets = tuple(WeightedModel(model, weight) for model, weight in rule.weighted_targets)
+            models = frozenset(match.model.value for match in rule.matches)
+            for model in sorted(models):
+                owner = claimed.setdefault((pool, model), rewrite.key)
+                if owner != rewrite.key:
+                    shadowed.append(f"{model!r} (already rewritten by {owner})")
+            bucket = exact if models else generic
+            bucket.setdefault(pool, []).append(ModelRewriteRule(rewrite.key, models, targets))
+        generation = rewrite.observed_generation
+        if shadowed:
+            message = "older rewrites take precedence for " + ", ".join(shadowed)
+            cond = condition(ConditionType.ACCEPTED, True, Reason.MODEL_NAME_IN_USE, message, generation)
+        else:
+            cond = condition(ConditionType.ACCEPTED, True, Reason.ACCEPTED, "rewrite accepted", generation)
+        statuses.append(ResourceStatus(rewrite.ref, (cond,)))
+    tables = {
+        pool: ModelRewriteTable(pool, tuple(exact.get(pool, [])) + tuple(generic.get(pool, [])))
+        for pool in sorted(set(exact) | set(generic))
+    }
+    return MappingProxyType(tables), statuses
+
+
+def validate(resources: ResourceSet, options: ValidationOptions | None = None) -> ValidatedConfig:
+    """Resolve every reference and compute every resource's status conditions."""
+    options = options or ValidationOptions()
+    statuses: list[ResourceStatus] = []
+
+    gateways: dict[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]] = {}
+    for gateway in resources.gateways:
+        resolved_gateway, gateway_statuses = _validate_gateway(gateway, options)
+        statuses.extend(gateway_statuses)
+        if resolved_gateway is not None:
+            gateways[gateway.key] = (resolved_gateway, {ls.name: ls for ls in gateway.spec.listeners})
+
+    resolutions = {
+        pool.key: resolve_pool(resources, pool, require_picker_service=options.require_picker_service)
+        for pool in resources.inference_pools
+    }
+
+    def lookup(key: ObjectKey) -> ResolvedPool | str | None:
+        found = resolutions.get(key)
+        if found is None:
+            return None
+        return found.pool if found.pool is not None else f"InferencePool {key}: {found.resolved_refs.message}"
+
+    route_results = [validate_route(resources, route, gateways, lookup) for route in resources.http_routes]
+    for result in route_results:
+        statuses.extend(result.statuses)
+    for resolution in resolutions.values():
+        statuses.extend(_pool_statuses(resolution, route_results))
+
+    objectives = []
+    for objective in resources.objectives:
+        generation = objective.observed_generation
+        problem = _pool_ref_problem(objective.spec.pool_ref, objective.metadata.namespace, resolutions)
+        if problem is None:
+            pool = ObjectKey(objective.metadata.namespace, objective.spec.pool_ref.name)
+            objectives.append(ResolvedObjective(objective.key, pool, objective.spec.effective_priority))
+            text = f"priority {objective.spec.effective_priority}"
+            cond = condition(ConditionType.ACCEPTED, True, Reason.ACCEPTED, text, generation)
+        else:
+            cond = condition(ConditionType.ACCEPTED, False, Reason.POOL_NOT_FOUND, problem, generation)
+        statuses.append(ResourceStatus(objective.ref, (cond,)))
+
+    usable_rewrites = []
+    for rewrite in resources.rewrites:
+        problem = _pool_ref_problem(rewrite.spec.pool_ref, rewrite.metadata.namespace, resolutions)
+        if problem is None:
+            usable_rewrites.append(rewrite)
+        else:
+            cond = condition(
+                ConditionType.ACCEPTED, False, Reason.POOL_NOT_FOUND, problem, rewrite.observed_generation
+            )
+            statuses.append(ResourceStatus(rewrite.ref, (cond,)))
+    order = {rewrite.key: index for index, rewrite in enumerate(resources.rewrites)}
+    tables, rewrite_statuses = _rewrite_tables(usable_rewrites, order)
+    statuses.extend(rewrite_statuses)
+
+    routes: list[ResolvedRoute] = [result.route for result in route_results if result.route is not None]
+    pools = [res.pool for res in resolutions.values() if res.pool is not None]
+    return ValidatedConfig(
+        gateways=tuple(sorted((gw for gw, _ in gateways.values()), key=lambda gw: gw.key)),
+        routes=tuple(sorted(routes, key=lambda route: route.key)),
+        pools=tuple(sorted(pools, key=lambda pool: pool.key)),
+        objectives=tuple(sorted(objectives, key=lambda objective: objective.key)),
+        rewrites=tables,
+        status=StatusReport.of(sorted(statuses, key=lambda s: (s.resource, str(s.parent), s.section or ""))),
+        notes=resources.notes,
+    )

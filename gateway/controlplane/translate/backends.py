@@ -1,0 +1,245 @@
+"""A rule's backendRefs → weighted targets (cluster, per-filter config, backend filters) and clusters.
+
+An InferencePool target goes to the pool's ORIGINAL_DST cluster with an ``ExtProcPerRoute`` naming
+the pool (on the route for one target, on each weighted entry for a split: verified to reach the
+picker). A FailOpen pool also has a fallback cluster, used by the route of the pair that matches when
+the picker set no destination. A Service target goes to a STATIC cluster with ext_proc disabled. An
+invalid backend keeps its weight: its share goes to a cluster with no endpoints and is tagged so the
+listener's local-reply mapper turns Envoy's 503 into the Gateway API's 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extproc.names import is_system_owned
+from gateway.controlplane import envoy_config as ec
+from gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
+from gateway.controlplane.resources.gateway_api import HeaderModifier, HTTPRouteFilter
+from gateway.controlplane.translate.names import (
+    INVALID_BACKEND_CLUSTER,
+    INVALID_BACKEND_HEADER,
+    picker_cluster_name,
+    service_cluster_name,
+)
+from gateway.controlplane.translate.settings import TranslationSettings
+from policies.types import FailureMode
+
+JsonDict = dict[str, Any]
+
+PER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+EXT_PROC_DISABLED: Mapping[str, JsonDict] = {ec.EXT_PROC_FILTER: {"@type": PER_ROUTE_TYPE, "disabled": True}}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One weighted destination of a rule. ``fallback_cluster`` differs from ``cluster`` only for a
+    FailOpen pool (the cluster used when the picker could not be asked)."""
+
+    weight: int
+    cluster: str
+    fallback_cluster: str
+    per_filter: Mapping[str, JsonDict]
+    headers: JsonDict = field(default_factory=dict)
+    """``request_headers_to_add`` / ``request_headers_to_remove`` / ``host_rewrite_literal`` of the
+    backendRef's own filters."""
+    retries: bool = False
+    """A pool whose cluster follows the picker's fallbacks: its routes retry (``pool_retry_policy``)."""
+
+
+@dataclass(slots=True)
+class ClusterSet:
+    """Clusters collected during one translation, by name (the same name always has the same config)."""
+
+    by_name: dict[str, JsonDict] = field(default_factory=dict)
+    per_filter: dict[str, Mapping[str, JsonDict]] = field(default_factory=dict)
+    """Per-filter configs by pool id: one shared object per pool (parsed once into protobuf)."""
+
+    def add(self, cluster: JsonDict) -> str:
+        name: str = cluster["name"]
+        self.by_name.setdefault(name, cluster)
+        return name
+
+    def sorted(self) -> tuple[JsonDict, ...]:
+        return tuple(self.by_name[name] for name in sorted(self.by_name))
+
+
+def static_cluster(name: str, addresses: tuple[str, ...] = ()) -> JsonDict:
+    """Round robin over ``addresses`` (``ip:port``); none: every request gets 503 "no healthy upstream"."""
+    lb_endpoints = [
+        {"endpoint": {"address": ec.socket_address(*ec.split_host_port(address))}} for address in addresses
+    ]
+    return {
+        "name": name,
+        "type": "STATIC",
+        "lb_policy": "ROUND_ROBIN",
+        "connect_timeout": ec.duration(2.0),
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": lb_endpoints}] if lb_endpoints else [],
+        },
+    }
+
+
+def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[JsonDict]:
+    """The pool's cluster (the picker's pick and fallbacks over its replicas, or ORIGINAL_DST for an
+    external picker or with ``endpoint_fallbacks`` off), the FailOpen fallback (possibly empty) and an
+    external picker's cluster."""
+    if follows_fallbacks(pool, settings):
+        clusters = [ec.pool_override_cluster(pool.id, pool.addresses)]
+    else:
+        clusters = [ec.pool_cluster(pool.id)]
+    if pool.picker.failure_mode is FailureMode.FAIL_OPEN:
+        backend = ec.PoolBackend(pool.id, FailureMode.FAIL_OPEN, pool.addresses)
+        if pool.addresses:
+            clusters.append(ec.pool_fallback_cluster(backend))
+        else:
+            clusters.append(static_cluster(ec.pool_fallback_cluster_name(pool.id)))
+    if pool.picker.addresses:
+        name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
+        addresses = [ec.split_host_port(address) for address in pool.picker.addresses]
+        clusters.append(ec.ext_proc_cluster(addresses, name))
+    return clusters
+
+
+def follows_fallbacks(pool: ResolvedPool, settings: TranslationSettings) -> bool:
+    """Whether the pool's cluster and routes use the picker's fallback endpoints (kvgate's own picker)."""
+    return settings.endpoint_fallbacks and not pool.picker.addresses
+
+
+def pool_per_route(pool: ResolvedPool, settings: TranslationSettings) -> JsonDict:
+    """``ExtProcPerRoute`` naming the pool (and its external picker, if it has one).
+
+    An external picker (another endpoint picker, e.g. the Inference Extension's own) is spoken to
+    in GIE's processing mode (full duplex both ways, unless FailOpen needs a buffered request):
+    kvgate's one-pass mode is for its own picker.
+    """
+    backend = ec.PoolBackend(pool.id, pool.picker.failure_mode)
+    external = bool(pool.picker.addresses)
+    ext_proc = settings.ext_proc
+    if external:
+        ext_proc = ec.ExtProcSettings(cluster_name=ext_proc.cluster_name)
+    per_route = ec.ext_proc_per_route(backend, ext_proc)
+    if external:
+        name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
+        overrides = per_route["overrides"]
+        overrides["grpc_service"] = {
+            "envoy_grpc": {"cluster_name": name},
+            "timeout": ec.duration(settings.ext_proc.grpc_timeout_s),
+        }
+        overrides.setdefault("processing_mode", ec.processing_mode(ext_proc.request_body_mode,
+                                                                   ext_proc.response_body_mode))
+    return per_route
+
+
+def header_modifier(modifier: HeaderModifier, warnings: list[str], owner: str) -> JsonDict:
+    """Envoy ``request_headers_to_add/remove`` for a RequestHeaderModifier; system headers are refused."""
+
+    def allowed(name: str) -> bool:
+        lower = name.lower()
+        if is_system_owned(lower) or lower == INVALID_BACKEND_HEADER:
+            warnings.append(f"{owner}: RequestHeaderModifier may not touch system header {name!r}; ignored")
+            return False
+        return True
+
+    to_add = [
+        {"header": {"key": h.name.lower(), "value": h.value}, "append_action": action}
+        for group, action in (
+            (modifier.set, "OVERWRITE_IF_EXISTS_OR_ADD"),
+            (modifier.add, "APPEND_IF_EXISTS_OR_ADD"),
+        )
+        for h in group
+        if allowed(h.name)
+    ]
+    to_remove = [name.lower() for name in modifier.remove if allowed(name)]
+    fields: JsonDict = {}
+    if to_add:
+        fields["request_headers_to_add"] = to_add
+    if to_remove:
+        fields["request_headers_to_remove"] = to_remove
+    return fields
+
+
+def _backend_filters(filters: tuple[HTTPRouteFilter, ...], warnings: list[str], owner: str) -> JsonDict:
+    fields: JsonDict = {}
+    for flt in filters:
+        if flt.request_header_modifier is not None:
+            fields.update(header_modifier(flt.request_header_modifier, warnings, owner))
+        if flt.url_rewrite is not None:
+            if flt.url_rewrite.hostname is not None:
+                fields["host_rewrite_literal"] = flt.url_rewrite.hostname
+            if flt.url_rewrite.path is not None:
+                warnings.append(f"{owner}: a backendRef URLRewrite path is not supported; ignored")
+    return fields
+
+
+def _target(
+    backend: ResolvedBackend,
+    settings: TranslationSettings,
+    clusters: ClusterSet,
+    warnings: list[str],
+    owner: str,
+) -> Target:
+    headers = _backend_filters(backend.filters, warnings, f"{owner} backend {backend.key}")
+    if backend.valid and backend.kind is BackendKind.INFERENCE_POOL and backend.pool is not None:
+        pool = backend.pool
+        names = [clusters.add(cluster) for cluster in pool_clusters(pool, settings)]
+        fail_open = pool.picker.failure_mode is FailureMode.FAIL_OPEN
+        per_filter = clusters.per_filter.get(pool.id)
+        if per_filter is None:
+            per_filter = clusters.per_filter[pool.id] = {ec.EXT_PROC_FILTER: pool_per_route(pool, settings)}
+        return Target(
+            backend.weight, names[0], names[1] if fail_open else names[0], per_filter, headers,
+            follows_fallbacks(pool, settings),
+        )
+    if backend.valid and backend.kind is BackendKind.SERVICE:
+        name = service_cluster_name(backend.key, backend.port)
+        clusters.add(static_cluster(name, backend.addresses))
+        return Target(backend.weight, name, name, EXT_PROC_DISABLED, headers)
+    clusters.add(static_cluster(INVALID_BACKEND_CLUSTER))
+    tag = {
+        "header": {"key": INVALID_BACKEND_HEADER, "value": "1"},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+    return Target(
+        backend.weight,
+        INVALID_BACKEND_CLUSTER,
+        INVALID_BACKEND_CLUSTER,
+        EXT_PROC_DISABLED,
+        {"request_headers_to_add": [tag]},
+    )
+
+
+def rule_targets(
+    rule: ResolvedRule, settings: TranslationSettings, clusters: ClusterSet, warnings: list[str], owner: str
+) -> tuple[Target, ...]:
+    """The weighted targets of a rule that does not answer 500 (backends of weight 0 are left out)."""
+    return tuple(
+        _target(backend, settings, clusters, warnings, owner)
+        for backend in rule.backends
+        if backend.weight > 0
+    )
+
+
+def cluster_action(targets: tuple[Target, ...], picked: bool) -> tuple[JsonDict, JsonDict]:
+    """(route-action fields, route-level fields) sending to ``targets``; ``picked``: the picker set a
+    destination (FailOpen pools use their ORIGINAL_DST cluster), else the fallback clusters."""
+    if len(targets) == 1:
+        target = targets[0]
+        action: JsonDict = {"cluster": target.cluster if picked else target.fallback_cluster}
+        route_fields: JsonDict = {"typed_per_filter_config": dict(target.per_filter)}
+        for key, value in target.headers.items():
+            (action if key == "host_rewrite_literal" else route_fields)[key] = value
+        return action, route_fields
+    entries = []
+    for target in targets:
+        entry: JsonDict = {
+            "name": target.cluster if picked else target.fallback_cluster,
+            "weight": target.weight,
+            **target.headers,
+            "typed_per_filter_config": dict(target.per_filter),
+        }
+        entries.append(entry)
+    return {"weighted_clusters": {"clusters": entries}}, {}

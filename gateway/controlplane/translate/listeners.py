@@ -1,0 +1,111 @@
+"""Envoy listeners (one per Gateway listener port) and their HTTP filter chains.
+
+Chain: strip system-owned headers → [body-based router] → endpoint-picker ext_proc → router. The
+body-based router is a second ext_proc filter to the same picker, its stream marked with gRPC
+initial metadata ``x-kvgate-role: bbr``: it reads the buffered body, sets ``X-Gateway-Model-Name``
+and clears the route cache, so the endpoint-picker filter and the router see the route chosen by
+model (verified with real Envoy). Routes come over RDS (ADS).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.controlplane import envoy_config as ec
+from gateway.controlplane.translate.names import (
+    BBR_FILTER,
+    BBR_ROLE,
+    INVALID_BACKEND_HEADER,
+    ROLE_METADATA_KEY,
+    listener_name,
+    route_config_name,
+)
+from gateway.controlplane.translate.settings import TranslationSettings
+from gateway.controlplane.xds.bootstrap import ads_config_source
+
+JsonDict = dict[str, Any]
+
+_EXT_PROC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+
+
+def bbr_filter(settings: TranslationSettings) -> JsonDict:
+    """The body-based-router ext_proc filter: request headers + BUFFERED body, nothing of the response."""
+    return {
+        "name": BBR_FILTER,
+        "typed_config": {
+            "@type": _EXT_PROC_TYPE,
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": settings.ext_proc.cluster_name},
+                "timeout": ec.duration(settings.ext_proc.grpc_timeout_s),
+                "initial_metadata": [{"key": ROLE_METADATA_KEY, "value": BBR_ROLE}],
+            },
+            "failure_mode_allow": settings.bbr_failure_mode_allow,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SKIP",
+                "request_body_mode": "BUFFERED",
+                "response_body_mode": "NONE",
+                "request_trailer_mode": "SKIP",
+                "response_trailer_mode": "SKIP",
+            },
+            "message_timeout": ec.duration(settings.bbr_message_timeout_s),
+        },
+    }
+
+
+def invalid_backend_reply() -> JsonDict:
+    """Local-reply mapper: the 503 of a split's invalid-backend share becomes a 500 (Gateway API)."""
+    return {
+        "mappers": [
+            {
+                "filter": {
+                    "and_filter": {
+                        "filters": [
+                            {
+                                "status_code_filter": {
+                                    "comparison": {
+                                        "op": "EQ",
+                                        "value": {
+                                            "default_value": 503,
+                                            "runtime_key": "kvgate.invalid_backend",
+                                        },
+                                    }
+                                }
+                            },
+                            {
+                                "header_filter": {
+                                    "header": {"name": INVALID_BACKEND_HEADER, "present_match": True}
+                                }
+                            },
+                        ]
+                    }
+                },
+                "status_code": 500,
+                "body": {"inline_string": "backend reference not valid"},
+            }
+        ]
+    }
+
+
+def envoy_listener(port: int, settings: TranslationSettings, body_routing: bool) -> JsonDict:
+    """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``)."""
+    extra = [bbr_filter(settings)] if body_routing else []
+    hcm = ec.http_connection_manager(
+        listener_name(port), {}, settings.ext_proc, extra, settings.stream_idle_timeout_s
+    )
+    config = hcm["typed_config"]
+    del config["route_config"]
+    config["rds"] = {"route_config_name": route_config_name(port), "config_source": ads_config_source()}
+    config["strip_any_host_port"] = True
+    # Mappers apply first-match: the invalid-backend 500 first, then Envoy's own upstream failures
+    # as OpenAI JSON (the picker's ImmediateResponses carry no response flag and stay as they are).
+    config["local_reply_config"] = {
+        "mappers": [*invalid_backend_reply()["mappers"], *ec.openai_local_replies()["mappers"]]
+    }
+    return ec.listener(
+        listener_name(port),
+        settings.listen_host,
+        settings.bind_port(port),
+        hcm,
+        settings.ext_proc.max_body_bytes,
+    )

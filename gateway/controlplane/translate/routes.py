@@ -1,0 +1,162 @@
+"""HTTPRoute rules → Envoy routes, one group per match, each with its Gateway API precedence key.
+
+A group is one Envoy route, or two for a rule with a FailOpen pool: first the route the picker's
+``envoy.lb`` metadata selects (every pool through its ORIGINAL_DST cluster), then the same match
+without that condition (FailOpen pools through their fallback clusters). Both carry the same
+targets and weights in the same order, so Envoy's weighted pick (seeded once per request, not
+re-rolled by ``clear_route_cache``: verified) lands on the same backend in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
+from gateway.controlplane import envoy_config as ec
+from gateway.controlplane.resources import ResolvedRoute, ResolvedRule
+from gateway.controlplane.resources.gateway_api import HTTPRouteMatch
+from gateway.controlplane.translate.backends import (
+    EXT_PROC_DISABLED,
+    ClusterSet,
+    Target,
+    cluster_action,
+    header_modifier,
+    rule_targets,
+)
+from gateway.controlplane.translate.matches import envoy_match, match_precedence, path_rewrite
+from gateway.controlplane.translate.settings import TranslationSettings
+
+JsonDict = dict[str, Any]
+MatchKey = tuple[int, int, int, int, int, str, str, int, int]
+
+_PICKED = {"filter": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}], "value": {"present_match": True}}
+_STREAMED = {"name": STREAM_HEADER, "string_match": {"exact": "1"}}
+_NO_BACKEND_BODY = "no valid backend for this route rule"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteGroup:
+    """The Envoy routes of one HTTPRoute match, with what orders it among the others."""
+
+    key: MatchKey
+    routes: tuple[JsonDict, ...]
+    header_names: frozenset[str]
+
+
+def _merge_headers(*parts: JsonDict) -> JsonDict:
+    merged: JsonDict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, list) and key in merged:
+                merged[key] = [*merged[key], *value]
+            else:
+                merged[key] = value
+    return merged
+
+
+def _timeout(rule: ResolvedRule, settings: TranslationSettings, warnings: list[str], owner: str) -> str:
+    seconds = settings.default_route_timeout_s
+    if rule.timeouts is not None:
+        if rule.timeouts.request_seconds is not None:
+            seconds = rule.timeouts.request_seconds
+        if rule.timeouts.backend_request_seconds is not None:
+            warnings.append(f"{owner}: timeouts.backendRequest is not supported; ignored")
+    return ec.duration(seconds)
+
+
+def _rule_fields(
+    rule: ResolvedRule, match: HTTPRouteMatch, warnings: list[str], owner: str
+) -> tuple[JsonDict, JsonDict]:
+    """(route-action fields, route-level fields) of the rule's own filters under ``match``."""
+    action: JsonDict = {}
+    route_fields: JsonDict = {}
+    for flt in rule.filters:
+        if flt.request_header_modifier is not None:
+            route_fields.update(header_modifier(flt.request_header_modifier, warnings, owner))
+        if flt.url_rewrite is not None:
+            if flt.url_rewrite.hostname is not None:
+                action["host_rewrite_literal"] = flt.url_rewrite.hostname
+            if flt.url_rewrite.path is not None:
+                action.update(path_rewrite(match, flt.url_rewrite.path))
+    return action, route_fields
+
+
+def _envoy_routes(
+    name: str,
+    match: JsonDict,
+    targets: tuple[Target, ...],
+    rule_action: JsonDict,
+    rule_route: JsonDict,
+    timeout: str,
+    retries: int,
+    stream_idle_s: float = 0.0,
+) -> tuple[JsonDict, ...]:
+    """The rule's route (a FailOpen pool: the picked one, then the fallback). With retries to the
+    picker's fallbacks, a copy for streamed requests (the picker's ``x-kvgate-stream: 1``) comes
+    first, whose attempts also end when the replica stays silent for ``stream_idle_s``."""
+    follows = retries > 0 and any(target.retries for target in targets)
+
+    def build(
+        route_name: str, route_match: JsonDict, picked: bool, retry: JsonDict | None = None
+    ) -> JsonDict:
+        action, route_fields = cluster_action(targets, picked)
+        route: JsonDict = {"name": route_name, "match": route_match}
+        route["route"] = {**action, **rule_action, "timeout": timeout}
+        if retry is not None and picked:
+            route["route"]["retry_policy"] = retry
+        route.update(_merge_headers(rule_route, route_fields))
+        return route
+
+    fail_open = not all(target.cluster == target.fallback_cluster for target in targets)
+    picked_match = {**match, "dynamic_metadata": [_PICKED]} if fail_open else match
+    routes: list[JsonDict] = []
+    if follows and stream_idle_s > 0:
+        stream_match = {**picked_match, "headers": [*picked_match.get("headers", []), _STREAMED]}
+        stream_retry = ec.stream_retry_policy(retries, stream_idle_s)
+        routes.append(build(f"{name}/stream", stream_match, True, stream_retry))
+    routes.append(build(name, picked_match, True, ec.pool_retry_policy(retries) if follows else None))
+    if fail_open:
+        routes.append(build(f"{name}/fallback", match, False))
+    return tuple(routes)
+
+
+def route_groups(
+    route: ResolvedRoute,
+    settings: TranslationSettings,
+    clusters: ClusterSet,
+    warnings: list[str],
+) -> list[RouteGroup]:
+    """Every match of every rule of ``route`` as a :class:`RouteGroup` (without hostname precedence)."""
+    groups: list[RouteGroup] = []
+    age = route.creation_timestamp or "~"  # no timestamp: after every dated route
+    for rule in route.rules:
+        owner = f"HTTPRoute {route.key} rule {rule.index}"
+        targets: tuple[Target, ...] = ()
+        if not rule.answers_500:
+            targets = rule_targets(rule, settings, clusters, warnings, owner)
+        timeout = _timeout(rule, settings, warnings, owner)
+        for index, match in enumerate(rule.matches):
+            name = f"{route.key}/rule{rule.index}/match{index}"
+            envoy = envoy_match(match)
+            routes: Sequence[JsonDict]
+            if rule.answers_500:
+                routes = (
+                    {
+                        "name": name,
+                        "match": envoy,
+                        "direct_response": {"status": 500, "body": {"inline_string": _NO_BACKEND_BODY}},
+                        "typed_per_filter_config": dict(EXT_PROC_DISABLED),
+                    },
+                )
+            else:
+                rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
+                routes = _envoy_routes(
+                    name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
+                    settings.stream_idle_retry_s,
+                )
+            key = (*match_precedence(match), age, str(route.key), rule.index, index)
+            names = frozenset(header.name.lower() for header in match.headers)
+            groups.append(RouteGroup(key, tuple(routes), names))
+    return groups

@@ -1,0 +1,96 @@
+"""The picker's admin HTTP server: Prometheus metrics, liveness, readiness, pool debug view.
+
+``GET /metrics`` (Prometheus text), ``GET /healthz`` (the process is up), ``GET /readyz`` (200 once
+the ext_proc server serves and every configured pool has at least one endpoint with fresh metrics;
+503 with the reason otherwise), ``GET /debug/pools`` (JSON: pools, endpoints, metrics, in-flight),
+``GET /status`` (JSON from ``status_provider``, the control plane's resource conditions and xDS
+state; 404 when no control plane runs in this process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from gateway.picker.telemetry import GatewayTelemetry
+
+
+class AdminSource(Protocol):
+    @property
+    def telemetry(self) -> GatewayTelemetry: ...
+
+    @property
+    def grpc_port(self) -> int: ...
+
+    def pool_report(self) -> list[dict[str, object]]: ...
+
+
+def readiness_problems(report: list[dict[str, object]]) -> list[str]:
+    problems: list[str] = []
+    if not report:
+        problems.append("no pools configured")
+    for pool in report:
+        endpoints = pool["endpoints"]
+        assert isinstance(endpoints, list)
+        if not any(e["healthy"] and e["waiting"] is not None for e in endpoints):
+            problems.append(f"pool {pool['name']}: no endpoint with fresh metrics")
+    return problems
+
+
+class AdminServer:
+    def __init__(self, source: AdminSource, *, host: str, port: int) -> None:
+        self._source = source
+        self._host = host
+        self._port = port
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.status_provider: Callable[[], Mapping[str, Any]] | None = None
+        """Set by the composition root when a control plane runs (``kvgate up``)."""
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/debug/pools", self._pools)
+        app.router.add_get("/status", self._status)
+        return app
+
+    async def _status(self, _: web.Request) -> web.Response:
+        if self.status_provider is None:
+            return web.json_response({"error": "no control plane runs in this process"}, status=404)
+        return web.json_response(dict(self.status_provider()))
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = self._source.telemetry.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        problems = [] if self._source.grpc_port else ["ext_proc server not started"]
+        problems += readiness_problems(self._source.pool_report())
+        if problems:
+            return web.json_response({"status": "not ready", "problems": problems}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def _pools(self, _: web.Request) -> web.Response:
+        return web.json_response({"pools": self._source.pool_report()})
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self._app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

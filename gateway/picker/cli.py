@@ -1,0 +1,161 @@
+"""``kvgate picker --pools FILE``: run the endpoint picker alone (for any gateway that speaks the
+endpoint-picker protocol, e.g. Envoy configured by hand or by another control plane)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from watchfiles import awatch
+
+from extproc.attempt_timeout import AttemptTimeout
+from extproc.lifecycle import LifecycleConfig
+from gateway.picker.pools_file import load_pools
+from gateway.picker.redis_link import RedisSettings
+from gateway.picker.service import PickerService, PickerSettings
+from gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
+from gateway.processes.envoy_process import free_port
+from policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate picker", description=__doc__)
+    parser.add_argument("--pools", type=Path, required=True, help="YAML file of pools and endpoints")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (0 = any free)")
+    parser.add_argument("--admin-port", type=int, default=9090, help="metrics/health port (0 = any free)")
+    parser.add_argument("--scrape-interval", type=float, default=0.05, help="seconds between scrapes")
+    parser.add_argument("--stale-after", type=float, default=0.2, help="metrics older than this are stale")
+    parser.add_argument(
+        "--redis", default=None, metavar="URL",
+        help="share scheduler state and tenant limits with other pickers (e.g. redis://127.0.0.1:6379/0); "
+        "overrides the pools file's redis: key; default: in process",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N",
+        help="picker processes on the one gRPC port (SO_REUSEPORT), sharing state through Redis "
+        "(--redis, else a private redis-server); default 1",
+    )
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="bind the gRPC port with SO_REUSEPORT (set for each of --workers)")
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--own-port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--watch", action="store_true",
+                        help="reload the pools file when it changes (a bad file keeps the last good pools)")
+    parser.add_argument(
+        "--attempt-timeout", type=float, default=0.0, metavar="SECONDS",
+        help="bound each attempt of a non-streamed request with max_tokens to SECONDS plus "
+        "--attempt-timeout-per-token a token (Envoy's per-try timeout header), for data planes that "
+        "retry on the picker's fallbacks; 0 (default): no bound",
+    )
+    parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
+                        help="seconds a requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def attempt_timeout(base_s: float, per_token_s: float) -> AttemptTimeout | None:
+    """The flags' attempt bound (None for a base of 0)."""
+    return AttemptTimeout(base_s, per_token_s) if base_s > 0 else None
+
+
+async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``--workers N`` (N > 1): run N single-worker pickers on one port and watch over them."""
+    pools = load_pools(args.pools)  # fail here, once, on a bad file
+    plan = WorkerPlan(
+        workers=args.workers,
+        grpc_port=args.grpc_port or free_port(args.host),
+        admin_port=args.admin_port,
+        base_command=worker_base_command(argv),
+    )
+    supervisor = WorkerSupervisor(plan, args.redis or pools.redis)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await supervisor.start()
+        admins, owns = supervisor.admin_urls, supervisor.own_addresses
+        print(
+            f"kvgate-picker ready grpc={args.host}:{plan.grpc_port} admin={admins[0]} "
+            f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)} "
+            f"redis={supervisor.redis_url}",
+            flush=True,
+        )
+        await supervisor.supervise(stop)
+    finally:
+        await supervisor.stop()
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    pools = load_pools(args.pools)
+    redis_url = args.redis or pools.redis
+    settings = PickerSettings(
+        grpc_address=f"{args.host}:{args.grpc_port}",
+        admin_host=args.host,
+        admin_port=args.admin_port,
+        scrape_interval=args.scrape_interval,
+        stale_after=args.stale_after,
+        redis=RedisSettings(url=redis_url) if redis_url else None,
+        reuse_port=args.reuse_port,
+        own_grpc_address=f"{args.host}:{args.own_port}" if args.worker_index is not None else None,
+        lifecycle=LifecycleConfig(
+            attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token)
+        ),
+    )
+    service = PickerService(settings)
+    service.apply_pools(pools.pools, pools.effective_default)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    own = f" own={args.host}:{service.extproc.own_port}" if args.worker_index is not None else ""
+    print(
+        f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
+        f"admin=http://{args.host}:{service.admin.port}{own}",
+        flush=True,
+    )
+    watcher = asyncio.create_task(_watch(args.pools, service, stop)) if args.watch else None
+    try:
+        await stop.wait()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await service.stop()
+    return 0
+
+
+async def _watch(path: Path, service: PickerService, stop: asyncio.Event) -> None:
+    """Apply the pools file again whenever it changes (written whole and renamed into place)."""
+    async for _changes in awatch(path.parent, stop_event=stop, debounce=50, step=20):
+        try:
+            pools = load_pools(path)
+            service.apply_pools(pools.pools, pools.effective_default)
+        except ConfigError as exc:
+            log.warning("keeping the last good pools: %s", exc.message)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.workers < 1:
+        print("kvgate picker: --workers must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        if args.workers > 1:
+            return asyncio.run(_supervise(args, argv))
+        return asyncio.run(_serve(args))
+    except ConfigError as exc:
+        print(f"kvgate picker: {exc.message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,362 @@
+"""The metrics scraper: one asyncio loop per replica, publishing immutable endpoint snapshots.
+
+::
+
+    set_endpoints(pool, dialect, addresses) ──▶ one task per endpoint (jittered start, every `interval`)
+        GET http://ip:port/metrics  (shared ClientSession, keep-alive, per-scrape timeout)
+        ──▶ parse_metrics(page, dialect)  ──▶ new frozen EndpointMetrics
+        ──▶ new EndpointSnapshot, swapped in as one reference (version + 1) ──▶ on_snapshot(snapshot)
+
+Readers call :meth:`MetricsScraper.snapshot` (or keep what ``on_snapshot`` handed them) and never
+lock: a snapshot never changes once published (docs/architecture.md, principle 1).
+
+Staleness: a failed scrape (connection refused, timeout, HTTP status other than 200, unreadable page)
+keeps the endpoint's last metrics; once those are older than ``stale_after`` (or there never were
+any) the endpoint is published ``healthy=False``. The next good scrape makes it healthy again.
+Each endpoint's task waits only on its own replica, and the connection pool has no global limit, so
+a slow or dead replica never delays the others.
+
+All methods must be called from the event loop's thread (the scraper is single-threaded asyncio);
+:meth:`snapshot` and :attr:`version` may be read from anywhere, as they only read one reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+
+import aiohttp
+
+from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
+from gateway.picker.scrape.exposition import MetricsPageError
+from policies.types import Endpoint, EndpointSnapshot, EndpointView
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+SnapshotListener = Callable[[EndpointSnapshot], None]
+
+_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeCounters:
+    """Per-endpoint scrape counts, for a later Prometheus export.
+
+    ``errors`` counts failures by kind: ``timeout``, ``connection``, ``status`` (not 200),
+    ``page`` (unreadable or not the pool's dialect), ``http`` (any other client error) and
+    ``internal`` (a bug of ours, logged).
+    """
+
+    successes: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    last_error: str = ""
+
+
+class _ScrapeFailure(Exception):
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+class _Target:
+    """One endpoint being scraped: its loop task, latest view and counters (loop-thread only)."""
+
+    __slots__ = (
+        "consecutive_failures",
+        "dialect",
+        "endpoint",
+        "errors",
+        "last_error",
+        "successes",
+        "task",
+        "url",
+        "view",
+    )
+
+    def __init__(self, endpoint: Endpoint, dialect: MetricsDialect, url: str) -> None:
+        self.endpoint = endpoint
+        self.dialect = dialect
+        self.url = url
+        self.view = EndpointView(endpoint)
+        self.task: asyncio.Task[None] | None = None
+        self.successes = 0
+        self.consecutive_failures = 0
+        self.errors: dict[str, int] = {}
+        self.last_error = ""
+
+    def counters(self) -> ScrapeCounters:
+        return ScrapeCounters(
+            successes=self.successes,
+            failures=sum(self.errors.values()),
+            consecutive_failures=self.consecutive_failures,
+            errors=MappingProxyType(dict(self.errors)),
+            last_error=self.last_error,
+        )
+
+
+def _checked(endpoint: Endpoint) -> Endpoint:
+    host, sep, port = endpoint.address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint address {endpoint.address!r} is not host:port")
+    return endpoint
+
+
+def metrics_url(endpoint: Endpoint, path: str, port: int | None = None) -> str:
+    """``http://host:port/path`` for an endpoint (IPv6 hosts bracketed; ``port`` overrides its port)."""
+    host = endpoint.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{endpoint.port if port is None else port}{path}"
+
+
+class MetricsScraper:
+    """Scrapes every configured endpoint on its own loop and publishes :class:`EndpointSnapshot` s.
+
+    Use as ``async with MetricsScraper(...) as scraper:`` (or :meth:`start` / :meth:`stop`).
+    """
+
+    def __init__(
+        self,
+        *,
+        interval: float = 0.05,
+        timeout: float = 0.5,
+        stale_after: float = 0.2,
+        clock: Clock = time.monotonic,
+        on_snapshot: SnapshotListener | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if interval <= 0 or timeout <= 0 or stale_after < 0:
+            raise ValueError("interval and timeout must be positive, stale_after not negative")
+        self._interval = interval
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._stale_after = stale_after
+        self._clock = clock
+        self._on_snapshot = on_snapshot
+        self._rng = rng or random.Random()
+        self._targets: dict[str, dict[str, _Target]] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+        self._snapshot = EndpointSnapshot()
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- readers -------------------------------------------------------------------------------
+
+    def snapshot(self) -> EndpointSnapshot:
+        """The latest published snapshot (immutable; a new object after every change)."""
+        return self._snapshot
+
+    @property
+    def version(self) -> int:
+        """Grows by one with every published snapshot."""
+        return self._snapshot.version
+
+    @property
+    def running(self) -> bool:
+        return self._session is not None
+
+    def counters(self) -> Mapping[Endpoint, ScrapeCounters]:
+        """Scrape counters of every current endpoint (a copy)."""
+        return MappingProxyType(
+            {t.endpoint: t.counters() for targets in self._targets.values() for t in targets.values()}
+        )
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def set_endpoints(
+        self,
+        pool: str,
+        dialect: MetricsDialect | str,
+        endpoints: Iterable[Endpoint | str],
+        *,
+        metrics_path: str | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
+        """Make ``pool``'s endpoints exactly ``endpoints`` (``ip:port`` strings or Endpoints).
+
+        New endpoints start scraping (if the scraper runs); removed ones have their task cancelled;
+        kept ones keep their metrics unless their dialect or metrics URL changed.
+        ``metrics_path`` defaults to the dialect's; ``metrics_port`` (e.g. Triton's 8002) to the
+        endpoint's own port. Publishes a new snapshot.
+        """
+        spec = DIALECTS[MetricsDialect(dialect)]
+        path = metrics_path if metrics_path is not None else spec.metrics_path
+        wanted: dict[str, Endpoint] = {}
+        for item in endpoints:
+            endpoint = Endpoint(item, pool) if isinstance(item, str) else item
+            if endpoint.pool != pool:
+                raise ValueError(
+                    f"endpoint {endpoint.address} belongs to pool {endpoint.pool!r}, not {pool!r}"
+                )
+            wanted[_checked(endpoint).address] = endpoint
+        current = self._targets.get(pool, {})
+        updated: dict[str, _Target] = {}
+        for address, endpoint in wanted.items():
+            url = metrics_url(endpoint, path, metrics_port)
+            old = current.get(address)
+            if (
+                old is not None
+                and old.endpoint == endpoint
+                and old.dialect == spec.dialect
+                and old.url == url
+            ):
+                updated[address] = old
+                continue
+            if old is not None:
+                self._retire(old)
+            target = _Target(endpoint, spec.dialect, url)
+            updated[address] = target
+            if self.running:
+                self._launch(target)
+        for address, old in current.items():
+            if address not in wanted:
+                self._retire(old)
+        self._targets[pool] = updated
+        self._publish(pool)
+
+    def remove_pool(self, pool: str) -> None:
+        """Stop scraping every endpoint of ``pool`` and drop it from the snapshot."""
+        for target in self._targets.pop(pool, {}).values():
+            self._retire(target)
+        if pool in self._snapshot.pools:
+            pools = dict(self._snapshot.pools)
+            del pools[pool]
+            self._swap(pools)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, headers={"Accept": _ACCEPT}, raise_for_status=False
+        )
+        for targets in self._targets.values():
+            for target in targets.values():
+                self._launch(target)
+
+    async def stop(self) -> None:
+        """Cancel every scrape loop, wait for them, close the session. The last snapshot stays readable."""
+        tasks = [t.task for ts in self._targets.values() for t in ts.values() if t.task is not None]
+        tasks += self._retired
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for targets in self._targets.values():
+            for target in targets.values():
+                target.task = None
+        self._retired.clear()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def __aenter__(self) -> MetricsScraper:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # -- the per-endpoint loop -----------------------------------------------------------------
+
+    def _launch(self, target: _Target) -> None:
+        name = f"scrape {target.endpoint.pool}/{target.endpoint.address}"
+        target.task = asyncio.get_running_loop().create_task(self._run(target), name=name)
+
+    def _retire(self, target: _Target) -> None:
+        task, target.task = target.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+
+    async def _run(self, target: _Target) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self._rng.uniform(0.0, self._interval))
+        next_at = loop.time()
+        while True:
+            await self._scrape_once(target)
+            next_at += self._interval
+            now = loop.time()
+            if next_at < now:  # a scrape overran the interval: start again now, without a burst
+                next_at = now
+            await asyncio.sleep(next_at - now)
+
+    async def _scrape_once(self, target: _Target) -> None:
+        session = self._session
+        if session is None:
+            return
+        try:
+            page = await self._fetch(session, target.url)
+            metrics = parse_metrics(page, target.dialect, self._clock())
+        except _ScrapeFailure as failure:
+            self._failed(target, failure.kind, str(failure))
+            return
+        except MetricsPageError as exc:
+            self._failed(target, "page", exc.message)
+            return
+        except Exception as exc:  # a bug must not end this endpoint's loop silently
+            log.exception("scrape of %s failed unexpectedly", target.url)
+            self._failed(target, "internal", repr(exc))
+            return
+        target.successes += 1
+        target.consecutive_failures = 0
+        target.view = EndpointView(target.endpoint, metrics, healthy=True)
+        self._publish(target.endpoint.pool, target)
+
+    async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str:
+        try:
+            async with session.get(url) as response:
+                if response.status != 200:
+                    raise _ScrapeFailure("status", f"HTTP {response.status}")
+                body = await response.read()
+        except TimeoutError as exc:  # aiohttp's timeouts derive from TimeoutError
+            raise _ScrapeFailure("timeout", repr(exc)) from None
+        except aiohttp.ClientConnectionError as exc:
+            raise _ScrapeFailure("connection", repr(exc)) from None
+        except aiohttp.ClientError as exc:
+            raise _ScrapeFailure("http", repr(exc)) from None
+        return body.decode("utf-8", errors="replace")
+
+    def _failed(self, target: _Target, kind: str, detail: str) -> None:
+        target.consecutive_failures += 1
+        target.errors[kind] = target.errors.get(kind, 0) + 1
+        target.last_error = detail
+        if target.consecutive_failures == 1:
+            log.debug("scrape of %s failed: %s", target.url, detail)
+        view = target.view
+        stale = view.metrics is None or view.age(self._clock()) >= self._stale_after
+        if view.healthy and stale:
+            log.info("endpoint %s/%s unhealthy: %s", target.endpoint.pool, target.endpoint.address, detail)
+            target.view = EndpointView(target.endpoint, view.metrics, healthy=False)
+            self._publish(target.endpoint.pool, target)
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _publish(self, pool: str, changed: _Target | None = None) -> None:
+        targets = self._targets.get(pool)
+        if targets is None:
+            return
+        if changed is not None and targets.get(changed.endpoint.address) is not changed:
+            return  # a retired endpoint's last scrape: not ours to publish any more
+        pools = dict(self._snapshot.pools)
+        pools[pool] = tuple(t.view for t in targets.values())
+        self._swap(pools)
+
+    def _swap(self, pools: Mapping[str, tuple[EndpointView, ...]]) -> None:
+        snapshot = EndpointSnapshot.of(pools, version=self._snapshot.version + 1)
+        self._snapshot = snapshot
+        if self._on_snapshot is not None:
+            try:
+                self._on_snapshot(snapshot)
+            except Exception:
+                log.exception("snapshot listener failed")

@@ -1,0 +1,234 @@
+"""The endpoint-picker runtime: pools → schedulers + scraper + ext_proc server + admin HTTP.
+
+``PickerService`` is fed pool configurations (from a pools file today, from the Gateway API control
+plane via ``apply_pools`` later) and keeps three things in step: the scraper's endpoint membership,
+one ``ProfileScheduler`` per pool (kept across updates while its profile is unchanged, so in-flight
+counts and the prefix index survive a reload), and the immutable pool table the ext_proc service
+resolves pools from (swapped as one reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from extproc.lifecycle import LifecycleConfig
+from extproc.ports import Pool
+from extproc.server import ExtProcServer
+from gateway.picker.admin_http import AdminServer
+from gateway.picker.pools_file import PoolSpec
+from gateway.picker.redis_link import RedisSettings
+from gateway.picker.scraper import MetricsScraper
+from gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
+from gateway.picker.telemetry import GatewayTelemetry
+from policies.contracts import Scheduler
+from policies.errors import PoolNotFoundError, RouteNotFoundError
+from policies.profile import load_profile
+from policies.registry import PluginRegistry, builtin_registry
+from policies.scheduler import ProfileScheduler
+from policies.types import EndpointView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRuntime:
+    """One pool as ext_proc sees it (``extproc.ports.Pool``): config plus its scheduler."""
+
+    spec: PoolSpec
+    scheduler_impl: ProfileScheduler
+    scraper: MetricsScraper
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+    """Draws the weighted model-rewrite target of each request."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def served_models(self) -> frozenset[str]:
+        return frozenset(self.spec.models)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.scheduler_impl
+
+    def endpoints(self) -> tuple[EndpointView, ...]:
+        return self.scraper.snapshot().endpoints(self.spec.name)
+
+    def objective_priority(self, objective: str) -> int | None:
+        return self.spec.objective_priority(objective)
+
+    def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
+        targets = self.spec.rewrite_targets(model)
+        if not targets:
+            return model
+        if len(targets) == 1:
+            return targets[0].model
+        [target] = self.rng.choices(targets, weights=[t.weight for t in targets])
+        return target.model
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTable:
+    """An immutable ``extproc.ports.PoolDirectory``; the service swaps in a new one on change."""
+
+    pools: Mapping[str, PoolRuntime]
+    default: str | None
+
+    def resolve(self, name: str | None) -> Pool:
+        key = name if name is not None else self.default
+        if key is None:
+            # Envoy matched no route carrying a pool (e.g. a model no HTTPRoute serves): 404, as the
+            # Gateway API answers a request no route matches.
+            raise RouteNotFoundError("no route matches this request (is the model served here?)")
+        pool = self.pools.get(key)
+        if pool is None:
+            raise PoolNotFoundError(f"pool {key!r} is not configured")
+        return pool
+
+
+class _LiveDirectory:
+    """Forwards to whatever table the service holds now (one reference read per request)."""
+
+    def __init__(self, service: PickerService) -> None:
+        self._service = service
+
+    def resolve(self, name: str | None) -> Pool:
+        return self._service.table.resolve(name)
+
+
+@dataclass(frozen=True, slots=True)
+class PickerSettings:
+    grpc_address: str = "127.0.0.1:9002"
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 9090
+    scrape_interval: float = 0.05
+    scrape_timeout: float = 0.5
+    stale_after: float = 0.2
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    redis: RedisSettings | None = None
+    """Share scheduler state and tenant limits with other picker replicas (None: in process)."""
+    plugin_timing_every: int = 8
+    """Time the scheduler's plugins (``inference_extension_plugin_duration_seconds``) on one request
+    in this many (1: every request): a sample keeps the histogram's shape at a fraction of the cost
+    (~7 µs a request with the default profile, bench.datapath_offline --timing-every)."""
+    reuse_port: bool = False
+    """Bind the gRPC port with SO_REUSEPORT (one of several workers on one port)."""
+    own_grpc_address: str | None = None
+    """A second gRPC address of this worker alone (``kvgate picker --workers``: the data planes
+    kvgate configures balance over these; the shared port is for gateways given one address)."""
+
+
+class PickerService:
+    """Owns the scraper, the schedulers, the ext_proc gRPC server and the admin HTTP server."""
+
+    def __init__(self, settings: PickerSettings, *, registry: PluginRegistry | None = None) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else builtin_registry()
+        self.telemetry = GatewayTelemetry()
+        self.scraper = MetricsScraper(
+            interval=settings.scrape_interval,
+            timeout=settings.scrape_timeout,
+            stale_after=settings.stale_after,
+        )
+        self.table = PoolTable(pools=MappingProxyType({}), default=None)
+        self.sharing = SharingRuntime(settings.redis)
+        self.telemetry.registry.register(SharingCollector(self.sharing))
+        lifecycle = settings.lifecycle
+        if lifecycle.tenant_limiter is None:
+            lifecycle = dataclasses.replace(lifecycle, tenant_limiter=self.sharing.limiter)
+        self.extproc = ExtProcServer(
+            _LiveDirectory(self),
+            address=settings.grpc_address,
+            metrics=self.telemetry,
+            config=lifecycle,
+            reuse_port=settings.reuse_port,
+            own_address=settings.own_grpc_address,
+        )
+        self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
+        self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
+
+    def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:
+        return {e.address: (c.successes, c.failures) for e, c in self.scraper.counters().items()}
+
+    def apply_pools(self, specs: Sequence[PoolSpec], default: str | None) -> None:
+        """Make the service serve exactly ``specs`` (raises ConfigError before changing anything)."""
+        old = self.table.pools
+        schedulers: dict[str, ProfileScheduler] = {}
+        for spec in specs:  # build everything first: a bad profile leaves the old table serving
+            previous = old.get(spec.name)
+            if previous is not None and previous.spec.profile == spec.profile:
+                schedulers[spec.name] = previous.scheduler_impl
+            else:
+                profile = load_profile(spec.profile, self.registry)
+                schedulers[spec.name] = ProfileScheduler(
+                    profile, state=self.sharing.state_for(spec.name), timer=self.telemetry,
+                    timing_every=self.settings.plugin_timing_every,
+                )
+        for name in old.keys() - {spec.name for spec in specs}:
+            self.scraper.remove_pool(name)
+        for spec in specs:
+            self.scraper.set_endpoints(spec.name, spec.engine, spec.endpoints)
+            kept = set(spec.endpoints)
+            previous = old.get(spec.name)
+            if previous is not None:
+                for address in set(previous.spec.endpoints) - kept:
+                    schedulers[spec.name].forget_endpoint(address)
+        self.sharing.apply(specs)
+        pools = {spec.name: PoolRuntime(spec, schedulers[spec.name], self.scraper) for spec in specs}
+        self.table = PoolTable(pools=MappingProxyType(pools), default=default)
+        log.info("serving pools: %s", ", ".join(sorted(pools)) or "(none)")
+
+    def pool_report(self) -> list[dict[str, object]]:
+        """What the admin endpoint shows: each pool, its endpoints and their latest metrics."""
+        snapshot = self.scraper.snapshot()
+        report: list[dict[str, object]] = []
+        for name, runtime in sorted(self.table.pools.items()):
+            endpoints: list[dict[str, object]] = []
+            for view in snapshot.endpoints(name):
+                m = view.metrics
+                inflight = runtime.scheduler_impl.state.inflight(view.address)
+                endpoints.append(
+                    {
+                        "address": view.address,
+                        "healthy": view.healthy,
+                        "waiting": None if m is None else m.waiting,
+                        "running": None if m is None else m.running,
+                        "kv_cache_usage": None if m is None else m.kv_cache_usage,
+                        "active_loras": [] if m is None else sorted(m.active_loras),
+                        "inflight_requests": inflight.requests,
+                        "inflight_tokens": inflight.tokens,
+                    }
+                )
+            report.append(
+                {
+                    "name": name,
+                    "profile": runtime.spec.profile,
+                    "failure_mode": runtime.spec.failure_mode.value,
+                    "models": list(runtime.spec.models),
+                    "endpoints": endpoints,
+                }
+            )
+        return report
+
+    async def start(self) -> None:
+        await self.scraper.start()
+        await self.sharing.start()
+        await self.extproc.start()
+        await self.admin.start()
+
+    async def stop(self) -> None:
+        await self.admin.stop()
+        await self.extproc.stop(0.5)
+        await self.sharing.stop()
+        await self.scraper.stop()
+
+    @property
+    def grpc_port(self) -> int:
+        return self.extproc.port
+

@@ -1,0 +1,100 @@
+"""``SharingRuntime``: what the picker shares and limits, in process or through Redis.
+
+The composition root (``gateway.picker.service``) asks it for each pool's scheduler state and tenant
+limits and starts/stops it with the service. Without Redis settings the states are plain
+``InProcessState`` and the limiter counts in process; with them, one ``RedisLink`` serves the
+shared scheduler state (``SharedStateSync``) and the limiter's counters (``RedisCounters``).
+``counters()`` (also exported as Prometheus metrics by ``SharingCollector``) tells how sharing goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.picker.pools_file import PoolSpec
+from gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
+from gateway.picker.ratelimit.stores import InProcessCounters, RedisCounters
+from gateway.picker.redis_link import RedisLink, RedisSettings
+from gateway.picker.shared_state.sync import SharedStateSync
+from policies.state import InProcessState, SchedulerState
+
+
+class SharingRuntime:
+    def __init__(self, redis: RedisSettings | None = None) -> None:
+        self.redis = redis
+        self.link = RedisLink(redis) if redis is not None else None
+        self.sync = SharedStateSync(self.link) if self.link is not None else None
+        self.counter_store = RedisCounters(self.link) if self.link is not None else None
+        self.limiter = TenantRateLimiter(self.counter_store or InProcessCounters())
+
+    def state_for(self, pool: str) -> SchedulerState:
+        """The scheduler state of ``pool`` (shared through Redis when configured)."""
+        return self.sync.state_for(pool) if self.sync is not None else InProcessState()
+
+    def apply(self, specs: Iterable[PoolSpec]) -> None:
+        """Configure tenant limits for ``specs``; forget pools no longer listed."""
+        specs = list(specs)
+        names = {spec.name for spec in specs}
+        for spec in specs:
+            limits = spec.rate_limits
+            self.limiter.configure(
+                spec.name,
+                None if limits is None
+                else TenantLimits(limits.requests_per_minute, limits.tokens_per_minute, limits.header),
+            )
+        if self.sync is not None:
+            for pool in set(self.sync.mirrors) - names:
+                self.sync.drop_pool(pool)
+
+    async def start(self) -> None:
+        if self.sync is not None and self.counter_store is not None and self.redis is not None:
+            await self.sync.start()
+            await self.counter_store.start(self.redis.sync_interval_s)
+
+    async def stop(self) -> None:
+        if self.sync is not None and self.counter_store is not None and self.link is not None:
+            await self.counter_store.stop()
+            await self.sync.stop()
+            await self.link.close()
+
+    def counters(self) -> dict[str, float]:
+        out: dict[str, float] = {
+            "ratelimit_fail_open": self.limiter.fail_open,
+            "ratelimit_limited": self.limiter.limited,
+        }
+        if self.link is not None and self.sync is not None:
+            link, sync = self.link.counters, self.sync.counters
+            out.update(
+                redis_connected=float(link.connected),
+                redis_ops=link.ops,
+                redis_errors=link.errors,
+                redis_timeouts=link.timeouts,
+                redis_reconnects=link.reconnects,
+                shared_events_sent=sync.events_sent,
+                shared_events_received=sync.events_received,
+                shared_events_dropped=self.sync.events_dropped(),
+                shared_events_lost=sync.events_lost,
+                shared_peers=sync.peers,
+            )
+        return out
+
+
+_GAUGES = frozenset({"redis_connected", "shared_peers"})
+
+
+class SharingCollector(Collector):
+    """Exports ``SharingRuntime.counters()`` as ``kvgate_<name>[_total]``."""
+
+    def __init__(self, runtime: SharingRuntime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterable[Metric]:
+        for name, value in self._runtime.counters().items():
+            metric = f"kvgate_{name}"
+            if name in _GAUGES:
+                yield GaugeMetricFamily(metric, f"kvgate shared state: {name}", value=value)
+            else:
+                yield CounterMetricFamily(metric, f"kvgate shared state: {name}", value=value)

@@ -1,0 +1,295 @@
+"""``SharedStateSync``: the IO shell that keeps every pool's ``MirroredState`` in step through Redis.
+
+Keys, per pool (``P`` = ``key_prefix``)::
+
+    P:{pool}:prefix              stream: event batches of prefix insertions (trimmed by age, prefix_ttl_s)
+    P:{pool}:session             stream: event batches of session pins (trimmed by age, session_ttl_s)
+    P:{pool}:pickers             sorted set: picker id -> last publish (ms)
+    P:{pool}:inflight:{picker}   hash: endpoint -> "requests tokens" (expires after inflight_ttl_s)
+
+Two background tasks. The *sync* loop, every ``sync_interval_s``: appends each mirror's outbox as
+one batch entry per stream, republishes this picker's in-flight hash (with its TTL, so a dead
+picker's counts age out) and reads every live peer's hash into the mirrors. The *read* loop tails
+the streams (a blocking XREAD) and applies peers' events (its own are skipped by origin). A new
+picker starts reading the streams ``ttl`` back, so it learns the recent prefix map at once.
+When Redis fails, both loops back off (``RedisLink``) and routing goes on with the local view;
+peers' in-flight counts older than ``inflight_ttl_s`` are dropped locally too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.client import Pipeline
+
+from gateway.picker.redis_link import RedisLink
+from gateway.picker.shared_state.codec import (
+    BATCH_FIELD,
+    PrefixInsert,
+    SharedEvent,
+    UnknownFormat,
+    decode_entry,
+    decode_inflight,
+    encode_batch,
+    encode_inflight,
+)
+from gateway.picker.shared_state.mirror import MirroredState
+from policies.state import InFlight
+
+log = logging.getLogger(__name__)
+
+
+def new_picker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(slots=True)
+class SyncCounters:
+    events_sent: int = 0
+    events_lost: int = 0
+    """Taken from an outbox for a write that failed (Redis went away): not shared."""
+    events_writing: int = 0
+    """Taken from an outbox, their write still in flight (counted as sent or lost once it ends)."""
+    events_received: int = 0
+    bad_entries: int = 0
+    unknown_format: int = 0
+    """Entries a different kvgate version wrote in a format this one cannot read (skipped)."""
+    syncs: int = 0
+    peer_reads: int = 0
+    peers: int = 0
+
+
+class SharedStateSync:
+    def __init__(
+        self,
+        link: RedisLink,
+        *,
+        picker_id: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.link = link
+        self.settings = link.settings
+        self.picker_id = picker_id or new_picker_id()
+        self.counters = SyncCounters()
+        self._wall = wall_clock
+        self._clock = clock
+        self._mirrors: dict[str, MirroredState] = {}
+        self._last_ids: dict[bytes, bytes] = {}
+        self._peers_read_at = clock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = False
+
+    # --- pools --------------------------------------------------------------------------------
+    def state_for(self, pool: str) -> MirroredState:
+        """The pool's mirror (created on first use; the same one afterwards)."""
+        mirror = self._mirrors.get(pool)
+        if mirror is None:
+            mirror = self._mirrors[pool] = MirroredState(outbox_limit=self.settings.outbox_limit)
+            start = f"{self._wall_ms() - int(self.settings.prefix_ttl_s * 1000)}-0".encode()
+            self._last_ids[self._key(pool, "prefix").encode()] = start
+            start = f"{self._wall_ms() - int(self.settings.session_ttl_s * 1000)}-0".encode()
+            self._last_ids[self._key(pool, "session").encode()] = start
+        return mirror
+
+    def drop_pool(self, pool: str) -> None:
+        self._mirrors.pop(pool, None)
+        for kind in ("prefix", "session"):
+            self._last_ids.pop(self._key(pool, kind).encode(), None)
+
+    @property
+    def mirrors(self) -> Mapping[str, MirroredState]:
+        return self._mirrors
+
+    def events_dropped(self) -> int:
+        return sum(m.dropped for m in self._mirrors.values())
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self._tasks:
+            self._running = True
+            self._tasks = [
+                asyncio.create_task(self._loop(self.sync_once), name="kvgate-redis-sync"),
+                asyncio.create_task(self._loop(self.read_once), name="kvgate-redis-read"),
+            ]
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        self._running = False
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=2.0)  # an outer cancellation still propagates
+            if pending:
+                log.warning("shared-state loops did not stop in time")
+        if self.link.healthy:  # leave no in-flight counts behind for the peers
+            await self.link.run("unpublish", self._unpublish)
+
+    async def _loop(self, step: Callable[[], Any]) -> None:
+        interval = self.settings.sync_interval_s
+        while self._running:
+            started = self._clock()
+            try:
+                await step()
+            except Exception:  # a bug here must not end sharing for good
+                log.exception("shared-state loop step failed")
+            await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
+
+    # --- one round of each loop (also called directly by tests) -------------------------------
+    async def sync_once(self) -> None:
+        """Flush outboxes, publish own in-flight counts, read the peers' counts."""
+        self._expire_stale_peers()
+        if not self.link.available:
+            return
+        batches: list[tuple[str, str, list[SharedEvent]]] = []
+        for pool, mirror in self._mirrors.items():
+            events = mirror.take_outbox(self.settings.batch_events)
+            prefix: list[SharedEvent] = [e for e in events if isinstance(e, PrefixInsert)]
+            sessions: list[SharedEvent] = [e for e in events if not isinstance(e, PrefixInsert)]
+            batches += [(pool, "prefix", prefix), (pool, "session", sessions)]
+        now_ms = self._wall_ms()
+        pools = list(self._mirrors)
+
+        def write(pipe: Pipeline) -> None:
+            s = self.settings
+            for pool, kind, events in batches:
+                if events:
+                    ttl = s.prefix_ttl_s if kind == "prefix" else s.session_ttl_s
+                    pipe.xadd(
+                        self._key(pool, kind),
+                        {"o": self.picker_id, BATCH_FIELD: encode_batch(events)},
+                        minid=now_ms - int(ttl * 1000),
+                        approximate=True,
+                    )
+            self._publish(pipe, now_ms)
+            for pool in pools:
+                pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
+
+        taken = sum(len(events) for _, _, events in batches)
+        self.counters.events_writing += taken
+        try:
+            replies = await self.link.run("sync", write)
+        finally:
+            self.counters.events_writing -= taken
+        if replies is None:
+            self.counters.events_lost += taken
+            return
+        self.counters.syncs += 1
+        self.counters.events_sent += taken
+        members: list[list[bytes]] = replies[len(replies) - len(pools) :]
+        await self._read_peers(pools, members)
+
+    def _publish(self, pipe: Pipeline, now_ms: int) -> None:
+        ttl_ms = int(self.settings.inflight_ttl_s * 1000)
+        for pool, mirror in self._mirrors.items():
+            key = self._key(pool, f"inflight:{self.picker_id}")
+            own = mirror.own_inflight()
+            pipe.delete(key)
+            if own:
+                pipe.hset(key, mapping={a: encode_inflight(v) for a, v in own.items()})
+                pipe.pexpire(key, ttl_ms)
+            pickers = self._key(pool, "pickers")
+            pipe.zadd(pickers, {self.picker_id: now_ms})
+            pipe.zremrangebyscore(pickers, "-inf", now_ms - 10 * ttl_ms)
+            pipe.pexpire(pickers, 10 * ttl_ms)
+
+    def _unpublish(self, pipe: Pipeline) -> None:
+        for pool in self._mirrors:
+            pipe.delete(self._key(pool, f"inflight:{self.picker_id}"))
+            pipe.zrem(self._key(pool, "pickers"), self.picker_id)
+
+    async def _read_peers(self, pools: list[str], members: list[list[bytes]]) -> None:
+        me = self.picker_id.encode()
+        wanted = [(pool, m) for pool, ids in zip(pools, members, strict=True) for m in ids if m != me]
+
+        def read(pipe: Pipeline) -> None:
+            for pool, member in wanted:
+                pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
+
+        replies = await self.link.run("peers", read) if wanted else []
+        if replies is None:
+            return
+        per_pool: dict[str, list[dict[str, InFlight]]] = {pool: [] for pool in pools}
+        for (pool, _member), fields in zip(wanted, replies, strict=True):
+            contribution: dict[str, InFlight] = {}
+            for address, value in fields.items():
+                try:
+                    contribution[address.decode()] = decode_inflight(value)
+                except ValueError:
+                    self.counters.bad_entries += 1
+            per_pool[pool].append(contribution)
+        for pool, contributions in per_pool.items():
+            mirror = self._mirrors.get(pool)
+            if mirror is not None:
+                mirror.set_peer_inflight(contributions)
+        self._peers_read_at = self._clock()
+        self.counters.peer_reads += 1
+        self.counters.peers = len(wanted)
+
+    def _expire_stale_peers(self) -> None:
+        if self._clock() - self._peers_read_at > self.settings.inflight_ttl_s:
+            for mirror in self._mirrors.values():
+                if mirror.peer_inflight():
+                    mirror.set_peer_inflight([])
+
+    async def read_once(self) -> None:
+        """Tail the streams once (blocking up to ``read_block_s``) and apply peers' events."""
+        if not self._last_ids:
+            return
+        if not self.link.available:
+            return
+        streams = dict(self._last_ids)
+        block_ms = max(1, int(self.settings.read_block_s * 1000))
+        replies = await self.link.run(
+            "read",
+            lambda pipe: pipe.xread(streams, count=1000, block=block_ms),  # type: ignore[arg-type]
+            extra_wait_s=2 * self.settings.read_block_s,
+        )
+        if not replies or not replies[0]:
+            return
+        result = replies[0]
+        items = result.items() if isinstance(result, dict) else result
+        me = self.picker_id.encode()
+        for stream_key, entries in items:
+            key = stream_key if isinstance(stream_key, bytes) else str(stream_key).encode()
+            pool = self._pool_of(key)
+            mirror = self._mirrors.get(pool) if pool is not None else None
+            for entry_id, fields in entries:
+                if key in self._last_ids:
+                    self._last_ids[key] = entry_id
+                if mirror is None or fields.get(b"o") == me:
+                    continue
+                try:
+                    events = decode_entry(fields)
+                except UnknownFormat as exc:
+                    self.counters.unknown_format += 1
+                    if self.counters.unknown_format == 1:
+                        log.warning("skipping shared-state entries a different kvgate wrote: %s", exc)
+                    continue
+                except ValueError:
+                    self.counters.bad_entries += 1
+                    continue
+                mirror.apply_peer_events(events)
+                self.counters.events_received += len(events)
+
+    # --- keys ---------------------------------------------------------------------------------
+    def _key(self, pool: str, kind: str) -> str:
+        return f"{self.settings.key_prefix}:{pool}:{kind}"
+
+    def _pool_of(self, key: bytes) -> str | None:
+        text = key.decode()
+        head = f"{self.settings.key_prefix}:"
+        if not text.startswith(head):
+            return None
+        return text[len(head) :].rpartition(":")[0]
+
+    def _wall_ms(self) -> int:
+        return int(self._wall() * 1000)

@@ -1,0 +1,2 @@
+"""Child processes kvgate runs (Envoy, the simulator, redis-server, picker workers): started and
+stopped one way."""

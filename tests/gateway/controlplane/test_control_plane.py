@@ -1,0 +1,196 @@
+"""The control loop without Envoy: manifests → picker pools + xDS snapshot; errors keep the last good."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings, pool_specs, with_pods
+from gateway.controlplane.resources import FileProvider, ValidationOptions, parse_manifests, validate
+from gateway.controlplane.status_cli import format_status
+from gateway.controlplane.xds import ANY_NODE, SnapshotCache
+from gateway.picker.service import PickerService, PickerSettings, PoolRuntime
+from gateway.up import bundled_example, find_pool, sim_pods
+from policies.errors import ConfigError
+
+POOL = """
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata:
+  name: llama
+  annotations: {{kvgate.io/profile: {profile}, kvgate.io/engine: {engine}}}
+spec:
+  selector: {{matchLabels: {{app: llama}}}}
+  targetPorts: [{{number: 8000}}]
+  endpointPickerRef: {{name: epp, failureMode: FailOpen}}
+"""
+
+REST = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: kvgate
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r}
+spec:
+  parentRefs: [{name: gw}]
+  rules: [{backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: llama}]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p0, labels: {app: llama}}
+status: {podIP: 10.0.0.7}
+---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceObjective
+metadata: {name: batch}
+spec: {priority: -1, poolRef: {name: llama}}
+---
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceModelRewrite
+metadata: {name: canary}
+spec:
+  poolRef: {name: llama}
+  rules:
+    - matches: [{model: {value: m}}]
+      targets: [{modelRewrite: m-v1, weight: 90}, {modelRewrite: m-v2, weight: 10}]
+"""
+
+EXTERNAL = """
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: other}
+spec:
+  selector: {matchLabels: {app: other}}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef: {name: ext-epp}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext-epp, annotations: {kvgate.io/endpoints: "10.1.0.1:9002"}}
+spec: {ports: [{port: 9002}]}
+"""
+
+SETTINGS = ControlPlaneSettings(picker_address="127.0.0.1:9002", listen_ports=((8080, 18080),))
+
+
+def write(directory: Path, profile: str = "default", engine: str = "sglang") -> None:
+    (directory / "all.yaml").write_text(POOL.format(profile=profile, engine=engine) + "---" + REST)
+
+
+def test_pool_specs_carry_endpoints_objectives_rewrites_and_annotations() -> None:
+    resources = parse_manifests([("x.yaml", POOL.format(profile="gie-default", engine="sglang") + "---"
+                                  + REST + "---" + EXTERNAL)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    specs, warnings = pool_specs(resources, config, SETTINGS)
+    assert warnings == []
+    [spec] = specs  # the pool with an external picker is not served by kvgate's own
+    assert spec.name == "default/llama"
+    assert spec.endpoints == ("10.0.0.7:8000",)
+    assert spec.failure_mode.value == "FailOpen"
+    assert (spec.profile, spec.engine) == ("gie-default", "sglang")
+    assert spec.objective_priority("batch") == -1
+    targets = spec.rewrite_targets("m")
+    assert targets is not None
+    assert [(t.model, t.weight) for t in targets] == [("m-v1", 90), ("m-v2", 10)]
+    assert spec.rewrite_targets("other") is None
+
+
+def test_unknown_engine_annotation_falls_back_with_a_warning() -> None:
+    resources = parse_manifests([("x.yaml", POOL.format(profile="default", engine="tgi") + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert spec.engine == "vllm"
+    assert "tgi" in warnings[0]
+
+
+def test_rate_limit_annotations_become_tenant_limits_and_bad_values_are_warned_about() -> None:
+    limited = POOL.replace(
+        "annotations: {{", "annotations: {{kvgate.io/requests-per-minute: '60', "
+        "kvgate.io/tokens-per-minute: 'lots', kvgate.io/fairness-header: X-Team, "
+    ).format(profile="default", engine="vllm")
+    resources = parse_manifests([("x.yaml", limited + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert spec.rate_limits is not None
+    assert (spec.rate_limits.requests_per_minute, spec.rate_limits.tokens_per_minute) == (60, None)
+    assert spec.rate_limits.header == "x-team"
+    [warning] = warnings
+    assert "kvgate.io/tokens-per-minute" in warning
+    plain = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm") + "---" + REST)])
+    [spec], _ = pool_specs(plain, validate(plain, ValidationOptions(require_picker_service=False)), SETTINGS)
+    assert spec.rate_limits is None
+
+
+async def test_weighted_rewrite_draws_in_proportion() -> None:
+    resources = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm") + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], _ = pool_specs(resources, config, SETTINGS)
+    service = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
+    runtime = PoolRuntime(spec, None, service.scraper, rng=random.Random(7))  # type: ignore[arg-type]
+    drawn = Counter(runtime.rewrite_model("m", {}) for _ in range(5000))
+    assert set(drawn) == {"m-v1", "m-v2"}
+    assert 0.08 < drawn["m-v2"] / 5000 < 0.12
+    assert runtime.rewrite_model("x", {}) == "x"
+
+
+async def test_apply_publishes_and_a_bad_change_keeps_the_last_good(tmp_path: Path) -> None:
+    write(tmp_path)
+    provider = FileProvider(tmp_path, options=SETTINGS.validation)
+    picker = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
+    cache = SnapshotCache()
+    control = ControlPlane(provider, picker, cache, SETTINGS)
+    assert control.apply(provider.load())
+    first = cache.snapshot_for(ANY_NODE)
+    assert first is not None
+    assert list(picker.table.pools) == ["default/llama"]
+    assert picker.table.resolve(None).name == "default/llama"  # the only pool is the default
+
+    write(tmp_path, profile="no-such-profile")
+    assert not control.apply(provider.load())
+    assert control.last_error is not None
+    assert "no-such-profile" in control.last_error
+    assert cache.snapshot_for(ANY_NODE) is first
+    assert picker.table.pools["default/llama"].spec.profile == "default"
+    status = control.status()
+    assert status["apply_error"] == control.last_error
+    assert status["applied"]["pools"] == ["default/llama"]
+    text = format_status(status)
+    for word in ("APPLY ERROR", "InferencePool", "ResolvedRefs"):
+        assert word in text
+
+    write(tmp_path, engine="vllm")
+    assert control.apply(provider.load())
+    assert control.last_error is None
+    assert picker.table.pools["default/llama"].spec.engine == "vllm"
+
+
+def test_sim_pods_join_the_chosen_pool() -> None:
+    resources = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm") + "---" + REST)])
+    pool = find_pool(resources, "llama")
+    pods = sim_pods(pool, ["127.0.1.1", "127.0.1.2"])
+    merged = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm"))])
+    config = validate(with_pods(merged, pods), ValidationOptions(require_picker_service=False))
+    assert config.pools[0].addresses == ("127.0.1.1:8000", "127.0.1.2:8000")
+    with pytest.raises(ConfigError):
+        find_pool(resources, "nope")
+    two = parse_manifests([("x.yaml", POOL.format(profile="a", engine="b") + "---" + EXTERNAL)])
+    with pytest.raises(ConfigError):
+        find_pool(two, None)
+
+
+def test_the_bundled_example_is_valid() -> None:
+    provider = FileProvider(bundled_example(), options=SETTINGS.validation)
+    snapshot = provider.load()
+    assert not snapshot.config.status.problems or all(
+        entry.resource.kind == "InferencePool" for entry in snapshot.config.status.problems
+    )
+    assert [pool.id for pool in snapshot.config.pools] == ["default/llama"]
+    assert len(snapshot.config.objectives) == 2

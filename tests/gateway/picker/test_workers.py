@@ -1,0 +1,46 @@
+"""The worker supervisor's pure parts (the processes themselves: tests/e2e/test_picker_workers.py)."""
+
+from __future__ import annotations
+
+from gateway.picker.workers import WorkerPlan, worker_base_command
+
+
+def test_the_worker_command_drops_what_the_supervisor_sets_per_worker() -> None:
+    argv = ["--pools", "p.yaml", "--grpc-port", "9002", "--admin-port=9090", "--workers", "4",
+            "--redis", "redis://x", "--reuse-port", "--log-level", "INFO"]
+    base = worker_base_command(argv)
+    assert base[-4:] == ("--pools", "p.yaml", "--log-level", "INFO")
+
+
+def test_each_worker_gets_the_shared_port_its_own_admin_port_and_the_redis_url() -> None:
+    plan = WorkerPlan(workers=3, grpc_port=9002, admin_port=9090, base_command=("kvgate",))
+    command = plan.command(2, "redis://127.0.0.1:7000/0")
+    assert command[command.index("--grpc-port") + 1] == "9002"
+    assert command[command.index("--admin-port") + 1] == "9092"
+    assert command[command.index("--redis") + 1] == "redis://127.0.0.1:7000/0"
+    assert "--reuse-port" in command
+    assert command[command.index("--workers") + 1] == "1"
+    other = WorkerPlan(2, 1, 0, (), own_ports=(7001, 7002)).command(1, "r")
+    assert other[other.index("--admin-port") + 1] == "0"  # admin 0 stays "any free"
+    assert other[other.index("--own-port") + 1] == "7002"
+
+
+def test_up_workers_write_the_pool_table_whole_and_skip_an_empty_one() -> None:
+    from gateway.picker.pools_file import PoolSpec, load_pools
+    from gateway.picker.workers import UpWorkers
+
+    workers = UpWorkers(2, scrape_interval=0.05, stale_after=0.2)
+    try:
+        assert len(set(workers.addresses)) == 2
+        workers.write_pools([], None)
+        assert not workers.pools_path.exists()
+        spec = PoolSpec(name="default/llama", endpoints=("127.0.0.1:8000",))
+        workers.write_pools([spec], "default/llama")
+        loaded = load_pools(workers.pools_path)
+        assert loaded.pools == (spec,)
+        assert loaded.default_pool == "default/llama"
+        assert not list(workers.directory.glob("*.tmp"))
+    finally:
+        import shutil
+
+        shutil.rmtree(workers.directory)
