@@ -20,13 +20,14 @@ import json
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from gateway.processes.child_process import ChildProcess
 
 LAG_LIMIT_MS = 5.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -60,34 +61,20 @@ class StepResult:
         )
 
 
-def start_simulator(time_scale: float, loop: str) -> tuple[subprocess.Popen[str], list[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "simulator",
-            "--replicas",
-            "8",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--time-scale",
-            str(time_scale),
-            "--loop",
-            loop,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    admin = ""
-    for line in proc.stdout:
-        if line.startswith("kvgate-sim admin "):
-            admin = line.split()[2]
-        if line.startswith("kvgate-sim ready "):
-            return proc, line.split()[2:], admin
-    raise RuntimeError("the simulator exited before it was ready")
+async def start_simulator(time_scale: float, loop: str) -> tuple[ChildProcess, list[str], str]:
+    """Eight replicas on free ports; the process, the replica URLs and the fleet admin URL."""
+    proc = ChildProcess([
+        sys.executable, "-m", "simulator", "--replicas", "8", "--port", "0", "--admin-port", "0",
+        "--time-scale", str(time_scale), "--loop", loop,
+    ], name="the simulator")
+    await proc.start()
+    try:
+        ready = await proc.wait_for_line(r"kvgate-sim ready (.*)$", 60)
+        admin = await proc.wait_for_line(r"kvgate-sim admin (\S+)$", 10)
+    except BaseException:
+        await proc.stop()
+        raise
+    return proc, ready.group(1).split(), admin.group(1)
 
 
 async def one_request(
@@ -149,7 +136,7 @@ async def run_step(
 
 
 async def run(args: argparse.Namespace) -> int:
-    proc, urls, admin = start_simulator(args.time_scale, args.loop)
+    proc, urls, admin = await start_simulator(args.time_scale, args.loop)
     rng = random.Random(args.seed)
     results: list[StepResult] = []
     try:
@@ -179,8 +166,7 @@ async def run(args: argparse.Namespace) -> int:
                     break
                 await asyncio.sleep(1.0)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        await proc.stop(30)
     best = max((r.rate for r in results if r.ok()), default=0.0)
     print()
     print(
