@@ -147,6 +147,7 @@ class Contender:
         pools_path.write_text(json.dumps(pools))
         proc = await self._spawn(workdir, [
             sys.executable, "-m", "gateway.cli", "picker", "--pools", str(pools_path), "--grpc-port", "0",
+            "--secure-serving=false", "--grpc-health-port", "0",
             "--admin-port", "0", "--scrape-interval", f"{0.05 * self.time_scale:g}",
             "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
             "--workers", str(workers),

@@ -81,6 +81,7 @@ async def start_picker(name: str, pools_file: Path, log_path: Path) -> tuple[Chi
     """``kvgate picker`` on free ports; returns it, its gRPC (host, port) and its admin URL."""
     command = [
         *kvgate_command(), "picker", "--pools", str(pools_file),
+        "--secure-serving=false", "--grpc-health-port", "0",
         "--grpc-port", "0", "--admin-port", "0",
     ]
     child = await start_child(name, command, PICKER_READY, log_path)

@@ -32,13 +32,21 @@ class ExtProcServer:
         max_concurrent_streams: int | None = None,
         reuse_port: bool = False,
         own_address: str | None = None,
+        credentials: grpc.ServerCredentials | None = None,
+        health_address: str | None = None,
     ) -> None:
         """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT).
         ``own_address`` (``host:port``, port 0 = any free) is a second port of this process alone,
-        for a data plane that balances over the workers itself (``own_port`` once started)."""
+        for a data plane that balances over the workers itself (``own_port`` once started).
+        ``credentials``: serve ext_proc over TLS (None: plaintext). ``health_address``: a separate
+        plaintext port serving only the gRPC health service (probes; ``health_port`` once started),
+        as the Inference Extension's picker does on 9003."""
         self._address = address
         self._own_address = own_address
+        self._credentials = credentials
+        self._health_address = health_address
         self.own_port = 0
+        self.health_port = 0
         options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
         if max_concurrent_streams is not None:
             options.append(("grpc.max_concurrent_streams", max_concurrent_streams))
@@ -47,13 +55,26 @@ class ExtProcServer:
         pb_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._health_server: grpc.aio.Server | None = None
+        if health_address is not None:
+            self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.port = 0
 
+    def _bind(self, address: str) -> int:
+        if self._credentials is not None:
+            return self._server.add_secure_port(address, self._credentials)
+        return self._server.add_insecure_port(address)
+
     async def start(self) -> int:
-        self.port = self._server.add_insecure_port(self._address)
+        self.port = self._bind(self._address)
         if self._own_address is not None:
-            self.own_port = self._server.add_insecure_port(self._own_address)
+            self.own_port = self._bind(self._own_address)
         await self._server.start()
+        if self._health_server is not None:
+            assert self._health_address is not None
+            self.health_port = self._health_server.add_insecure_port(self._health_address)
+            await self._health_server.start()
         for service in ("", EXT_PROC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -61,6 +82,8 @@ class ExtProcServer:
     async def stop(self, grace: float | None = 1.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
+        if self._health_server is not None:
+            await self._health_server.stop(grace)
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()

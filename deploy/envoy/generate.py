@@ -25,7 +25,13 @@ from typing import Any, Final
 
 import yaml
 
-from gateway.controlplane.envoy_config import GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
+from gateway.controlplane.envoy_config import (
+    ExtProcSettings,
+    GatewayConfig,
+    PoolBackend,
+    RouteSpec,
+    static_bootstrap,
+)
 from gateway.controlplane.xds import bootstrap_for_ads
 
 HERE: Final = Path(__file__).resolve().parent
@@ -54,6 +60,7 @@ def static_picker_bootstrap() -> dict[str, Any]:
         picker_addresses=(PICKER_ADDRESS,),
         pools=(PoolBackend(name=POOL),),
         routes=(RouteSpec(name="openai", pool=POOL, path_prefix="/v1/"),),
+        settings=ExtProcSettings(tls=True),  # kvgate picker serves TLS by default (--secure-serving)
     )
     return static_bootstrap(config)
 
@@ -75,7 +82,7 @@ _STATIC_HEADER = """\
 #
 # A whole gateway in one static file, with `kvgate picker` as its endpoint picker:
 #   kvgate sim --replicas 2 --port 8000 --hosts-from 127.0.1.1      # or your vLLM replicas
-#   kvgate picker --pools deploy/envoy/pools-local.yaml               # gRPC 127.0.0.1:9002
+#   kvgate picker --pools deploy/envoy/pools-local.yaml               # gRPC over TLS 127.0.0.1:9002
 #   envoy -c deploy/envoy/static-picker.yaml                          # listens on 0.0.0.0:8080
 # Requests under /v1/ go through the ext_proc filter (pool `llama`, sent as gRPC metadata
 # x-kvgate-pool); the picker answers x-gateway-destination-endpoint and the ORIGINAL_DST cluster

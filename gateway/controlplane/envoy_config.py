@@ -62,6 +62,13 @@ class ExtProcSettings:
     send_served_endpoint: bool = True
     allow_mode_override: bool = False
     """Lets the picker turn the response body on per request (in its reply to the response headers)."""
+    tls: bool = False
+    """Reach the picker over TLS without verifying its certificate (the Inference Extension's
+    reference configuration; ``kvgate picker``'s default ``--secure-serving``); kvgate up's own
+    loopback link stays plaintext."""
+    response_header_mode: Literal["SEND", "SKIP"] = "SEND"
+    """SKIP: the picker never sees the response (the Inference Extension's reference configuration
+    with BUFFERED requests); the served endpoint and the end of the response are then unknown to it."""
 
 
 ONE_PASS = ExtProcSettings(request_body_mode="BUFFERED", response_body_mode="NONE", allow_mode_override=True)
@@ -139,13 +146,28 @@ def _load_assignment(name: str, addresses: Sequence[tuple[str, int]]) -> JsonDic
     return {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]}
 
 
+def upstream_tls() -> JsonDict:
+    """TLS to an upstream whose certificate is not verified (a self-signed picker), HTTP/2 by ALPN."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"alpn_protocols": ["h2"]},
+        },
+    }
+
+
 def ext_proc_cluster(
-    addresses: Sequence[tuple[str, int]], name: str = EXT_PROC_CLUSTER, connect_timeout_s: float = 1.0
+    addresses: Sequence[tuple[str, int]],
+    name: str = EXT_PROC_CLUSTER,
+    connect_timeout_s: float = 1.0,
+    *,
+    tls: bool = False,
 ) -> JsonDict:
     """The picker's gRPC cluster (HTTP/2); several addresses = several picker processes."""
     if not addresses:
         raise ValueError("the ext_proc cluster needs at least one picker address")
-    return {
+    cluster = {
         "name": name,
         "type": "STATIC",
         "connect_timeout": duration(connect_timeout_s),
@@ -159,6 +181,9 @@ def ext_proc_cluster(
         },
         "load_assignment": _load_assignment(name, addresses),
     }
+    if tls:
+        cluster["transport_socket"] = upstream_tls()
+    return cluster
 
 
 def pool_cluster_name(pool: str) -> str:
@@ -262,12 +287,14 @@ def pool_clusters(pool: PoolBackend) -> list[JsonDict]:
     return clusters
 
 
-def processing_mode(request_body_mode: BodyMode, response_body_mode: BodyMode) -> JsonDict:
+def processing_mode(
+    request_body_mode: BodyMode, response_body_mode: BodyMode, response_header_mode: str = "SEND"
+) -> JsonDict:
     """GIE's processing mode; trailers are sent only with full-duplex bodies (Envoy needs them there)."""
     duplex = "FULL_DUPLEX_STREAMED"
     return {
         "request_header_mode": "SEND",
-        "response_header_mode": "SEND",
+        "response_header_mode": response_header_mode,
         "request_body_mode": request_body_mode,
         "response_body_mode": response_body_mode,
         "request_trailer_mode": "SEND" if request_body_mode == duplex else "SKIP",
@@ -286,7 +313,9 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
         "failure_mode_allow": False,
         # A FailClose pool whose picker is unreachable: 503 (openai_local_replies gives it a body).
         "status_on_error": {"code": 503},
-        "processing_mode": processing_mode(settings.request_body_mode, settings.response_body_mode),
+        "processing_mode": processing_mode(
+            settings.request_body_mode, settings.response_body_mode, settings.response_header_mode
+        ),
         "message_timeout": duration(settings.message_timeout_s),
         # The picker sets the router's per-try timeout header (extproc.attempt_timeout); ext_proc
         # refuses x-envoy-* mutations unless allowed. A client's copies never reach it: Envoy removes
@@ -502,7 +531,8 @@ def static_bootstrap(config: GatewayConfig) -> JsonDict:
     extra = [subset_hint_filter(config.subset_hint)] if config.subset_hint is not None else []
     hcm = http_connection_manager("kvgate", route_configuration("kvgate", routes), config.settings, extra)
     main = listener("kvgate", config.listen_host, config.listen_port, hcm, config.settings.max_body_bytes)
-    clusters = [ext_proc_cluster(config.picker_addresses, config.settings.cluster_name)]
+    settings = config.settings
+    clusters = [ext_proc_cluster(config.picker_addresses, settings.cluster_name, tls=settings.tls)]
     for pool in config.pools:
         clusters.extend(pool_clusters(pool))
     return bootstrap(config.admin_port, [main], clusters)

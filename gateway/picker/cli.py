@@ -57,8 +57,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds a requested token adds to --attempt-timeout (default 0.1)")
+    tls = parser.add_argument_group(
+        "serving, as the Inference Extension's endpoint picker (its flag names and defaults)"
+    )
+    tls.add_argument("--secure-serving", type=flag_bool, nargs="?", const=True, default=True,
+                     metavar="BOOL", help="serve the ext_proc port over TLS (default true; "
+                     "--secure-serving=false for plaintext)")
+    tls.add_argument("--cert-path", type=Path, default=None, metavar="DIR",
+                     help="directory holding tls.crt and tls.key; default: a self-signed certificate "
+                     "made at start-up")
+    tls.add_argument("--enable-cert-reload", type=flag_bool, nargs="?", const=True, default=False,
+                     metavar="BOOL", help="follow --cert-path's files when they are rotated (default false)")
+    tls.add_argument("--grpc-health-port", type=int, default=9003,
+                     help="plaintext gRPC health port (default 9003; 0 = any free)")
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+def flag_bool(text: str) -> bool:
+    """Go's flag syntax for booleans (``--flag=false``), which the Inference Extension's use."""
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes"):
+        return True
+    if value in ("0", "f", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
 
 def attempt_timeout(base_s: float, per_token_s: float) -> AttemptTimeout | None:
@@ -86,7 +109,8 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(
             f"kvgate-picker ready grpc={args.host}:{plan.grpc_port} admin={admins[0]} "
             f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)} "
-            f"redis={supervisor.redis_url}",
+            f"redis={supervisor.redis_url} health={supervisor.healths[0]} "
+            f"tls={str(args.secure_serving).lower()}",
             flush=True,
         )
         await supervisor.supervise(stop)
@@ -110,6 +134,10 @@ async def _serve(args: argparse.Namespace) -> int:
         lifecycle=LifecycleConfig(
             attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token)
         ),
+        secure_serving=args.secure_serving,
+        cert_path=args.cert_path,
+        cert_reload=args.enable_cert_reload,
+        health_address=f"{args.host}:{args.grpc_health_port}",
     )
     service = PickerService(settings)
     service.apply_pools(pools.pools, pools.effective_default)
@@ -121,7 +149,8 @@ async def _serve(args: argparse.Namespace) -> int:
     own = f" own={args.host}:{service.extproc.own_port}" if args.worker_index is not None else ""
     print(
         f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
-        f"admin=http://{args.host}:{service.admin.port}{own}",
+        f"admin=http://{args.host}:{service.admin.port}{own} "
+        f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()}",
         flush=True,
     )
     watcher = asyncio.create_task(_watch(args.pools, service, stop)) if args.watch else None

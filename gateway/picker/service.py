@@ -14,6 +14,7 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from extproc.lifecycle import LifecycleConfig
@@ -25,6 +26,7 @@ from gateway.picker.redis_link import RedisSettings
 from gateway.picker.scraper import MetricsScraper
 from gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
 from gateway.picker.telemetry import GatewayTelemetry
+from gateway.picker.tls import server_credentials
 from policies.contracts import Scheduler
 from policies.errors import PoolNotFoundError, RouteNotFoundError
 from policies.profile import load_profile
@@ -122,6 +124,13 @@ class PickerSettings:
     own_grpc_address: str | None = None
     """A second gRPC address of this worker alone (``kvgate picker --workers``: the data planes
     kvgate configures balance over these; the shared port is for gateways given one address)."""
+    secure_serving: bool = False
+    """Serve ext_proc over TLS (``gateway.picker.tls``): ``kvgate picker``'s default, as the
+    Inference Extension's picker; ``kvgate up`` keeps its own loopback link plaintext."""
+    cert_path: Path | None = None
+    cert_reload: bool = False
+    health_address: str | None = None
+    """A plaintext port for the gRPC health service alone (``kvgate picker``: 9003); None: none."""
 
 
 class PickerService:
@@ -149,6 +158,11 @@ class PickerService:
             config=lifecycle,
             reuse_port=settings.reuse_port,
             own_address=settings.own_grpc_address,
+            credentials=(
+                server_credentials(settings.cert_path, reload=settings.cert_reload)
+                if settings.secure_serving else None
+            ),
+            health_address=settings.health_address,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)

@@ -125,6 +125,8 @@ class WorkerSupervisor:
         self._processes: list[ChildProcess | None] = [None] * plan.workers
         self.admin_urls: list[str] = [""] * plan.workers
         self.own_addresses: list[str] = [""] * plan.workers
+        self.healths: list[str] = [""] * plan.workers
+        """Each worker's gRPC health ``host:port``, as it last reported."""
         """Each worker's own gRPC ``host:port`` (besides the shared one), as it last reported."""
 
     @property
@@ -155,6 +157,7 @@ class WorkerSupervisor:
         words = dict(w.split("=", 1) for w in ready.group(0).split()[2:] if "=" in w)
         self.admin_urls[index] = words.get("admin", "")
         self.own_addresses[index] = words.get("own", "")
+        self.healths[index] = words.get("health", "")
         child.echo = sys.stdout  # what it prints from now on (its ready line is this supervisor's to say)
 
     async def supervise(self, stop: asyncio.Event) -> None:
@@ -227,6 +230,8 @@ class UpWorkers:
                 sys.executable, "-m", "gateway.cli", "picker", "--pools", str(self.pools_path), "--watch",
                 "--host", "127.0.0.1", "--scrape-interval", f"{scrape_interval:g}",
                 "--stale-after", f"{stale_after:g}", "--log-level", "WARNING",
+                # kvgate up's Envoy reaches its pickers over loopback, in plaintext; its own health
+                "--secure-serving=false", "--grpc-health-port", "0",
                 *_attempt_flags(attempt_timeout),
             ),
             own_ports=self.own_ports,

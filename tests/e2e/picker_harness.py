@@ -199,6 +199,7 @@ async def start_picker_process(tmp_path: Path) -> AsyncIterator[Callable[..., Aw
         child = ChildProcess([
             sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())",
             "picker", "--pools", str(pools_file), "--grpc-port", "0", "--admin-port", "0",
+            "--secure-serving=false", "--grpc-health-port", "0",
             "--log-level", "WARNING",
         ], name="kvgate picker")
         await child.start()

@@ -49,7 +49,7 @@ async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(
     pools.write_text(POOLS)
     process = ChildProcess([
         *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0",
-        "--workers", "2", "--log-level", "WARNING",
+        "--grpc-health-port", str(free_port()), "--workers", "2", "--log-level", "WARNING",
     ], name="kvgate")
     await process.start()
     try:
@@ -58,7 +58,7 @@ async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(
         assert words["workers"] == "2"
         assert len(set(admins)) == 2
         assert words["redis"].startswith("redis://127.0.0.1:")
-        assert await _serving(words["grpc"])
+        assert await _serving(words["health"])
         async with aiohttp.ClientSession() as http:
             for admin in admins:  # each worker answers on its own admin port
                 async with http.get(f"{admin}/healthz") as response:
@@ -74,7 +74,7 @@ async def test_two_workers_share_one_port_restart_when_killed_and_stop_together(
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the killed worker was not restarted:\n" + process.tail())
-        assert await _serving(words["grpc"])
+        assert await _serving(words["health"])
         everything = children_of(_pid(process))
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
@@ -139,6 +139,7 @@ async def test_a_watched_pools_file_is_applied_on_change_and_a_bad_one_is_ignore
     pools.write_text(POOLS)
     process = ChildProcess([
         *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0", "--watch",
+        "--grpc-health-port", "0",
         "--log-level", "WARNING",
     ], name="kvgate")
     await process.start()

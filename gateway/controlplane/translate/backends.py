@@ -100,7 +100,9 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
     if pool.picker.addresses:
         name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
         addresses = [ec.split_host_port(address) for address in pool.picker.addresses]
-        clusters.append(ec.ext_proc_cluster(addresses, name))
+        # another endpoint picker (the Inference Extension's, or kvgate picker elsewhere) serves TLS by
+        # default (--secure-serving), with a certificate no one can verify: encrypted, not verified
+        clusters.append(ec.ext_proc_cluster(addresses, name, tls=True))
     return clusters
 
 

@@ -1,0 +1,195 @@
+"""``kvgate picker`` as a drop-in for the Inference Extension's endpoint picker (issue 18): its
+defaults serve the ext_proc port over TLS with a self-signed certificate (``--secure-serving``), and
+real Envoy reaches it the two ways gateways do, each over TLS: the Inference Extension's reference
+configuration (request body BUFFERED, response phases skipped) and full duplex both ways (Envoy
+Gateway, kgateway). Completions, chat, streams and every error status with an OpenAI JSON body. A
+certificate rotated on disk (``--cert-path``, ``--enable-cert-reload``) is served to new
+connections without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import ssl
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from gateway.controlplane.envoy_config import (
+    ExtProcSettings,
+    GatewayConfig,
+    PoolBackend,
+    RouteSpec,
+    static_bootstrap,
+)
+from gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
+from gateway.processes.child_process import ChildProcess
+from gateway.processes.envoy_process import EnvoyProcess, free_port
+from tests.e2e.conftest import SimFleet
+from tests.e2e.picker_harness import MODEL, post_json, wait_until
+
+pytestmark = pytest.mark.e2e
+
+KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+GIE_REFERENCE = ExtProcSettings(
+    tls=True, request_body_mode="BUFFERED", response_body_mode="NONE", response_header_mode="SKIP",
+    send_served_endpoint=False,
+)
+FULL_DUPLEX = ExtProcSettings(tls=True)
+StartPicker = Callable[..., Awaitable[tuple[ChildProcess, int]]]
+
+
+@pytest.fixture
+async def start_picker_tls(tmp_path: Path) -> AsyncIterator[StartPicker]:
+    started: list[ChildProcess] = []
+
+    async def start(pools: list[dict[str, object]], *extra: str) -> tuple[ChildProcess, int]:
+        pools_file = tmp_path / f"pools-{len(started)}.yaml"
+        pools_file.write_text(yaml.safe_dump({"pools": pools}))
+        child = ChildProcess([
+            *KVGATE, "picker", "--pools", str(pools_file), "--grpc-port", "0", "--admin-port", "0",
+            "--grpc-health-port", "0", "--log-level", "WARNING", *extra,
+        ], name="kvgate picker")
+        started.append(child)
+        await child.start()
+        ready = await child.wait_for_line(r"kvgate-picker ready grpc=\S+:(\d+) .*tls=(\w+)", 30)
+        assert ready.group(2) == "true"  # the default, as the Inference Extension's picker
+        return child, int(ready.group(1))
+
+    yield start
+    for child in reversed(started):
+        await child.stop()
+
+
+def _pools(fleet: SimFleet) -> list[dict[str, object]]:
+    return [
+        {"name": "llama", "endpoints": fleet.addresses, "models": [MODEL],
+         "rateLimits": {"requestsPerMinute": 1}},
+        {"name": "dead", "endpoints": ["127.0.0.1:1"]},
+    ]
+
+
+async def _gateway(start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int,
+                   settings: ExtProcSettings) -> str:
+    port = free_port()
+    config = GatewayConfig(
+        listen_port=port, admin_port=free_port(), picker_addresses=(("127.0.0.1", picker_port),),
+        pools=(PoolBackend("llama"), PoolBackend("dead")),
+        routes=(RouteSpec("dead", "dead", path_prefix="/dead/"), RouteSpec("llama", "llama")),
+        settings=settings,
+    )
+    await start_envoy(static_bootstrap(config))
+    return f"http://127.0.0.1:{port}"
+
+
+async def _stream(http: aiohttp.ClientSession, url: str) -> list[str]:
+    body = {"model": MODEL, "prompt": "tell a story", "max_tokens": 12, "stream": True}
+    async with http.post(f"{url}/v1/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        text = (await response.read()).decode()
+    return [line.removeprefix("data: ") for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("settings", [GIE_REFERENCE, FULL_DUPLEX], ids=["gie-reference", "full-duplex"])
+async def test_behind_envoy_over_tls_in_both_modes_gateways_configure(
+    settings: ExtProcSettings,
+    start_fleet: Callable[..., Awaitable[SimFleet]],
+    start_picker_tls: StartPicker,
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]],
+    http: aiohttp.ClientSession,
+) -> None:
+    fleet = await start_fleet(3, 0.1, ["--model", MODEL])
+    _, picker_port = await start_picker_tls(_pools(fleet))
+    url = await _gateway(start_envoy, picker_port, settings)
+
+    async def served() -> bool:
+        reply = await post_json(http, url, {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                                headers={"x-gateway-inference-fairness-id": "warm-up"})
+        return reply.status == 200
+
+    await wait_until(served, "the picker scraped the replicas", timeout_s=15.0)
+    completion = await post_json(http, url, {"model": MODEL, "prompt": "hello", "max_tokens": 4})
+    assert completion.status == 200, completion
+    assert completion.json()["usage"]["completion_tokens"] == 4
+    chat = await post_json(http, url, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                           path="/v1/chat/completions")
+    assert chat.status == 200, chat
+    assert chat.json()["object"] == "chat.completion"
+    events = await _stream(http, url)
+    assert events[-1] == "[DONE]"
+    assert len([e for e in events if e != "[DONE]"]) >= 2
+
+    errors = {
+        400: await post_json(http, url, b"{not json"),
+        404: await post_json(http, url, {"model": "no-such-model", "prompt": "x"}),
+        503: await post_json(http, url, {"model": MODEL, "prompt": "x"}, path="/dead/v1/completions"),
+    }
+    tenant = {"x-gateway-inference-fairness-id": "tenant-a"}
+    first = await post_json(http, url, {"model": MODEL, "prompt": "x", "max_tokens": 1}, headers=tenant)
+    assert first.status == 200, first
+    errors[429] = await post_json(http, url, {"model": MODEL, "prompt": "x", "max_tokens": 1}, headers=tenant)
+    for status, reply in errors.items():
+        assert reply.status == status, (status, reply)
+        error = reply.json()["error"]
+        assert error["message"]
+        assert error["type"]
+        assert error["code"]
+
+
+def _fingerprint(port: int) -> str:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return hashlib.sha256(der).hexdigest()
+
+
+async def test_a_certificate_rotated_on_disk_is_served_without_a_restart(
+    tmp_path: Path,
+    start_fleet: Callable[..., Awaitable[SimFleet]],
+    start_picker_tls: StartPicker,
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]],
+    http: aiohttp.ClientSession,
+) -> None:
+    certs = tmp_path / "certs"
+    certs.mkdir()
+
+    def write(pair_hosts: tuple[str, ...]) -> None:
+        pair = self_signed(pair_hosts)
+        staged = tmp_path / "staged"
+        staged.mkdir(exist_ok=True)
+        (staged / KEY_FILE).write_bytes(pair.key_pem)
+        (staged / CERT_FILE).write_bytes(pair.cert_pem)
+        for name in (KEY_FILE, CERT_FILE):  # as a Secret volume updates: whole files, renamed in
+            (staged / name).replace(certs / name)
+
+    write(("first.example",))
+    fleet = await start_fleet(2, 0.1, ["--model", MODEL])
+    child, picker_port = await start_picker_tls(
+        _pools(fleet), "--cert-path", str(certs), "--enable-cert-reload"
+    )
+    first = await asyncio.to_thread(_fingerprint, picker_port)
+    url = await _gateway(start_envoy, picker_port, GIE_REFERENCE)
+
+    async def served() -> bool:
+        reply = await post_json(http, url, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        return reply.status == 200
+
+    await wait_until(served, "served through the first certificate", timeout_s=15.0)
+    write(("second.example",))
+
+    async def rotated() -> bool:
+        return await asyncio.to_thread(_fingerprint, picker_port) != first
+
+    await wait_until(rotated, "new connections get the rotated certificate", timeout_s=10.0)
+    assert child.running  # no restart
+    assert await served()
