@@ -1,0 +1,119 @@
+"""The Kubernetes provider against the FAKE API server (tests/kube_api_fake.py): the cluster's
+objects become the configuration the file provider would make of the same manifests, and changes
+(a Pod turning not-ready, a route edited) arrive as new snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway.controlplane.kubernetes.client import KubeClient
+from gateway.controlplane.kubernetes.provider import KubernetesProvider
+from gateway.controlplane.resources import ConfigSnapshot, ValidationOptions
+from tests.gateway.controlplane.kubernetes.test_informer import pod
+from tests.kube_api_fake import FakeApiServer
+
+GATEWAY = {
+    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "gw"},
+    "spec": {"gatewayClassName": "kvgate", "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}]},
+}
+POOL = {
+    "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": {"name": "llm"},
+    "spec": {"selector": {"matchLabels": {"app": "llm"}}, "targetPorts": [{"number": 8000}],
+             "endpointPickerRef": {"name": "kvgate", "port": {"number": 9002}}},
+}
+ROUTE = {
+    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "r"},
+    "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm"}]}]},
+}
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer(bookmark_interval_s=0.1)
+    await server.start()
+    for obj in (GATEWAY, POOL, ROUTE, pod("llm-0", "10.0.0.1"), pod("llm-1", "10.0.0.2")):
+        await server.apply(dict(obj))
+    yield server
+    await server.stop()
+
+
+def _endpoints(snapshot: ConfigSnapshot) -> list[str]:
+    [pool] = snapshot.config.pools
+    return list(pool.addresses)
+
+
+async def _next(updates: AsyncIterator[ConfigSnapshot], timeout_s: float = 5.0) -> ConfigSnapshot:
+    return await asyncio.wait_for(updates.__anext__(), timeout_s)
+
+
+async def test_the_cluster_becomes_a_configuration_and_follows_changes(cluster: FakeApiServer) -> None:
+    provider = KubernetesProvider(
+        await KubeClient.connect(host=cluster.url), namespace="default",
+        options=ValidationOptions(require_picker_service=False),
+    )
+    try:
+        first = await provider.first()
+        assert _endpoints(first) == ["10.0.0.1:8000", "10.0.0.2:8000"]
+        assert [route.key.name for route in first.config.routes] == ["r"]
+        updates = provider.updates()
+        assert await _next(updates) is first
+        # a Pod turning not-ready leaves the pool: within a second of the watch event
+        changed_at = time.monotonic()
+        await cluster.apply(pod("llm-1", "10.0.0.2", ready=False))
+        second = await _next(updates)
+        assert time.monotonic() - changed_at < 1.0
+        assert _endpoints(second) == ["10.0.0.1:8000"]
+        # scaling out: new Pods join
+        for index in range(2, 5):
+            await cluster.apply(pod(f"llm-{index}", f"10.0.0.{index + 1}"))
+        third = await _next(updates)
+        while len(_endpoints(third)) < 4:
+            third = await _next(updates)
+        assert _endpoints(third) == ["10.0.0.1:8000", "10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.5:8000"]
+        # a deleted route is gone from the configuration
+        await cluster.delete("gateway.networking.k8s.io/v1", "HTTPRoute", "r")
+        fourth = await _next(updates)
+        assert fourth.config.routes == ()
+        assert fourth.version > third.version
+        assert provider.status().directory == "kubernetes:default"
+    finally:
+        await provider.stop()
+
+
+async def test_an_object_that_does_not_load_keeps_the_last_good_configuration(cluster: FakeApiServer) -> None:
+    provider = KubernetesProvider(
+        await KubeClient.connect(host=cluster.url), namespace="default",
+        options=ValidationOptions(require_picker_service=False),
+    )
+    published: list[ConfigSnapshot] = []
+
+    async def consume() -> None:
+        async for snapshot in provider.updates():
+            published.append(snapshot)
+
+    try:
+        first = await provider.first()
+        consumer = asyncio.create_task(consume())
+        broken: dict[str, Any] = {**POOL, "metadata": {"name": "bad"}, "spec": {"targetPorts": "nope"}}
+        await cluster.apply(broken)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while provider.status().last_error is None:
+            assert loop.time() < deadline, "the broken object was not noticed"
+            await asyncio.sleep(0.02)
+        assert "bad" in (provider.status().last_error or "")
+        assert provider.current is first
+        await cluster.delete("inference.networking.k8s.io/v1", "InferencePool", "bad")
+        while provider.status().last_error is not None:
+            assert loop.time() < deadline + 5.0, "the fix was not noticed"
+            await asyncio.sleep(0.02)
+        assert published == [first]  # nothing new was published: the content is the first again
+        consumer.cancel()
+    finally:
+        await provider.stop()
