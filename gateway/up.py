@@ -39,9 +39,11 @@ from pathlib import Path
 from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle import LifecycleConfig
 from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
+from gateway.controlplane.kubernetes.client import KubeClient
+from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.models.reports import ReplicaModelsPoller
 from gateway.controlplane.models.server import ModelsServer
-from gateway.controlplane.resources import FileProvider, ResourceSet
+from gateway.controlplane.resources import ConfigProvider, FileProvider, ResourceSet
 from gateway.controlplane.resources.core import Pod
 from gateway.controlplane.resources.inference import InferencePool
 from gateway.controlplane.resources.validate import ValidationOptions
@@ -136,16 +138,30 @@ class UpOptions:
     stale_after: float = 0.2
     quiet_ms: int = 100
     max_batch_ms: int = 400
+    kubernetes: bool = False
+    """Follow a Kubernetes cluster instead of a directory (``gateway.controlplane.kubernetes``)."""
+    kubeconfig: str | None = None
+    namespace: str | None = None
+    """The one namespace to follow (None: all; RBAC must allow it)."""
+    kube_api: str | None = None
+    """The API server's URL without authentication (``kubectl proxy``'s, a test's); None: the
+    kubeconfig, else the in-cluster service account."""
 
     @property
     def config_directory(self) -> Path:
         return self.directory if self.directory is not None else bundled_example()
 
     @property
+    def config_source(self) -> str:
+        if self.kubernetes:
+            return f"kubernetes:{self.namespace or '*'}"
+        return str(self.config_directory)
+
+    @property
     def sim_replicas(self) -> int:
         if self.sim is not None:
             return self.sim
-        return DEFAULT_SIM_REPLICAS if self.directory is None else 0
+        return DEFAULT_SIM_REPLICAS if self.directory is None and not self.kubernetes else 0
 
 
 def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
@@ -205,7 +221,7 @@ class KvgateUp:
 
     def __init__(self, options: UpOptions) -> None:
         self.options = options
-        self.provider = FileProvider(
+        self.provider: ConfigProvider = FileProvider(
             options.config_directory,
             options=ValidationOptions(require_picker_service=False),
             quiet_ms=options.quiet_ms,
@@ -233,7 +249,15 @@ class KvgateUp:
 
     async def start(self) -> None:
         options = self.options
-        first = await asyncio.to_thread(self.provider.load)
+        if options.kubernetes:
+            client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
+            cluster = KubernetesProvider(
+                client, namespace=options.namespace,
+                options=ValidationOptions(require_picker_service=False),
+            )
+            self._stack.push_async_callback(cluster.stop)
+            self.provider = cluster
+        first = await self.provider.first()
         extra: tuple[Pod, ...] = ()
         if options.sim_replicas > 0:
             pool = find_pool(first.resources, options.sim_pool)
@@ -344,7 +368,7 @@ class KvgateUp:
 def ready_lines(up: KvgateUp, model: str) -> list[str]:
     body = f'{{"model": "{model}", "prompt": "Say hello", "max_tokens": 16}}'
     return [
-        f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_directory})",
+        f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_source})",
         f"  curl {up.url}/v1/completions -H 'content-type: application/json' -d '{body}'",
         f"  kvgate status --admin {up.admin_url}",
     ]
@@ -383,6 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-f", "--filename", dest="directory", type=Path, default=None,
                         help="directory of manifests (default: the bundled example)")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="follow the Kubernetes cluster (the kubeconfig, else in-cluster) instead of -f")
+    parser.add_argument("--kubeconfig", default=None, metavar="FILE",
+                        help="kubeconfig file (with --kubernetes)")
+    parser.add_argument("--namespace", default=None, metavar="NS",
+                        help="follow this namespace only (with --kubernetes; default: all)")
+    parser.add_argument("--kube-api", default=None, metavar="URL",
+                        help="an API server URL needing no credentials, e.g. kubectl proxy's "
+                        "(with --kubernetes)")
     parser.add_argument("--port", type=int, default=8080, help="port Envoy listens on (default 8080)")
     parser.add_argument("--host", default="127.0.0.1", help="address Envoy and the admin server bind")
     parser.add_argument("--admin-port", type=int, default=9090,
@@ -431,6 +464,10 @@ def main(argv: Sequence[str]) -> int:
     )
     options = UpOptions(
         directory=args.directory,
+        kubernetes=args.kubernetes,
+        kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
+        kube_api=args.kube_api,
         port=args.port,
         host=args.host,
         admin_port=args.admin_port,

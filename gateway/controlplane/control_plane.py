@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from gateway.controlplane.resources import (
+    ConfigProvider,
     ConfigSnapshot,
-    FileProvider,
     ResolvedPool,
     ResourceSet,
     ValidatedConfig,
@@ -203,7 +203,7 @@ class ControlPlane:
 
     def __init__(
         self,
-        provider: FileProvider,
+        provider: ConfigProvider,
         picker: PickerService,
         cache: SnapshotCache,
         settings: ControlPlaneSettings,

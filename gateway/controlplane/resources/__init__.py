@@ -23,7 +23,12 @@ from gateway.controlplane.resources.loader import (
     parse_manifests,
 )
 from gateway.controlplane.resources.meta import ObjectKey, ResourceRef, parse_duration
-from gateway.controlplane.resources.provider import ConfigSnapshot, FileProvider, ProviderStatus
+from gateway.controlplane.resources.provider import (
+    ConfigProvider,
+    ConfigSnapshot,
+    FileProvider,
+    ProviderStatus,
+)
 from gateway.controlplane.resources.resolved import (
     BackendKind,
     ModelRewriteRule,
@@ -48,6 +53,7 @@ __all__ = [
     "Condition",
     "ConditionStatus",
     "ConditionType",
+    "ConfigProvider",
     "ConfigSnapshot",
     "FileProvider",
     "ManifestError",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from watchfiles import Change, awatch
 
@@ -61,6 +62,19 @@ def _is_manifest(change: Change, path: str) -> bool:
     return name.endswith(MANIFEST_SUFFIXES) or change is Change.deleted or Path(path).is_dir()
 
 
+class ConfigProvider(Protocol):
+    """Where the configuration comes from (files, a Kubernetes cluster), as the control plane sees it."""
+
+    @property
+    def current(self) -> ConfigSnapshot | None: ...
+
+    def status(self) -> ProviderStatus: ...
+
+    async def first(self) -> ConfigSnapshot: ...
+
+    def updates(self, stop: asyncio.Event | None = None) -> AsyncIterator[ConfigSnapshot]: ...
+
+
 class FileProvider:
     def __init__(
         self,
@@ -96,6 +110,10 @@ class FileProvider:
             last_error_at=self._last_error_at,
             loaded_at=current.loaded_at if current else None,
         )
+
+    async def first(self) -> ConfigSnapshot:
+        """:meth:`load`, off the event loop."""
+        return await asyncio.to_thread(self.load)
 
     def load(self) -> ConfigSnapshot:
         """Load now; on success the result is current. Raises ConfigError (and records it)."""
