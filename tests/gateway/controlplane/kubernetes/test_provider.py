@@ -17,16 +17,16 @@ from gateway.controlplane.resources import ConfigSnapshot, ValidationOptions
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.kube_api_fake import FakeApiServer
 
-GATEWAY = {
+GATEWAY: dict[str, Any] = {
     "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "gw"},
     "spec": {"gatewayClassName": "kvgate", "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}]},
 }
-POOL = {
+POOL: dict[str, Any] = {
     "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": {"name": "llm"},
     "spec": {"selector": {"matchLabels": {"app": "llm"}}, "targetPorts": [{"number": 8000}],
              "endpointPickerRef": {"name": "kvgate", "port": {"number": 9002}}},
 }
-ROUTE = {
+ROUTE: dict[str, Any] = {
     "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "r"},
     "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm"}]}]},
