@@ -11,7 +11,11 @@ It behaves like the real one where kvgate's client depends on it, following the 
   than the retained history (compacted), one ``ERROR`` event with a 410 ``Status`` (Expired), as the
   real server answers a watch from too old a version; a watch ends after ``timeoutSeconds``;
 - every write bumps one cluster-wide resourceVersion; objects keep ``metadata.generation``, which a
-  spec change bumps.
+  spec change bumps (a status write does not);
+- get one object (``…/RESOURCE/NAME``); the status subresource (``PATCH …/NAME/status``, a JSON
+  merge patch of ``status`` only); create (``POST``, 409 if it exists) and replace (``PUT``, 409 when
+  ``metadata.resourceVersion`` is not the stored one: optimistic concurrency, as Leases rely on);
+- 403 for a verb the caller's role does not grant (:meth:`deny`).
 
 Test controls (plain methods, not HTTP): :meth:`apply`, :meth:`delete`, :meth:`compact` (forget the
 event history), :meth:`drop_watches` (end every open watch, as an API server restart or a load
@@ -51,6 +55,7 @@ KINDS = (
     Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     Kind("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "inferenceobjectives"),
     Kind("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
+    Kind("coordination.k8s.io/v1", "Lease", "leases"),
 )
 
 
@@ -73,6 +78,7 @@ class FakeApiServer:
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _watch_generation: int = 0
     _failures: list[int] = field(default_factory=list)
+    _denied: set[tuple[str, str]] = field(default_factory=set)
     requests: list[str] = field(default_factory=list)
     """``METHOD path?query`` of every request, in order (what the client asked)."""
     _runner: web.AppRunner | None = None
@@ -122,6 +128,14 @@ class FakeApiServer:
     def fail_next(self, count: int, status: int = 500) -> None:
         self._failures.extend([status] * count)
 
+    def deny(self, method: str, plural: str) -> None:
+        """Answer 403 to ``method`` on ``plural`` (and its subresources), as RBAC would."""
+        self._denied.add((method, plural))
+
+    def get_object(self, plural: str, name: str, namespace: str = "default") -> JsonDict | None:
+        found = self._objects.get((plural, namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
     @property
     def resource_version(self) -> int:
         return self._rv
@@ -129,8 +143,9 @@ class FakeApiServer:
     # --- serving -----------------------------------------------------------------------------
     async def start(self) -> str:
         app = web.Application()
-        app.router.add_get("/api/{version}/{rest:.*}", self._handle)
-        app.router.add_get("/apis/{group}/{version}/{rest:.*}", self._handle)
+        for method in ("GET", "POST", "PUT", "PATCH"):
+            app.router.add_route(method, "/api/{version}/{rest:.*}", self._handle)
+            app.router.add_route(method, "/apis/{group}/{version}/{rest:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -167,13 +182,17 @@ class FakeApiServer:
             self._changed.notify_all()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(f"GET {request.path_qs}")
+        self.requests.append(f"{request.method} {request.path_qs}")
         if self._failures:
             status = self._failures.pop(0)
             return web.json_response(_status(status, "injected failure"), status=status)
-        kind, namespace = self._route(request)
+        kind, namespace, name, sub = self._route(request)
         if kind is None:
             return web.json_response(_status(404, f"no resource at {request.path}"), status=404)
+        if (request.method, kind.plural) in self._denied:
+            return web.json_response(_status(403, f"{request.method} {kind.plural} is forbidden"), status=403)
+        if name is not None or request.method != "GET":
+            return await self._object(request, kind, namespace or "", name, sub)
         if request.query.get("watch") in ("1", "true"):
             return await self._watch(request, kind, namespace)
         items = [
@@ -185,20 +204,55 @@ class FakeApiServer:
             "metadata": {"resourceVersion": str(self._rv)}, "items": items,
         })
 
-    def _route(self, request: web.Request) -> tuple[Kind | None, str | None]:
+    def _route(self, request: web.Request) -> tuple[Kind | None, str | None, str | None, str | None]:
+        """(kind, namespace, name, subresource) of the request's path."""
         group = request.match_info.get("group")
         version = request.match_info["version"]
         api_version = f"{group}/{version}" if group else version
         parts = request.match_info["rest"].strip("/").split("/")
         namespace = None
-        if len(parts) == 3 and parts[0] == "namespaces":
+        if len(parts) >= 3 and parts[0] == "namespaces":
             namespace, parts = parts[1], parts[2:]
-        if len(parts) != 1:
-            return None, None
+        if not 1 <= len(parts) <= 3:
+            return None, None, None, None
+        name = parts[1] if len(parts) > 1 else None
+        sub = parts[2] if len(parts) > 2 else None
         for kind in KINDS:
             if kind.api_version == api_version and kind.plural == parts[0]:
-                return kind, namespace
-        return None, None
+                return kind, namespace, name, sub
+        return None, None, None, None
+
+    async def _object(
+        self, request: web.Request, kind: Kind, namespace: str, name: str | None, sub: str | None
+    ) -> web.Response:
+        if request.method == "POST":
+            body = await request.json()
+            body.setdefault("apiVersion", kind.api_version)
+            body.setdefault("kind", kind.kind)
+            body.setdefault("metadata", {})["namespace"] = namespace
+            if (kind.plural, namespace, body["metadata"]["name"]) in self._objects:
+                return web.json_response(_status(409, "already exists"), status=409)
+            return web.json_response(await self.apply(body), status=201)
+        assert name is not None
+        key = (kind.plural, namespace if kind.namespaced else "", name)
+        stored = self._objects.get(key)
+        if stored is None:
+            return web.json_response(_status(404, f"{kind.plural} {name} not found"), status=404)
+        if request.method == "GET":
+            return web.json_response(stored)
+        body = await request.json()
+        if request.method == "PATCH" and sub == "status":
+            updated = copy.deepcopy(stored)
+            updated["status"] = _merge(updated.get("status") or {}, body.get("status") or {})
+            await self._write("MODIFIED", kind, key, updated)
+            return web.json_response(updated)
+        if request.method == "PUT" and sub is None:
+            version = body.get("metadata", {}).get("resourceVersion")
+            if version != stored["metadata"]["resourceVersion"]:
+                return web.json_response(_status(409, "the object has been modified"), status=409)
+            body["metadata"]["namespace"] = namespace
+            return web.json_response(await self.apply(body))
+        return web.json_response(_status(405, "not supported by the fake"), status=405)
 
     async def _watch(self, request: web.Request, kind: Kind, namespace: str | None) -> web.StreamResponse:
         since = int(request.query.get("resourceVersion") or self._rv)
@@ -247,12 +301,25 @@ def _kind_of(api_version: str, kind_name: str) -> Kind:
     raise ValueError(f"the fake API server does not serve {api_version} {kind_name}")
 
 
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result
+
+
 def _without_type(obj: Mapping[str, Any]) -> JsonDict:
     return {k: copy.deepcopy(v) for k, v in obj.items() if k not in ("apiVersion", "kind")}
 
 
 def _status(code: int, message: str) -> JsonDict:
-    reason = {410: "Expired", 404: "NotFound", 403: "Forbidden"}.get(code, "InternalError")
+    reason = {410: "Expired", 404: "NotFound", 403: "Forbidden", 409: "Conflict"}.get(code, "InternalError")
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
             "reason": reason, "code": code}
 

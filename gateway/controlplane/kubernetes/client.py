@@ -76,11 +76,18 @@ class KubeClient:
         await self._api.close()
 
     async def _get(self, path: str, query: list[tuple[str, str]], timeout_s: float | None) -> Any:
-        """The streaming response of a successful GET; ApiError (Expired for 410) otherwise."""
+        return await self._call("GET", path, query, timeout_s)
+
+    async def _call(
+        self, method: str, path: str, query: list[tuple[str, str]], timeout_s: float | None,
+        body: JsonDict | None = None, content_type: str = "application/json",
+    ) -> Any:
+        """The streaming response of a successful request; ApiError (Expired for 410) otherwise."""
+        headers = {"Content-Type": content_type, "Accept": "application/json"} if body is not None else None
         try:
             response = await self._api.call_api(
-                path, "GET", query_params=query, auth_settings=["BearerToken"],
-                _preload_content=False, _request_timeout=timeout_s,
+                path, method, query_params=query, header_params=headers, body=body,
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_s,
             )
         except ApiException as exc:
             raise (Expired if exc.status == 410 else ApiError)(int(exc.status or 0), str(exc.reason)) from exc
@@ -94,6 +101,32 @@ class KubeClient:
                 response.release()
             raise (Expired if status == 410 else ApiError)(status, text[:300])
         return response
+
+    async def _json(self, method: str, path: str, body: JsonDict | None = None,
+                    content_type: str = "application/json") -> JsonDict:
+        response = await self._call(method, path, [], 30.0, body, content_type)
+        try:
+            answer: JsonDict = json.loads(await response.read())
+            return answer
+        finally:
+            response.release()
+
+    async def get(self, spec: KindSpec, namespace: str | None, name: str) -> JsonDict:
+        return await self._json("GET", f"{spec.path(namespace)}/{name}")
+
+    async def create(self, spec: KindSpec, namespace: str | None, obj: JsonDict) -> JsonDict:
+        return await self._json("POST", spec.path(namespace), obj)
+
+    async def replace(self, spec: KindSpec, namespace: str | None, name: str, obj: JsonDict) -> JsonDict:
+        """PUT: fails with 409 when ``obj``'s resourceVersion is not the stored one."""
+        return await self._json("PUT", f"{spec.path(namespace)}/{name}", obj)
+
+    async def patch_status(
+        self, spec: KindSpec, namespace: str | None, name: str, status: JsonDict
+    ) -> JsonDict:
+        """A JSON merge patch of the status subresource (``status`` only; the generation stays)."""
+        return await self._json("PATCH", f"{spec.path(namespace)}/{name}/status", {"status": status},
+                                "application/merge-patch+json")
 
     async def list(self, spec: KindSpec, namespace: str | None) -> tuple[list[JsonDict], str]:
         """Every object of ``spec`` (``apiVersion`` and ``kind`` set on each) and the list's

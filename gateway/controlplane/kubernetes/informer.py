@@ -37,11 +37,15 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _stable(obj: Mapping[str, Any]) -> JsonDict:
-    """``obj`` without what changes on every write (resourceVersion, managedFields)."""
+    """``obj`` without what changes on every write (resourceVersion, managedFields) and, but for a
+    Pod's (its readiness and IP), without its status: kvgate writes the others' status itself, and
+    reads none of it."""
     stable = copy.deepcopy(dict(obj))
     meta = stable.get("metadata", {})
     for name in _VOLATILE:
         meta.pop(name, None)
+    if stable.get("kind") != "Pod":
+        stable.pop("status", None)
     return stable
 
 
@@ -57,7 +61,8 @@ class ObjectCache:
         return [self._objects[key] for key in sorted(self._objects)]
 
     def replace(self, items: list[JsonDict], resource_version: str) -> bool:
-        fresh = {_key(item): _stable(item) for item in items}
+        typed = {"apiVersion": self.spec.api_version, "kind": self.spec.kind}
+        fresh = {_key(item): _stable({**typed, **item}) for item in items}
         changed = fresh != self._objects or not self.synced
         self._objects = fresh
         self.resource_version = resource_version

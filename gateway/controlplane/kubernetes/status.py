@@ -1,0 +1,162 @@
+"""Status written back to the cluster: the conditions ``kvgate status`` shows, where ``kubectl get
+-o yaml`` shows them.
+
+:func:`desired_statuses` (pure) turns the validation's :class:`StatusReport` into each object's
+``status``: a Gateway's ``conditions`` (Accepted, Programmed), ``listeners`` (their conditions,
+``supportedKinds``, ``attachedRoutes``) and ``addresses``; an HTTPRoute's ``parents`` (one per
+parentRef, with kvgate's ``controllerName``: Accepted, ResolvedRefs); an InferencePool's ``parents``
+(one per Gateway whose routes reference it: Accepted, ResolvedRefs), as the Inference Extension
+defines them. Each condition carries ``observedGeneration``; ``lastTransitionTime`` is kept from the
+last write while the condition's status does not change.
+
+:class:`StatusWriter` patches the status subresource only when an object's status changed since it
+last wrote it, and keeps other controllers' entries in ``parents`` (a route attached to several
+gateways of several implementations).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
+from gateway.controlplane.resources.conditions import ResourceStatus, StatusReport
+from gateway.controlplane.resources.meta import ResourceRef
+
+log = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+CONTROLLER_NAME = "kvgate.io/gateway-controller"
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+WRITTEN_KINDS: Mapping[str, KindSpec] = {
+    "Gateway": KindSpec("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
+    "HTTPRoute": KindSpec("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    "InferencePool": KindSpec("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
+}
+
+
+def _conditions(entry: ResourceStatus) -> list[JsonDict]:
+    return [
+        {"type": c.type, "status": str(c.status), "reason": c.reason, "message": c.message,
+         "observedGeneration": c.observed_generation}
+        for c in entry.conditions
+    ]
+
+
+def _parent_ref(parent: ResourceRef) -> JsonDict:
+    return {"group": GATEWAY_GROUP, "kind": parent.kind, "namespace": parent.namespace, "name": parent.name}
+
+
+def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dict[ResourceRef, JsonDict]:
+    """Each written object's status (without ``lastTransitionTime``), from one validation."""
+    out: dict[ResourceRef, JsonDict] = {}
+    attached: dict[ResourceRef, int] = {}
+    for entry in report.entries:
+        if entry.resource.kind == "HTTPRoute" and entry.parent is not None:
+            accepted = entry.get("Accepted")
+            if accepted is not None and accepted.is_true:
+                attached[entry.parent] = attached.get(entry.parent, 0) + 1
+    for entry in report.entries:
+        ref = entry.resource
+        if ref.kind == "Gateway":
+            ips = [{"type": "IPAddress", "value": address} for address in addresses]
+            status = out.setdefault(ref, {"conditions": [], "listeners": [], "addresses": ips})
+            if entry.section is None:
+                status["conditions"] = _conditions(entry)
+            else:
+                status["listeners"].append({
+                    "name": entry.section,
+                    "supportedKinds": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute"}],
+                    "attachedRoutes": attached.get(ref, 0),
+                    "conditions": _conditions(entry),
+                })
+        elif ref.kind == "HTTPRoute" and entry.parent is not None:
+            out.setdefault(ref, {"parents": []})["parents"].append({
+                "parentRef": _parent_ref(entry.parent), "controllerName": CONTROLLER_NAME,
+                "conditions": _conditions(entry),
+            })
+        elif ref.kind == "InferencePool" and entry.parent is not None:
+            out.setdefault(ref, {"parents": []})["parents"].append({
+                "parentRef": _parent_ref(entry.parent), "conditions": _conditions(entry),
+            })
+    return out
+
+
+def _with_times(status: JsonDict, previous: JsonDict | None, now: str) -> JsonDict:
+    """``status`` with ``lastTransitionTime`` on each condition: the previous one while the
+    condition's status is unchanged, else ``now``."""
+    before: dict[tuple[str, str], JsonDict] = {}
+
+    def index(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for cond in node.get("conditions", []):
+                before[(path, cond["type"])] = cond
+            for key, value in node.items():
+                if isinstance(value, list):
+                    for item in value:
+                        index(item, f"{path}/{key}/{_identity(item)}")
+
+    def stamp(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for cond in node.get("conditions", []):
+                old = before.get((path, cond["type"]))
+                same = old is not None and old.get("status") == cond["status"] and "lastTransitionTime" in old
+                cond["lastTransitionTime"] = old["lastTransitionTime"] if same and old else now
+            for key, value in node.items():
+                if isinstance(value, list):
+                    for item in value:
+                        stamp(item, f"{path}/{key}/{_identity(item)}")
+
+    if previous is not None:
+        index(previous, "")
+    stamped = copy.deepcopy(status)
+    stamp(stamped, "")
+    return stamped
+
+
+def _identity(item: Any) -> str:
+    if not isinstance(item, dict):
+        return ""
+    if "parentRef" in item:
+        ref = item["parentRef"]
+        return f"{ref.get('namespace')}/{ref.get('name')}"
+    return str(item.get("name", item.get("type", "")))
+
+
+class StatusWriter:
+    def __init__(self, client: KubeClient, addresses: Iterable[str] = ()) -> None:
+        self._client = client
+        self._addresses = tuple(addresses)
+        self._written: dict[ResourceRef, JsonDict] = {}
+        self.writes = 0
+
+    async def write(self, report: StatusReport) -> int:
+        """Patch every object whose status changed since this writer last wrote it; the count."""
+        written = 0
+        for ref, status in desired_statuses(report, self._addresses).items():
+            if self._written.get(ref) == status:
+                continue
+            spec = WRITTEN_KINDS[ref.kind]
+            try:
+                current = await self._client.get(spec, ref.namespace, ref.name)
+                previous = current.get("status") or {}
+                merged = dict(status)
+                if "parents" in status and ref.kind == "HTTPRoute":  # keep other controllers' entries
+                    others = [
+                        p for p in previous.get("parents", []) if p.get("controllerName") != CONTROLLER_NAME
+                    ]
+                    merged["parents"] = [*others, *status["parents"]]
+                now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                stamped = _with_times(merged, previous, now)
+                await self._client.patch_status(spec, ref.namespace, ref.name, stamped)
+            except ApiError as exc:
+                if exc.status != 404:  # an object deleted meanwhile needs no status
+                    log.warning("status of %s %s/%s not written: %s", ref.kind, ref.namespace, ref.name, exc)
+                continue
+            self._written[ref] = status
+            written += 1
+        self.writes += written
+        return written

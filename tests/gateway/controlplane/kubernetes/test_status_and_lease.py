@@ -1,0 +1,112 @@
+"""Status written back and leader election, against the FAKE API server (tests/kube_api_fake.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.controlplane.kubernetes.client import KubeClient
+from gateway.controlplane.kubernetes.lease import LeaderElector
+from gateway.controlplane.kubernetes.provider import KubernetesProvider
+from gateway.controlplane.kubernetes.status import CONTROLLER_NAME, StatusWriter
+from gateway.controlplane.resources import ValidationOptions
+from tests.gateway.controlplane.kubernetes.test_informer import pod
+from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, POOL, ROUTE
+from tests.kube_api_fake import FakeApiServer
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer()
+    await server.start()
+    for obj in (GATEWAY, POOL, ROUTE, pod("llm-0")):
+        await server.apply(dict(obj))
+    yield server
+    await server.stop()
+
+
+async def test_status_is_written_as_kubectl_shows_it_and_only_when_it_changes(cluster: FakeApiServer) -> None:
+    provider = KubernetesProvider(await KubeClient.connect(host=cluster.url), namespace="default",
+                                  options=ValidationOptions(require_picker_service=False))
+    client = await KubeClient.connect(host=cluster.url)
+    try:
+        snapshot = await provider.first()
+        writer = StatusWriter(client, addresses=["10.1.2.3"])
+        assert await writer.write(snapshot.config.status) == 3  # Gateway, HTTPRoute, InferencePool
+        gateway = cluster.get_object("gateways", "gw")
+        assert gateway is not None
+        conditions = {c["type"]: c for c in gateway["status"]["conditions"]}
+        assert conditions["Accepted"]["status"] == "True"
+        assert conditions["Accepted"]["observedGeneration"] == 1
+        assert conditions["Accepted"]["lastTransitionTime"].endswith("Z")
+        [listener] = gateway["status"]["listeners"]
+        assert (listener["name"], listener["attachedRoutes"]) == ("http", 1)
+        assert gateway["status"]["addresses"] == [{"type": "IPAddress", "value": "10.1.2.3"}]
+        route = cluster.get_object("httproutes", "r")
+        assert route is not None
+        [parent] = route["status"]["parents"]
+        assert parent["controllerName"] == CONTROLLER_NAME
+        assert parent["parentRef"]["name"] == "gw"
+        states = {c["type"]: c["status"] for c in parent["conditions"]}
+        assert states == {"Accepted": "True", "ResolvedRefs": "True"}
+        pool = cluster.get_object("inferencepools", "llm")
+        assert pool is not None
+        assert pool["status"]["parents"][0]["parentRef"]["kind"] == "Gateway"
+        assert gateway["metadata"]["generation"] == 1  # status writes leave the generation alone
+
+        writes = sum(1 for r in cluster.requests if r.startswith("PATCH"))
+        assert await writer.write(snapshot.config.status) == 0
+        assert sum(1 for r in cluster.requests if r.startswith("PATCH")) == writes
+
+        # an invalid backendRef: ResolvedRefs=False with the Gateway API's reason
+        broken = {**ROUTE, "spec": {**ROUTE["spec"], "rules": [{"backendRefs": [
+            {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "missing"}]}]}}
+        await cluster.apply(broken)
+        updates = provider.updates()
+        later = await asyncio.wait_for(updates.__anext__(), 5)
+        while later is snapshot:
+            later = await asyncio.wait_for(updates.__anext__(), 5)
+        await writer.write(later.config.status)
+        route = cluster.get_object("httproutes", "r")
+        assert route is not None
+        resolved = {c["type"]: c for c in route["status"]["parents"][0]["conditions"]}["ResolvedRefs"]
+        assert (resolved["status"], resolved["reason"]) == ("False", "BackendNotFound")
+        assert resolved["observedGeneration"] == 2
+    finally:
+        await provider.stop()
+        await client.close()
+
+
+async def test_one_replica_holds_the_lease_and_another_takes_over_when_it_stops(
+    cluster: FakeApiServer,
+) -> None:
+    clients = [await KubeClient.connect(host=cluster.url) for _ in range(2)]
+    first = LeaderElector(clients[0], "default", identity="a", lease_duration_s=0.6, retry_s=0.1)
+    second = LeaderElector(clients[1], "default", identity="b", lease_duration_s=0.6, retry_s=0.1)
+    stop_first, stop_second = asyncio.Event(), asyncio.Event()
+    tasks = [asyncio.create_task(first.run(stop_first))]
+    try:
+        await asyncio.sleep(0.2)
+        tasks.append(asyncio.create_task(second.run(stop_second)))
+        await asyncio.sleep(0.5)
+        assert first.is_leader
+        assert not second.is_leader
+        stop_first.set()  # the leader goes away without handing over
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3.0
+        while not second.is_leader:
+            assert loop.time() < deadline, "the lease was not taken over"
+            await asyncio.sleep(0.05)
+        lease = cluster.get_object("leases", "kvgate-status-writer")
+        assert lease is not None
+        assert lease["spec"]["holderIdentity"] == "b"
+        assert lease["spec"]["leaseTransitions"] == 1
+        assert not first.is_leader
+    finally:
+        stop_first.set()
+        stop_second.set()
+        await asyncio.gather(*tasks)
+        for client in clients:
+            await client.close()
