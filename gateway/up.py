@@ -40,7 +40,9 @@ from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle import LifecycleConfig
 from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
 from gateway.controlplane.kubernetes.client import KubeClient
+from gateway.controlplane.kubernetes.lease import LeaderElector
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
+from gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
 from gateway.controlplane.models.reports import ReplicaModelsPoller
 from gateway.controlplane.models.server import ModelsServer
 from gateway.controlplane.resources import ConfigProvider, FileProvider, ResourceSet
@@ -247,6 +249,16 @@ class KvgateUp:
         assert self.picker is not None
         return f"http://{self.options.host}:{self.picker.admin.port}"
 
+    async def _status_publisher(self) -> StatusPublisher:
+        """Status back to the cluster, by whichever kvgate replica holds the status Lease."""
+        options = self.options
+        client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
+        elector = LeaderElector(client, options.namespace or "default")
+        publisher = StatusPublisher(client, elector, StatusWriter(client, addresses=[options.host]))
+        self._stack.push_async_callback(publisher.stop)
+        await publisher.start()
+        return publisher
+
     async def start(self) -> None:
         options = self.options
         if options.kubernetes:
@@ -325,8 +337,10 @@ class KvgateUp:
             listen_ports=listen_ports,
         )
         on_pools = workers.write_pools if workers is not None else None
+        publisher = await self._status_publisher() if options.kubernetes else None
         control = ControlPlane(self.provider, picker, self.cache, settings, xds_status=self.xds_status,
-                               extra_pods=extra, on_pools=on_pools)
+                               extra_pods=extra, on_pools=on_pools,
+                               on_applied=publisher.notify if publisher is not None else None)
         self.control = control
         picker.admin.status_provider = control.status
         if not control.apply(first):

@@ -211,10 +211,13 @@ class ControlPlane:
         xds_status: XdsStatus | None = None,
         extra_pods: Sequence[Pod] = (),
         on_pools: Callable[[Sequence[PoolSpec], str | None], None] | None = None,
+        on_applied: Callable[[ValidatedConfig], None] | None = None,
     ) -> None:
         """``on_pools`` is told every pool table the picker is given (e.g. to write it for worker
         processes), before Envoy learns the configuration."""
         self.on_pools = on_pools
+        self.on_applied = on_applied
+        """Told each configuration once applied (e.g. to write its status back to the cluster)."""
         self.provider = provider
         self.picker = picker
         self.cache = cache
@@ -257,6 +260,8 @@ class ControlPlane:
             "configuration %s applied (xDS %s, pools: %s)",
             snapshot.version, xds.version, ", ".join(self.applied.pools) or "none",
         )
+        if self.on_applied is not None:
+            self.on_applied(config)
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

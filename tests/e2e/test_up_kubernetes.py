@@ -94,5 +94,17 @@ async def test_the_gateway_follows_the_cluster(
         async with http.get(f"{up.admin_url}/status") as response:
             status = await response.json()
         assert status["config"]["directory"] == "kubernetes:default"
+
+        # this replica holds the status Lease and writes what kubectl shows
+        async def route_status() -> bool:
+            route = cluster.get_object("httproutes", "r")
+            return bool(route and route.get("status", {}).get("parents"))
+
+        await wait_until(route_status, "the HTTPRoute's status written back", timeout_s=10.0)
+        gateway = cluster.get_object("gateways", "gw")
+        assert gateway is not None
+        assert {c["type"]: c["status"] for c in gateway["status"]["conditions"]}["Programmed"] == "True"
+        lease = cluster.get_object("leases", "kvgate-status-writer")
+        assert lease is not None
     finally:
         await up.stop()

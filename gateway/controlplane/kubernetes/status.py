@@ -16,6 +16,8 @@ gateways of several implementations).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 from collections.abc import Iterable, Mapping
@@ -23,8 +25,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
+from gateway.controlplane.kubernetes.lease import LeaderElector
 from gateway.controlplane.resources.conditions import ResourceStatus, StatusReport
 from gateway.controlplane.resources.meta import ResourceRef
+from gateway.controlplane.resources.resolved import ValidatedConfig
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,10 @@ class StatusWriter:
         self._written: dict[ResourceRef, JsonDict] = {}
         self.writes = 0
 
+    def forget(self) -> None:
+        """Write every status again on the next :meth:`write` (a new lease holder's first)."""
+        self._written.clear()
+
     async def write(self, report: StatusReport) -> int:
         """Patch every object whose status changed since this writer last wrote it; the count."""
         written = 0
@@ -160,3 +168,51 @@ class StatusWriter:
             written += 1
         self.writes += written
         return written
+
+
+class StatusPublisher:
+    """Writes the status of each applied configuration while this replica holds the status Lease
+    (``lease.LeaderElector``); a replica that becomes the holder writes everything once."""
+
+    def __init__(self, client: KubeClient, elector: LeaderElector, writer: StatusWriter) -> None:
+        self._client = client
+        self._elector = elector
+        self._writer = writer
+        self._latest: StatusReport | None = None
+        self._dirty = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def notify(self, config: ValidatedConfig) -> None:
+        """The control plane applied ``config`` (its ``on_applied`` hook)."""
+        self._latest = config.status
+        self._dirty.set()
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._elector.run(self._stop)), asyncio.create_task(self._run())]
+
+    async def _run(self) -> None:
+        leading = False
+        while not self._stop.is_set():
+            events = (self._dirty, self._elector.changed, self._stop)
+            waits = {asyncio.ensure_future(event.wait()) for event in events}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waits:
+                waiter.cancel()
+            self._dirty.clear()
+            self._elector.changed.clear()
+            now_leading = self._elector.is_leader
+            if now_leading and not leading:
+                self._writer.forget()  # a new holder does not trust what an earlier one wrote
+            leading = now_leading
+            if leading and self._latest is not None:
+                await self._writer.write(self._latest)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._client.close()
