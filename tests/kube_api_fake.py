@@ -79,6 +79,8 @@ class FakeApiServer:
     _watch_generation: int = 0
     _failures: list[int] = field(default_factory=list)
     _denied: set[tuple[str, str]] = field(default_factory=set)
+    unserved: set[str] = field(default_factory=set)
+    """Plurals answered 404, as when their CRD is not installed."""
     requests: list[str] = field(default_factory=list)
     """``METHOD path?query`` of every request, in order (what the client asked)."""
     _runner: web.AppRunner | None = None
@@ -218,7 +220,8 @@ class FakeApiServer:
         name = parts[1] if len(parts) > 1 else None
         sub = parts[2] if len(parts) > 2 else None
         for kind in KINDS:
-            if kind.api_version == api_version and kind.plural == parts[0]:
+            served = kind.plural not in self.unserved
+            if served and kind.api_version == api_version and kind.plural == parts[0]:
                 return kind, namespace, name, sub
         return None, None, None, None
 

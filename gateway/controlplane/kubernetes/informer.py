@@ -56,6 +56,8 @@ class ObjectCache:
         self.resource_version = ""
         self.synced = False
         """True once a list succeeded (the kind's objects are known)."""
+        self.missing = False
+        """The server does not serve this kind (404: its CRD is not installed)."""
 
     def objects(self) -> list[JsonDict]:
         return [self._objects[key] for key in sorted(self._objects)]
@@ -126,6 +128,7 @@ async def follow(
         except ApiError as exc:
             failures += 1
             missing = exc.status == 404
+            cache.missing = missing
             if missing and not cache.synced and cache.replace([], ""):
                 on_change()  # known now: none (its CRD is not installed)
             delay = BACKOFF_MAX_S if missing else min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (failures - 1))

@@ -40,6 +40,10 @@ KINDS = (
     KindSpec("v1", "Pod", "pods"),
 )
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
+REQUIRED = frozenset({"gateways", "httproutes", "inferencepools"})
+"""Kinds without which kvgate cannot work: their CRDs must be installed."""
+SUPPORTED_RELEASES = "Gateway API v1.4 (standard channel) and Gateway API Inference Extension v1.2"
+"""The upstream CRD releases kvgate is tested with (README: how to install them)."""
 
 
 class KubernetesProvider:
@@ -103,6 +107,15 @@ class KubernetesProvider:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), 0.1)
+        missing = sorted(c.spec.plural for c in self._caches if c.missing)
+        if REQUIRED & set(missing):
+            raise ConfigError(
+                f"the cluster does not serve {', '.join(sorted(REQUIRED & set(missing)))}: install the CRDs "
+                f"of {SUPPORTED_RELEASES}"
+            )
+        if missing:
+            log.warning("the cluster does not serve %s (optional; %s)", ", ".join(missing),
+                        SUPPORTED_RELEASES)
         snapshot = self._build()
         if snapshot is None:
             raise ConfigError(f"the cluster's configuration does not load: {self._last_error}")

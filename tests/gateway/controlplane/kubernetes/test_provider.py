@@ -14,6 +14,7 @@ import pytest
 from gateway.controlplane.kubernetes.client import KubeClient
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.resources import ConfigSnapshot, ValidationOptions
+from policies.errors import ConfigError
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.kube_api_fake import FakeApiServer
 
@@ -117,3 +118,17 @@ async def test_an_object_that_does_not_load_keeps_the_last_good_configuration(cl
         consumer.cancel()
     finally:
         await provider.stop()
+
+
+async def test_a_cluster_without_a_required_crd_is_refused_with_the_missing_ones_named() -> None:
+    server = FakeApiServer()
+    server.unserved.update({"inferencepools", "inferenceobjectives"})
+    await server.start()
+    provider = KubernetesProvider(await KubeClient.connect(host=server.url), namespace="default")
+    try:
+        refused = r"does not serve inferencepools: install the CRDs of Gateway API"
+        with pytest.raises(ConfigError, match=refused):
+            await provider.first()
+    finally:
+        await provider.stop()
+        await server.stop()
