@@ -42,7 +42,7 @@ KINDS = (
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
 REQUIRED = frozenset({"gateways", "httproutes", "inferencepools"})
 """Kinds without which kvgate cannot work: their CRDs must be installed."""
-SUPPORTED_RELEASES = "Gateway API v1.4 (standard channel) and Gateway API Inference Extension v1.2"
+SUPPORTED_RELEASES = "Gateway API v1.4 (standard channel) and the Gateway API Inference Extension v1.5"
 """The upstream CRD releases kvgate is tested with (README: how to install them)."""
 
 
