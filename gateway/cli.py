@@ -28,6 +28,10 @@ def _run_sim(argv: Sequence[str]) -> int:
 
 
 def _run_picker(argv: Sequence[str]) -> int:
+    if "--kubernetes" in argv:  # the picker following a cluster: a composition of both floors
+        from gateway.picker_kubernetes import main as cluster_main
+
+        return cluster_main(argv)
     from gateway.picker.cli import main as picker_main
 
     return picker_main(argv)

@@ -27,7 +27,21 @@ log = logging.getLogger(__name__)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate picker", description=__doc__)
-    parser.add_argument("--pools", type=Path, required=True, help="YAML file of pools and endpoints")
+    parser.add_argument("--pools", type=Path, default=None,
+                        help="YAML file of pools and endpoints (or --kubernetes)")
+    cluster = parser.add_argument_group(
+        "following one InferencePool in a Kubernetes cluster instead of --pools"
+    )
+    cluster.add_argument("--kubernetes", action="store_true",
+                         help="the pool, its Pods, objectives and rewrites from the cluster")
+    cluster.add_argument("--pool-name", default=None, help="the InferencePool to serve (with --kubernetes)")
+    cluster.add_argument("--pool-namespace", default="default", help="its namespace (default: default)")
+    cluster.add_argument("--pool-group", default="inference.networking.k8s.io",
+                         help="the InferencePool's API group (accepted for the Inference Extension's flags)")
+    cluster.add_argument("--kubeconfig", default=None, metavar="FILE",
+                         help="kubeconfig (default: in-cluster)")
+    cluster.add_argument("--kube-api", default=None, metavar="URL",
+                         help="an API server URL needing no credentials (kubectl proxy's)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (0 = any free)")
     parser.add_argument("--admin-port", type=int, default=9090, help="metrics/health port (0 = any free)")
@@ -119,10 +133,9 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    pools = load_pools(args.pools)
-    redis_url = args.redis or pools.redis
-    settings = PickerSettings(
+def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> PickerSettings:
+    """The picker's settings from its flags (also for ``--kubernetes``, ``gateway.picker_kubernetes``)."""
+    return PickerSettings(
         grpc_address=f"{args.host}:{args.grpc_port}",
         admin_host=args.host,
         admin_port=args.admin_port,
@@ -139,20 +152,28 @@ async def _serve(args: argparse.Namespace) -> int:
         cert_reload=args.enable_cert_reload,
         health_address=f"{args.host}:{args.grpc_health_port}",
     )
-    service = PickerService(settings)
+
+
+def ready_line(args: argparse.Namespace, service: PickerService) -> str:
+    own = f" own={args.host}:{service.extproc.own_port}" if args.worker_index is not None else ""
+    return (
+        f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
+        f"admin=http://{args.host}:{service.admin.port}{own} "
+        f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()}"
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    pools = load_pools(args.pools)
+    redis_url = args.redis or pools.redis
+    service = PickerService(settings_from_args(args, redis_url))
     service.apply_pools(pools.pools, pools.effective_default)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
-    own = f" own={args.host}:{service.extproc.own_port}" if args.worker_index is not None else ""
-    print(
-        f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
-        f"admin=http://{args.host}:{service.admin.port}{own} "
-        f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()}",
-        flush=True,
-    )
+    print(ready_line(args, service), flush=True)
     watcher = asyncio.create_task(_watch(args.pools, service, stop)) if args.watch else None
     try:
         await stop.wait()
@@ -180,6 +201,9 @@ def main(argv: Sequence[str]) -> int:
     )
     if args.workers < 1:
         print("kvgate picker: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.pools is None:
+        print("kvgate picker: give --pools FILE, or --kubernetes --pool-name NAME", file=sys.stderr)
         return 2
     try:
         if args.workers > 1:

@@ -32,7 +32,10 @@ from gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
 from gateway.processes.child_process import ChildProcess
 from gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.conftest import SimFleet
-from tests.e2e.picker_harness import MODEL, post_json, wait_until
+from tests.e2e.picker_harness import MODEL, fleet_stats, post_json, wait_until
+from tests.gateway.controlplane.kubernetes.test_informer import pod
+from tests.gateway.controlplane.kubernetes.test_provider import POOL
+from tests.kube_api_fake import FakeApiServer
 
 pytestmark = pytest.mark.e2e
 
@@ -193,3 +196,64 @@ async def test_a_certificate_rotated_on_disk_is_served_without_a_restart(
     await wait_until(rotated, "new connections get the rotated certificate", timeout_s=10.0)
     assert child.running  # no restart
     assert await served()
+
+
+async def test_following_one_inference_pool_in_a_cluster(
+    start_fleet: Callable[..., Awaitable[SimFleet]],
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]],
+    http: aiohttp.ClientSession,
+) -> None:
+    """``kvgate picker --kubernetes --pool-name llm``: the pool's Pods from the (FAKE: no real one can
+    run here) API server; a Pod turning not-ready stops being picked."""
+    port = free_port()
+    fleet = await start_fleet(3, 0.1, ["--port", str(port), "--hosts-from", "127.0.11.1", "--model", MODEL,
+                                       "--admin-port", "0"])
+    cluster = FakeApiServer()
+    await cluster.start()
+    pool = {**POOL, "spec": {**POOL["spec"], "targetPorts": [{"number": port}]}}
+    for obj in (pool, *(pod(f"llm-{i}", f"127.0.11.{i + 1}") for i in range(3))):
+        await cluster.apply(dict(obj))
+    child = ChildProcess([
+        *KVGATE, "picker", "--kubernetes", "--kube-api", cluster.url, "--pool-name", "llm",
+        "--pool-namespace", "default", "--grpc-port", "0", "--admin-port", "0", "--grpc-health-port", "0",
+        "--log-level", "WARNING",
+    ], name="kvgate picker --kubernetes")
+    await child.start()
+    try:
+        pattern = r"kvgate-picker ready grpc=\S+:(\d+) admin=(\S+) .*pool=default/llm"
+        ready = await child.wait_for_line(pattern, 30)
+        url = await _gateway_for(start_envoy, int(ready.group(1)))
+        admin = ready.group(2)
+
+        async def served() -> bool:
+            reply = await post_json(http, url, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            return reply.status == 200
+
+        await wait_until(served, "served through the cluster's pool", timeout_s=15.0)
+        await cluster.apply(pod("llm-0", "127.0.11.1", ready=False))
+
+        async def left() -> bool:
+            async with http.get(f"{admin}/debug/pools") as response:
+                [served_pool] = (await response.json())["pools"]
+            return "127.0.11.1:" + str(port) not in [e["address"] for e in served_pool["endpoints"]]
+
+        await wait_until(left, "the not-ready Pod left the pool", timeout_s=5.0)
+        before = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
+        for _ in range(12):
+            assert await served()
+        after = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
+        assert after[0] == before[0]
+    finally:
+        await child.stop()
+        await cluster.stop()
+
+
+async def _gateway_for(start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int) -> str:
+    """Envoy as the Inference Extension's reference configuration (TLS, BUFFERED), one pool."""
+    port = free_port()
+    config = GatewayConfig(
+        listen_port=port, admin_port=free_port(), picker_addresses=(("127.0.0.1", picker_port),),
+        pools=(PoolBackend("default/llm"),), settings=GIE_REFERENCE,
+    )
+    await start_envoy(static_bootstrap(config))
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,79 @@
+"""``kvgate picker --kubernetes --pool-name NAME [--pool-namespace NS]``: the endpoint picker as a
+drop-in for the Inference Extension's, behind a gateway someone else runs (GKE Gateway, Istio,
+kgateway, Envoy Gateway): it follows one InferencePool in the cluster (its selected Pods, target
+port, InferenceObjectives and InferenceModelRewrites, through ``gateway.controlplane.kubernetes``)
+and serves it with the flags, ports and defaults of ``kvgate picker`` (ext_proc 9002 over TLS,
+gRPC health 9003, metrics 9090). The pool is the picker's default pool, so gateways that send no
+pool name reach it. Configuration that does not load keeps the last good pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+
+from gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
+from gateway.controlplane.kubernetes.client import KubeClient
+from gateway.controlplane.kubernetes.provider import KubernetesProvider
+from gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
+from gateway.picker.cli import build_parser, ready_line, settings_from_args
+from gateway.picker.service import PickerService
+from policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: ObjectKey) -> bool:
+    """Serve ``pool`` as ``snapshot`` has it; False (the last pool kept) when it is not there."""
+    found = next((p for p in snapshot.config.pools if p.key == pool), None)
+    if found is None:
+        log.warning("InferencePool %s/%s is not in the cluster (or does not load)", pool.namespace, pool.name)
+        return False
+    settings = ControlPlaneSettings(picker_address="")  # defaults: profile, engine
+    spec, warnings = pool_spec(found, snapshot.resources, snapshot.config, settings)
+    for warning in warnings:
+        log.warning("%s", warning)
+    service.apply_pools([spec], spec.name)
+    return True
+
+
+async def serve(args: argparse.Namespace) -> int:
+    if not args.pool_name:
+        raise ConfigError("--kubernetes needs --pool-name NAME (and --pool-namespace NS)")
+    pool = ObjectKey(args.pool_namespace, args.pool_name)
+    client = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
+    provider = KubernetesProvider(
+        client, namespace=args.pool_namespace, options=ValidationOptions(require_picker_service=False)
+    )
+    service = PickerService(settings_from_args(args, args.redis))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        first = await provider.first()
+        if not apply_snapshot(service, first, pool):
+            raise ConfigError(f"InferencePool {pool.namespace}/{pool.name} not found in the cluster")
+        await service.start()
+        print(ready_line(args, service) + f" pool={pool.namespace}/{pool.name}", flush=True)
+        async for snapshot in provider.updates(stop):
+            apply_snapshot(service, snapshot, pool)
+    finally:
+        await service.stop()
+        await provider.stop()
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return asyncio.run(serve(args))
+    except ConfigError as exc:
+        print(f"kvgate picker: {exc.message}", flush=True)
+        return 2
