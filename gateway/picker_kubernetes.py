@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
 from gateway.controlplane.kubernetes.client import KubeClient
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
+from gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
 from gateway.picker.cli import build_parser, ready_line, settings_from_args
 from gateway.picker.service import PickerService
@@ -49,6 +50,10 @@ async def serve(args: argparse.Namespace) -> int:
         client, namespace=args.pool_namespace, options=ValidationOptions(require_picker_service=False)
     )
     service = PickerService(settings_from_args(args, args.redis))
+    reviews: KubeClient | None = None
+    if args.metrics_endpoint_auth is not False:  # the Inference Extension's default: on
+        reviews = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
+        service.admin.metrics_auth = MetricsAuthorizer(reviews)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -64,6 +69,8 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         await service.stop()
         await provider.stop()
+        if reviews is not None:
+            await reviews.close()
     return 0
 
 

@@ -15,7 +15,10 @@ It behaves like the real one where kvgate's client depends on it, following the 
 - get one object (``…/RESOURCE/NAME``); the status subresource (``PATCH …/NAME/status``, a JSON
   merge patch of ``status`` only); create (``POST``, 409 if it exists) and replace (``PUT``, 409 when
   ``metadata.resourceVersion`` is not the stored one: optimistic concurrency, as Leases rely on);
-- 403 for a verb the caller's role does not grant (:meth:`deny`).
+- 403 for a verb the caller's role does not grant (:meth:`deny`);
+- TokenReview (tokens in :attr:`tokens`, token -> user name) and SubjectAccessReview (``get`` on a
+  non-resource URL allowed for the users in :attr:`metrics_readers`), created and answered, not
+  stored, as the real server does.
 
 Test controls (plain methods, not HTTP): :meth:`apply`, :meth:`delete`, :meth:`compact` (forget the
 event history), :meth:`drop_watches` (end every open watch, as an API server restart or a load
@@ -56,6 +59,8 @@ KINDS = (
     Kind("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "inferenceobjectives"),
     Kind("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
     Kind("coordination.k8s.io/v1", "Lease", "leases"),
+    Kind("authentication.k8s.io/v1", "TokenReview", "tokenreviews", namespaced=False),
+    Kind("authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", namespaced=False),
 )
 
 
@@ -80,6 +85,8 @@ class FakeApiServer:
     _failures: list[int] = field(default_factory=list)
     _denied: set[tuple[str, str]] = field(default_factory=set)
     unserved: set[str] = field(default_factory=set)
+    tokens: dict[str, str] = field(default_factory=dict)
+    metrics_readers: set[str] = field(default_factory=set)
     """Plurals answered 404, as when their CRD is not installed."""
     requests: list[str] = field(default_factory=list)
     """``METHOD path?query`` of every request, in order (what the client asked)."""
@@ -225,9 +232,24 @@ class FakeApiServer:
                 return kind, namespace, name, sub
         return None, None, None, None
 
+    def _review(self, kind: Kind, body: JsonDict) -> JsonDict:
+        spec = body.get("spec") or {}
+        if kind.kind == "TokenReview":
+            user = self.tokens.get(spec.get("token", ""))
+            status: JsonDict = {"authenticated": user is not None}
+            if user is not None:
+                status["user"] = {"username": user, "groups": ["system:authenticated"]}
+        else:
+            attributes = spec.get("nonResourceAttributes") or {}
+            allowed = spec.get("user") in self.metrics_readers and attributes.get("verb") == "get"
+            status = {"allowed": allowed}
+        return {**body, "status": status}
+
     async def _object(
         self, request: web.Request, kind: Kind, namespace: str, name: str | None, sub: str | None
     ) -> web.Response:
+        if request.method == "POST" and kind.kind in ("TokenReview", "SubjectAccessReview"):
+            return web.json_response(self._review(kind, await request.json()), status=201)
         if request.method == "POST":
             body = await request.json()
             body.setdefault("apiVersion", kind.api_version)

@@ -9,7 +9,7 @@ state; 404 when no control plane runs in this process).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -49,6 +49,9 @@ class AdminServer:
         self.port = 0
         self.status_provider: Callable[[], Mapping[str, Any]] | None = None
         """Set by the composition root when a control plane runs (``kvgate up``)."""
+        self.metrics_auth: Callable[[str | None], Awaitable[bool]] | None = None
+        """Set to require a bearer token on ``/metrics`` (``--metrics-endpoint-auth``): called with
+        the token (None: no Authorization header); False answers 401 (no token) or 403."""
 
     def _app(self) -> web.Application:
         app = web.Application()
@@ -64,7 +67,14 @@ class AdminServer:
             return web.json_response({"error": "no control plane runs in this process"}, status=404)
         return web.json_response(dict(self.status_provider()))
 
-    async def _metrics(self, _: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_auth is not None:
+            header = request.headers.get("Authorization", "")
+            token = header[7:].strip() if header.lower().startswith("bearer ") else None
+            if not await self.metrics_auth(token):
+                status = 401 if token is None else 403
+                error = "unauthorized" if token is None else "forbidden"
+                return web.json_response({"error": error}, status=status)
         body = self._source.telemetry.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="BOOL", help="follow --cert-path's files when they are rotated (default false)")
     tls.add_argument("--grpc-health-port", type=int, default=9003,
                      help="plaintext gRPC health port (default 9003; 0 = any free)")
+    tls.add_argument("--metrics-endpoint-auth", type=flag_bool, nargs="?", const=True, default=None,
+                     metavar="BOOL", help="require a bearer token the API server accepts (TokenReview) "
+                     "and authorizes for GET /metrics (SubjectAccessReview) on the metrics port; "
+                     "default true with --kubernetes, false otherwise (there is no API server to ask)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -204,6 +208,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if args.pools is None:
         print("kvgate picker: give --pools FILE, or --kubernetes --pool-name NAME", file=sys.stderr)
+        return 2
+    if args.metrics_endpoint_auth:
+        print("kvgate picker: --metrics-endpoint-auth needs --kubernetes (the API server decides)",
+              file=sys.stderr)
         return 2
     try:
         if args.workers > 1:

@@ -204,11 +204,15 @@ async def test_following_one_inference_pool_in_a_cluster(
     http: aiohttp.ClientSession,
 ) -> None:
     """``kvgate picker --kubernetes --pool-name llm``: the pool's Pods from the (FAKE: no real one can
-    run here) API server; a Pod turning not-ready stops being picked."""
+    run here) API server; a Pod turning not-ready stops being picked; the metrics port wants a
+    bearer token the API server accepts and authorizes (the Inference Extension's default)."""
     port = free_port()
     fleet = await start_fleet(3, 0.1, ["--port", str(port), "--hosts-from", "127.0.11.1", "--model", MODEL,
                                        "--admin-port", "0"])
     cluster = FakeApiServer()
+    cluster.tokens.update({"scraper-token": "system:serviceaccount:monitoring:prometheus",
+                           "other-token": "system:serviceaccount:default:someone"})
+    cluster.metrics_readers.add("system:serviceaccount:monitoring:prometheus")
     await cluster.start()
     pool = {**POOL, "spec": {**POOL["spec"], "targetPorts": [{"number": port}]}}
     for obj in (pool, *(pod(f"llm-{i}", f"127.0.11.{i + 1}") for i in range(3))):
@@ -243,6 +247,17 @@ async def test_following_one_inference_pool_in_a_cluster(
             assert await served()
         after = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
         assert after[0] == before[0]
+
+        async def metrics(token: str | None) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with http.get(f"{admin}/metrics", headers=headers) as response:
+                if response.status == 200:
+                    assert "inference_objective_request_total" in await response.text()
+                return response.status
+
+        assert await metrics(None) == 401
+        assert await metrics("other-token") == 403
+        assert await metrics("scraper-token") == 200
     finally:
         await child.stop()
         await cluster.stop()
