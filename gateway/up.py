@@ -148,6 +148,8 @@ class UpOptions:
     kube_api: str | None = None
     """The API server's URL without authentication (``kubectl proxy``'s, a test's); None: the
     kubeconfig, else the in-cluster service account."""
+    status_lease_s: float = 15.0
+    """How long the status Lease holds without renewal (another replica takes over after it)."""
 
     @property
     def config_directory(self) -> Path:
@@ -234,6 +236,8 @@ class KvgateUp:
         self.ads: AdsServer | None = None
         self.envoy: EnvoyProcess | None = None
         self.control: ControlPlane | None = None
+        self.status_identity: str | None = None
+        """This replica's name in the status Lease (``--kubernetes``)."""
         self.cache = SnapshotCache()
         self.xds_status = XdsStatus()
         self.listen_port = options.port
@@ -253,7 +257,10 @@ class KvgateUp:
         """Status back to the cluster, by whichever kvgate replica holds the status Lease."""
         options = self.options
         client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
-        elector = LeaderElector(client, options.namespace or "default")
+        lease_s = options.status_lease_s
+        elector = LeaderElector(client, options.namespace or "default", lease_duration_s=lease_s,
+                                retry_s=max(0.1, lease_s / 7.5))  # client-go's 15 s / 2 s
+        self.status_identity = elector.identity
         publisher = StatusPublisher(client, elector, StatusWriter(client, addresses=[options.host]))
         self._stack.push_async_callback(publisher.stop)
         await publisher.start()

@@ -108,3 +108,98 @@ async def test_the_gateway_follows_the_cluster(
         assert lease is not None
     finally:
         await up.stop()
+
+
+async def test_two_replicas_serve_one_writes_status_and_the_other_takes_over(
+    cluster: FakeApiServer, start_fleet: Callable[..., Awaitable[SimFleet]], http: aiohttp.ClientSession,
+) -> None:
+    """Both replicas follow the cluster and serve; the Lease holder writes status; when it stops,
+    the other takes the Lease over and writes what changes next. A weight change on the HTTPRoute
+    applies live on both, without a failed request."""
+    port = free_port()
+    fleet = await start_fleet(
+        replicas=2, time_scale=0.01,
+        extra_args=["--port", str(port), "--hosts-from", "127.0.7.21", "--admin-port", "0",
+                    "--model", "base"],
+    )
+    pools = [
+        {**POOL, "metadata": {"name": name}, "spec": {**POOL["spec"], "targetPorts": [{"number": port}],
+                                                       "selector": {"matchLabels": {"app": name}}}}
+        for name in ("pool-a", "pool-b")
+    ]
+    pods = [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+         "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+        for name, ip in (("pool-a", "127.0.7.21"), ("pool-b", "127.0.7.22"))
+    ]
+
+    def route(weight_a: int, weight_b: int) -> dict[str, Any]:
+        refs = [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name, "weight": w}
+                for name, w in (("pool-a", weight_a), ("pool-b", weight_b))]
+        return {**ROUTE, "spec": {**ROUTE["spec"], "rules": [{"backendRefs": refs}]}}
+
+    for obj in (GATEWAY, *pools, *pods, route(100, 0)):
+        await cluster.apply(dict(obj))
+    replicas = [
+        KvgateUp(UpOptions(kubernetes=True, kube_api=cluster.url, namespace="default", port=free_port(),
+                           admin_port=0, sim=0, status_lease_s=1.0))
+        for _ in range(2)
+    ]
+    try:
+        for up in replicas:
+            await up.start()
+        body = {"model": "base", "prompt": "hello", "max_tokens": 2}
+        for up in replicas:
+            async def served(url: str = up.url) -> bool:
+                return (await post_json(http, url, body)).status == 200
+
+            await wait_until(served, "both replicas serve", timeout_s=15.0)
+
+        async def holder() -> str | None:
+            lease = cluster.get_object("leases", "kvgate-status-writer")
+            return lease["spec"]["holderIdentity"] if lease else None
+
+        await wait_until(lambda: _true(holder()), "a Lease holder", timeout_s=5.0)
+        first = await holder()
+
+        # weights move to pool-b live: no request fails on either replica
+        before = await _received(http, fleet)
+        await cluster.apply(route(0, 100))
+        await asyncio.sleep(1.0)
+        for up in replicas:
+            replies = await asyncio.gather(*(post_json(http, up.url, body) for _ in range(10)))
+            assert [r.status for r in replies] == [200] * 10
+        after = await _received(http, fleet)
+        assert after[0] - before[0] <= 2  # only requests sent before the change applied
+        assert after[1] - before[1] >= 20
+
+        # the holder stops: the other takes the Lease over and writes the next change's status
+        leader = next(up for up in replicas if _holds(up, first))
+        other = next(up for up in replicas if up is not leader)
+        await leader.stop()
+
+        async def taken_over() -> bool:
+            return await holder() not in (None, first)
+
+        await wait_until(taken_over, "the other replica holds the Lease", timeout_s=5.0)
+        await cluster.apply({**route(0, 100), "spec": {**route(0, 100)["spec"], "parentRefs": [
+            {"name": "gw"}, {"name": "missing-gateway"}]}})
+
+        async def written() -> bool:
+            route_now = cluster.get_object("httproutes", "r")
+            parents = (route_now or {}).get("status", {}).get("parents", [])
+            return any(p["parentRef"]["name"] == "missing-gateway" for p in parents)
+
+        await wait_until(written, "status written by the new holder", timeout_s=5.0)
+        assert (await post_json(http, other.url, body)).status == 200
+    finally:
+        for up in replicas:
+            await up.stop()
+
+
+async def _true(value: Awaitable[object]) -> bool:
+    return bool(await value)
+
+
+def _holds(up: KvgateUp, identity: str | None) -> bool:
+    return up.status_identity == identity
