@@ -38,7 +38,7 @@ def _run_picker(argv: Sequence[str]) -> int:
 
 
 def _run_up(argv: Sequence[str]) -> int:
-    from gateway.up import main as up_main
+    from gateway.up_cli import main as up_main
 
     return up_main(argv)
 

@@ -1,0 +1,47 @@
+"""The simulated fleet ``kvgate up --sim N`` runs: ``python -m simulator`` as a child process."""
+
+from __future__ import annotations
+
+import sys
+
+from gateway.processes.child_process import ChildProcess, ChildProcessError
+from policies.errors import ConfigError
+
+SIM_READY_PREFIX = "kvgate-sim ready"
+SIM_READY_TIMEOUT_S = 30.0
+
+
+class SimFleetProcess:
+    """``python -m simulator`` as a child process (``gateway.processes.child_process``); ``urls``
+    once started."""
+
+    def __init__(
+        self, *, replicas: int, port: int, hosts_from: str, time_scale: float, model: str | None
+    ) -> None:
+        self.command = [
+            sys.executable, "-m", "simulator", "--replicas", str(replicas), "--port", str(port),
+            "--hosts-from", hosts_from, "--time-scale", str(time_scale),
+            *(("--model", model) if model else ()),
+        ]
+        self.urls: list[str] = []
+        self._child = ChildProcess(self.command, name="the simulator", keep_lines=200)
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    @property
+    def output(self) -> list[str]:
+        return list(self._child.lines)
+
+    async def start(self) -> None:
+        await self._child.start()
+        try:
+            ready = await self._child.wait_for_line(SIM_READY_PREFIX + r"(.*)$", SIM_READY_TIMEOUT_S)
+        except ChildProcessError as exc:
+            await self._child.stop()
+            raise ConfigError(f"the simulator did not start: {exc}") from exc
+        self.urls = ready.group(1).split()
+
+    async def stop(self) -> None:
+        await self._child.stop(10.0)

@@ -1,0 +1,146 @@
+"""``kvgate up``'s command line: its flags, the ready lines it prints, and the run until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
+from policies.errors import ConfigError
+
+
+def ready_lines(up: KvgateUp, model: str) -> list[str]:
+    body = f'{{"model": "{model}", "prompt": "Say hello", "max_tokens": 16}}'
+    return [
+        f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_source})",
+        f"  curl {up.url}/v1/completions -H 'content-type: application/json' -d '{body}'",
+        f"  kvgate status --admin {up.admin_url}",
+    ]
+
+
+async def serve(options: UpOptions) -> int:
+    up = KvgateUp(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(up.start())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # raises a startup failure
+            model = (options.sim_model or EXAMPLE_MODEL) if up.fleet is not None else "MODEL"
+            for line in ready_lines(up, model):
+                print(line, flush=True)
+            await stop.wait()
+        else:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+        return 0
+    finally:
+        stopping.cancel()
+        await up.stop()
+        print("kvgate stopped", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate up", description="Run Envoy, kvgate's control plane and picker (and a simulated fleet)."
+    )
+    parser.add_argument("-f", "--filename", dest="directory", type=Path, default=None,
+                        help="directory of manifests (default: the bundled example)")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="follow the Kubernetes cluster (the kubeconfig, else in-cluster) instead of -f")
+    parser.add_argument("--kubeconfig", default=None, metavar="FILE",
+                        help="kubeconfig file (with --kubernetes)")
+    parser.add_argument("--namespace", default=None, metavar="NS",
+                        help="follow this namespace only (with --kubernetes; default: all)")
+    parser.add_argument("--kube-api", default=None, metavar="URL",
+                        help="an API server URL needing no credentials, e.g. kubectl proxy's "
+                        "(with --kubernetes)")
+    parser.add_argument("--port", type=int, default=8080, help="port Envoy listens on (default 8080)")
+    parser.add_argument("--host", default="127.0.0.1", help="address Envoy and the admin server bind")
+    parser.add_argument("--admin-port", type=int, default=9090,
+                        help="admin HTTP port: /status, /metrics, /readyz (0 = any free; default 9090)")
+    parser.add_argument("--picker-port", type=int, default=0, help="ext_proc gRPC port (default: any free)")
+    parser.add_argument("--xds-port", type=int, default=0, help="ADS gRPC port (default: any free)")
+    parser.add_argument("--envoy-admin-port", type=int, default=0,
+                        help="Envoy admin port (default: any free)")
+    parser.add_argument("--sim", type=int, default=None, metavar="N",
+                        help=f"simulated replicas (default {DEFAULT_SIM_REPLICAS} without -f, 0 with -f)")
+    parser.add_argument("--sim-pool", default=None, metavar="NAME",
+                        help="InferencePool the simulated replicas join (needed when there are several)")
+    parser.add_argument("--sim-hosts-from", default="127.0.1.1", metavar="IP",
+                        help="address of the first simulated replica (default 127.0.1.1)")
+    parser.add_argument("--sim-time-scale", type=float, default=1.0,
+                        help="simulator real seconds per simulated second (0.1: ten times faster)")
+    parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
+    parser.add_argument(
+        "--redis", default=None, metavar="URL",
+        help="share the picker's state and tenant limits with other kvgate replicas "
+        "(e.g. redis://127.0.0.1:6379/0); default: in process",
+    )
+    parser.add_argument("--envoy-log-level", default="warning")
+    parser.add_argument("--envoy-concurrency", type=int, default=0, metavar="N",
+                        help="Envoy worker threads (default 0: one per core)")
+    parser.add_argument("--stream-idle-retry", type=float, default=30.0, metavar="SECONDS",
+                        help="a streamed request whose replica sends nothing this long is retried on the "
+                        "next endpoint, if nothing reached the client yet (0: never; default 30)")
+    parser.add_argument("--attempt-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="a non-streamed request with max_tokens whose replica has not answered in "
+                        "SECONDS plus --attempt-timeout-per-token a token is retried on the next "
+                        "endpoint (0: never; default 30)")
+    parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
+                        help="seconds each requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="picker processes, sharing state through Redis (--redis, else a private "
+                        "redis-server); default 1")
+    parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options = UpOptions(
+        directory=args.directory,
+        kubernetes=args.kubernetes,
+        kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
+        kube_api=args.kube_api,
+        port=args.port,
+        host=args.host,
+        admin_port=args.admin_port,
+        picker_port=args.picker_port,
+        xds_port=args.xds_port,
+        envoy_admin_port=args.envoy_admin_port,
+        sim=args.sim,
+        sim_pool=args.sim_pool,
+        sim_hosts_from=args.sim_hosts_from,
+        sim_time_scale=args.sim_time_scale,
+        sim_model=args.sim_model,
+        envoy_log_level=args.envoy_log_level,
+        envoy_concurrency=args.envoy_concurrency,
+        workers=max(1, args.workers),
+        stream_idle_retry_s=args.stream_idle_retry,
+        attempt_timeout_s=args.attempt_timeout,
+        attempt_timeout_per_token_s=args.attempt_timeout_per_token,
+        redis_url=args.redis,
+    )
+    try:
+        return asyncio.run(serve(options))
+    except ConfigError as exc:
+        print(f"kvgate up: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
