@@ -20,7 +20,7 @@ from gateway.controlplane.kubernetes.client import KubeClient
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
-from gateway.picker.cli import build_parser, ready_line, settings_from_args
+from gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
 from gateway.picker.service import PickerService
 from policies.errors import ConfigError
 
@@ -79,6 +79,7 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    warn_ignored(args)
     try:
         return asyncio.run(serve(args))
     except ConfigError as exc:

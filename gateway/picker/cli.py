@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="an API server URL needing no credentials (kubectl proxy's)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (0 = any free)")
-    parser.add_argument("--admin-port", type=int, default=9090, help="metrics/health port (0 = any free)")
+    parser.add_argument("--admin-port", "--metrics-port", dest="admin_port", type=int, default=9090,
+                        help="metrics/health port (0 = any free; --metrics-port is the Inference "
+                        "Extension's name for it)")
     parser.add_argument("--scrape-interval", type=float, default=0.05, help="seconds between scrapes")
     parser.add_argument("--stale-after", type=float, default=0.2, help="metrics older than this are stale")
     parser.add_argument(
@@ -88,8 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="BOOL", help="require a bearer token the API server accepts (TokenReview) "
                      "and authorizes for GET /metrics (SubjectAccessReview) on the metrics port; "
                      "default true with --kubernetes, false otherwise (there is no API server to ask)")
+    accepted = parser.add_argument_group(
+        "the Inference Extension picker's flags that its charts pass and kvgate has no use for "
+        "(accepted, so its manifests work unchanged; a warning names them)"
+    )
+    for flag in ("--config-file", "--config-text", "--zap-encoder", "--enable-pprof", "--v",
+                 "--model-server-metrics-path", "--model-server-metrics-scheme",
+                 "--model-server-metrics-https-insecure-skip-verify"):
+        accepted.add_argument(flag, dest=f"ignored_{flag.lstrip('-').replace('-', '_')}", default=None,
+                              metavar="VALUE", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+def warn_ignored(args: argparse.Namespace) -> None:
+    """Name the accepted-but-unused flags that were given."""
+    given = sorted(name.removeprefix("ignored_") for name, value in vars(args).items()
+                   if name.startswith("ignored_") and value is not None)
+    if given:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        log.warning("ignoring flags kvgate does not use: %s", flags)
 
 
 def flag_bool(text: str) -> bool:
@@ -203,6 +223,7 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    warn_ignored(args)
     if args.workers < 1:
         print("kvgate picker: --workers must be at least 1", file=sys.stderr)
         return 2

@@ -65,3 +65,17 @@ def test_the_flags_take_the_inference_extensions_names_defaults_and_boolean_synt
     assert flag_bool("TRUE") is True
     with pytest.raises(argparse.ArgumentTypeError):
         flag_bool("maybe")
+
+
+def test_the_inference_extensions_chart_arguments_parse() -> None:
+    """What the Inference Extension's chart passes its picker (flags kvgate has no use for are
+    accepted, and named in a warning)."""
+    args = build_parser().parse_args([
+        "--kubernetes", "--pool-name", "vllm-llama3-8b-instruct", "--pool-namespace", "default",
+        "--pool-group", "inference.networking.k8s.io", "--zap-encoder", "json", "--grpc-port", "9002",
+        "--grpc-health-port", "9003", "--metrics-port", "9090",
+        "--config-file", "/config/default-plugins.yaml",
+        "--v", "4", "--enable-pprof", "true", "--secure-serving=true",
+    ])
+    assert (args.pool_name, args.admin_port, args.grpc_health_port) == ("vllm-llama3-8b-instruct", 9090, 9003)
+    assert args.ignored_config_file == "/config/default-plugins.yaml"
