@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
 from gateway.controlplane.kubernetes.client import KubeClient
-from gateway.controlplane.kubernetes.provider import KubernetesProvider
+from gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
 from gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
 from gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
@@ -47,7 +47,8 @@ async def serve(args: argparse.Namespace) -> int:
     pool = ObjectKey(args.pool_namespace, args.pool_name)
     client = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
     provider = KubernetesProvider(
-        client, namespace=args.pool_namespace, options=ValidationOptions(require_picker_service=False)
+        client, namespace=args.pool_namespace, options=ValidationOptions(require_picker_service=False),
+        kinds=PICKER_KINDS,
     )
     service = PickerService(settings_from_args(args, args.redis))
     reviews: KubeClient | None = None

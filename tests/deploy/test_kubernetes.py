@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from gateway.controlplane.kubernetes.provider import PICKER_KINDS
 from gateway.controlplane.resources import (
     ConditionType,
     ResourceRef,
@@ -17,8 +18,6 @@ from gateway.controlplane.resources import (
     validate,
 )
 from gateway.picker.cli import build_parser
-from gateway.picker.pools_file import PoolsFile, parse_pools
-from policies.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE_DIR = REPO / "deploy" / "kubernetes"
@@ -51,11 +50,6 @@ def _container(deployment: Doc) -> Doc:
     return result
 
 
-def _picker_pools() -> PoolsFile:
-    config_map = _one("ConfigMap", "kvgate-pools")
-    return parse_pools(config_map["data"]["pools.yaml"], source="ConfigMap kvgate-pools")
-
-
 def test_every_document_names_its_kind_and_object() -> None:
     kinds: set[str] = set()
     for source, doc in _documents():
@@ -64,7 +58,7 @@ def test_every_document_names_its_kind_and_object() -> None:
             assert doc.get(key), f"{source}: document without {key}"
         assert doc["metadata"].get("name"), f"{source}: {doc['kind']} without metadata.name"
         kinds.add(doc["kind"])
-    assert {"ConfigMap", "Deployment", "Service", "InferencePool", "Gateway", "HTTPRoute"} <= kinds
+    assert {"Deployment", "Service", "InferencePool", "Gateway", "HTTPRoute", "Role"} <= kinds
 
 
 def test_deployments_select_their_own_pods() -> None:
@@ -76,47 +70,59 @@ def test_deployments_select_their_own_pods() -> None:
         assert selector.items() <= labels.items(), doc["metadata"]["name"]
 
 
-def test_the_configmap_pools_file_loads_with_the_pickers_loader() -> None:
-    pools = _picker_pools()
-    assert pools.effective_default is not None, "a gateway does not name the pool: the file needs a default"
-    assert all(pool.endpoints for pool in pools.pools)
-
-
-def test_the_pools_loader_would_reject_a_broken_configmap() -> None:
-    text = _one("ConfigMap", "kvgate-pools")["data"]["pools.yaml"]
-    broken = text.replace("failureMode: FailClose", "failureMode: FailSometimes")
-    assert broken != text
-    with pytest.raises(ConfigError):
-        parse_pools(broken)
+def _picker_args() -> argparse.Namespace:
+    container = _container(_one("Deployment", "kvgate-picker"))
+    args = container["args"]
+    assert args[0] == "picker"
+    return build_parser().parse_args(args[1:])  # argparse exits (SystemExit) on an unknown flag
 
 
 def test_picker_deployment_runs_a_real_picker_command_line() -> None:
     deployment = _one("Deployment", "kvgate-picker")
     assert deployment["spec"]["replicas"] == 2
     container = _container(deployment)
-    args = container["args"]
-    assert args[0] == "picker"
-    parsed = build_parser().parse_args(args[1:])  # argparse exits (SystemExit) on an unknown flag
+    parsed = _picker_args()
+    assert parsed.kubernetes
     assert parsed.host == "0.0.0.0"
     assert parsed.redis == "redis://kvgate-redis:6379/0"
-    config_map = _one("ConfigMap", "kvgate-pools")
-    [mount] = container["volumeMounts"]
-    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
-    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
-    assert parsed.pools == Path(mount["mountPath"]) / "pools.yaml"
-    assert "pools.yaml" in config_map["data"]
+    assert parsed.pool_namespace == "$(POD_NAMESPACE)"
+    [env] = container["env"]
+    assert (env["name"], env["valueFrom"]["fieldRef"]["fieldPath"]) == ("POD_NAMESPACE", "metadata.namespace")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "kvgate-picker"
 
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["grpc-ext-proc"] == parsed.grpc_port
+    assert ports["grpc-health"] == parsed.grpc_health_port
     assert ports["http-admin"] == parsed.admin_port
-    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-        assert container[probe]["httpGet"]["path"] == path
-        assert ports[container[probe]["httpGet"]["port"]] == parsed.admin_port
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert ports[container["readinessProbe"]["httpGet"]["port"]] == parsed.admin_port
+    assert container["livenessProbe"]["grpc"]["port"] == parsed.grpc_health_port
+
+
+def test_the_role_grants_exactly_what_the_picker_follows_and_only_reads() -> None:
+    wanted = {(_group(kind.api_version), kind.plural) for kind in PICKER_KINDS}
+    role = _one("Role", "kvgate-picker")
+    granted = set()
+    for rule in role["rules"]:
+        assert sorted(rule["verbs"]) == ["get", "list", "watch"]
+        granted |= {(group, resource) for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert granted == wanted
+    binding = _one("RoleBinding", "kvgate-picker")
+    assert binding["roleRef"]["name"] == "kvgate-picker"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kvgate-picker"}]
+    reviews = _one("ClusterRole", "kvgate-picker-auth")
+    assert {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in reviews["rules"]} == {
+        ("authentication.k8s.io", "tokenreviews", ("create",)),
+        ("authorization.k8s.io", "subjectaccessreviews", ("create",)),
+    }
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0] if "/" in api_version else ""
 
 
 def test_services_reach_the_pickers_and_redis_ports() -> None:
-    picker = _container(_one("Deployment", "kvgate-picker"))
-    parsed = build_parser().parse_args(picker["args"][1:])
+    parsed = _picker_args()
     service = _one("Service", "kvgate-picker")
     labels = _one("Deployment", "kvgate-picker")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
@@ -124,6 +130,7 @@ def test_services_reach_the_pickers_and_redis_ports() -> None:
     assert by_port[9002]["targetPort"] == parsed.grpc_port
     assert by_port[9002]["appProtocol"] == "http2"
     assert by_port[9090]["targetPort"] == parsed.admin_port
+    assert by_port[9003]["targetPort"] == parsed.grpc_health_port
 
     redis = _one("Service", "kvgate-redis")
     redis_labels = _one("Deployment", "kvgate-redis")["spec"]["template"]["metadata"]["labels"]
@@ -131,24 +138,13 @@ def test_services_reach_the_pickers_and_redis_ports() -> None:
     assert parsed.redis == f"redis://{redis['metadata']['name']}:{redis['spec']['ports'][0]['port']}/0"
 
 
-def test_inference_pool_names_the_picker_service_and_matches_the_pools_file() -> None:
-    pool = _one("InferencePool", "llama")
+def test_the_picker_follows_the_inference_pool_that_names_it() -> None:
+    pool = _one("InferencePool", _picker_args().pool_name)
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
     ref = pool["spec"]["endpointPickerRef"]
     service = _one("Service", ref["name"])
     assert ref["port"]["number"] in {p["port"] for p in service["spec"]["ports"]}
     assert ref["failureMode"] == "FailClose"
-    pools = _picker_pools()
-    [spec] = [p for p in pools.pools if p.name == pool["metadata"]["name"]]
-    assert spec.failure_mode.value == ref["failureMode"]
-    target_ports = {p["number"] for p in pool["spec"]["targetPorts"]}
-    assert {int(address.rpartition(":")[2]) for address in spec.endpoints} <= target_ports
-    objectives = {
-        doc["metadata"]["name"]: doc["spec"].get("priority", 0)
-        for _, doc in _documents()
-        if doc["kind"] == "InferenceObjective"
-    }
-    assert objectives == {o.name: o.priority for o in spec.objectives}
 
 
 def test_kvgates_resource_validation_accepts_the_gateway_api_manifests() -> None:

@@ -40,6 +40,10 @@ KINDS = (
     KindSpec("v1", "Pod", "pods"),
 )
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
+PICKER_KINDS = tuple(k for k in KINDS if k.plural in (
+    "inferencepools", "inferenceobjectives", "inferencemodelrewrites", "pods",
+))
+"""What an endpoint picker serving one pool reads (``kvgate picker --kubernetes``): least privilege."""
 REQUIRED = frozenset({"gateways", "httproutes", "inferencepools"})
 """Kinds without which kvgate cannot work: their CRDs must be installed."""
 SUPPORTED_RELEASES = "Gateway API v1.4 (standard channel) and the Gateway API Inference Extension v1.5"
@@ -56,14 +60,18 @@ class KubernetesProvider:
         quiet_s: float = 0.05,
         max_batch_s: float = 0.2,
         watch_timeout_s: int = 300,
+        kinds: tuple[KindSpec, ...] | None = None,
     ) -> None:
+        """``kinds``: what to follow (default: everything ``kvgate up`` needs, Namespaces too when
+        following every namespace)."""
         self._client = client
         self._namespace = namespace
         self._options = options or ValidationOptions()
         self._quiet_s = quiet_s
         self._max_batch_s = max_batch_s
         self._watch_timeout_s = watch_timeout_s
-        kinds = KINDS if namespace is not None else (*KINDS, NAMESPACES)
+        if kinds is None:
+            kinds = KINDS if namespace is not None else (*KINDS, NAMESPACES)
         self._caches = [ObjectCache(spec) for spec in kinds]
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
