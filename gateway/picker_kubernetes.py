@@ -48,7 +48,7 @@ async def serve(args: argparse.Namespace) -> int:
     client = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
     provider = KubernetesProvider(
         client, namespace=args.pool_namespace, options=ValidationOptions(require_picker_service=False),
-        kinds=PICKER_KINDS,
+        kinds=PICKER_KINDS, controller_name=None,
     )
     service = PickerService(settings_from_args(args, args.redis))
     reviews: KubeClient | None = None

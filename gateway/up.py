@@ -218,7 +218,9 @@ class KvgateUp:
         elector = LeaderElector(client, options.namespace or "default", lease_duration_s=lease_s,
                                 retry_s=max(0.1, lease_s / 7.5))  # client-go's 15 s / 2 s
         self.status_identity = elector.identity
-        publisher = StatusPublisher(client, elector, StatusWriter(client, addresses=[options.host]))
+        provider = self.provider
+        classes = provider.gateway_classes if isinstance(provider, KubernetesProvider) else list
+        publisher = StatusPublisher(client, elector, StatusWriter(client, addresses=[options.host]), classes)
         self._stack.push_async_callback(publisher.stop)
         await publisher.start()
         return publisher

@@ -52,6 +52,7 @@ KINDS = (
     Kind("v1", "Pod", "pods"),
     Kind("v1", "Service", "services"),
     Kind("v1", "Namespace", "namespaces", namespaced=False),
+    Kind("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False),
     Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     Kind("gateway.networking.k8s.io/v1beta1", "ReferenceGrant", "referencegrants"),

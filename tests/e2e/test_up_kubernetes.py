@@ -19,7 +19,7 @@ from gateway.processes.envoy_process import free_port
 from gateway.up import KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_stats, post_json, wait_until
-from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, POOL, ROUTE
+from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, GATEWAY_CLASS, POOL, ROUTE
 from tests.kube_api_fake import FakeApiServer
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +56,7 @@ async def test_the_gateway_follows_the_cluster(
                     "--model", "base"],
     )
     pool = {**POOL, "spec": {**POOL["spec"], "targetPorts": [{"number": port}]}}
-    for obj in (GATEWAY, pool, ROUTE, *(_pod(i) for i in range(4))):
+    for obj in (GATEWAY_CLASS, GATEWAY, pool, ROUTE, *(_pod(i) for i in range(4))):
         await cluster.apply(dict(obj))
     up = KvgateUp(UpOptions(kubernetes=True, kube_api=cluster.url, namespace="default", port=free_port(),
                             admin_port=0, sim=0))
@@ -106,6 +106,9 @@ async def test_the_gateway_follows_the_cluster(
         assert {c["type"]: c["status"] for c in gateway["status"]["conditions"]}["Programmed"] == "True"
         lease = cluster.get_object("leases", "kvgate-status-writer")
         assert lease is not None
+        gateway_class = cluster.get_object("gatewayclasses", "kvgate", namespace="")
+        assert gateway_class is not None
+        assert gateway_class["status"]["conditions"][0]["type"] == "Accepted"
     finally:
         await up.stop()
 
@@ -138,7 +141,7 @@ async def test_two_replicas_serve_one_writes_status_and_the_other_takes_over(
                 for name, w in (("pool-a", weight_a), ("pool-b", weight_b))]
         return {**ROUTE, "spec": {**ROUTE["spec"], "rules": [{"backendRefs": refs}]}}
 
-    for obj in (GATEWAY, *pools, *pods, route(100, 0)):
+    for obj in (GATEWAY_CLASS, GATEWAY, *pools, *pods, route(100, 0)):
         await cluster.apply(dict(obj))
     replicas = [
         KvgateUp(UpOptions(kubernetes=True, kube_api=cluster.url, namespace="default", port=free_port(),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -40,6 +41,9 @@ KINDS = (
     KindSpec("v1", "Pod", "pods"),
 )
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
+GATEWAY_CLASSES = KindSpec("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False)
+CONTROLLER_NAME = "kvgate.io/gateway-controller"
+"""The ``spec.controllerName`` of the GatewayClasses kvgate implements."""
 PICKER_KINDS = tuple(k for k in KINDS if k.plural in (
     "inferencepools", "inferenceobjectives", "inferencemodelrewrites", "pods",
 ))
@@ -61,10 +65,13 @@ class KubernetesProvider:
         max_batch_s: float = 0.2,
         watch_timeout_s: int = 300,
         kinds: tuple[KindSpec, ...] | None = None,
+        controller_name: str | None = CONTROLLER_NAME,
     ) -> None:
         """``kinds``: what to follow (default: everything ``kvgate up`` needs, Namespaces too when
-        following every namespace)."""
+        following every namespace). ``controller_name``: only Gateways of a GatewayClass with this
+        ``spec.controllerName`` are kvgate's (None: every Gateway, as with manifest files)."""
         self._client = client
+        self._controller = controller_name
         self._namespace = namespace
         self._options = options or ValidationOptions()
         self._quiet_s = quiet_s
@@ -72,6 +79,8 @@ class KubernetesProvider:
         self._watch_timeout_s = watch_timeout_s
         if kinds is None:
             kinds = KINDS if namespace is not None else (*KINDS, NAMESPACES)
+            if controller_name is not None:
+                kinds = (*kinds, GATEWAY_CLASSES)
         self._caches = [ObjectCache(spec) for spec in kinds]
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -129,13 +138,27 @@ class KubernetesProvider:
             raise ConfigError(f"the cluster's configuration does not load: {self._last_error}")
         return snapshot
 
+    def gateway_classes(self) -> list[tuple[str, int]]:
+        """(name, generation) of the GatewayClasses kvgate implements (``controller_name``'s)."""
+        found = []
+        for cache in self._caches:
+            if cache.spec is GATEWAY_CLASSES:
+                for obj in cache.objects():
+                    if (obj.get("spec") or {}).get("controllerName") == self._controller:
+                        meta = obj["metadata"]
+                        found.append((str(meta["name"]), int(meta.get("generation") or 1)))
+        return sorted(found)
+
     def _build(self) -> ConfigSnapshot | None:
         """The caches as a snapshot (the current one when nothing changed); None when invalid."""
         files = [
             (f"kubernetes:{obj['kind']}/{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}",
              json.dumps(obj, sort_keys=True))
-            for cache in self._caches for obj in cache.objects()
+            for cache in self._caches if cache.spec is not GATEWAY_CLASSES for obj in cache.objects()
         ]
+        if self._controller is not None:  # the class names are part of what decides the configuration
+            classes = json.dumps(self.gateway_classes())
+            files.append(("kubernetes:GatewayClasses", f"# {classes}\n"))
         try:
             resources = parse_manifests(files)
         except ConfigError as exc:
@@ -147,7 +170,11 @@ class KubernetesProvider:
         current = self._current
         if current is not None and current.content_hash == resources.content_hash:
             return current
-        config = validate(resources, self._options)
+        options = self._options
+        if self._controller is not None:
+            names = frozenset(name for name, _ in self.gateway_classes())
+            options = dataclasses.replace(options, gateway_classes=names)
+        config = validate(resources, options)
         version = current.version + 1 if current else 1
         self._current = ConfigSnapshot(version, resources.content_hash, resources, config, time.time())
         return self._current

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import copy
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +39,21 @@ WRITTEN_KINDS: Mapping[str, KindSpec] = {
     "Gateway": KindSpec("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     "HTTPRoute": KindSpec("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     "InferencePool": KindSpec("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
+    "GatewayClass": KindSpec(
+        "gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False
+    ),
 }
+
+
+def class_statuses(classes: Iterable[tuple[str, int]]) -> dict[ResourceRef, JsonDict]:
+    """Accepted for each GatewayClass kvgate implements ((name, generation) pairs)."""
+    return {
+        ResourceRef("GatewayClass", "", name): {"conditions": [{
+            "type": "Accepted", "status": "True", "reason": "Accepted",
+            "message": "kvgate implements this class", "observedGeneration": generation,
+        }]}
+        for name, generation in classes
+    }
 
 
 def _conditions(entry: ResourceStatus) -> list[JsonDict]:
@@ -141,15 +155,17 @@ class StatusWriter:
         """Write every status again on the next :meth:`write` (a new lease holder's first)."""
         self._written.clear()
 
-    async def write(self, report: StatusReport) -> int:
-        """Patch every object whose status changed since this writer last wrote it; the count."""
+    async def write(self, report: StatusReport, classes: Iterable[tuple[str, int]] = ()) -> int:
+        """Patch every object whose status changed since this writer last wrote it (and the
+        GatewayClasses kvgate implements); the count."""
         written = 0
-        for ref, status in desired_statuses(report, self._addresses).items():
+        wanted = {**desired_statuses(report, self._addresses), **class_statuses(classes)}
+        for ref, status in wanted.items():
             if self._written.get(ref) == status:
                 continue
             spec = WRITTEN_KINDS[ref.kind]
             try:
-                current = await self._client.get(spec, ref.namespace, ref.name)
+                current = await self._client.get(spec, ref.namespace or None, ref.name)
                 previous = current.get("status") or {}
                 merged = dict(status)
                 if "parents" in status and ref.kind == "HTTPRoute":  # keep other controllers' entries
@@ -159,7 +175,7 @@ class StatusWriter:
                     merged["parents"] = [*others, *status["parents"]]
                 now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 stamped = _with_times(merged, previous, now)
-                await self._client.patch_status(spec, ref.namespace, ref.name, stamped)
+                await self._client.patch_status(spec, ref.namespace or None, ref.name, stamped)
             except ApiError as exc:
                 if exc.status != 404:  # an object deleted meanwhile needs no status
                     log.warning("status of %s %s/%s not written: %s", ref.kind, ref.namespace, ref.name, exc)
@@ -174,7 +190,11 @@ class StatusPublisher:
     """Writes the status of each applied configuration while this replica holds the status Lease
     (``lease.LeaderElector``); a replica that becomes the holder writes everything once."""
 
-    def __init__(self, client: KubeClient, elector: LeaderElector, writer: StatusWriter) -> None:
+    def __init__(
+        self, client: KubeClient, elector: LeaderElector, writer: StatusWriter,
+        classes: Callable[[], list[tuple[str, int]]] = list,
+    ) -> None:
+        self._classes = classes
         self._client = client
         self._elector = elector
         self._writer = writer
@@ -206,7 +226,7 @@ class StatusPublisher:
                 self._writer.forget()  # a new holder does not trust what an earlier one wrote
             leading = now_leading
             if leading and self._latest is not None:
-                await self._writer.write(self._latest)
+                await self._writer.write(self._latest, self._classes())
 
     async def stop(self) -> None:
         self._stop.set()

@@ -18,6 +18,10 @@ from policies.errors import ConfigError
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.kube_api_fake import FakeApiServer
 
+GATEWAY_CLASS: dict[str, Any] = {
+    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "kvgate"},
+    "spec": {"controllerName": "kvgate.io/gateway-controller"},
+}
 GATEWAY: dict[str, Any] = {
     "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "gw"},
     "spec": {"gatewayClassName": "kvgate", "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}]},
@@ -38,7 +42,7 @@ ROUTE: dict[str, Any] = {
 async def cluster() -> AsyncIterator[FakeApiServer]:
     server = FakeApiServer(bookmark_interval_s=0.1)
     await server.start()
-    for obj in (GATEWAY, POOL, ROUTE, pod("llm-0", "10.0.0.1"), pod("llm-1", "10.0.0.2")):
+    for obj in (GATEWAY_CLASS, GATEWAY, POOL, ROUTE, pod("llm-0", "10.0.0.1"), pod("llm-1", "10.0.0.2")):
         await server.apply(dict(obj))
     yield server
     await server.stop()
@@ -132,3 +136,20 @@ async def test_a_cluster_without_a_required_crd_is_refused_with_the_missing_ones
     finally:
         await provider.stop()
         await server.stop()
+
+
+async def test_only_gateways_of_kvgates_gateway_class_are_served(cluster: FakeApiServer) -> None:
+    other_class = {**GATEWAY_CLASS, "metadata": {"name": "istio"},
+                   "spec": {"controllerName": "istio.io/gateway"}}
+    other = {**GATEWAY, "metadata": {"name": "theirs"},
+             "spec": {**GATEWAY["spec"], "gatewayClassName": "istio"}}
+    await cluster.apply(other_class)
+    await cluster.apply(other)
+    provider = KubernetesProvider(await KubeClient.connect(host=cluster.url), namespace="default",
+                                  options=ValidationOptions(require_picker_service=False))
+    try:
+        snapshot = await provider.first()
+        assert [g.key.name for g in snapshot.config.gateways] == ["gw"]
+        assert provider.gateway_classes() == [("kvgate", 1)]
+    finally:
+        await provider.stop()

@@ -13,7 +13,7 @@ from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.kubernetes.status import CONTROLLER_NAME, StatusWriter
 from gateway.controlplane.resources import ValidationOptions
 from tests.gateway.controlplane.kubernetes.test_informer import pod
-from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, POOL, ROUTE
+from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, GATEWAY_CLASS, POOL, ROUTE
 from tests.kube_api_fake import FakeApiServer
 
 
@@ -21,7 +21,7 @@ from tests.kube_api_fake import FakeApiServer
 async def cluster() -> AsyncIterator[FakeApiServer]:
     server = FakeApiServer()
     await server.start()
-    for obj in (GATEWAY, POOL, ROUTE, pod("llm-0")):
+    for obj in (GATEWAY_CLASS, GATEWAY, POOL, ROUTE, pod("llm-0")):
         await server.apply(dict(obj))
     yield server
     await server.stop()
