@@ -70,6 +70,10 @@ class StaticPool:
     def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
         return model
 
+    @property
+    def rewrites_models(self) -> bool:
+        return False
+
 
 class OnePool:
     def __init__(self, pool: Pool) -> None:

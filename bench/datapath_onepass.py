@@ -16,7 +16,9 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
 - ``kvgate_gie``: the same picker process behind GIE's processing mode (full duplex both ways), as
   the Inference Extension's gateways configure a picker;
 - ``kvgate_tpm``: kvgate's one pass to a second pool of the same endpoints with a tokens-per-minute
-  limit (``rateLimits``), whose responses the picker must read for their usage (load phase only).
+  limit (``rateLimits``), whose responses the picker must read for their usage (load phase only);
+- ``kvgate_lean``: kvgate's one pass to a second picker process run with ``--skip-unread-responses``
+  (requests skip the response-headers round trip: one message fewer each way; load phase only).
 
 Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
@@ -72,8 +74,9 @@ from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_por
 from policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate", "kvgate_gie")
-LOAD_PATHS = (*PATHS, "kvgate_tpm")
-PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker", "kvgate_tpm": "picker"}
+LOAD_PATHS = (*PATHS, "kvgate_tpm", "kvgate_lean")
+PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker", "kvgate_tpm": "picker",
+             "kvgate_lean": "picker_lean"}
 TPM_POOL = "bench_tpm"
 FLOOR = ExtProcSettings(
     request_body_mode="BUFFERED", response_body_mode="NONE", send_served_endpoint=False,
@@ -123,7 +126,7 @@ def processor_listener(
 
 def onepass_bootstrap(
     admin: int, ports: dict[str, int], endpoints: Sequence[str], picker: tuple[str, int],
-    null_picker: tuple[str, int],
+    null_picker: tuple[str, int], lean_picker: tuple[str, int],
 ) -> JsonDict:
     listeners = [
         direct_listener(ports["direct"]),
@@ -131,11 +134,13 @@ def onepass_bootstrap(
         processor_listener("kvgate", ports["kvgate"], "ext_proc_kvgate", ONE_PASS),
         processor_listener("kvgate_gie", ports["kvgate_gie"], "ext_proc_kvgate", GIE),
         processor_listener("kvgate_tpm", ports["kvgate_tpm"], "ext_proc_kvgate", ONE_PASS, TPM_POOL),
+        processor_listener("kvgate_lean", ports["kvgate_lean"], "ext_proc_lean", ONE_PASS),
     ]
     clusters = [
         direct_cluster(endpoints),
         ext_proc_cluster([null_picker], name="ext_proc_null"),
         ext_proc_cluster([picker], name="ext_proc_kvgate"),
+        ext_proc_cluster([lean_picker], name="ext_proc_lean"),
         *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
         *pool_clusters(PoolBackend(TPM_POOL, FailureMode.FAIL_CLOSE)),
     ]
@@ -223,14 +228,18 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             stack.push_async_callback(picker.stop)
             null_picker, null_address = await start_null_picker(endpoints[0])
             stack.push_async_callback(null_picker.stop)
+            lean, lean_address, _ = await start_picker(
+                "picker_lean", pools, workdir / "picker_lean.log", ("--skip-unread-responses",)
+            )
+            stack.push_async_callback(lean.stop)
             ports = {path: free_port() for path in LOAD_PATHS}
             envoy = EnvoyProcess(
-                onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address),
+                onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address, lean_address),
                 EnvoyOptions(concurrency=args.envoy_concurrency),
             )
             await envoy.start()
             stack.push_async_callback(envoy.stop)
-            children: list[Child] = [upstream, picker, null_picker]
+            children: list[Child] = [upstream, picker, null_picker, lean]
             pids = {child.name: child.pid for child in children} | {"envoy": envoy.pid or 0}
             urls = {path: f"http://127.0.0.1:{port}" for path, port in ports.items()}
             files = {

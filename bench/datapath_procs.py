@@ -77,12 +77,14 @@ def kvgate_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
 
 
-async def start_picker(name: str, pools_file: Path, log_path: Path) -> tuple[Child, tuple[str, int], str]:
+async def start_picker(
+    name: str, pools_file: Path, log_path: Path, extra: Sequence[str] = ()
+) -> tuple[Child, tuple[str, int], str]:
     """``kvgate picker`` on free ports; returns it, its gRPC (host, port) and its admin URL."""
     command = [
         *kvgate_command(), "picker", "--pools", str(pools_file),
         "--secure-serving=false", "--grpc-health-port", "0",
-        "--grpc-port", "0", "--admin-port", "0",
+        "--grpc-port", "0", "--admin-port", "0", *extra,
     ]
     child = await start_child(name, command, PICKER_READY, log_path)
     words = dict(word.split("=", 1) for word in child.ready_words)

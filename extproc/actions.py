@@ -47,6 +47,9 @@ class ContinueHeaders:
     clear_route_cache: bool = False
     metadata: DynamicMetadata = field(default_factory=_no_metadata)
     response_body_mode: BodyMode | None = None
+    skip_response: bool = False
+    """In the reply to the request headers: this request's response phases are skipped (a whole
+    ``mode_override``: request headers SEND, body BUFFERED, response headers SKIP, body NONE)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ from extproc.events import (
     ResponseTrailers,
 )
 
+_SEND = 1  # ProcessingMode.HeaderSendMode.SEND
+_SKIP = 2  # ProcessingMode.HeaderSendMode.SKIP
+
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -137,6 +140,14 @@ def encode(action: Action) -> pb.ProcessingResponse:
         _set_metadata(response, action.metadata)
         if action.response_body_mode is not None:
             response.mode_override.response_body_mode = action.response_body_mode.value
+        if action.skip_response:  # Envoy replaces the whole mode: every field must be set
+            mode = response.mode_override
+            mode.request_header_mode = _SEND
+            mode.request_body_mode = BodyMode.BUFFERED.value
+            mode.response_header_mode = _SKIP
+            mode.response_body_mode = BodyMode.NONE.value
+            mode.request_trailer_mode = _SKIP
+            mode.response_trailer_mode = _SKIP
         return response
     if isinstance(action, StreamBody):
         mutation = pb.BodyMutation(

@@ -102,6 +102,13 @@ class LifecycleConfig:
     for the token metrics and the prefix index's capacity learning, the exact first token), e.g.
     :class:`EveryNth`; None = only when a feature needs it (rename, token limits). Each request read
     costs a message per response chunk."""
+    skip_unread_responses: bool = False
+    """One-pass data path: a request whose response nothing needs (no model rewrite in its pool, no
+    token limit, not sampled) skips the response-headers round trip (a ``mode_override`` in the
+    reply to its request headers, honoured by Envoy 1.40): one message fewer each way. Its status,
+    served endpoint and (non-streamed) first token are then not seen: fallbacks it took are not
+    counted and its replica's 5xx do not eject it from picking (Envoy's outlier detection still
+    does). The request still ends when Envoy closes the stream."""
     attempt_timeout: AttemptTimeout | None = None
     """Bound each attempt of a non-streamed request by its ``max_tokens`` (Envoy's per-try timeout
     header): for data planes whose routes retry on the picker's fallbacks, as kvgate's do. None:
@@ -174,6 +181,8 @@ class RequestLifecycle:
         self._finished = False
         self._observe = True
         """Whether the response body is read (one-pass data path: decided at the pick)."""
+        self._skipped = False
+        """The response phases are skipped for this request (``skip_unread_responses``)."""
 
     @property
     def decision(self) -> Decision | None:
@@ -223,7 +232,19 @@ class RequestLifecycle:
         self.state = State.REQUEST_BODY
         if self._full_duplex_request:
             return []
-        return [ContinueHeaders(Phase.REQUEST, HeaderEdit(remove=self._strip))]
+        if self._can_skip_response():
+            self._observe = self._reads_response()  # the sampler is asked once, here
+            self._skipped = not self._observe
+        return [ContinueHeaders(Phase.REQUEST, HeaderEdit(remove=self._strip), skip_response=self._skipped)]
+
+    def _can_skip_response(self) -> bool:
+        return (
+            self._config.skip_unread_responses
+            and self._modes.request is BodyMode.BUFFERED
+            and self._response_body_off
+            and self._pool is not None
+            and not self._pool.rewrites_models
+        )
 
     def _on_request_body(self, event: RequestBodyChunk) -> list[Action]:
         if event.subset_hint is not None:
@@ -265,7 +286,8 @@ class RequestLifecycle:
 
     def _pick(self, body: bytes) -> Decision:
         assert self._pool is not None
-        self._observe = self._reads_response()
+        if not self._can_skip_response():
+            self._observe = self._reads_response()
         decision = decide(
             pool=self._pool,
             api=self._api,
@@ -282,6 +304,12 @@ class RequestLifecycle:
         self._decision = decision
         self._served = decision.result.pick
         self.state = State.UPSTREAM
+        if self._skipped and decision.request.stream:
+            # no response headers will come: the prefill ends at the scheduler's own estimate
+            request, served = decision.request, decision.result.pick
+            self._callback(
+                "on_first_token_unseen", lambda s: s.on_first_token_unseen(request, served, self._now())
+            )
         return decision
 
     def _header_reply(self, decision: Decision, *, streamed_body: bool) -> ContinueHeaders:
@@ -469,7 +497,8 @@ class RequestLifecycle:
 
     # ending --------------------------------------------------------------------------------
     def _on_closed(self, event: StreamClosed) -> list[Action]:
-        self._finish(ok=False)
+        # a request whose response phases were skipped ends here, as far as the picker can tell
+        self._finish(ok=self._skipped and self.state is State.UPSTREAM and not event.cancelled)
         self.state = State.DONE
         return []
 

@@ -47,6 +47,11 @@ class Pool(Protocol):
         """The model the replica should serve for a client's ``model`` (identity when none applies)."""
         ...
 
+    @property
+    def rewrites_models(self) -> bool:
+        """Whether any model rewrite is configured (a response may then need its model renamed)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TenantKey:

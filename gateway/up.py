@@ -105,6 +105,9 @@ class UpOptions:
     kube_api: str | None = None
     """The API server's URL without authentication (``kubectl proxy``'s, a test's); None: the
     kubeconfig, else the in-cluster service account."""
+    skip_unread_responses: bool = False
+    """A request whose response nothing needs skips the response-headers round trip
+    (``extproc.lifecycle.LifecycleConfig.skip_unread_responses``)."""
     status_lease_s: float = 15.0
     """How long the status Lease holds without renewal (another replica takes over after it)."""
 
@@ -261,6 +264,7 @@ class KvgateUp:
             workers = UpWorkers(
                 options.workers - 1, scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after, attempt_timeout=attempt_bound,
+                skip_unread_responses=options.skip_unread_responses,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -272,7 +276,9 @@ class KvgateUp:
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
                 redis=RedisSettings(url=redis_url) if redis_url else None,
-                lifecycle=LifecycleConfig(attempt_timeout=attempt_bound),
+                lifecycle=LifecycleConfig(
+                    attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses
+                ),
             )
         )
         self.picker = picker

@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "endpoint (0: never; default 30)")
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds each requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--skip-unread-responses", action="store_true",
+                        help="a request whose response nothing needs (no rewrite, no token limit, not "
+                        "sampled) skips the response-headers round trip: less picker CPU; its status "
+                        "and served endpoint are then not seen")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
@@ -135,6 +139,7 @@ def main(argv: Sequence[str]) -> int:
         stream_idle_retry_s=args.stream_idle_retry,
         attempt_timeout_s=args.attempt_timeout,
         attempt_timeout_per_token_s=args.attempt_timeout_per_token,
+        skip_unread_responses=args.skip_unread_responses,
         redis_url=args.redis,
     )
     try:

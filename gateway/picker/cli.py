@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds a requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--skip-unread-responses", action="store_true",
+                        help="with the one-pass processing mode: a request whose response nothing "
+                        "needs skips the response-headers round trip (less CPU; its status and served "
+                        "endpoint are then not seen)")
     tls = parser.add_argument_group(
         "serving, as the Inference Extension's endpoint picker (its flag names and defaults)"
     )
@@ -169,7 +173,8 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         reuse_port=args.reuse_port,
         own_grpc_address=f"{args.host}:{args.own_port}" if args.worker_index is not None else None,
         lifecycle=LifecycleConfig(
-            attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token)
+            attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token),
+            skip_unread_responses=args.skip_unread_responses,
         ),
         secure_serving=args.secure_serving,
         cert_path=args.cert_path,

@@ -52,6 +52,10 @@ class PoolRuntime:
         return self.spec.name
 
     @property
+    def rewrites_models(self) -> bool:
+        return bool(self.spec.model_rewrites)
+
+    @property
     def served_models(self) -> frozenset[str]:
         return frozenset(self.spec.models)
 

@@ -217,6 +217,7 @@ class UpWorkers:
     def __init__(
         self, count: int, *, scrape_interval: float, stale_after: float,
         attempt_timeout: AttemptTimeout | None = None,
+        skip_unread_responses: bool = False,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -233,6 +234,7 @@ class UpWorkers:
                 # kvgate up's Envoy reaches its pickers over loopback, in plaintext; its own health
                 "--secure-serving=false", "--grpc-health-port", "0",
                 *_attempt_flags(attempt_timeout),
+                *(("--skip-unread-responses",) if skip_unread_responses else ()),
             ),
             own_ports=self.own_ports,
         )

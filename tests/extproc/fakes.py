@@ -96,6 +96,10 @@ class FakePool:
     def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
         return self.rewrites.get(model, model)
 
+    @property
+    def rewrites_models(self) -> bool:
+        return bool(self.rewrites)
+
 
 @dataclass
 class FakeDirectory:

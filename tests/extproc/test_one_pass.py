@@ -171,3 +171,48 @@ def test_a_streamed_request_is_marked_for_the_stream_route_and_a_client_cannot_f
     assert "x-kvgate-stream" in removed_headers(forged[0])  # a client's copy goes at once
     forged += feed(machine, [request_body(completion(), eos=True)])
     assert "x-kvgate-stream" not in set_headers(forged[1])
+
+
+LEAN = LifecycleConfig(skip_unread_responses=True)
+
+
+def _skips(response: pb.ProcessingResponse) -> bool:
+    mode = response.mode_override
+    skip, buffered = 2, 2  # HeaderSendMode.SKIP, BodySendMode.BUFFERED
+    return response.HasField("mode_override") and (mode.response_header_mode, mode.request_body_mode) == (
+        skip, buffered,
+    )
+
+
+def test_a_request_nothing_reads_the_response_of_skips_the_response_headers_round_trip() -> None:
+    for stream in (False, True):
+        pool = make_pool()
+        machine = make_machine(pool, config=LEAN)
+        out = _start(machine, completion(stream=stream))
+        assert _skips(out[0])  # the whole mode, in the reply to the request headers
+        assert set_headers(out[1])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+        # a streamed request's prefill ends at the scheduler's estimate: no first chunk will come
+        assert pool.scheduler.unseen_first_tokens == (["10.0.0.1:8000"] if stream else [])
+        machine.handle(StreamClosed(cancelled=False))  # Envoy closes the stream at the request's end
+        assert pool.scheduler.calls[-1] == ("finished", ("10.0.0.1:8000", True))
+        assert pool.scheduler.count("finished") == 1
+
+
+def test_requests_that_need_their_response_keep_the_round_trip() -> None:
+    rewriting = make_machine(make_pool(rewrites={"m": "m-v2"}), config=LEAN)
+    assert not _skips(_start(rewriting, completion())[0])
+    limiter = TenantRateLimiter(InProcessCounters())
+    limiter.configure("llama", TenantLimits(tokens=1_000_000))
+    config = LifecycleConfig(skip_unread_responses=True, tenant_limiter=limiter)
+    limited = make_machine(make_pool(), config=config)
+    assert not _skips(_start(limited, completion())[0])
+    sampler = EveryNth(2)
+    skipped = []
+    for _ in range(4):
+        machine = make_machine(make_pool(), config=LifecycleConfig(skip_unread_responses=True,
+                                                                   observe_usage=sampler))
+        skipped.append(_skips(_start(machine, completion())[0]))
+    assert skipped == [False, True, False, True]  # the sampler is asked once per request
+    full_duplex = make_machine(make_pool(), config=LEAN)
+    out = feed(full_duplex, [request_headers(), request_body(completion(), eos=True)])
+    assert not any(r.HasField("mode_override") for r in out)  # GIE's mode: never
