@@ -213,23 +213,23 @@ class KvgateUp:
         assert self.picker is not None
         return f"http://{self.options.host}:{self.picker.admin.port}"
 
-    async def _status_publisher(self) -> StatusPublisher:
-        """Status back to the cluster, by whichever kvgate replica holds the status Lease."""
+    async def _status_publisher(self, cluster: KubernetesProvider) -> StatusPublisher:
+        """Status back to ``cluster``, by whichever kvgate replica holds the status Lease."""
         options = self.options
         client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
         lease_s = options.status_lease_s
         elector = LeaderElector(client, options.namespace or "default", lease_duration_s=lease_s,
                                 retry_s=max(0.1, lease_s / 7.5))  # client-go's 15 s / 2 s
         self.status_identity = elector.identity
-        provider = self.provider
-        classes = provider.gateway_classes if isinstance(provider, KubernetesProvider) else list
-        publisher = StatusPublisher(client, elector, StatusWriter(client, addresses=[options.host]), classes)
+        writer = StatusWriter(client, addresses=[options.host])
+        publisher = StatusPublisher(client, elector, writer, cluster.gateway_classes)
         self._stack.push_async_callback(publisher.stop)
         await publisher.start()
         return publisher
 
     async def start(self) -> None:
         options = self.options
+        cluster: KubernetesProvider | None = None
         if options.kubernetes:
             client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
             cluster = KubernetesProvider(
@@ -309,7 +309,7 @@ class KvgateUp:
             listen_ports=listen_ports,
         )
         on_pools = workers.write_pools if workers is not None else None
-        publisher = await self._status_publisher() if options.kubernetes else None
+        publisher = await self._status_publisher(cluster) if cluster is not None else None
         control = ControlPlane(self.provider, picker, self.cache, settings, xds_status=self.xds_status,
                                extra_pods=extra, on_pools=on_pools,
                                on_applied=publisher.notify if publisher is not None else None)

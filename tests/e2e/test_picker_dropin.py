@@ -78,14 +78,20 @@ def _pools(fleet: SimFleet) -> list[dict[str, object]]:
     ]
 
 
-async def _gateway(start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int,
-                   settings: ExtProcSettings) -> str:
+TWO_POOLS = ((PoolBackend("llama"), PoolBackend("dead")),
+             (RouteSpec("dead", "dead", path_prefix="/dead/"), RouteSpec("llama", "llama")))
+
+
+async def _gateway(
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int, settings: ExtProcSettings,
+    pools_and_routes: tuple[tuple[PoolBackend, ...], tuple[RouteSpec, ...]] = TWO_POOLS,
+) -> str:
+    """Envoy in front of the picker: ``llama``, and ``dead`` under /dead/ (unless told otherwise)."""
     port = free_port()
+    pools, routes = pools_and_routes
     config = GatewayConfig(
         listen_port=port, admin_port=free_port(), picker_addresses=(("127.0.0.1", picker_port),),
-        pools=(PoolBackend("llama"), PoolBackend("dead")),
-        routes=(RouteSpec("dead", "dead", path_prefix="/dead/"), RouteSpec("llama", "llama")),
-        settings=settings,
+        pools=pools, routes=routes, settings=settings,
     )
     await start_envoy(static_bootstrap(config))
     return f"http://127.0.0.1:{port}"
@@ -226,7 +232,9 @@ async def test_following_one_inference_pool_in_a_cluster(
     try:
         pattern = r"kvgate-picker ready grpc=\S+:(\d+) admin=(\S+) .*pool=default/llm"
         ready = await child.wait_for_line(pattern, 30)
-        url = await _gateway_for(start_envoy, int(ready.group(1)))
+        # the Inference Extension's reference configuration (TLS, BUFFERED), one pool
+        one_pool = ((PoolBackend("default/llm"),), ())
+        url = await _gateway(start_envoy, int(ready.group(1)), GIE_REFERENCE, one_pool)
         admin = ready.group(2)
 
         async def served() -> bool:
@@ -261,14 +269,3 @@ async def test_following_one_inference_pool_in_a_cluster(
     finally:
         await child.stop()
         await cluster.stop()
-
-
-async def _gateway_for(start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int) -> str:
-    """Envoy as the Inference Extension's reference configuration (TLS, BUFFERED), one pool."""
-    port = free_port()
-    config = GatewayConfig(
-        listen_port=port, admin_port=free_port(), picker_addresses=(("127.0.0.1", picker_port),),
-        pools=(PoolBackend("default/llm"),), settings=GIE_REFERENCE,
-    )
-    await start_envoy(static_bootstrap(config))
-    return f"http://127.0.0.1:{port}"

@@ -162,7 +162,10 @@ async def test_two_replicas_serve_one_writes_status_and_the_other_takes_over(
             lease = cluster.get_object("leases", "kvgate-status-writer")
             return lease["spec"]["holderIdentity"] if lease else None
 
-        await wait_until(lambda: _true(holder()), "a Lease holder", timeout_s=5.0)
+        async def held() -> bool:
+            return await holder() is not None
+
+        await wait_until(held, "a Lease holder", timeout_s=5.0)
         first = await holder()
 
         # weights move to pool-b live: no request fails on either replica
@@ -177,7 +180,7 @@ async def test_two_replicas_serve_one_writes_status_and_the_other_takes_over(
         assert after[1] - before[1] >= 20
 
         # the holder stops: the other takes the Lease over and writes the next change's status
-        leader = next(up for up in replicas if _holds(up, first))
+        leader = next(up for up in replicas if up.status_identity == first)
         other = next(up for up in replicas if up is not leader)
         await leader.stop()
 
@@ -198,11 +201,3 @@ async def test_two_replicas_serve_one_writes_status_and_the_other_takes_over(
     finally:
         for up in replicas:
             await up.stop()
-
-
-async def _true(value: Awaitable[object]) -> bool:
-    return bool(await value)
-
-
-def _holds(up: KvgateUp, identity: str | None) -> bool:
-    return up.status_identity == identity

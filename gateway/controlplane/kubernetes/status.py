@@ -192,8 +192,9 @@ class StatusPublisher:
 
     def __init__(
         self, client: KubeClient, elector: LeaderElector, writer: StatusWriter,
-        classes: Callable[[], list[tuple[str, int]]] = list,
+        classes: Callable[[], list[tuple[str, int]]],
     ) -> None:
+        """``classes``: the GatewayClasses to mark Accepted (the provider's ``gateway_classes``)."""
         self._classes = classes
         self._client = client
         self._elector = elector

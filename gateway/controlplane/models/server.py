@@ -17,8 +17,6 @@ from gateway.controlplane.models.catalog import ModelEntry, PoolModels, catalog,
 from gateway.controlplane.resources import ValidatedConfig
 from policies.errors import KvgateError, ModelNotFoundError
 
-PORT_HEADER = LISTENER_PORT_HEADER
-
 
 def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(
@@ -86,7 +84,7 @@ class ModelsServer:
 
     def _catalog(self, config: ValidatedConfig, request: web.Request) -> tuple[ModelEntry, ...]:
         try:
-            port = int(request.headers.get(PORT_HEADER, ""))
+            port = int(request.headers.get(LISTENER_PORT_HEADER, ""))
         except ValueError:  # not through a route kvgate wrote: the lowest listener port
             ports = sorted({a.port for r in config.routes for a in r.attachments})
             port = ports[0] if ports else 0

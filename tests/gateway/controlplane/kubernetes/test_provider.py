@@ -5,7 +5,6 @@ objects become the configuration the file provider would make of the same manife
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -68,11 +67,9 @@ async def test_the_cluster_becomes_a_configuration_and_follows_changes(cluster: 
         assert [route.key.name for route in first.config.routes] == ["r"]
         updates = provider.updates()
         assert await _next(updates) is first
-        # a Pod turning not-ready leaves the pool: within a second of the watch event
-        changed_at = time.monotonic()
+        # a Pod turning not-ready leaves the pool (tests/e2e/test_up_kubernetes.py: traffic within 1 s)
         await cluster.apply(pod("llm-1", "10.0.0.2", ready=False))
         second = await _next(updates)
-        assert time.monotonic() - changed_at < 1.0
         assert _endpoints(second) == ["10.0.0.1:8000"]
         # scaling out: new Pods join
         for index in range(2, 5):

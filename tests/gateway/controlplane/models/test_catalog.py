@@ -13,8 +13,16 @@ from gateway.controlplane.models.catalog import (
     model_object,
 )
 from gateway.controlplane.models.reports import pool_models
-from gateway.controlplane.resources import ValidationOptions, load_directory, validate
+from gateway.controlplane.resources import load_directory, validate
 from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
+from tests.gateway.controlplane.resources.manifests import (
+    EPP_SERVICE,
+    GATEWAY,
+    build,
+    pool,
+    pool_ref,
+    route,
+)
 
 GOLDEN = Path(__file__).parents[1] / "translate" / "golden"
 
@@ -51,30 +59,7 @@ def test_a_port_without_routes_lists_nothing_and_a_pool_without_ready_replicas_o
     assert names == ["model-a"]  # only the declared one
 
 
-ROUTE_ALL = """
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: gw}
-spec:
-  gatewayClassName: kvgate
-  listeners: [{name: http, port: 8080, protocol: HTTP}]
----
-apiVersion: inference.networking.k8s.io/v1
-kind: InferencePool
-metadata: {name: pool}
-spec:
-  selector: {matchLabels: {app: pool}}
-  targetPorts: [{number: 8000}]
-  endpointPickerRef: {name: kvgate, port: {number: 9002}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: all}
-spec:
-  parentRefs: [{name: gw}]
-  rules:
-    - backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: pool}]
----
+ALIAS = """
 apiVersion: inference.networking.x-k8s.io/v1alpha2
 kind: InferenceModelRewrite
 metadata: {name: alias}
@@ -86,11 +71,9 @@ spec:
 """
 
 
-def test_a_pool_routed_without_a_model_match_lists_its_replicas_models_and_rewrite_sources(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "all.yaml").write_text(ROUTE_ALL)
-    config = validate(load_directory(tmp_path), ValidationOptions(require_picker_service=False))
+def test_a_pool_routed_without_a_model_match_lists_its_replicas_models_and_rewrite_sources() -> None:
+    every_model = route("all", f"    - backendRefs: [{pool_ref('pool')}]")
+    config = build(GATEWAY, EPP_SERVICE, pool("pool"), every_model, ALIAS)
     reported = {"default/pool": PoolModels(2, (ReportedModel("base", {"owned_by": "vllm"}),))}
     body = model_list(catalog(config, 8080, reported), created=1)
     assert [item["id"] for item in body["data"]] == ["base", "chat"]
