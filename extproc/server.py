@@ -12,6 +12,11 @@ from extproc.ports import Clock, PoolDirectory, RequestMetrics
 from extproc.servicer import ExtProcServicer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+LIVENESS_SERVICE = "liveness"
+"""The Inference Extension's picker answers these names on its health port, and its Helm chart
+probes them: ``liveness`` (the process serves), ``readiness`` and ``inference-extension`` (its pool is
+known). kvgate answers the same, so that chart's probes work against kvgate's picker."""
+READINESS_SERVICES = ("readiness", "inference-extension")
 
 
 class ExtProcServer:
@@ -75,9 +80,17 @@ class ExtProcServer:
             assert self._health_address is not None
             self.health_port = self._health_server.add_insecure_port(self._health_address)
             await self._health_server.start()
-        for service in ("", EXT_PROC_SERVICE):
+        for service in ("", EXT_PROC_SERVICE, LIVENESS_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self.set_ready(False)
         return self.port
+
+    async def set_ready(self, ready: bool) -> None:
+        """What the readiness health names answer (the composition root knows when it is ready)."""
+        answer = health_pb2.HealthCheckResponse
+        status = answer.SERVING if ready else answer.NOT_SERVING
+        for service in READINESS_SERVICES:
+            await self.health.set(service, status)
 
     async def stop(self, grace: float | None = 1.0) -> None:
         await self.health.enter_graceful_shutdown()

@@ -36,7 +36,7 @@ from pathlib import Path
 from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle import LifecycleConfig
 from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
-from gateway.controlplane.kubernetes.client import KubeClient
+from gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from gateway.controlplane.kubernetes.lease import LeaderElector
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
@@ -110,6 +110,17 @@ class UpOptions:
     (``extproc.lifecycle.LifecycleConfig.skip_unread_responses``)."""
     status_lease_s: float = 15.0
     """How long the status Lease holds without renewal (another replica takes over after it)."""
+    lease_namespace: str | None = None
+    """Where the status Lease lives (None: ``namespace``, else this Pod's own, else ``default``)."""
+    gateway_addresses: tuple[str, ...] = ()
+    """What Gateways' ``status.addresses`` name (IPs or hostnames, e.g. the Service in front of
+    kvgate); none given: ``host`` unless it is a wildcard."""
+
+    @property
+    def status_addresses(self) -> tuple[str, ...]:
+        if self.gateway_addresses:
+            return self.gateway_addresses
+        return () if self.host in ("0.0.0.0", "::", "") else (self.host,)
 
     @property
     def config_directory(self) -> Path:
@@ -218,10 +229,11 @@ class KvgateUp:
         options = self.options
         client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
         lease_s = options.status_lease_s
-        elector = LeaderElector(client, options.namespace or "default", lease_duration_s=lease_s,
+        lease_namespace = options.lease_namespace or options.namespace or own_namespace() or "default"
+        elector = LeaderElector(client, lease_namespace, lease_duration_s=lease_s,
                                 retry_s=max(0.1, lease_s / 7.5))  # client-go's 15 s / 2 s
         self.status_identity = elector.identity
-        writer = StatusWriter(client, addresses=[options.host])
+        writer = StatusWriter(client, addresses=options.status_addresses)
         publisher = StatusPublisher(client, elector, writer, cluster.gateway_classes)
         self._stack.push_async_callback(publisher.stop)
         await publisher.start()

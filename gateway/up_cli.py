@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kube-api", default=None, metavar="URL",
                         help="an API server URL needing no credentials, e.g. kubectl proxy's "
                         "(with --kubernetes)")
+    parser.add_argument("--lease-namespace", default=None, metavar="NS",
+                        help="namespace of the status Lease that kvgate replicas elect a writer with "
+                        "(with --kubernetes; default: --namespace, else this Pod's own, else default)")
+    parser.add_argument("--gateway-address", action="append", default=[], metavar="ADDR",
+                        help="an address (IP or hostname) Gateways' status reports, e.g. the Service "
+                        "in front of kvgate (with --kubernetes; repeatable; default: --host unless "
+                        "it is a wildcard)")
     parser.add_argument("--port", type=int, default=8080, help="port Envoy listens on (default 8080)")
     parser.add_argument("--host", default="127.0.0.1", help="address Envoy and the admin server bind")
     parser.add_argument("--admin-port", type=int, default=9090,
@@ -122,6 +129,8 @@ def main(argv: Sequence[str]) -> int:
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         kube_api=args.kube_api,
+        lease_namespace=args.lease_namespace,
+        gateway_addresses=tuple(args.gateway_address),
         port=args.port,
         host=args.host,
         admin_port=args.admin_port,

@@ -9,6 +9,8 @@ resolves pools from (swapped as one reference).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
@@ -35,6 +37,7 @@ from policies.scheduler import ProfileScheduler
 from policies.types import EndpointView
 
 log = logging.getLogger(__name__)
+HEALTH_POLL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,7 @@ class PickerService:
             health_address=settings.health_address,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
+        self._health_task: asyncio.Task[None] | None = None
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
 
     def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:
@@ -239,8 +243,25 @@ class PickerService:
         await self.sharing.start()
         await self.extproc.start()
         await self.admin.start()
+        self._health_task = asyncio.create_task(self._follow_readiness())
+
+    async def _follow_readiness(self) -> None:
+        """The gRPC readiness names answer SERVING while at least one pool is served (the
+        Inference Extension's meaning: its pool is known); /readyz also wants fresh metrics."""
+        ready: bool | None = None
+        while True:
+            now = bool(self.table.pools)
+            if now != ready:
+                await self.extproc.set_ready(now)
+                ready = now
+            await asyncio.sleep(HEALTH_POLL_S)
 
     async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
         await self.admin.stop()
         await self.extproc.stop(0.5)
         await self.sharing.stop()

@@ -169,3 +169,18 @@ class KubeClient:
 def _has_kubeconfig() -> bool:
     paths = [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
     return any(p.exists() for p in paths) or (Path.home() / ".kube" / "config").exists()
+
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def own_namespace(service_account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """The namespace this process runs in: ``POD_NAMESPACE`` (the downward API), else the mounted
+    service account's, else None (outside a cluster)."""
+    from_env = os.environ.get("POD_NAMESPACE", "").strip()
+    if from_env:
+        return from_env
+    try:
+        return service_account_file.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -68,6 +69,15 @@ def _parent_ref(parent: ResourceRef) -> JsonDict:
     return {"group": GATEWAY_GROUP, "kind": parent.kind, "namespace": parent.namespace, "name": parent.name}
 
 
+def gateway_address(address: str) -> JsonDict:
+    """A Gateway ``status.addresses`` entry: ``IPAddress`` for an IP, else ``Hostname``."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return {"type": "Hostname", "value": address}
+    return {"type": "IPAddress", "value": address}
+
+
 def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dict[ResourceRef, JsonDict]:
     """Each written object's status (without ``lastTransitionTime``), from one validation."""
     out: dict[ResourceRef, JsonDict] = {}
@@ -80,8 +90,8 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
     for entry in report.entries:
         ref = entry.resource
         if ref.kind == "Gateway":
-            ips = [{"type": "IPAddress", "value": address} for address in addresses]
-            status = out.setdefault(ref, {"conditions": [], "listeners": [], "addresses": ips})
+            typed = [gateway_address(address) for address in addresses]
+            status = out.setdefault(ref, {"conditions": [], "listeners": [], "addresses": typed})
             if entry.section is None:
                 status["conditions"] = _conditions(entry)
             else:

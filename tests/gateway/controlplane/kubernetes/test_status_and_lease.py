@@ -33,7 +33,7 @@ async def test_status_is_written_as_kubectl_shows_it_and_only_when_it_changes(cl
     client = await KubeClient.connect(host=cluster.url)
     try:
         snapshot = await provider.first()
-        writer = StatusWriter(client, addresses=["10.1.2.3"])
+        writer = StatusWriter(client, addresses=["10.1.2.3", "kvgate.infra.svc.cluster.local"])
         assert await writer.write(snapshot.config.status) == 3  # Gateway, HTTPRoute, InferencePool
         gateway = cluster.get_object("gateways", "gw")
         assert gateway is not None
@@ -43,7 +43,10 @@ async def test_status_is_written_as_kubectl_shows_it_and_only_when_it_changes(cl
         assert conditions["Accepted"]["lastTransitionTime"].endswith("Z")
         [listener] = gateway["status"]["listeners"]
         assert (listener["name"], listener["attachedRoutes"]) == ("http", 1)
-        assert gateway["status"]["addresses"] == [{"type": "IPAddress", "value": "10.1.2.3"}]
+        assert gateway["status"]["addresses"] == [
+            {"type": "IPAddress", "value": "10.1.2.3"},
+            {"type": "Hostname", "value": "kvgate.infra.svc.cluster.local"},
+        ]
         route = cluster.get_object("httproutes", "r")
         assert route is not None
         [parent] = route["status"]["parents"]
