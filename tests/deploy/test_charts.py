@@ -1,0 +1,345 @@
+"""deploy/charts: both Helm charts render with Helm's own engine and every object they render is valid.
+
+The renderer is Helm v4's Go SDK itself (the ``helm-python-sdk`` wheel bundles it as a shared
+library: no helm binary can be installed here, and none is needed). Built-in kinds are validated
+against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict: unknown fields fail) of the
+oldest and newest Kubernetes the charts support; the Gateway API and Inference Extension kinds
+against kvgate's own resource models; the containers' command lines with kvgate's own parsers; the
+RBAC rules against what kvgate follows and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from extproc.server import LIVENESS_SERVICE, READINESS_SERVICES
+from gateway.controlplane.kubernetes.lease import LEASE
+from gateway.controlplane.kubernetes.provider import (
+    CONTROLLER_NAME,
+    GATEWAY_CLASSES,
+    KINDS,
+    NAMESPACES,
+    PICKER_KINDS,
+)
+from gateway.controlplane.kubernetes.status import WRITTEN_KINDS
+from gateway.controlplane.resources import (
+    ConditionType,
+    ResourceRef,
+    ValidationOptions,
+    parse_manifests,
+    validate,
+)
+from gateway.picker.cli import build_parser as picker_parser
+from gateway.up_cli import build_parser as up_parser
+
+CHARTS = Path(__file__).resolve().parents[2] / "deploy" / "charts"
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas here
+OWN_KINDS = {"GatewayClass", "Gateway", "HTTPRoute", "InferencePool", "InferenceObjective"}
+NAMESPACE = "ai"
+POOL_VALUES: dict[str, Any] = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm-llama"}}}}
+
+Doc = dict[str, Any]
+
+
+def render(chart: str, values: dict[str, Any], release: str = "llama") -> list[Doc]:
+    with helm.Chart.load(CHARTS / chart) as loaded:
+        files = loaded.render(values, name=release, namespace=NAMESPACE)
+    docs: list[Doc] = []
+    for name, text in sorted(files.items()):
+        if name.endswith("NOTES.txt"):
+            continue
+        docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    assert docs, f"{chart} rendered nothing"
+    return docs
+
+
+def render_error(chart: str, values: dict[str, Any]) -> str:
+    with helm.Chart.load(CHARTS / chart) as loaded, pytest.raises(helm.HelmError) as failed:
+        loaded.render(values, name="llama", namespace=NAMESPACE)
+    return str(failed.value)
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def container(deployment: Doc) -> Doc:
+    [only] = deployment["spec"]["template"]["spec"]["containers"]
+    result: Doc = only
+    return result
+
+
+PICKER_CASES: dict[str, dict[str, Any]] = {
+    "defaults": POOL_VALUES,
+    "everything": {
+        **POOL_VALUES,
+        "inferenceObjectives": [{"name": "chat", "priority": 10}, {"name": "batch", "priority": -1}],
+        "inferenceExtension": {
+            "replicas": 3, "certSecretName": "picker-tls", "flags": {"attempt-timeout": "30"},
+            "monitoring": {"prometheus": {"enabled": False}}, "image": {"hub": "registry.example/ai"},
+        },
+        "redis": {"enabled": True},
+        "provider": {"name": "istio"},
+    },
+    "triton": {"inferencePool": {**POOL_VALUES["inferencePool"], "modelServerType": "triton-tensorrt-llm"},
+               "redis": {"url": "redis://redis.shared:6379/2"}},
+}
+GATEWAY_CASES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "one namespace, two listeners, own redis": {
+        "watchNamespace": "team-a", "workers": 2, "redis": {"enabled": False, "url": "redis://r:6379/0"},
+        "gateway": {"listeners": [{"name": "http", "port": 80, "protocol": "HTTP"},
+                                  {"name": "alt", "port": 8081, "protocol": "HTTP"},
+                                  {"name": "alt-host", "port": 8081, "protocol": "HTTP",
+                                   "hostname": "b.example"}],
+                    "addresses": ["203.0.113.7"]},
+        "gatewayClass": {"create": False},
+    },
+}
+ALL_RENDERS = [("kvgate-picker", name, values) for name, values in PICKER_CASES.items()] + [
+    ("kvgate", name, values) for name, values in GATEWAY_CASES.items()
+]
+
+
+def _renders() -> Iterator[tuple[str, str, list[Doc]]]:
+    for chart, case, values in ALL_RENDERS:
+        yield chart, case, render(chart, values)
+
+
+@pytest.mark.parametrize("chart", ["kvgate", "kvgate-picker"])
+def test_helm_lint_finds_no_error(chart: str) -> None:
+    result = helm.lint(str(CHARTS / chart), strict=False)
+    assert result["errors"] == [], result
+
+
+@pytest.mark.parametrize(("chart", "case", "values"), ALL_RENDERS,
+                         ids=[f"{c}:{n}" for c, n, _ in ALL_RENDERS])
+def test_every_rendered_object_validates(chart: str, case: str, values: dict[str, Any]) -> None:
+    docs = render(chart, values)
+    for doc in docs:
+        kind = doc["kind"]
+        if kind in OWN_KINDS:
+            continue  # kvgate's own models, below
+        if kind == "DestinationRule":  # Istio's CRD: no schema here; the fields its chart sets
+            assert doc["apiVersion"] == "networking.istio.io/v1"
+            assert doc["spec"]["trafficPolicy"]["tls"] == {"mode": "SIMPLE", "insecureSkipVerify": True}
+            continue
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)  # raises on any schema error
+    text = yaml.safe_dump_all([d for d in docs if d["kind"] in OWN_KINDS])
+    parse_manifests([(f"{chart}.yaml", text)])  # raises ManifestError on a field kvgate's models reject
+
+
+def _route_to(pool: str, gateway: str) -> Doc:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "llm", "namespace": NAMESPACE},
+        "spec": {"parentRefs": [{"name": gateway}],
+                 "rules": [{"backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                             "name": pool}]}]},
+    }
+
+
+def _gateway() -> Doc:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "inference-gateway", "namespace": NAMESPACE},
+        "spec": {"gatewayClassName": "any", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]},
+    }
+
+
+def _accepted(
+    docs: list[Doc], options: ValidationOptions, refs: list[tuple[ResourceRef, ResourceRef | None]],
+) -> None:
+    config = validate(parse_manifests([("rendered.yaml", yaml.safe_dump_all(docs))]), options)
+    report = config.status
+    for ref, parent in refs:
+        for condition in (ConditionType.ACCEPTED, ConditionType.RESOLVED_REFS):
+            found = report.find(ref, condition, parent=parent)
+            if found is None and condition is ConditionType.RESOLVED_REFS and ref.kind == "Gateway":
+                continue
+            assert found is not None, f"{ref}: no {condition}"
+            assert found.is_true, f"{ref} {condition}: {found.reason}: {found.message}"
+    assert not report.problems, [entry.to_json() for entry in report.problems]
+
+
+def test_the_picker_charts_pool_is_accepted_behind_a_users_gateway() -> None:
+    docs = render("kvgate-picker", PICKER_CASES["everything"])
+    gateway = ResourceRef("Gateway", NAMESPACE, "inference-gateway")
+    pool = ResourceRef("InferencePool", NAMESPACE, "llama")
+    _accepted([*docs, _gateway(), _route_to("llama", "inference-gateway")], ValidationOptions(),
+              [(gateway, None), (ResourceRef("HTTPRoute", NAMESPACE, "llm"), gateway), (pool, None)])
+    rendered = one(docs, "InferencePool", "llama")
+    assert rendered["spec"]["endpointPickerRef"] == {
+        "name": "llama-epp", "port": {"number": 9002}, "failureMode": "FailClose"}
+    assert rendered["metadata"]["annotations"]["kvgate.io/engine"] == "vllm"
+    assert [o["spec"]["priority"] for o in docs if o["kind"] == "InferenceObjective"] == [10, -1]
+
+
+def test_the_gateway_charts_gateway_is_kvgates_and_accepted() -> None:
+    docs = render("kvgate", {})
+    gateway_class = one(docs, "GatewayClass", "kvgate")
+    assert gateway_class["spec"]["controllerName"] == CONTROLLER_NAME
+    gateway = ResourceRef("Gateway", NAMESPACE, "llama")
+    # A pool served by kvgate's own picker (no picker Service: require_picker_service=False).
+    pool = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": "p", "namespace": NAMESPACE},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}],
+                     "endpointPickerRef": {"name": "kvgate", "port": {"number": 9002}}}}
+    _accepted([*docs, pool, _route_to("p", "llama")],
+              ValidationOptions(gateway_classes=frozenset({"kvgate"}), require_picker_service=False),
+              [(gateway, None), (ResourceRef("HTTPRoute", NAMESPACE, "llm"), gateway)])
+
+
+def _args(parser: argparse.ArgumentParser, deployment: Doc, command: str) -> argparse.Namespace:
+    args = container(deployment)["args"]
+    assert args[0] == command
+    return parser.parse_args(args[1:])  # argparse exits (SystemExit) on a flag kvgate does not have
+
+
+@pytest.mark.parametrize("case", list(PICKER_CASES))
+def test_the_picker_runs_a_real_command_line_that_agrees_with_its_service_and_probes(case: str) -> None:
+    values = PICKER_CASES[case]
+    docs = render("kvgate-picker", values)
+    deployment = one(docs, "Deployment", "llama-epp")
+    parsed = _args(picker_parser(), deployment, "picker")
+    assert parsed.kubernetes
+    assert (parsed.pool_name, parsed.pool_namespace) == ("llama", NAMESPACE)
+    assert parsed.host == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
+    assert (ports["grpc-ext-proc"], ports["grpc-health"], ports["http-metrics"]) == (
+        parsed.grpc_port, parsed.grpc_health_port, parsed.admin_port)
+    probes = container(deployment)
+    assert probes["livenessProbe"]["grpc"] == {"port": parsed.grpc_health_port, "service": LIVENESS_SERVICE}
+    assert probes["readinessProbe"]["grpc"]["service"] in READINESS_SERVICES
+    assert parsed.secure_serving is True
+    extension = values.get("inferenceExtension", {})
+    prometheus = extension.get("monitoring", {}).get("prometheus", {})
+    assert parsed.metrics_endpoint_auth is prometheus.get("enabled", True)
+    if extension.get("certSecretName"):
+        assert parsed.cert_path is not None
+        assert parsed.enable_cert_reload
+        mounts = {m["mountPath"]: m["name"] for m in probes["volumeMounts"]}
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes[mounts[str(parsed.cert_path)]]["secret"]["secretName"] == extension["certSecretName"]
+    _services_reach_their_deployments(docs)
+    if parsed.redis is not None:
+        redis_service = [d for d in docs
+                         if d["kind"] == "Service" and d["metadata"]["name"].endswith("-redis")]
+        if redis_service:
+            assert parsed.redis == f"redis://{redis_service[0]['metadata']['name']}:6379/0"
+
+
+def _services_reach_their_deployments(docs: list[Doc]) -> None:
+    """Each Service selects the Pods of exactly one Deployment, at ports those Pods name."""
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    for service in (d for d in docs if d["kind"] == "Service"):
+        selector = service["spec"]["selector"].items()
+        matched = [d for d in deployments if selector <= d["spec"]["template"]["metadata"]["labels"].items()]
+        assert len(matched) == 1, f"Service {service['metadata']['name']} selects {len(matched)} Deployments"
+        [target] = matched
+        labels = target["spec"]["template"]["metadata"]["labels"]
+        assert target["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        named = {p.get("name"): p["containerPort"] for p in container(target)["ports"]}
+        for port in service["spec"]["ports"]:
+            wanted = port["targetPort"]
+            assert wanted in named or wanted in named.values(), f"{service['metadata']['name']}: {port}"
+
+
+@pytest.mark.parametrize("case", list(GATEWAY_CASES))
+def test_the_gateway_runs_kvgate_up_on_the_gateways_listener_ports(case: str) -> None:
+    values = GATEWAY_CASES[case]
+    docs = render("kvgate", values)
+    deployment = one(docs, "Deployment", "llama")
+    parsed = _args(up_parser(), deployment, "up")
+    assert parsed.kubernetes
+    assert parsed.host == "0.0.0.0"
+    assert parsed.namespace == (values.get("watchNamespace") or None)
+    assert parsed.lease_namespace == "$(POD_NAMESPACE)"
+    env = {e["name"]: e for e in container(deployment)["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    wanted_addresses = values.get("gateway", {}).get("addresses") or [f"llama.{NAMESPACE}.svc.cluster.local"]
+    assert parsed.gateway_address == wanted_addresses
+    service = one(docs, "Service", "llama")
+    listeners = values.get("gateway", {}).get("listeners") or [{"port": 80}]
+    lowest = min(int(listener["port"]) for listener in listeners)
+    by_port = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
+    ports = {int(listener["port"]) for listener in listeners}
+    assert by_port == {port: parsed.port if port == lowest else port for port in ports}
+    redis = values.get("redis", {})
+    assert (parsed.redis is not None) == bool(redis.get("url") or redis.get("enabled", True))
+    _services_reach_their_deployments(docs)
+    assert ("GatewayClass" in {d["kind"] for d in docs}) == values.get("gatewayClass", {}).get("create", True)
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0] if "/" in api_version else ""
+
+
+def _grants(role: Doc) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_the_picker_role_grants_exactly_what_the_picker_follows() -> None:
+    docs = render("kvgate-picker", POOL_VALUES)
+    wanted = {(_group(k.api_version), k.plural, verb)
+              for k in PICKER_KINDS for verb in ("get", "list", "watch")}
+    assert _grants(one(docs, "Role")) == wanted
+    reviews = one(docs, "ClusterRole", f"llama-epp-{NAMESPACE}-auth")
+    assert _grants(reviews) == {("authentication.k8s.io", "tokenreviews", "create"),
+                                ("authorization.k8s.io", "subjectaccessreviews", "create")}
+    without_auth = render("kvgate-picker", {**POOL_VALUES, "inferenceExtension": {
+        "monitoring": {"prometheus": {"enabled": False}}}})
+    assert [d["metadata"]["name"] for d in without_auth if d["kind"] == "ClusterRole"] == []
+
+
+@pytest.mark.parametrize("watch_namespace", ["", "team-a"])
+def test_the_gateway_roles_grant_exactly_what_kvgate_up_follows_and_writes(watch_namespace: str) -> None:
+    docs = render("kvgate", {"watchNamespace": watch_namespace})
+    read = ("get", "list", "watch")
+    followed = KINDS if watch_namespace else (*KINDS, NAMESPACES)
+    wanted = {(_group(k.api_version), k.plural, verb) for k in followed for verb in read}
+    wanted |= {(_group(k.api_version), f"{k.plural}/status", "patch") for k in WRITTEN_KINDS.values()
+               if k.namespaced}
+    kind, name = ("Role", "llama") if watch_namespace else ("ClusterRole", f"llama-{NAMESPACE}")
+    main = one(docs, kind, name)
+    assert _grants(main) == wanted
+    if watch_namespace:
+        assert main["metadata"]["namespace"] == watch_namespace
+    classes = one(docs, "ClusterRole", f"llama-{NAMESPACE}-gatewayclasses")
+    group = _group(GATEWAY_CLASSES.api_version)
+    assert _grants(classes) == {(group, GATEWAY_CLASSES.plural, v) for v in read} | {
+        (group, f"{GATEWAY_CLASSES.plural}/status", "patch")}
+    lease = one(docs, "Role", "llama-leader-election")
+    assert lease["metadata"]["namespace"] == NAMESPACE
+    assert _grants(lease) == {(_group(LEASE.api_version), LEASE.plural, v)
+                              for v in ("get", "create", "update")}
+    for binding in (d for d in docs if d["kind"].endswith("Binding")):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama", "namespace": NAMESPACE}]
+        roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].endswith("Role")}
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles
+
+
+@pytest.mark.parametrize(("chart", "values", "message"), [
+    ("kvgate-picker", {}, "inferencePool.modelServers.matchLabels is required"),
+    ("kvgate-picker", {"inferencePool": {**POOL_VALUES["inferencePool"], "modelServerType": "tgi"}},
+     'inferencePool.modelServerType "tgi"'),
+    ("kvgate-picker", {**POOL_VALUES, "provider": {"name": "gke"}}, 'provider.name "gke"'),
+    ("kvgate", {"workers": 4, "redis": {"enabled": False}}, "workers > 1 share state through Redis"),
+    ("kvgate", {"gateway": {"listeners": []}}, "gateway.listeners: name at least one listener"),
+])
+def test_bad_values_fail_the_render_with_a_message_that_says_what_to_set(
+    chart: str, values: dict[str, Any], message: str,
+) -> None:
+    assert message in render_error(chart, values)
