@@ -118,12 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    options = UpOptions(
+def options_from_args(args: argparse.Namespace) -> UpOptions:
+    """The options ``kvgate up``'s command line (``build_parser``) stands for."""
+    return UpOptions(
         directory=args.directory,
         kubernetes=args.kubernetes,
         kubeconfig=args.kubeconfig,
@@ -151,6 +148,14 @@ def main(argv: Sequence[str]) -> int:
         skip_unread_responses=args.skip_unread_responses,
         redis_url=args.redis,
     )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options = options_from_args(args)
     try:
         return asyncio.run(serve(options))
     except ConfigError as exc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -39,44 +38,11 @@ from gateway.controlplane.resources import (
 )
 from gateway.picker.cli import build_parser as picker_parser
 from gateway.up_cli import build_parser as up_parser
+from tests.deploy.charts import CHARTS, NAMESPACE, Doc, container, one, render, render_error
 
-CHARTS = Path(__file__).resolve().parents[2] / "deploy" / "charts"
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas here
 OWN_KINDS = {"GatewayClass", "Gateway", "HTTPRoute", "InferencePool", "InferenceObjective"}
-NAMESPACE = "ai"
 POOL_VALUES: dict[str, Any] = {"inferencePool": {"modelServers": {"matchLabels": {"app": "vllm-llama"}}}}
-
-Doc = dict[str, Any]
-
-
-def render(chart: str, values: dict[str, Any], release: str = "llama") -> list[Doc]:
-    with helm.Chart.load(CHARTS / chart) as loaded:
-        files = loaded.render(values, name=release, namespace=NAMESPACE)
-    docs: list[Doc] = []
-    for name, text in sorted(files.items()):
-        if name.endswith("NOTES.txt"):
-            continue
-        docs += [doc for doc in yaml.safe_load_all(text) if doc]
-    assert docs, f"{chart} rendered nothing"
-    return docs
-
-
-def render_error(chart: str, values: dict[str, Any]) -> str:
-    with helm.Chart.load(CHARTS / chart) as loaded, pytest.raises(helm.HelmError) as failed:
-        loaded.render(values, name="llama", namespace=NAMESPACE)
-    return str(failed.value)
-
-
-def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
-    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
-    return found[0]
-
-
-def container(deployment: Doc) -> Doc:
-    [only] = deployment["spec"]["template"]["spec"]["containers"]
-    result: Doc = only
-    return result
 
 
 PICKER_CASES: dict[str, dict[str, Any]] = {
