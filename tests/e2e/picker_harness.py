@@ -49,6 +49,13 @@ from tests.e2e.conftest import SimFleet
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PICKER_READY_PREFIX = "kvgate-picker ready"
+KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+"""``kvgate`` as a child process, from this checkout."""
+GIE_REFERENCE = ExtProcSettings(
+    tls=True, request_body_mode="BUFFERED", response_body_mode="NONE", response_header_mode="SKIP",
+    send_served_endpoint=False,
+)
+"""Envoy's ext_proc filter as the Inference Extension's own end-to-end tests configure it."""
 JsonDict = dict[str, Any]
 StartPicker = Callable[..., Awaitable[PickerService]]
 StartGateway = Callable[..., Awaitable[str]]
@@ -311,3 +318,18 @@ async def wait_replica_state(
 
     await wait_until(ready, what)
     return latest
+
+
+async def envoy_in_front(
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int, settings: ExtProcSettings,
+    pools_and_routes: tuple[tuple[PoolBackend, ...], tuple[RouteSpec, ...]],
+) -> str:
+    """A static Envoy (``static_bootstrap``) in front of a picker on ``picker_port``; its URL."""
+    port = free_port()
+    pools, routes = pools_and_routes
+    config = GatewayConfig(
+        listen_port=port, admin_port=free_port(), picker_addresses=(("127.0.0.1", picker_port),),
+        pools=pools, routes=routes, settings=settings,
+    )
+    await start_envoy(static_bootstrap(config))
+    return f"http://127.0.0.1:{port}"

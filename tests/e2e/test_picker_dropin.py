@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import socket
 import ssl
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -23,27 +22,28 @@ import yaml
 
 from gateway.controlplane.envoy_config import (
     ExtProcSettings,
-    GatewayConfig,
     PoolBackend,
     RouteSpec,
-    static_bootstrap,
 )
 from gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
 from gateway.processes.child_process import ChildProcess
 from gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.conftest import SimFleet
-from tests.e2e.picker_harness import MODEL, fleet_stats, post_json, wait_until
+from tests.e2e.picker_harness import (
+    GIE_REFERENCE,
+    KVGATE,
+    MODEL,
+    envoy_in_front,
+    fleet_stats,
+    post_json,
+    wait_until,
+)
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.gateway.controlplane.kubernetes.test_provider import POOL
 from tests.kube_api_fake import FakeApiServer
 
 pytestmark = pytest.mark.e2e
 
-KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
-GIE_REFERENCE = ExtProcSettings(
-    tls=True, request_body_mode="BUFFERED", response_body_mode="NONE", response_header_mode="SKIP",
-    send_served_endpoint=False,
-)
 FULL_DUPLEX = ExtProcSettings(tls=True)
 StartPicker = Callable[..., Awaitable[tuple[ChildProcess, int]]]
 
@@ -87,14 +87,7 @@ async def _gateway(
     pools_and_routes: tuple[tuple[PoolBackend, ...], tuple[RouteSpec, ...]] = TWO_POOLS,
 ) -> str:
     """Envoy in front of the picker: ``llama``, and ``dead`` under /dead/ (unless told otherwise)."""
-    port = free_port()
-    pools, routes = pools_and_routes
-    config = GatewayConfig(
-        listen_port=port, admin_port=free_port(), picker_addresses=(("127.0.0.1", picker_port),),
-        pools=pools, routes=routes, settings=settings,
-    )
-    await start_envoy(static_bootstrap(config))
-    return f"http://127.0.0.1:{port}"
+    return await envoy_in_front(start_envoy, picker_port, settings, pools_and_routes)
 
 
 async def _stream(http: aiohttp.ClientSession, url: str) -> list[str]:
