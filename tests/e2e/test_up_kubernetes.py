@@ -109,6 +109,22 @@ async def test_the_gateway_follows_the_cluster(
         gateway_class = cluster.get_object("gatewayclasses", "kvgate", namespace="")
         assert gateway_class is not None
         assert gateway_class["status"]["conditions"][0]["type"] == "Accepted"
+
+        # a route with an invalid backendRef: ResolvedRefs=False in its status; the others still serve
+        broken = {**ROUTE, "metadata": {"name": "broken"}, "spec": {**ROUTE["spec"], "rules": [{
+            "matches": [{"path": {"type": "PathPrefix", "value": "/broken/"}}],
+            "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                             "name": "no-such-pool"}]}]}}
+        await cluster.apply(broken)
+
+        async def broken_reported() -> bool:
+            route = cluster.get_object("httproutes", "broken")
+            parents = (route or {}).get("status", {}).get("parents", [])
+            states = {(c["type"], c["status"], c["reason"]) for p in parents for c in p["conditions"]}
+            return ("ResolvedRefs", "False", "BackendNotFound") in states
+
+        await wait_until(broken_reported, "ResolvedRefs=False on the broken route", timeout_s=5.0)
+        await send(8)
     finally:
         await up.stop()
 
