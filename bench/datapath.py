@@ -40,7 +40,7 @@ import aiohttp
 
 from bench import datapath_profile as profiling
 from bench.datapath_envoy import POOL, DatapathPorts, datapath_bootstrap
-from bench.datapath_load import WrkResult, completion_bodies, run_wrk, write_bodies
+from bench.datapath_load import WrkResult, completion_bodies, run_wrk, write_bodies, wrk_binary
 from bench.datapath_procs import (
     Child,
     cpu_share,
@@ -155,7 +155,7 @@ def versions() -> dict[str, str]:
     envoy = subprocess.run(
         [str(find_envoy_binary()), "--version"], capture_output=True, text=True, check=False
     ).stdout.strip().split("version:")[-1].strip()
-    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
+    wrk = subprocess.run([wrk_binary(), "--version"], capture_output=True, text=True, check=False)
     import google.protobuf
     import grpc
     from google.protobuf.internal import api_implementation

@@ -18,7 +18,7 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
 - ``kvgate_tpm``: kvgate's one pass to a second pool of the same endpoints with a tokens-per-minute
   limit (``rateLimits``), whose responses the picker must read for their usage (load phase only);
 - ``kvgate_lean``: kvgate's one pass to a second picker process run with ``--skip-unread-responses``
-  (requests skip the response-headers round trip: one message fewer each way; load phase only).
+  (requests skip the response-headers round trip: one message fewer each way).
 
 Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
@@ -74,6 +74,7 @@ from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_por
 from policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate", "kvgate_gie")
+LATENCY_PATHS = (*PATHS, "kvgate_lean")
 LOAD_PATHS = (*PATHS, "kvgate_tpm", "kvgate_lean")
 PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker", "kvgate_tpm": "picker",
              "kvgate_lean": "picker_lean"}
@@ -254,7 +255,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 await load(urls[path], files["1 KB"], 4, plan.warmup_s, pids, path, "warm-up")
                 await load(urls[path], files["stream 64"], 4, plan.warmup_s, pids, path, "warm-up")
             stream64 = stream_bodies(64, 64)
-            for path in PATHS:
+            for path in LATENCY_PATHS:
                 for case in ("1 KB", "200 KB"):
                     row = await load(urls[path], files[case], 1, plan.latency_s, pids, path, f"c=1 {case}")
                     rows.append(row)
@@ -285,17 +286,21 @@ def render(rows: Sequence[Row], header: dict[str, str]) -> str:
     out += [f"- {key}: {value}" for key, value in header.items()]
     by = {(r.path, r.case): r for r in rows}
     out += ["", "## Latency at concurrency 1 (p50, ms; added = path − direct, same run)", ""]
-    out += ["| request | direct | floor | kvgate | kvgate_gie | floor added | kvgate added | "
-            "kvgate_gie added | kvgate − floor |", "|---|---|---|---|---|---|---|---|---|"]
+    processors = [p for p in LATENCY_PATHS if p != "direct"]
+    compared = [p for p in processors if p != "floor"]
+    out += ["| request | " + " | ".join(LATENCY_PATHS) + " | "
+            + " | ".join(f"{p} added" for p in processors) + " | "
+            + " | ".join(f"{p} − floor" for p in compared) + " |",
+            "|---|" + "---|" * (len(LATENCY_PATHS) + len(processors) + len(compared))]
     for case, key in (("c=1 1 KB", "p50_ms"), ("c=1 200 KB", "p50_ms"), ("c=1 stream 64", "ttft_p50_ms"),
                       ("c=1 stream 64", "p50_ms")):
         label = case + (" TTFT" if key == "ttft_p50_ms" else " last byte" if "stream" in case else "")
-        values = {p: getattr(by[(p, case)], key) for p in PATHS}
-        added = {p: values[p] - values["direct"] for p in PATHS}
+        values = {p: getattr(by[(p, case)], key) for p in LATENCY_PATHS}
+        added = {p: values[p] - values["direct"] for p in LATENCY_PATHS}
         out.append(
-            f"| {label} | " + " | ".join(f"{values[p]:.3f}" for p in PATHS)
-            + f" | +{added['floor']:.3f} | +{added['kvgate']:.3f} | +{added['kvgate_gie']:.3f} | "
-            f"{added['kvgate'] - added['floor']:+.3f} |"
+            f"| {label} | " + " | ".join(f"{values[p]:.3f}" for p in LATENCY_PATHS)
+            + " | " + " | ".join(f"+{added[p]:.3f}" for p in processors)
+            + " | " + " | ".join(f"{added[p] - added['floor']:+.3f}" for p in compared) + " |"
         )
     loads = [r for r in rows if not r.case.startswith("c=1")]
     out += ["", "## Closed-loop load: throughput and the processor's CPU per request", "",

@@ -69,6 +69,7 @@ from extproc.events import (
 )
 from extproc.openai_request import BodyBuffer, api_kind
 from extproc.openai_response import ResponseBodyProcessor
+from extproc.outcomes import outcome_header
 from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics, TenantLimiter
 from policies.errors import KvgateError, ModelNotFoundError, PayloadTooLargeError, RouteNotFoundError
 from policies.types import ApiKind, Endpoint
@@ -106,9 +107,15 @@ class LifecycleConfig:
     """One-pass data path: a request whose response nothing needs (no model rewrite in its pool, no
     token limit, not sampled) skips the response-headers round trip (a ``mode_override`` in the
     reply to its request headers, honoured by Envoy 1.40): one message fewer each way. Its status,
-    served endpoint and (non-streamed) first token are then not seen: fallbacks it took are not
-    counted and its replica's 5xx do not eject it from picking (Envoy's outlier detection still
-    does). The request still ends when Envoy closes the stream."""
+    served endpoint and (non-streamed) first token are then not seen on the request path: without
+    ``outcome_reports`` fallbacks it took are not counted and its replica's 5xx do not eject it from
+    picking (Envoy's outlier detection still does). The request still ends when Envoy closes the
+    stream."""
+    outcome_reports: bool = False
+    """With ``skip_unread_responses``, where Envoy reports outcomes to the picker (its gRPC access
+    log: ``extproc.outcomes``, ``ExtProcSettings.outcome_reports``): a skipped request carries
+    ``x-kvgate-outcome`` so that it is logged, and its success or failure counts when the report
+    comes, not when its stream closes."""
     attempt_timeout: AttemptTimeout | None = None
     """Bound each attempt of a non-streamed request by its ``max_tokens`` (Envoy's per-try timeout
     header): for data planes whose routes retry on the picker's fallbacks, as kvgate's do. None:
@@ -332,6 +339,9 @@ class RequestLifecycle:
             ms = bound.milliseconds(decision.request.max_tokens, streamed=decision.request.stream)
             if ms is not None:
                 set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms)))
+        if self._skipped and self._config.outcome_reports:
+            value = outcome_header(self._labels, streamed=decision.request.stream)
+            set_headers.append((names.OUTCOME_HEADER, value))
         if content_length:
             set_headers.append(("content-length", str(len(decision.body))))
         remove = tuple(h for h in self._strip if h not in _SET_BY_THE_PICKER)
@@ -497,8 +507,11 @@ class RequestLifecycle:
 
     # ending --------------------------------------------------------------------------------
     def _on_closed(self, event: StreamClosed) -> list[Action]:
-        # a request whose response phases were skipped ends here, as far as the picker can tell
-        self._finish(ok=self._skipped and self.state is State.UPSTREAM and not event.cancelled)
+        # a request whose response phases were skipped ends here, as far as the picker can tell;
+        # with outcome reports, whether it went well is counted when its report comes
+        reported = self._skipped and self._config.outcome_reports
+        self._finish(ok=self._skipped and self.state is State.UPSTREAM and not event.cancelled,
+                     count_outcome=not reported)
         self.state = State.DONE
         return []
 
@@ -521,14 +534,17 @@ class RequestLifecycle:
         self.state = State.DONE
         return [reply]
 
-    def _finish(self, *, ok: bool) -> None:
+    def _finish(self, *, ok: bool, count_outcome: bool = True) -> None:
+        """``count_outcome`` False: the scheduler is not told the request went well (its outcome
+        is reported later); the metrics still count it as ``ok``."""
         decision = self._decision
         if self._finished or decision is None:
             return
         self._finished = True
+        succeeded = ok and count_outcome
         self._callback(
             "on_finished",
-            lambda s: s.on_finished(decision.request, self._served_endpoint, ok=ok, now=self._now()),
+            lambda s: s.on_finished(decision.request, self._served_endpoint, ok=succeeded, now=self._now()),
         )
         self._metrics.request_finished(self._labels, self._now() - self._started, ok=ok)
 

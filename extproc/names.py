@@ -35,6 +35,11 @@ silent non-streamed generation must not get."""
 LISTENER_PORT_HEADER = "x-kvgate-listener-port"
 """Set by the ``/v1/models`` routes kvgate writes: the Gateway listener port a request came in on."""
 
+OUTCOME_HEADER = "x-kvgate-outcome"
+"""Set by the picker on a request whose response it skips (``skip_unread_responses``) when Envoy
+reports outcomes to it (``extproc.outcomes``): the request's pool and labels. Envoy's gRPC access log
+logs only requests that carry it, with it."""
+
 SYSTEM_OWNED_HEADERS = frozenset({DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY})
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from extproc.access_log import AccessLogServicer
 from extproc.lifecycle import LifecycleConfig
-from extproc.ports import Clock, PoolDirectory, RequestMetrics
+from extproc.outcomes import OutcomeReports
+from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 from extproc.servicer import ExtProcServicer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -58,6 +61,10 @@ class ExtProcServer:
         self._server = grpc.aio.server(options=options)
         self.servicer = ExtProcServicer(directory, clock=clock, metrics=metrics, config=config)
         pb_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
+        self.outcomes = OutcomeReports(
+            directory, clock=clock or MonotonicClock(), metrics=metrics or NoMetrics()
+        )
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogServicer(self.outcomes), self._server)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._health_server: grpc.aio.Server | None = None

@@ -289,7 +289,8 @@ class KvgateUp:
                 stale_after=options.stale_after,
                 redis=RedisSettings(url=redis_url) if redis_url else None,
                 lifecycle=LifecycleConfig(
-                    attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses
+                    attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses,
+                    outcome_reports=options.skip_unread_responses,  # kvgate's Envoy reports them
                 ),
             )
         )
@@ -317,6 +318,7 @@ class KvgateUp:
             picker_address=f"127.0.0.1:{picker.grpc_port}",
             extra_picker_addresses=workers.addresses if workers is not None else (),
             stream_idle_retry_s=options.stream_idle_retry_s,
+            outcome_reports=options.skip_unread_responses,
             listen_host=options.host,
             listen_ports=listen_ports,
         )

@@ -60,6 +60,11 @@ class Scheduler(Protocol):
         towards ejecting it from picking (``policies.outliers``)."""
         ...
 
+    def on_endpoint_outcome(self, address: str, *, ok: bool, now: float) -> None:
+        """A request's outcome at ``address``, reported after the request ended (Envoy's access log:
+        ``extproc.outcomes``): a failure counts towards ejecting it, a success resets its count."""
+        ...
+
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         """The response started and its body will not be shown: the scheduler ends the request's
         prefill by its own estimate of the first token's time (at once if it has none)."""

@@ -260,6 +260,12 @@ class ProfileScheduler:
     def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.outliers.failed(endpoint.address, now)
 
+    def on_endpoint_outcome(self, address: str, *, ok: bool, now: float) -> None:
+        if ok:
+            self.outliers.succeeded(address)
+        else:
+            self.outliers.failed(address, now)
+
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         due = self._first_token_due.pop(request.request_id, None)
         if request.request_id not in self._prefilling:

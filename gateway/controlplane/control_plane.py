@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from gateway.controlplane.envoy_config import ONE_PASS
 from gateway.controlplane.resources import (
     ConfigProvider,
     ConfigSnapshot,
@@ -76,6 +77,9 @@ class ControlPlaneSettings:
     """kvgate's models server (``GET /v1/models`` answered by the gateway); None: not routed."""
     default_profile: str = "default"
     default_engine: Dialect = "vllm"
+    outcome_reports: bool = False
+    """Envoy reports the outcomes of the requests whose response the picker skips
+    (``kvgate up --skip-unread-responses``): ``ExtProcSettings.outcome_reports``."""
     validation: ValidationOptions = field(
         default_factory=lambda: ValidationOptions(require_picker_service=False)
     )
@@ -88,6 +92,7 @@ class ControlPlaneSettings:
             body_based_routing=self.body_based_routing,
             stream_idle_retry_s=self.stream_idle_retry_s,
             models_address=self.models_address,
+            ext_proc=dataclasses.replace(ONE_PASS, outcome_reports=self.outcome_reports),
         )
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from extproc.names import (
     DESTINATION_HEADER,
     LB_NAMESPACE,
+    OUTCOME_HEADER,
     POOL_METADATA_KEY,
     SERVED_KEY,
     STREAM_HEADER,
@@ -41,7 +42,7 @@ _CEL_FILTER_TYPE = _TYPE + "envoy.extensions.access_loggers.filters.cel.v3.Expre
 _EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _PER_ROUTE_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-_STRIPPED_HEADERS = (DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY, STREAM_HEADER)
+_STRIPPED_HEADERS = (DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY, STREAM_HEADER, OUTCOME_HEADER)
 _LOOSE_LIMIT = 1_000_000  # circuit-breaker ceiling: Envoy's default 1,024 throttles benchmarks
 
 
@@ -69,6 +70,10 @@ class ExtProcSettings:
     response_header_mode: Literal["SEND", "SKIP"] = "SEND"
     """SKIP: the picker never sees the response (the Inference Extension's reference configuration
     with BUFFERED requests); the served endpoint and the end of the response are then unknown to it."""
+    outcome_reports: bool = False
+    """Envoy reports the outcome of each request the picker marked (``x-kvgate-outcome``: those
+    whose response it skips) to the picker's gRPC access-log service, in batches off the request
+    path (:func:`outcome_access_log`, ``extproc.outcomes``)."""
 
 
 ONE_PASS = ExtProcSettings(request_body_mode="BUFFERED", response_body_mode="NONE", allow_mode_override=True)
@@ -463,6 +468,31 @@ def openai_local_replies() -> JsonDict:
     }
 
 
+OUTCOME_FLUSH_S = 0.05
+"""How often Envoy sends the outcome reports it has gathered (each worker thread its own batch)."""
+
+
+def outcome_access_log(cluster_name: str) -> JsonDict:
+    """An HTTP gRPC access log of the requests the picker marked with ``x-kvgate-outcome``, to the
+    picker cluster's ``AccessLogService`` (``extproc.access_log``): with that header and the
+    destination header, batched every :data:`OUTCOME_FLUSH_S` or 16 KiB."""
+    return {
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {"header_filter": {"header": {"name": OUTCOME_HEADER, "present_match": True}}},
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": "kvgate-outcomes",
+                "grpc_service": {"envoy_grpc": {"cluster_name": cluster_name}},
+                "transport_api_version": "V3",
+                "buffer_flush_interval": duration(OUTCOME_FLUSH_S),
+                "buffer_size_bytes": 16384,
+            },
+            "additional_request_headers_to_log": [OUTCOME_HEADER, DESTINATION_HEADER],
+        },
+    }
+
+
 def http_connection_manager(
     stat_prefix: str,
     route_config: JsonDict,
@@ -472,18 +502,18 @@ def http_connection_manager(
 ) -> JsonDict:
     """HCM: strip system headers → ``extra_filters`` → ext_proc → router."""
     filters = [strip_system_headers_filter(), *extra_filters, ext_proc_filter(settings), router_filter()]
-    return {
-        "name": "envoy.filters.network.http_connection_manager",
-        "typed_config": {
-            "@type": _HCM_TYPE,
-            "stat_prefix": stat_prefix,
-            "codec_type": "AUTO",
-            "stream_idle_timeout": duration(stream_idle_timeout_s),
-            "local_reply_config": openai_local_replies(),
-            "route_config": route_config,
-            "http_filters": filters,
-        },
+    config: JsonDict = {
+        "@type": _HCM_TYPE,
+        "stat_prefix": stat_prefix,
+        "codec_type": "AUTO",
+        "stream_idle_timeout": duration(stream_idle_timeout_s),
+        "local_reply_config": openai_local_replies(),
+        "route_config": route_config,
+        "http_filters": filters,
     }
+    if settings.outcome_reports:
+        config["access_log"] = [outcome_access_log(settings.cluster_name)]
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": config}
 
 
 def listener(name: str, host: str, port: int, hcm: JsonDict, buffer_limit_bytes: int) -> JsonDict:

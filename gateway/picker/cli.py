@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with the one-pass processing mode: a request whose response nothing "
                         "needs skips the response-headers round trip (less CPU; its status and served "
                         "endpoint are then not seen)")
+    parser.add_argument("--outcome-reports", action="store_true",
+                        help="with --skip-unread-responses, behind an Envoy whose gRPC access log reports "
+                        "outcomes to this picker (as kvgate up configures it): skipped requests are marked "
+                        "for it, and their status and served endpoint count when the report comes")
     tls = parser.add_argument_group(
         "serving, as the Inference Extension's endpoint picker (its flag names and defaults)"
     )
@@ -175,6 +179,7 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         lifecycle=LifecycleConfig(
             attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token),
             skip_unread_responses=args.skip_unread_responses,
+            outcome_reports=args.outcome_reports,
         ),
         secure_serving=args.secure_serving,
         cert_path=args.cert_path,

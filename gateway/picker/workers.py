@@ -234,7 +234,7 @@ class UpWorkers:
                 # kvgate up's Envoy reaches its pickers over loopback, in plaintext; its own health
                 "--secure-serving=false", "--grpc-health-port", "0",
                 *_attempt_flags(attempt_timeout),
-                *(("--skip-unread-responses",) if skip_unread_responses else ()),
+                *(("--skip-unread-responses", "--outcome-reports") if skip_unread_responses else ()),
             ),
             own_ports=self.own_ports,
         )

@@ -44,6 +44,7 @@ class RecordingScheduler:
     first_tokens: list[str] = field(default_factory=list)
     unseen_first_tokens: list[str] = field(default_factory=list)
     failed_endpoints: list[str] = field(default_factory=list)
+    outcomes: list[tuple[str, bool]] = field(default_factory=list)
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
@@ -64,6 +65,9 @@ class RecordingScheduler:
 
     def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.failed_endpoints.append(endpoint.address)
+
+    def on_endpoint_outcome(self, address: str, *, ok: bool, now: float) -> None:
+        self.outcomes.append((address, ok))
 
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self.unseen_first_tokens.append(endpoint.address)

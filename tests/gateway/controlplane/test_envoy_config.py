@@ -201,10 +201,32 @@ def test_static_bootstrap_rejects_bad_input(changes: dict[str, Any], message: st
         static_bootstrap(_config(**changes))
 
 
+def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
+    [listener] = boot["static_resources"]["listeners"]
+    config: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    return config
+
+
+def test_outcome_reports_log_only_marked_requests_to_the_picker_cluster() -> None:
+    assert "access_log" not in _hcm(static_bootstrap(_config()))
+    hcm = _hcm(static_bootstrap(_config(settings=ExtProcSettings(outcome_reports=True))))
+    [log] = hcm["access_log"]
+    assert log["filter"] == {"header_filter": {"header": {"name": "x-kvgate-outcome", "present_match": True}}}
+    common = log["typed_config"]["common_config"]
+    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": ExtProcSettings().cluster_name}}
+    assert log["typed_config"]["additional_request_headers_to_log"] == [
+        "x-kvgate-outcome", "x-gateway-destination-endpoint"]
+    # a client cannot forge a report: the header is stripped before anything reads it
+    strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
+    assert {"remove": "x-kvgate-outcome"} in strip
+
+
 @pytest.mark.e2e  # runs the Envoy binary (--mode validate)
-def test_real_envoy_accepts_the_bootstrap(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reports", [False, True], ids=["plain", "outcome-reports"])
+def test_real_envoy_accepts_the_bootstrap(tmp_path: Path, reports: bool) -> None:
     path = tmp_path / "bootstrap.json"
-    path.write_text(json.dumps(static_bootstrap(_config(subset_hint=("127.0.0.1:8001",)))))
+    settings = ExtProcSettings(outcome_reports=reports)
+    path.write_text(json.dumps(static_bootstrap(_config(subset_hint=("127.0.0.1:8001",), settings=settings))))
     result = subprocess.run(
         [str(find_envoy_binary()), "--mode", "validate", "-c", str(path), "--log-level", "error"],
         capture_output=True, text=True, timeout=60, check=False,

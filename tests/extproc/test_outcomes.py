@@ -1,0 +1,121 @@
+"""Outcome reports: Envoy's access-log entries of skipped requests, read and applied without sockets."""
+
+from __future__ import annotations
+
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from extproc.events import StreamClosed
+from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.outcomes import Outcome, OutcomeReports, outcome_header, outcome_of
+from extproc.ports import RequestLabels
+from tests.extproc.fakes import (
+    BUFFERED,
+    NONE,
+    FakeDirectory,
+    RecordingMetrics,
+    StepClock,
+    completion,
+    feed,
+    make_machine,
+    make_pool,
+    request_body,
+    request_headers,
+    set_headers,
+)
+
+LABELS = RequestLabels(pool="default/llama", model="meta-llama/Llama-3.1-8B-Instruct", target_model="lora a")
+
+
+def _entry(outcome: str | None, *, destination: str = "10.0.0.1:8000,10.0.0.2:8000",
+           upstream: str | None = "10.0.0.1:8000", status: int = 200,
+           first_byte_s: float | None = 0.25) -> accesslog_pb2.HTTPAccessLogEntry:
+    entry = accesslog_pb2.HTTPAccessLogEntry()
+    if outcome is not None:
+        entry.request.request_headers["x-kvgate-outcome"] = outcome
+    entry.request.request_headers["x-gateway-destination-endpoint"] = destination
+    if upstream is not None:
+        host, port = upstream.rsplit(":", 1)
+        entry.common_properties.upstream_remote_address.socket_address.address = host
+        entry.common_properties.upstream_remote_address.socket_address.port_value = int(port)
+    if first_byte_s is not None:
+        entry.common_properties.time_to_first_upstream_rx_byte.FromNanoseconds(int(first_byte_s * 1e9))
+    if status:
+        entry.response.response_code.value = status
+    return entry
+
+
+def test_an_entry_reads_back_what_the_picker_marked() -> None:
+    outcome = outcome_of(_entry(outcome_header(LABELS, streamed=False), upstream="10.0.0.2:8000", status=503))
+    assert outcome == Outcome(labels=LABELS, streamed=False, picked="10.0.0.1:8000", served="10.0.0.2:8000",
+                              status=503, first_byte_s=0.25)
+    header = outcome_header(LABELS, streamed=True)
+    streamed = outcome_of(_entry(header, upstream=None, status=0, first_byte_s=None))
+    assert streamed is not None
+    assert (streamed.streamed, streamed.served, streamed.status) == (True, None, 0)
+    assert streamed.first_byte_s is None
+    assert outcome_of(_entry(None)) is None  # not one of the picker's: ignored
+    assert outcome_of(_entry("a b")) is None  # malformed: ignored
+
+
+def _reports() -> tuple[OutcomeReports, list[tuple[str, bool]], RecordingMetrics]:
+    pool = make_pool(name="default/llama")
+    metrics = RecordingMetrics()
+    reports = OutcomeReports(FakeDirectory({pool.name: pool}, default=pool.name), clock=StepClock(),
+                             metrics=metrics)
+    return reports, pool.scheduler.outcomes, metrics
+
+
+def _outcome(**changes: object) -> Outcome:
+    base = {"labels": LABELS, "streamed": False, "picked": "10.0.0.1:8000", "served": "10.0.0.1:8000",
+            "status": 200, "first_byte_s": 0.25}
+    return Outcome(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_a_response_counts_for_its_endpoint_and_a_non_streamed_one_is_its_first_token() -> None:
+    reports, outcomes, metrics = _reports()
+    reports.apply(_outcome())
+    assert outcomes == [("10.0.0.1:8000", True)]
+    assert metrics.events == [("ttft", 0.25)]
+    reports.apply(_outcome(streamed=True))  # a stream's first byte is not its first token
+    assert metrics.events == [("ttft", 0.25)]
+
+
+def test_a_5xx_a_fallback_and_a_refused_connection_count_against_the_endpoints_that_failed() -> None:
+    reports, outcomes, metrics = _reports()
+    reports.apply(_outcome(status=500))
+    assert outcomes == [("10.0.0.1:8000", False)]
+    outcomes.clear()
+    reports.apply(_outcome(served="10.0.0.2:8000"))  # Envoy went on past the pick, and it served
+    assert outcomes == [("10.0.0.1:8000", False), ("10.0.0.2:8000", True)]
+    assert ("fallback", "default/llama") in metrics.events
+    outcomes.clear()
+    reports.apply(_outcome(served=None, status=503))  # no connection to the pick
+    assert outcomes == [("10.0.0.1:8000", False)]
+
+
+def test_no_response_blames_nobody_and_an_unknown_pool_is_counted() -> None:
+    reports, outcomes, _ = _reports()
+    reports.apply(_outcome(status=0))  # the client went away first
+    assert outcomes == []
+    reports.apply(_outcome(labels=RequestLabels("gone", "m", "m")))
+    assert reports.unknown_pool == 1
+    assert reports.applied == 2 - 1
+
+
+def test_a_skipped_request_is_marked_and_its_close_leaves_the_verdict_to_the_report() -> None:
+    config = LifecycleConfig(skip_unread_responses=True, outcome_reports=True)
+    pool = make_pool()
+    machine = make_machine(pool, config=config)
+    out = _start(machine)
+    marked = set_headers(out[1])["x-kvgate-outcome"]
+    assert marked == outcome_header(RequestLabels("llama", "m", "m"), streamed=False)
+    machine.handle(StreamClosed(cancelled=False))
+    assert pool.scheduler.calls[-1] == ("finished", ("10.0.0.1:8000", False))  # no success counted yet
+    unmarked = make_machine(make_pool(), config=LifecycleConfig(skip_unread_responses=True))
+    assert "x-kvgate-outcome" not in set_headers(_start(unmarked)[1])
+
+
+def _start(machine: RequestLifecycle) -> list[pb.ProcessingResponse]:
+    out = feed(machine, [request_headers(mode=BUFFERED, response_mode=NONE)])
+    return out + feed(machine, [request_body(completion(), eos=True)])
