@@ -17,8 +17,10 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
   the Inference Extension's gateways configure a picker;
 - ``kvgate_tpm``: kvgate's one pass to a second pool of the same endpoints with a tokens-per-minute
   limit (``rateLimits``), whose responses the picker must read for their usage (load phase only);
-- ``kvgate_lean``: kvgate's one pass to a second picker process run with ``--skip-unread-responses``
-  (requests skip the response-headers round trip: one message fewer each way).
+- ``kvgate_lean``: kvgate's one pass to a second picker process run with ``--skip-unread-responses
+  --outcome-reports``, as ``kvgate up --skip-unread-responses`` runs it (requests skip the
+  response-headers round trip: one message fewer each way; Envoy's gRPC access log reports their
+  outcomes to the picker in batches).
 
 Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
@@ -135,7 +137,8 @@ def onepass_bootstrap(
         processor_listener("kvgate", ports["kvgate"], "ext_proc_kvgate", ONE_PASS),
         processor_listener("kvgate_gie", ports["kvgate_gie"], "ext_proc_kvgate", GIE),
         processor_listener("kvgate_tpm", ports["kvgate_tpm"], "ext_proc_kvgate", ONE_PASS, TPM_POOL),
-        processor_listener("kvgate_lean", ports["kvgate_lean"], "ext_proc_lean", ONE_PASS),
+        processor_listener("kvgate_lean", ports["kvgate_lean"], "ext_proc_lean",
+                           dataclasses.replace(ONE_PASS, outcome_reports=True)),
     ]
     clusters = [
         direct_cluster(endpoints),
@@ -230,7 +233,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             null_picker, null_address = await start_null_picker(endpoints[0])
             stack.push_async_callback(null_picker.stop)
             lean, lean_address, _ = await start_picker(
-                "picker_lean", pools, workdir / "picker_lean.log", ("--skip-unread-responses",)
+                "picker_lean", pools, workdir / "picker_lean.log",
+                ("--skip-unread-responses", "--outcome-reports"),
             )
             stack.push_async_callback(lean.stop)
             ports = {path: free_port() for path in LOAD_PATHS}

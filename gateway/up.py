@@ -105,9 +105,10 @@ class UpOptions:
     kube_api: str | None = None
     """The API server's URL without authentication (``kubectl proxy``'s, a test's); None: the
     kubeconfig, else the in-cluster service account."""
-    skip_unread_responses: bool = False
+    skip_unread_responses: bool = True
     """A request whose response nothing needs skips the response-headers round trip
-    (``extproc.lifecycle.LifecycleConfig.skip_unread_responses``)."""
+    (``extproc.lifecycle.LifecycleConfig.skip_unread_responses``); kvgate's Envoy reports its
+    outcome afterwards (``extproc.outcomes``). False: every request keeps the round trip."""
     status_lease_s: float = 15.0
     """How long the status Lease holds without renewal (another replica takes over after it)."""
     lease_namespace: str | None = None

@@ -107,10 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "endpoint (0: never; default 30)")
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds each requested token adds to --attempt-timeout (default 0.1)")
-    parser.add_argument("--skip-unread-responses", action="store_true",
+    parser.add_argument("--skip-unread-responses", action=argparse.BooleanOptionalAction, default=True,
                         help="a request whose response nothing needs (no rewrite, no token limit, not "
                         "sampled) skips the response-headers round trip: less picker CPU; Envoy reports "
-                        "its status and served endpoint afterwards (gRPC access log, every 50 ms)")
+                        "its status and served endpoint afterwards (gRPC access log, every 50 ms). "
+                        "Default on; --no-skip-unread-responses keeps the round trip for every request")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")

@@ -91,6 +91,8 @@ class FakeApiServer:
     """Plurals answered 404, as when their CRD is not installed."""
     requests: list[str] = field(default_factory=list)
     """``METHOD path?query`` of every request, in order (what the client asked)."""
+    watches_opened: int = 0
+    """Watches that are streaming events (a test can wait for one before dropping it)."""
     _runner: web.AppRunner | None = None
     port: int = 0
 
@@ -291,6 +293,7 @@ class FakeApiServer:
             await _send(response, {"type": "ERROR", "object": expired})
             return response
         generation = self._watch_generation
+        self.watches_opened += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         sent_rv = since

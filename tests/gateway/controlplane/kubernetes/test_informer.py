@@ -80,6 +80,7 @@ async def test_a_dropped_watch_resumes_from_its_version_without_listing(fake: Fa
     cache, stop, task, client, _ = await _following(fake)
     try:
         await _until(lambda: _names(cache) == {"a"}, "the list")
+        await _until(lambda: fake.watches_opened == 1, "the watch")  # else there is none to drop
         await fake.drop_watches()
         await fake.apply(pod("b"))  # while the watch is being re-opened
         await _until(lambda: _names(cache) == {"a", "b"}, "the event after the resumed watch")
