@@ -8,7 +8,9 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
   LEAST_REQUEST (no picker).
 - ``kvgate-<profile>``: ``kvgate picker`` (own process) behind Envoy with the ext_proc config that
   ``kvgate up`` writes (``gateway.controlplane.envoy_config.static_bootstrap`` with ``ONE_PASS``: one pass per
-  request, no response chunk to Python); ``profile`` is a shipped name or a YAML path. A ``-w<N>``
+  request, no response chunk to Python; since issue 19's outcome reports, as ``kvgate up``'s default:
+  ``--skip-unread-responses --outcome-reports`` and Envoy's access log reporting outcomes);
+  ``profile`` is a shipped name or a YAML path. A ``-w<N>``
   suffix (``kvgate-default-w4``) runs ``kvgate picker --workers N`` (state shared through a private
   Redis) and lists the workers' own ports in Envoy's ext_proc cluster (N Envoy workers). A ``-fd``
   suffix (``kvgate-default-fd``) configures GIE's full-duplex mode instead of the one pass (every
@@ -21,6 +23,7 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -44,6 +47,8 @@ from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_por
 from policies.types import FailureMode
 
 JsonDict = dict[str, Any]
+REPORTED_ONE_PASS = dataclasses.replace(ONE_PASS, outcome_reports=True)
+"""The ext_proc settings ``kvgate up`` writes by default (one pass, Envoy reporting outcomes)."""
 _ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
              "HttpConnectionManager")
@@ -151,6 +156,8 @@ class Contender:
             "--admin-port", "0", "--scrape-interval", f"{0.05 * self.time_scale:g}",
             "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
             "--workers", str(workers),
+            # kvgate up's default: skip the response headers nothing reads, Envoy reports outcomes
+            *(() if full_duplex else ("--skip-unread-responses", "--outcome-reports")),
         ])
         match = await proc.wait_for_log(r"^kvgate-picker ready grpc=([\d.]+):(\d+) admin=(\S+)(.*)")
         grpc_port = int(match.group(2))
@@ -164,7 +171,7 @@ class Contender:
         config = GatewayConfig(listen_port=port, admin_port=free_port(),
                                picker_addresses=pickers,
                                pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),),
-                               settings=ExtProcSettings() if full_duplex else ONE_PASS)
+                               settings=ExtProcSettings() if full_duplex else REPORTED_ONE_PASS)
         self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions(concurrency=workers))
         await self.envoy.start()
 
