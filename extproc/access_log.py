@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from extproc.outcomes import OutcomeReports, outcome_of
+from extproc.outcomes import OutcomeReports
 
 
 class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
@@ -24,10 +24,8 @@ class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[
         request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
         context: grpc.aio.ServicerContext[als_pb2.StreamAccessLogsMessage, als_pb2.StreamAccessLogsResponse],
     ) -> als_pb2.StreamAccessLogsResponse:
-        apply = self.reports.apply
+        apply = self.reports.apply_entry
         async for message in request_iterator:
             for entry in message.http_logs.log_entry:
-                outcome = outcome_of(entry)
-                if outcome is not None:
-                    apply(outcome)
+                apply(entry)
         return als_pb2.StreamAccessLogsResponse()

@@ -29,6 +29,7 @@ from extproc.ports import Clock, PoolDirectory, RequestLabels, RequestMetrics
 from policies.errors import KvgateError
 
 _log = logging.getLogger(__name__)
+REPORT_RESULTS = ("applied", "unknown_pool", "unreadable")
 
 
 def outcome_header(labels: RequestLabels, *, streamed: bool) -> str:
@@ -91,14 +92,30 @@ class OutcomeReports:
         self._directory = directory
         self._clock = clock
         self._metrics = metrics
-        self.applied = 0
-        self.unknown_pool = 0
+        self.counts: dict[str, int] = dict.fromkeys(REPORT_RESULTS, 0)
+        """Entries by what became of them (exported as ``kvgate_outcome_reports_total{result}``)."""
+
+    @property
+    def applied(self) -> int:
+        return self.counts["applied"]
+
+    @property
+    def unknown_pool(self) -> int:
+        return self.counts["unknown_pool"]
+
+    def apply_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> None:
+        """Apply one access-log entry (one without a readable outcome is counted and dropped)."""
+        outcome = outcome_of(entry)
+        if outcome is None:
+            self.counts["unreadable"] += 1
+            return
+        self.apply(outcome)
 
     def apply(self, outcome: Outcome) -> None:
         try:
             pool = self._directory.resolve(outcome.labels.pool)
         except KvgateError:
-            self.unknown_pool += 1  # the pool went away since: nothing to count against
+            self.counts["unknown_pool"] += 1  # the pool went away since: nothing to count against
             return
         scheduler = pool.scheduler
         now = self._clock.now()
@@ -113,4 +130,4 @@ class OutcomeReports:
             _log.exception("scheduler on_endpoint_outcome failed")
         if 0 < outcome.status < 500 and not outcome.streamed and outcome.first_byte_s is not None:
             self._metrics.first_token(outcome.labels, outcome.first_byte_s)
-        self.applied += 1
+        self.counts["applied"] += 1

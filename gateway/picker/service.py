@@ -27,7 +27,7 @@ from gateway.picker.pools_file import PoolSpec
 from gateway.picker.redis_link import RedisSettings
 from gateway.picker.scraper import MetricsScraper
 from gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
-from gateway.picker.telemetry import GatewayTelemetry
+from gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
 from gateway.picker.tls import server_credentials
 from policies.contracts import Scheduler
 from policies.errors import PoolNotFoundError, RouteNotFoundError
@@ -172,6 +172,8 @@ class PickerService:
             health_address=settings.health_address,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
+        outcomes = self.extproc.outcomes
+        self.telemetry.registry.register(OutcomeReportsCollector(lambda: outcomes.counts))
         self._health_task: asyncio.Task[None] | None = None
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
 

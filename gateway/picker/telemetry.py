@@ -74,6 +74,24 @@ class _PoolCollector(Collector):
             yield scrapes
 
 
+class OutcomeReportsCollector(Collector):
+    """``kvgate_outcome_reports_total{result}``: Envoy's access-log entries of skipped requests
+    (``extproc.outcomes``) by what became of them. Flat while traffic flows through ``kvgate up``:
+    the reports are not arriving (the access log cannot reach the picker), so 5xx and fallbacks of
+    skipped requests eject nothing."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "kvgate_outcome_reports", "Outcome reports from Envoy's access log, by result.", labels=["result"]
+        )
+        for result, count in self._counts().items():
+            family.add_metric([result], count)
+        yield family
+
+
 @dataclass(frozen=True, slots=True)
 class _RequestSeries:
     """The labelled children of one (model, target model): looked up once, reused per request."""

@@ -94,13 +94,15 @@ def test_a_5xx_a_fallback_and_a_refused_connection_count_against_the_endpoints_t
     assert outcomes == [("10.0.0.1:8000", False)]
 
 
-def test_no_response_blames_nobody_and_an_unknown_pool_is_counted() -> None:
+def test_no_response_blames_nobody_and_what_cannot_be_applied_is_counted() -> None:
     reports, outcomes, _ = _reports()
     reports.apply(_outcome(status=0))  # the client went away first
     assert outcomes == []
     reports.apply(_outcome(labels=RequestLabels("gone", "m", "m")))
-    assert reports.unknown_pool == 1
-    assert reports.applied == 2 - 1
+    reports.apply_entry(_entry(None))
+    reports.apply_entry(_entry(outcome_header(LABELS, streamed=False), status=502, upstream=None))
+    assert outcomes == [("10.0.0.1:8000", False)]
+    assert reports.counts == {"applied": 2, "unknown_pool": 1, "unreadable": 1}
 
 
 def test_a_skipped_request_is_marked_and_its_close_leaves_the_verdict_to_the_report() -> None:
