@@ -3,7 +3,8 @@
 ::
 
     set_endpoints(pool, dialect, addresses) ──▶ one task per endpoint (jittered start, every `interval`)
-        GET http://ip:port/metrics  (shared ClientSession, keep-alive, per-scrape timeout)
+        GET http://ip:port/metrics  (one kept-alive connection per endpoint, per-scrape timeout:
+                                     scrape/http_get.py)
         ──▶ parse_metrics(page, dialect)  ──▶ new frozen EndpointMetrics
         ──▶ new EndpointSnapshot, swapped in as one reference (version + 1) ──▶ on_snapshot(snapshot)
 
@@ -13,8 +14,8 @@ lock: a snapshot never changes once published (docs/architecture.md, principle 1
 Staleness: a failed scrape (connection refused, timeout, HTTP status other than 200, unreadable page)
 keeps the endpoint's last metrics; once those are older than ``stale_after`` (or there never were
 any) the endpoint is published ``healthy=False``. The next good scrape makes it healthy again.
-Each endpoint's task waits only on its own replica, and the connection pool has no global limit, so
-a slow or dead replica never delays the others.
+Each endpoint's task waits only on its own replica over its own connection, so a slow or dead
+replica never delays the others.
 
 All methods must be called from the event loop's thread (the scraper is single-threaded asyncio);
 :meth:`snapshot` and :attr:`version` may be read from anywhere, as they only read one reference.
@@ -30,10 +31,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 
-import aiohttp
-
 from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
 from gateway.picker.scrape.exposition import MetricsPageError
+from gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
 from policies.types import Endpoint, EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class _Target:
     """One endpoint being scraped: its loop task, latest view and counters (loop-thread only)."""
 
     __slots__ = (
+        "connection",
         "consecutive_failures",
         "dialect",
         "endpoint",
@@ -81,10 +82,13 @@ class _Target:
         "view",
     )
 
-    def __init__(self, endpoint: Endpoint, dialect: MetricsDialect, url: str) -> None:
+    def __init__(
+        self, endpoint: Endpoint, dialect: MetricsDialect, url: str, connection: MetricsConnection
+    ) -> None:
         self.endpoint = endpoint
         self.dialect = dialect
         self.url = url
+        self.connection = connection
         self.view = EndpointView(endpoint)
         self.task: asyncio.Task[None] | None = None
         self.successes = 0
@@ -136,7 +140,7 @@ class MetricsScraper:
         if interval <= 0 or timeout <= 0 or stale_after < 0:
             raise ValueError("interval and timeout must be positive, stale_after not negative")
         self._interval = interval
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._timeout_s = timeout
         self._stale_after = stale_after
         self._clock = clock
         self._on_snapshot = on_snapshot
@@ -144,7 +148,7 @@ class MetricsScraper:
         self._targets: dict[str, dict[str, _Target]] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._snapshot = EndpointSnapshot()
-        self._session: aiohttp.ClientSession | None = None
+        self._running = False
 
     # -- readers -------------------------------------------------------------------------------
 
@@ -159,7 +163,7 @@ class MetricsScraper:
 
     @property
     def running(self) -> bool:
-        return self._session is not None
+        return self._running
 
     def counters(self) -> Mapping[Endpoint, ScrapeCounters]:
         """Scrape counters of every current endpoint (a copy)."""
@@ -210,7 +214,9 @@ class MetricsScraper:
                 continue
             if old is not None:
                 self._retire(old)
-            target = _Target(endpoint, spec.dialect, url)
+            port = endpoint.port if metrics_port is None else metrics_port
+            connection = MetricsConnection(endpoint.host, port, path, _ACCEPT)
+            target = _Target(endpoint, spec.dialect, url, connection)
             updated[address] = target
             if self.running:
                 self._launch(target)
@@ -232,18 +238,17 @@ class MetricsScraper:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._session is not None:
+        if self._running:
             return
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, headers={"Accept": _ACCEPT}, raise_for_status=False
-        )
+        self._running = True
         for targets in self._targets.values():
             for target in targets.values():
                 self._launch(target)
 
     async def stop(self) -> None:
-        """Cancel every scrape loop, wait for them, close the session. The last snapshot stays readable."""
+        """Cancel every scrape loop, wait for them, close the connections. The last snapshot stays
+        readable."""
+        self._running = False
         tasks = [t.task for ts in self._targets.values() for t in ts.values() if t.task is not None]
         tasks += self._retired
         for task in tasks:
@@ -252,10 +257,8 @@ class MetricsScraper:
         for targets in self._targets.values():
             for target in targets.values():
                 target.task = None
+                target.connection.close()
         self._retired.clear()
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
 
     async def __aenter__(self) -> MetricsScraper:
         await self.start()
@@ -278,6 +281,9 @@ class MetricsScraper:
             task.cancel()
             self._retired.add(task)
             task.add_done_callback(self._retired.discard)
+            task.add_done_callback(lambda _: target.connection.close())
+        else:
+            target.connection.close()
 
     async def _run(self, target: _Target) -> None:
         loop = asyncio.get_running_loop()
@@ -292,11 +298,10 @@ class MetricsScraper:
             await asyncio.sleep(next_at - now)
 
     async def _scrape_once(self, target: _Target) -> None:
-        session = self._session
-        if session is None:
+        if not self._running:
             return
         try:
-            page = await self._fetch(session, target.url)
+            page = await self._fetch(target)
             metrics = parse_metrics(page, target.dialect, self._clock())
         except _ScrapeFailure as failure:
             self._failed(target, failure.kind, str(failure))
@@ -313,18 +318,16 @@ class MetricsScraper:
         target.view = EndpointView(target.endpoint, metrics, healthy=True)
         self._publish(target.endpoint.pool, target)
 
-    async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str:
+    async def _fetch(self, target: _Target) -> str:
         try:
-            async with session.get(url) as response:
-                if response.status != 200:
-                    raise _ScrapeFailure("status", f"HTTP {response.status}")
-                body = await response.read()
-        except TimeoutError as exc:  # aiohttp's timeouts derive from TimeoutError
+            async with asyncio.timeout(self._timeout_s):
+                status, body = await target.connection.get()
+        except TimeoutError as exc:
             raise _ScrapeFailure("timeout", repr(exc)) from None
-        except aiohttp.ClientConnectionError as exc:
-            raise _ScrapeFailure("connection", repr(exc)) from None
-        except aiohttp.ClientError as exc:
-            raise _ScrapeFailure("http", repr(exc)) from None
+        except HttpGetError as exc:
+            raise _ScrapeFailure(exc.kind, str(exc)) from None
+        if status != 200:
+            raise _ScrapeFailure("status", f"HTTP {status}")
         return body.decode("utf-8", errors="replace")
 
     def _failed(self, target: _Target, kind: str, detail: str) -> None:
