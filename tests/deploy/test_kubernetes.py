@@ -18,6 +18,8 @@ from gateway.controlplane.resources import (
     validate,
 )
 from gateway.picker.cli import build_parser
+from tests.deploy.charts import container as container_of
+from tests.deploy.charts import one
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE_DIR = REPO / "deploy" / "kubernetes"
@@ -39,15 +41,7 @@ def _documents() -> Iterator[tuple[str, Doc]]:
 
 
 def _one(kind: str, name: str) -> Doc:
-    found = [doc for _, doc in _documents() if doc["kind"] == kind and doc["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
-    return found[0]
-
-
-def _container(deployment: Doc) -> Doc:
-    [container] = deployment["spec"]["template"]["spec"]["containers"]
-    result: Doc = container
-    return result
+    return one([doc for _, doc in _documents()], kind, name)
 
 
 def test_every_document_names_its_kind_and_object() -> None:
@@ -71,7 +65,7 @@ def test_deployments_select_their_own_pods() -> None:
 
 
 def _picker_args() -> argparse.Namespace:
-    container = _container(_one("Deployment", "kvgate-picker"))
+    container = container_of(_one("Deployment", "kvgate-picker"))
     args = container["args"]
     assert args[0] == "picker"
     return build_parser().parse_args(args[1:])  # argparse exits (SystemExit) on an unknown flag
@@ -80,7 +74,7 @@ def _picker_args() -> argparse.Namespace:
 def test_picker_deployment_runs_a_real_picker_command_line() -> None:
     deployment = _one("Deployment", "kvgate-picker")
     assert deployment["spec"]["replicas"] == 2
-    container = _container(deployment)
+    container = container_of(deployment)
     parsed = _picker_args()
     assert parsed.kubernetes
     assert parsed.host == "0.0.0.0"
