@@ -11,7 +11,7 @@ RBAC rules against what kvgate follows and writes.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -38,6 +38,7 @@ from gateway.controlplane.resources import (
 )
 from gateway.picker.cli import build_parser as picker_parser
 from gateway.up_cli import build_parser as up_parser
+from policies.profile import build_profile
 from tests.deploy.charts import CHARTS, NAMESPACE, Doc, container, one, render, render_error
 
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas here
@@ -60,8 +61,16 @@ PICKER_CASES: dict[str, dict[str, Any]] = {
     "triton": {"inferencePool": {**POOL_VALUES["inferencePool"], "modelServerType": "triton-tensorrt-llm"},
                "redis": {"url": "redis://redis.shared:6379/2"}},
 }
+CUSTOM_PROFILE: dict[str, Any] = yaml.safe_load(
+    (CHARTS.parents[1] / "policies" / "profiles" / "default.yaml").read_text(encoding="utf-8")
+) | {"name": "mine"}
+PICKER_CASES["own profile"] = {
+    "inferencePool": {**POOL_VALUES["inferencePool"], "profile": "mine"},
+    "profiles": {"mine": CUSTOM_PROFILE},
+}
 GATEWAY_CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "own profile": {"profiles": {"mine": CUSTOM_PROFILE}},
     "one namespace, two listeners, own redis": {
         "watchNamespace": "team-a", "workers": 2, "redis": {"enabled": False, "url": "redis://r:6379/0"},
         "gateway": {"listeners": [{"name": "http", "port": 80, "protocol": "HTTP"},
@@ -77,9 +86,8 @@ ALL_RENDERS = [("kvgate-picker", name, values) for name, values in PICKER_CASES.
 ]
 
 
-def _renders() -> Iterator[tuple[str, str, list[Doc]]]:
-    for chart, case, values in ALL_RENDERS:
-        yield chart, case, render(chart, values)
+def load_profile_text(text: str) -> Any:
+    return build_profile(yaml.safe_load(text))
 
 
 @pytest.mark.parametrize("chart", ["kvgate", "kvgate-picker"])
@@ -309,3 +317,23 @@ def test_bad_values_fail_the_render_with_a_message_that_says_what_to_set(
     chart: str, values: dict[str, Any], message: str,
 ) -> None:
     assert message in render_error(chart, values)
+
+
+@pytest.mark.parametrize("chart", ["kvgate", "kvgate-picker"])
+def test_own_profiles_are_mounted_where_the_annotation_points_and_load(chart: str) -> None:
+    values = (PICKER_CASES if chart == "kvgate-picker" else GATEWAY_CASES)["own profile"]
+    docs = render(chart, values)
+    config_map = one(docs, "ConfigMap")
+    deployment = one(docs, "Deployment", "llama-epp" if chart == "kvgate-picker" else "llama")
+    mounts = {m["name"]: m["mountPath"] for m in container(deployment)["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    wanted = config_map["metadata"]["name"]
+    [name] = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == wanted]
+    directory = Path(mounts[name])
+    for file_name, text in config_map["data"].items():
+        profile = load_profile_text(text)  # kvgate's own loader: the profile builds
+        assert profile.name == "mine"
+        path = directory / file_name
+        if chart == "kvgate-picker":
+            annotation = one(docs, "InferencePool")["metadata"]["annotations"]["kvgate.io/profile"]
+            assert annotation == str(path)
