@@ -71,6 +71,11 @@ class OutlierTracker:
         record = self._records.get(address)
         return record is not None and record.until > now
 
+    def ejections(self, address: str) -> int:
+        """How many times in a row ``address`` was ejected (0 once a success reset it)."""
+        record = self._records.get(address)
+        return 0 if record is None else record.ejections
+
     def any_ejected(self, now: float) -> bool:
         """Cheap check for the hot path: False means no endpoint is ejected at ``now``."""
         return now < self._ejected_until

@@ -7,7 +7,6 @@ What the picker no longer sees comes back in Envoy's outcome reports (its gRPC a
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -85,6 +84,6 @@ async def test_outcome_reports_count_fallbacks_and_eject_a_replica_answering_500
         assert picker is not None
         [pool] = picker.table.pools.values()
         address = fleet.addresses[0]
-        assert pool.scheduler_impl.outliers.ejected(address, time.monotonic())  # the picker's own verdict
+        assert pool.scheduler_impl.outliers.ejections(address) >= 1  # the picker's own verdict
     finally:
         await up.stop()

@@ -29,6 +29,9 @@ def test_consecutive_failures_eject_for_a_back_off_that_doubles_and_is_capped() 
     assert t.ejected("a", 33.9)  # third: 20 s, capped at 12
     assert not t.ejected("a", 34.1)
     assert not t.any_ejected(34.1)
+    assert (t.ejections("a"), t.ejections("b")) == (3, 0)
+    t.succeeded("a")
+    assert t.ejections("a") == 0
 
 
 def test_a_success_resets_the_count_and_the_back_off() -> None:
