@@ -194,8 +194,11 @@ async def stream_latency(url: str, bodies: Sequence[bytes], requests: int) -> tu
 
 
 async def load(
-    url: str, body_file: Path, connections: int, seconds: float, pids: dict[str, int], path: str, case: str
+    url: str, body_file: Path, connections: int, seconds: float, pids: dict[str, int], path: str, case: str,
+    processor: str | None = None,
 ) -> Row:
+    """One wrk run; ``processor`` (default: ``PROCESSOR[path]``) is the process whose CPU per
+    request is reported."""
     before = cpu_snapshot(pids)
     started = time.monotonic()
     result = await run_wrk(url, body_file, connections=connections, seconds=seconds)
@@ -204,7 +207,7 @@ async def load(
     row = Row(path, case, p50_ms=result.p50_ms, rps=result.requests / result.duration_s, errors=result.errors)
     row.cpu_cores = {name: (after[name] - before[name]) / wall for name in pids}
     row.cpu_cores["wrk"] = result.wrk_cpu
-    processor = PROCESSOR.get(path)
+    processor = processor or PROCESSOR.get(path)
     if processor is not None and result.requests:
         row.cpu_us_per_request = (after[processor] - before[processor]) / result.requests * 1e6
     return row

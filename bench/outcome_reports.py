@@ -109,14 +109,11 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                               file=sys.stderr, flush=True)
                 for case, body in files.items():
                     for path in order:
-                        row = await load(urls[path], body, args.connections, args.seconds, pids, path, case)
-                        processor = PROCESSOR[path]
-                        row.cpu_us_per_request = (
-                            row.cpu_cores[processor] * args.seconds / max(1.0, row.rps * args.seconds) * 1e6
-                        )
+                        row = await load(urls[path], body, args.connections, args.seconds, pids, path, case,
+                                         processor=PROCESSOR[path])
                         rows.append(row)
                         print(f"round {round_} {case:10} {path:8} {row.rps:7.0f} req/s "
-                              f"{row.cpu_us_per_request:6.0f} us/req err {row.errors}",
+                              f"{row.cpu_us_per_request or 0.0:6.0f} us/req err {row.errors}",
                               file=sys.stderr, flush=True)
     header["load after"] = load_average()
     return rows, header

@@ -339,7 +339,7 @@ class RequestLifecycle:
             ms = bound.milliseconds(decision.request.max_tokens, streamed=decision.request.stream)
             if ms is not None:
                 set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms)))
-        if self._skipped and self._config.outcome_reports:
+        if self._reported:
             value = outcome_header(self._labels, streamed=decision.request.stream)
             set_headers.append((names.OUTCOME_HEADER, value))
         if content_length:
@@ -363,6 +363,11 @@ class RequestLifecycle:
             StreamBody(Phase.REQUEST, body[start : start + size], end_of_stream and start + size > last)
             for start in range(0, len(body), size)
         ]
+
+    @property
+    def _reported(self) -> bool:
+        """Envoy reports this request's outcome afterwards (``extproc.outcomes``)."""
+        return self._skipped and self._config.outcome_reports
 
     @property
     def _full_duplex_request(self) -> bool:
@@ -509,9 +514,8 @@ class RequestLifecycle:
     def _on_closed(self, event: StreamClosed) -> list[Action]:
         # a request whose response phases were skipped ends here, as far as the picker can tell;
         # with outcome reports, whether it went well is counted when its report comes
-        reported = self._skipped and self._config.outcome_reports
         self._finish(ok=self._skipped and self.state is State.UPSTREAM and not event.cancelled,
-                     count_outcome=not reported)
+                     count_outcome=not self._reported)
         self.state = State.DONE
         return []
 

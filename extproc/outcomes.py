@@ -33,9 +33,14 @@ REPORT_RESULTS = ("applied", "unknown_pool", "unreadable")
 
 
 def outcome_header(labels: RequestLabels, *, streamed: bool) -> str:
-    """The value of :data:`~extproc.names.OUTCOME_HEADER` for a request."""
+    """The value of :data:`~extproc.names.OUTCOME_HEADER` for a request (once per skipped request:
+    names that need no escaping, the usual case, are not run through ``quote``)."""
     parts = (labels.pool, labels.model, labels.target_model, "s" if streamed else "n")
-    return " ".join(quote(part, safe="/:@") for part in parts)
+    return " ".join(part if _plain(part) else quote(part, safe="/:@") for part in parts)
+
+
+def _plain(part: str) -> bool:
+    return part.isascii() and part.isprintable() and " " not in part and "%" not in part
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +99,6 @@ class OutcomeReports:
         self._metrics = metrics
         self.counts: dict[str, int] = dict.fromkeys(REPORT_RESULTS, 0)
         """Entries by what became of them (exported as ``kvgate_outcome_reports_total{result}``)."""
-
-    @property
-    def applied(self) -> int:
-        return self.counts["applied"]
-
-    @property
-    def unknown_pool(self) -> int:
-        return self.counts["unknown_pool"]
 
     def apply_entry(self, entry: accesslog_pb2.HTTPAccessLogEntry) -> None:
         """Apply one access-log entry (one without a readable outcome is counted and dropped)."""

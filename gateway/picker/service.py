@@ -10,7 +10,6 @@ resolves pools from (swapped as one reference).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import random
@@ -37,7 +36,6 @@ from policies.scheduler import ProfileScheduler
 from policies.types import EndpointView
 
 log = logging.getLogger(__name__)
-HEALTH_POLL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +172,8 @@ class PickerService:
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         outcomes = self.extproc.outcomes
         self.telemetry.registry.register(OutcomeReportsCollector(lambda: outcomes.counts))
-        self._health_task: asyncio.Task[None] | None = None
+        self._serving = False
+        self._readiness_updates: set[asyncio.Task[None]] = set()
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
 
     def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:
@@ -206,6 +205,7 @@ class PickerService:
         self.sharing.apply(specs)
         pools = {spec.name: PoolRuntime(spec, schedulers[spec.name], self.scraper) for spec in specs}
         self.table = PoolTable(pools=MappingProxyType(pools), default=default)
+        self._publish_readiness()
         log.info("serving pools: %s", ", ".join(sorted(pools)) or "(none)")
 
     def pool_report(self) -> list[dict[str, object]]:
@@ -245,25 +245,21 @@ class PickerService:
         await self.sharing.start()
         await self.extproc.start()
         await self.admin.start()
-        self._health_task = asyncio.create_task(self._follow_readiness())
+        self._serving = True
+        await self.extproc.set_ready(bool(self.table.pools))
 
-    async def _follow_readiness(self) -> None:
+    def _publish_readiness(self) -> None:
         """The gRPC readiness names answer SERVING while at least one pool is served (the
         Inference Extension's meaning: its pool is known); /readyz also wants fresh metrics."""
-        ready: bool | None = None
-        while True:
-            now = bool(self.table.pools)
-            if now != ready:
-                await self.extproc.set_ready(now)
-                ready = now
-            await asyncio.sleep(HEALTH_POLL_S)
+        if not self._serving:
+            return  # start() publishes the table it finds
+        task = asyncio.get_running_loop().create_task(self.extproc.set_ready(bool(self.table.pools)))
+        self._readiness_updates.add(task)
+        task.add_done_callback(self._readiness_updates.discard)
 
     async def stop(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
-            self._health_task = None
+        self._serving = False
+        await asyncio.gather(*self._readiness_updates, return_exceptions=True)
         await self.admin.stop()
         await self.extproc.stop(0.5)
         await self.sharing.stop()

@@ -86,10 +86,6 @@ ALL_RENDERS = [("kvgate-picker", name, values) for name, values in PICKER_CASES.
 ]
 
 
-def load_profile_text(text: str) -> Any:
-    return build_profile(yaml.safe_load(text))
-
-
 @pytest.mark.parametrize("chart", ["kvgate", "kvgate-picker"])
 def test_helm_lint_finds_no_error(chart: str) -> None:
     result = helm.lint(str(CHARTS / chart), strict=False)
@@ -331,7 +327,7 @@ def test_own_profiles_are_mounted_where_the_annotation_points_and_load(chart: st
     [name] = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == wanted]
     directory = Path(mounts[name])
     for file_name, text in config_map["data"].items():
-        profile = load_profile_text(text)  # kvgate's own loader: the profile builds
+        profile = build_profile(yaml.safe_load(text))  # kvgate's own loader: the profile builds
         assert profile.name == "mine"
         path = directory / file_name
         if chart == "kvgate-picker":

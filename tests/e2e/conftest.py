@@ -26,6 +26,7 @@ from aiohttp import web
 
 from gateway.processes.child_process import ChildProcess
 from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from tests.kube_api_fake import FakeApiServer
 
 __all__ = ["EchoUpstream", "SimFleet", "free_port"]
 
@@ -156,3 +157,12 @@ async def start_echo_upstream() -> AsyncIterator[Callable[[], Awaitable[EchoUpst
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         yield session
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[FakeApiServer]:
+    """The FAKE Kubernetes API server of tests/kube_api_fake.py (no real one can run here)."""
+    server = FakeApiServer()
+    await server.start()
+    yield server
+    await server.stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -30,14 +30,6 @@ from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.e2e
 FIRST_IP = "127.0.7."
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def _expand(arg: str, env: dict[str, str]) -> str:

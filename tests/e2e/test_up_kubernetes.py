@@ -9,7 +9,7 @@ event; scaling from 4 to 8 Pods sends requests to the new ones within a second.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -32,14 +32,6 @@ def _pod(index: int, ready: bool = True) -> dict[str, Any]:
         "status": {"phase": "Running", "podIP": f"{FIRST_IP}{index + 1}",
                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 async def _received(http: aiohttp.ClientSession, fleet: SimFleet) -> list[int]:
