@@ -109,6 +109,9 @@ class UpOptions:
     """A request whose response nothing needs skips the response-headers round trip
     (``extproc.lifecycle.LifecycleConfig.skip_unread_responses``); kvgate's Envoy reports its
     outcome afterwards (``extproc.outcomes``). False: every request keeps the round trip."""
+    shared_scrapes: bool = True
+    """With Redis (``--redis``, ``--workers``): one picker per pool scrapes for all
+    (``gateway.picker.shared_state.scrapes``)."""
     status_lease_s: float = 15.0
     """How long the status Lease holds without renewal (another replica takes over after it)."""
     lease_namespace: str | None = None
@@ -278,6 +281,7 @@ class KvgateUp:
                 options.workers - 1, scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after, attempt_timeout=attempt_bound,
                 skip_unread_responses=options.skip_unread_responses,
+                shared_scrapes=options.shared_scrapes,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -288,7 +292,10 @@ class KvgateUp:
                 admin_port=options.admin_port,
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
-                redis=RedisSettings(url=redis_url) if redis_url else None,
+                redis=(
+                    RedisSettings(url=redis_url, share_scrapes=options.shared_scrapes)
+                    if redis_url else None
+                ),
                 lifecycle=LifecycleConfig(
                     attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses,
                     outcome_reports=options.skip_unread_responses,  # kvgate's Envoy reports them

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sampled) skips the response-headers round trip: less picker CPU; Envoy reports "
                         "its status and served endpoint afterwards (gRPC access log, every 50 ms). "
                         "Default on; --no-skip-unread-responses keeps the round trip for every request")
+    parser.add_argument("--shared-scrapes", action=argparse.BooleanOptionalAction, default=True,
+                        help="with Redis (--redis or --workers): one picker per pool scrapes the model "
+                        "servers for all (default on); --no-shared-scrapes: each scrapes them itself")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
@@ -148,6 +151,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         attempt_timeout_per_token_s=args.attempt_timeout_per_token,
         skip_unread_responses=args.skip_unread_responses,
         redis_url=args.redis,
+        shared_scrapes=args.shared_scrapes,
     )
 
 

@@ -46,6 +46,12 @@ class RedisSettings:
     batch_events: int = 2_000
     """Events per stream entry (one entry per pool and flush at most this large)."""
     stream_max_entries: int = 100_000
+    share_scrapes: bool = True
+    """One picker per pool scrapes the replicas and the others adopt its scrapes
+    (gateway/picker/shared_state/scrapes.py); False: every picker scrapes every replica itself."""
+    scrape_lease_s: float = 1.0
+    """A dead scraping picker's lease lapses after this; the followers scrape for themselves from
+    ``stale_after`` after its last batch until one of them takes the lease."""
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 2.0
     log_every_s: float = 10.0

@@ -11,6 +11,10 @@
 Readers call :meth:`MetricsScraper.snapshot` (or keep what ``on_snapshot`` handed them) and never
 lock: a snapshot never changes once published (docs/architecture.md, principle 1).
 
+Shared scrapes (pickers sharing state through Redis): a :class:`ScrapeDelegate` says which
+endpoints another picker scrapes for this one; their loops skip the GET while it does, and
+:meth:`MetricsScraper.adopt` takes that picker's views (gateway/picker/shared_state/scrapes.py).
+
 Staleness: a failed scrape (connection refused, timeout, HTTP status other than 200, unreadable page)
 keeps the endpoint's last metrics; once those are older than ``stale_after`` (or there never were
 any) the endpoint is published ``healthy=False``. The next good scrape makes it healthy again.
@@ -30,16 +34,25 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
+from typing import Protocol
 
 from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
 from gateway.picker.scrape.exposition import MetricsPageError
 from gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
-from policies.types import Endpoint, EndpointSnapshot, EndpointView
+from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 SnapshotListener = Callable[[EndpointSnapshot], None]
+
+
+class ScrapeDelegate(Protocol):
+    """Tells the scraper which endpoints another picker scrapes for it now."""
+
+    def covers(self, endpoint: Endpoint, now: float) -> bool:
+        """True: skip this round's scrape of ``endpoint`` (its views come by ``adopt``)."""
+        ...
 
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
@@ -55,6 +68,8 @@ class ScrapeCounters:
 
     successes: int = 0
     failures: int = 0
+    delegated: int = 0
+    """Rounds skipped because another picker scraped the endpoint (shared scrapes)."""
     consecutive_failures: int = 0
     errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     last_error: str = ""
@@ -72,6 +87,7 @@ class _Target:
     __slots__ = (
         "connection",
         "consecutive_failures",
+        "delegated",
         "dialect",
         "endpoint",
         "errors",
@@ -92,6 +108,7 @@ class _Target:
         self.view = EndpointView(endpoint)
         self.task: asyncio.Task[None] | None = None
         self.successes = 0
+        self.delegated = 0
         self.consecutive_failures = 0
         self.errors: dict[str, int] = {}
         self.last_error = ""
@@ -100,6 +117,7 @@ class _Target:
         return ScrapeCounters(
             successes=self.successes,
             failures=sum(self.errors.values()),
+            delegated=self.delegated,
             consecutive_failures=self.consecutive_failures,
             errors=MappingProxyType(dict(self.errors)),
             last_error=self.last_error,
@@ -149,6 +167,7 @@ class MetricsScraper:
         self._retired: set[asyncio.Task[None]] = set()
         self._snapshot = EndpointSnapshot()
         self._running = False
+        self._delegate: ScrapeDelegate | None = None
 
     # -- readers -------------------------------------------------------------------------------
 
@@ -170,6 +189,45 @@ class MetricsScraper:
         return MappingProxyType(
             {t.endpoint: t.counters() for targets in self._targets.values() for t in targets.values()}
         )
+
+    def views(self, pool: str) -> tuple[EndpointView, ...]:
+        """``pool``'s endpoints in the latest snapshot."""
+        return self._snapshot.endpoints(pool)
+
+    # -- shared scrapes ------------------------------------------------------------------------
+
+    def delegate_to(self, delegate: ScrapeDelegate | None) -> None:
+        """Ask ``delegate`` before each scrape whether another picker scrapes that endpoint."""
+        self._delegate = delegate
+
+    def adopt(self, pool: str, records: Iterable[tuple[str, EndpointMetrics | None, bool]]) -> None:
+        """Take another picker's scrapes (address, metrics or None, healthy) of ``pool``'s endpoints.
+
+        Endpoints this scraper does not have are ignored; a record older than this scraper's own
+        healthy view of the endpoint is too (it scraped the endpoint itself since). A record
+        without metrics keeps the endpoint's last metrics with the record's health. One snapshot is
+        published for the pool when anything changed.
+        """
+        targets = self._targets.get(pool)
+        if not targets:
+            return
+        changed = False
+        for address, metrics, healthy in records:
+            target = targets.get(address)
+            if target is None:
+                continue
+            mine = target.view
+            if metrics is None:
+                view = EndpointView(target.endpoint, mine.metrics, healthy)
+            elif mine.healthy and mine.metrics is not None and mine.metrics.updated_at > metrics.updated_at:
+                continue
+            else:
+                view = EndpointView(target.endpoint, metrics, healthy)
+            if view != mine:
+                target.view = view
+                changed = True
+        if changed:
+            self._publish(pool)
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -299,6 +357,10 @@ class MetricsScraper:
 
     async def _scrape_once(self, target: _Target) -> None:
         if not self._running:
+            return
+        delegate = self._delegate
+        if delegate is not None and delegate.covers(target.endpoint, self._clock()):
+            target.delegated += 1
             return
         try:
             page = await self._fetch(target)

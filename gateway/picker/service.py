@@ -152,6 +152,7 @@ class PickerService:
         )
         self.table = PoolTable(pools=MappingProxyType({}), default=None)
         self.sharing = SharingRuntime(settings.redis)
+        self.scraper.delegate_to(self.sharing.share_scrapes(self.scraper, settings.stale_after))
         self.telemetry.registry.register(SharingCollector(self.sharing))
         lifecycle = settings.lifecycle
         if lifecycle.tenant_limiter is None:

@@ -218,6 +218,7 @@ class UpWorkers:
         self, count: int, *, scrape_interval: float, stale_after: float,
         attempt_timeout: AttemptTimeout | None = None,
         skip_unread_responses: bool = False,
+        shared_scrapes: bool = True,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -235,6 +236,7 @@ class UpWorkers:
                 "--secure-serving=false", "--grpc-health-port", "0",
                 *_attempt_flags(attempt_timeout),
                 *(("--skip-unread-responses", "--outcome-reports") if skip_unread_responses else ()),
+                *(() if shared_scrapes else ("--no-shared-scrapes",)),
             ),
             own_ports=self.own_ports,
         )

@@ -47,3 +47,45 @@ class InFlight(_message.Message):
     requests: int
     tokens: int
     def __init__(self, requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class EndpointMetrics(_message.Message):
+    __slots__ = ("waiting", "running", "kv_cache_usage", "active_loras", "waiting_loras", "max_loras", "block_size", "num_gpu_blocks", "served_models")
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LORAS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    waiting: int
+    running: int
+    kv_cache_usage: float
+    active_loras: _containers.RepeatedScalarFieldContainer[str]
+    waiting_loras: _containers.RepeatedScalarFieldContainer[str]
+    max_loras: int
+    block_size: int
+    num_gpu_blocks: int
+    served_models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., waiting_loras: _Optional[_Iterable[str]] = ..., max_loras: _Optional[int] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., served_models: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EndpointScrape(_message.Message):
+    __slots__ = ("address", "healthy", "metrics", "age_ms")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    healthy: bool
+    metrics: EndpointMetrics
+    age_ms: int
+    def __init__(self, address: _Optional[str] = ..., healthy: _Optional[bool] = ..., metrics: _Optional[_Union[EndpointMetrics, _Mapping]] = ..., age_ms: _Optional[int] = ...) -> None: ...
+
+class ScrapeBatch(_message.Message):
+    __slots__ = ("format", "endpoints")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    format: int
+    endpoints: _containers.RepeatedCompositeFieldContainer[EndpointScrape]
+    def __init__(self, format: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScrape, _Mapping]]] = ...) -> None: ...

@@ -1,6 +1,7 @@
 """``kvgate picker --workers 2``: two picker processes on one gRPC port with a private Redis; a worker
 that dies is restarted; SIGTERM stops every process the supervisor started. ``kvgate up --workers``
-runs one worker process beside its in-process picker."""
+runs one worker process beside its in-process picker. Workers share their scrapes: one scrapes each
+model server for all."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gateway.processes.child_process import ChildProcess
 from gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 from tests.e2e.test_up_cli import alive, children_of
+from tests.gateway.picker.metrics_server import MetricsServer, vllm_text
 
 pytestmark = pytest.mark.e2e
 
@@ -167,3 +169,55 @@ async def test_a_watched_pools_file_is_applied_on_change_and_a_bad_one_is_ignore
         assert await asyncio.wait_for(process.wait(), 20) == 0
     finally:
         await process.stop()
+
+
+async def _leader_pools(http: aiohttp.ClientSession, admins: list[str]) -> float:
+    total = 0.0
+    for admin in admins:
+        async with http.get(f"{admin}/metrics") as response:
+            text = await response.text()
+        found = re.search(r"^kvgate_shared_scrape_leader_pools (\S+)$", text, re.MULTILINE)
+        total += float(found.group(1)) if found else 0.0
+    return total
+
+
+async def _scrapes_per_second(tmp_path: Path, server: MetricsServer, *flags: str) -> tuple[float, float]:
+    """(GETs of the server's /metrics per second, pools led summed over the workers) with 3 workers."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(f'pools:\n  - name: p\n    endpoints: ["{server.address}"]\n')
+    process = ChildProcess([
+        *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0",
+        "--grpc-health-port", str(free_port()), "--workers", "3", "--scrape-interval", "0.05",
+        "--log-level", "WARNING", *flags,
+    ], name="kvgate")
+    await process.start()
+    try:
+        words = _words((await process.wait_for_line(re.escape("kvgate-picker ready") + ".*", 60)).group(0))
+        admins = words["admins"].split(",")
+        async with aiohttp.ClientSession() as http:
+            if "--no-shared-scrapes" not in flags:
+                for _ in range(100):
+                    if await _leader_pools(http, admins) == 1:
+                        break
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # the followers' last own scrapes are behind
+            before, started = server.hits, asyncio.get_running_loop().time()
+            await asyncio.sleep(2.0)
+            rate = (server.hits - before) / (asyncio.get_running_loop().time() - started)
+            return rate, await _leader_pools(http, admins)
+    finally:
+        await process.stop()
+
+
+async def test_workers_scrape_each_model_server_once_between_them(tmp_path: Path) -> None:
+    server = MetricsServer(vllm_text(2))
+    await server.start()
+    try:
+        shared, leaders = await _scrapes_per_second(tmp_path, server)
+        alone, no_leaders = await _scrapes_per_second(tmp_path, server, "--no-shared-scrapes")
+    finally:
+        await server.stop()
+    assert leaders == 1, "exactly one worker scrapes the pool"
+    assert no_leaders == 0
+    # Three workers scraping every 50 ms: ~60 GETs a second each on their own, ~20 shared.
+    assert shared < 0.6 * alone, f"{shared:.1f} GETs/s shared against {alone:.1f} each on its own"

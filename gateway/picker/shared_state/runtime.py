@@ -18,6 +18,7 @@ from gateway.picker.pools_file import PoolSpec
 from gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
 from gateway.picker.ratelimit.stores import InProcessCounters, RedisCounters
 from gateway.picker.redis_link import RedisLink, RedisSettings
+from gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
 from gateway.picker.shared_state.sync import SharedStateSync
 from policies.state import InProcessState, SchedulerState
 
@@ -33,6 +34,13 @@ class SharingRuntime:
     def state_for(self, pool: str) -> SchedulerState:
         """The scheduler state of ``pool`` (shared through Redis when configured)."""
         return self.sync.state_for(pool) if self.sync is not None else InProcessState()
+
+    def share_scrapes(self, source: ScrapeSource, stale_after: float) -> SharedScrapes | None:
+        """With Redis and ``share_scrapes`` on: one picker per pool scrapes for all; the returned
+        object tells ``source`` (the scraper) which endpoints it need not scrape. None: no sharing."""
+        if self.sync is None or self.redis is None or not self.redis.share_scrapes:
+            return None
+        return self.sync.share_scrapes(source, stale_after)
 
     def apply(self, specs: Iterable[PoolSpec]) -> None:
         """Configure tenant limits for ``specs``; forget pools no longer listed."""
@@ -79,10 +87,18 @@ class SharingRuntime:
                 shared_events_lost=sync.events_lost,
                 shared_peers=sync.peers,
             )
+            scrapes = self.sync.scrapes
+            if scrapes is not None:
+                out.update(
+                    shared_scrape_leader_pools=float(len(scrapes.leading)),
+                    shared_scrape_batches_sent=scrapes.batches_sent,
+                    shared_scrape_batches_received=scrapes.batches_received,
+                    shared_scrape_batches_bad=scrapes.bad_batches,
+                )
         return out
 
 
-_GAUGES = frozenset({"redis_connected", "shared_peers"})
+_GAUGES = frozenset({"redis_connected", "shared_peers", "shared_scrape_leader_pools"})
 
 
 class SharingCollector(Collector):

@@ -6,6 +6,8 @@ Keys, per pool (``P`` = ``key_prefix``)::
     P:{pool}:session             stream: event batches of session pins (trimmed by age, session_ttl_s)
     P:{pool}:pickers             sorted set: picker id -> last publish (ms)
     P:{pool}:inflight:{picker}   hash: endpoint -> "requests tokens" (expires after inflight_ttl_s)
+    P:{pool}:scrape-lease        string: the picker that scrapes the pool for all (shared scrapes)
+    P:{pool}:scrapes             stream: that picker's scrapes, one batch per sync round (short)
 
 Two background tasks. The *sync* loop, every ``sync_interval_s``: appends each mirror's outbox as
 one batch entry per stream, republishes this picker's in-flight hash (with its TTL, so a dead
@@ -14,6 +16,10 @@ the streams (a blocking XREAD) and applies peers' events (its own are skipped by
 picker starts reading the streams ``ttl`` back, so it learns the recent prefix map at once.
 When Redis fails, both loops back off (``RedisLink``) and routing goes on with the local view;
 peers' in-flight counts older than ``inflight_ttl_s`` are dropped locally too.
+
+With shared scrapes (:meth:`SharedStateSync.share_scrapes`), each sync round also takes or renews
+each pool's scrape lease and, for the pools this picker leads, appends its scrapes; the read loop
+hands the other pickers' scrape batches to :class:`SharedScrapes` (scrapes.py says why and how).
 """
 
 from __future__ import annotations
@@ -42,6 +48,12 @@ from gateway.picker.shared_state.codec import (
     encode_inflight,
 )
 from gateway.picker.shared_state.mirror import MirroredState
+from gateway.picker.shared_state.scrapes import (
+    LEASE_SCRIPT,
+    RELEASE_SCRIPT,
+    ScrapeSource,
+    SharedScrapes,
+)
 from policies.state import InFlight
 
 log = logging.getLogger(__name__)
@@ -87,6 +99,20 @@ class SharedStateSync:
         self._peers_read_at = clock()
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
+        self.scrapes: SharedScrapes | None = None
+        self._scrape_source: ScrapeSource | None = None
+
+    def share_scrapes(self, source: ScrapeSource, stale_after: float) -> SharedScrapes:
+        """Share ``source``'s scrapes with the other pickers (the scraper's delegate is returned)."""
+        self.scrapes = SharedScrapes(stale_after, self._clock)
+        self._scrape_source = source
+        for pool in self._mirrors:
+            self._tail_scrapes(pool)
+        return self.scrapes
+
+    def _tail_scrapes(self, pool: str) -> None:
+        # The last second of batches: a picker starting next to a leader adopts its views at once.
+        self._last_ids[self._key(pool, "scrapes").encode()] = f"{self._wall_ms() - 1000}-0".encode()
 
     # --- pools --------------------------------------------------------------------------------
     def state_for(self, pool: str) -> MirroredState:
@@ -98,12 +124,16 @@ class SharedStateSync:
             self._last_ids[self._key(pool, "prefix").encode()] = start
             start = f"{self._wall_ms() - int(self.settings.session_ttl_s * 1000)}-0".encode()
             self._last_ids[self._key(pool, "session").encode()] = start
+            if self.scrapes is not None:
+                self._tail_scrapes(pool)
         return mirror
 
     def drop_pool(self, pool: str) -> None:
         self._mirrors.pop(pool, None)
-        for kind in ("prefix", "session"):
+        for kind in ("prefix", "session", "scrapes"):
             self._last_ids.pop(self._key(pool, kind).encode(), None)
+        if self.scrapes is not None:
+            self.scrapes.forget_pool(pool)
 
     @property
     def mirrors(self) -> Mapping[str, MirroredState]:
@@ -135,12 +165,17 @@ class SharedStateSync:
 
     async def _loop(self, step: Callable[[], Any]) -> None:
         interval = self.settings.sync_interval_s
+        task = asyncio.current_task()
         while self._running:
             started = self._clock()
             try:
                 await step()
             except Exception:  # a bug here must not end sharing for good
                 log.exception("shared-state loop step failed")
+            if task is not None and task.cancelling():
+                # A cancellation that reached a Redis call as it timed out can come back as a
+                # timeout (Python 3.11's asyncio.timeout): seen as a loop that outlived its cancel.
+                raise asyncio.CancelledError
             await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
 
     # --- one round of each loop (also called directly by tests) -------------------------------
@@ -157,6 +192,13 @@ class SharedStateSync:
             batches += [(pool, "prefix", prefix), (pool, "session", sessions)]
         now_ms = self._wall_ms()
         pools = list(self._mirrors)
+        scrapes, source = self.scrapes, self._scrape_source
+        leased = pools if scrapes is not None else []
+        published = [
+            (pool, scrapes.batch(source, pool))
+            for pool in leased
+            if scrapes is not None and source is not None and scrapes.leads(pool)
+        ]
 
         def write(pipe: Pipeline) -> None:
             s = self.settings
@@ -170,6 +212,14 @@ class SharedStateSync:
                         approximate=True,
                     )
             self._publish(pipe, now_ms)
+            for pool, batch in published:
+                pipe.xadd(
+                    self._key(pool, "scrapes"), {"o": self.picker_id, BATCH_FIELD: batch},
+                    maxlen=64, approximate=True,
+                )
+            lease_ms = str(int(s.scrape_lease_s * 1000))
+            for pool in leased:
+                pipe.eval(LEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id, lease_ms)
             for pool in pools:
                 pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
 
@@ -181,10 +231,17 @@ class SharedStateSync:
             self.counters.events_writing -= taken
         if replies is None:
             self.counters.events_lost += taken
+            if scrapes is not None:  # its lease lapses: take the others' batches meanwhile
+                for pool in leased:
+                    scrapes.set_leader(pool, False)
             return
         self.counters.syncs += 1
         self.counters.events_sent += taken
         members: list[list[bytes]] = replies[len(replies) - len(pools) :]
+        if scrapes is not None:
+            leases = replies[len(replies) - len(pools) - len(leased) : len(replies) - len(pools)]
+            for pool, held in zip(leased, leases, strict=True):
+                scrapes.set_leader(pool, held == 1)
         await self._read_peers(pools, members)
 
     def _publish(self, pipe: Pipeline, now_ms: int) -> None:
@@ -205,6 +262,8 @@ class SharedStateSync:
         for pool in self._mirrors:
             pipe.delete(self._key(pool, f"inflight:{self.picker_id}"))
             pipe.zrem(self._key(pool, "pickers"), self.picker_id)
+            if self.scrapes is not None and self.scrapes.leads(pool):
+                pipe.eval(RELEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id)
 
     async def _read_peers(self, pools: list[str], members: list[list[bytes]]) -> None:
         me = self.picker_id.encode()
@@ -262,10 +321,14 @@ class SharedStateSync:
             key = stream_key if isinstance(stream_key, bytes) else str(stream_key).encode()
             pool = self._pool_of(key)
             mirror = self._mirrors.get(pool) if pool is not None else None
+            scrapes = key.endswith(b":scrapes")
             for entry_id, fields in entries:
                 if key in self._last_ids:
                     self._last_ids[key] = entry_id
-                if mirror is None or fields.get(b"o") == me:
+                if mirror is None or pool is None or fields.get(b"o") == me:
+                    continue
+                if scrapes:
+                    self._received_scrapes(pool, fields)
                     continue
                 try:
                     events = decode_entry(fields)
@@ -279,6 +342,11 @@ class SharedStateSync:
                     continue
                 mirror.apply_peer_events(events)
                 self.counters.events_received += len(events)
+
+    def _received_scrapes(self, pool: str, fields: Mapping[bytes, bytes]) -> None:
+        data = fields.get(BATCH_FIELD)
+        if self.scrapes is not None and self._scrape_source is not None and data is not None:
+            self.scrapes.received(self._scrape_source, pool, data)
 
     # --- keys ---------------------------------------------------------------------------------
     def _key(self, pool: str, kind: str) -> str:

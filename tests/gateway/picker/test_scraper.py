@@ -4,107 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from gateway.picker.scrape.dialects import MetricsDialect
 from gateway.picker.scraper import MetricsScraper, metrics_url
-from policies.types import Endpoint, EndpointSnapshot, EndpointView
+from policies.types import Endpoint, EndpointSnapshot
+from tests.gateway.picker.metrics_server import (
+    ServerFactory,
+    eventually,
+    healthy,
+    view,
+    vllm_text,
+    waiting_of,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
-EVENTUALLY_S = 5.0
-
-
-def vllm_text(waiting: int, running: int = 1, kv: float = 0.5) -> str:
-    return (
-        "# TYPE vllm:num_requests_waiting gauge\n"
-        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}.0\n'
-        f'vllm:num_requests_running{{model_name="m"}} {running}.0\n'
-        f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n'
-    )
-
-
-class MetricsServer:
-    """A tiny /metrics server whose page, status and delay a test changes while it runs."""
-
-    def __init__(self, text: str, path: str = "/metrics") -> None:
-        self.text = text
-        self.path = path
-        self.status = 200
-        self.hold = False  # answer only once released (a hung replica)
-        self.hits = 0
-        self.port = 0
-        self._release = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        self.hits += 1
-        if self.hold:
-            await self._release.wait()
-        return web.Response(text=self.text, status=self.status, content_type="text/plain")
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get(self.path, self._handle)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True).start()
-        self.port = runner.addresses[0][1]
-        self._runner = runner
-
-    async def stop(self) -> None:
-        self._release.set()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-
-ServerFactory = Callable[..., Awaitable[MetricsServer]]
-
-
-@pytest.fixture
-async def servers() -> AsyncIterator[ServerFactory]:
-    started: list[MetricsServer] = []
-
-    async def make(text: str, path: str = "/metrics") -> MetricsServer:
-        server = MetricsServer(text, path)
-        await server.start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        await server.stop()
-
-
-async def eventually(check: Callable[[], bool], what: str, within: float = EVENTUALLY_S) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {within}s: {what}")
-        await asyncio.sleep(0.01)
-
-
-def view(scraper: MetricsScraper, pool: str, address: str) -> EndpointView | None:
-    return next((v for v in scraper.snapshot().endpoints(pool) if v.address == address), None)
-
-
-def healthy(scraper: MetricsScraper, pool: str, address: str) -> bool:
-    found = view(scraper, pool, address)
-    return found is not None and found.healthy
-
-
-def waiting_of(scraper: MetricsScraper, pool: str, address: str) -> int | None:
-    found = view(scraper, pool, address)
-    return None if found is None or found.metrics is None else found.metrics.waiting
 
 
 def scrape_tasks() -> list[asyncio.Task[object]]:

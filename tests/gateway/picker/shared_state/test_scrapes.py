@@ -1,0 +1,166 @@
+"""Shared scrapes without Redis: the batch codec, who covers what, and the scraper's side."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.picker.scraper import MetricsScraper
+from gateway.picker.shared_state.scrapes import (
+    ScrapeRecord,
+    SharedScrapes,
+    decode_scrapes,
+    encode_scrapes,
+)
+from kvgate_proto import shared_state_pb2 as pb
+from policies.types import Endpoint, EndpointMetrics, EndpointView
+from tests.gateway.picker.metrics_server import ServerFactory, eventually, view, vllm_text
+
+FULL = EndpointMetrics(
+    waiting=3, running=7, kv_cache_usage=0.625, active_loras=frozenset({"b", "a"}),
+    waiting_loras=frozenset({"c"}), max_loras=4, block_size=16, num_gpu_blocks=9000,
+    updated_at=99.75, served_models=frozenset({"m"}),
+)
+
+
+def views() -> tuple[EndpointView, ...]:
+    return (
+        EndpointView(Endpoint("10.0.0.1:8000", "p"), FULL, healthy=True),
+        EndpointView(Endpoint("10.0.0.2:8000", "p"), EndpointMetrics(updated_at=99.0), healthy=False),
+        EndpointView(Endpoint("10.0.0.3:8000", "p"), None, healthy=False),
+    )
+
+
+def test_a_batch_carries_every_field_and_ages_not_clock_readings() -> None:
+    data = encode_scrapes(views(), now=100.0)
+    # The receiving picker's clock reads 5000.0: each metrics' age is kept, not its time.
+    records = decode_scrapes(data, now=5000.0)
+    assert [r.address for r in records] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+    first = records[0]
+    assert first.healthy
+    assert first.metrics is not None
+    assert first.metrics.updated_at == pytest.approx(5000.0 - 0.25)
+    assert first.metrics == EndpointMetrics(
+        waiting=3, running=7, kv_cache_usage=0.625, active_loras=frozenset({"a", "b"}),
+        waiting_loras=frozenset({"c"}), max_loras=4, block_size=16, num_gpu_blocks=9000,
+        updated_at=first.metrics.updated_at, served_models=frozenset({"m"}),
+    )
+    second = records[1]
+    assert not second.healthy
+    assert second.metrics is not None
+    assert second.metrics.block_size is None
+    assert second.metrics.num_gpu_blocks is None
+    assert second.metrics.updated_at == pytest.approx(4999.0)
+    assert records[2] == ScrapeRecord("10.0.0.3:8000", None, False)
+
+
+def test_unreadable_batches_and_other_formats_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a scrape batch"):
+        decode_scrapes(b"\xff\xff\xff", now=0.0)
+    with pytest.raises(ValueError, match="format 2"):
+        decode_scrapes(pb.ScrapeBatch(format=2).SerializeToString(), now=0.0)
+
+
+class Source:
+    def __init__(self) -> None:
+        self.adopted: list[tuple[str, list[ScrapeRecord]]] = []
+
+    def views(self, pool: str) -> tuple[EndpointView, ...]:
+        return views()
+
+    def adopt(self, pool: str, records: Sequence[ScrapeRecord]) -> None:
+        self.adopted.append((pool, list(records)))
+
+
+def test_a_follower_skips_what_batches_keep_fresh_and_the_leader_skips_nothing() -> None:
+    now = [10.0]
+    shared = SharedScrapes(stale_after=0.2, clock=lambda: now[0])
+    source = Source()
+    one, other = Endpoint("10.0.0.1:8000", "p"), Endpoint("10.0.0.9:8000", "p")
+    assert not shared.covers(one, now[0])  # nothing received yet: scrape
+    shared.received(source, "p", encode_scrapes(views(), now=0.0))
+    assert source.adopted
+    assert source.adopted[0][0] == "p"
+    assert shared.covers(one, now[0])
+    assert not shared.covers(other, now[0])  # a batch that does not name it covers nothing
+    assert not shared.covers(Endpoint("10.0.0.1:8000", "q"), now[0])  # nor another pool's
+    now[0] += 0.19
+    assert shared.covers(one, now[0])
+    now[0] += 0.02  # the leader went quiet for stale_after: scrape again
+    assert not shared.covers(one, now[0])
+    # A leader scrapes everything and ignores batches (its own included).
+    shared.set_leader("p", True)
+    shared.received(source, "p", encode_scrapes(views(), now=0.0))
+    assert len(source.adopted) == 1
+    assert not shared.covers(one, now[0])
+    assert shared.batch(source, "p")
+    assert shared.batches_sent == 1
+    assert shared.batches_received == 1
+    shared.received(source, "q", b"garbage")
+    assert shared.bad_batches == 1
+    shared.forget_pool("p")
+    assert not shared.leads("p")
+
+
+class Covers:
+    def __init__(self) -> None:
+        self.covered: set[str] = set()
+
+    def covers(self, endpoint: Endpoint, now: float) -> bool:
+        return endpoint.address in self.covered
+
+
+def fast(stale_after: float = 0.1) -> MetricsScraper:
+    return MetricsScraper(interval=0.02, timeout=0.3, stale_after=stale_after, rng=random.Random(1))
+
+
+async def test_the_scraper_skips_covered_endpoints_and_adopts_others_views(servers: ServerFactory) -> None:
+    covered, own = await servers(vllm_text(3)), await servers(vllm_text(4))
+    delegate = Covers()
+    delegate.covered.add(covered.address)
+    scraper = fast()
+    scraper.delegate_to(delegate)
+    scraper.set_endpoints("p", "vllm", [covered.address, own.address])
+    async with scraper:
+        await eventually(lambda: own.hits >= 3, "the uncovered endpoint is scraped")
+        assert covered.hits == 0
+        counters = {e.address: c for e, c in scraper.counters().items()}
+        assert counters[covered.address].delegated > 0
+        assert counters[own.address].delegated == 0
+        # Another picker's view of the covered endpoint is taken as it is...
+        now = asyncio.get_running_loop().time()
+        theirs = EndpointMetrics(waiting=42, updated_at=now)
+        version = scraper.version
+        scraper.adopt("p", [(covered.address, theirs, True), ("10.9.9.9:1", theirs, True)])
+        assert scraper.version == version + 1  # one snapshot for the batch; unknown addresses ignored
+        adopted = view(scraper, "p", covered.address)
+        assert adopted is not None
+        assert adopted.metrics == theirs
+        assert adopted.healthy
+        assert [v.address for v in scraper.views("p")] == [covered.address, own.address]
+        # ...the same view again publishes nothing...
+        scraper.adopt("p", [(covered.address, theirs, True)])
+        assert scraper.version == version + 1
+        # ...a verdict without metrics keeps the last metrics...
+        scraper.adopt("p", [(covered.address, None, False)])
+        down = view(scraper, "p", covered.address)
+        assert down is not None
+        assert down.metrics == theirs
+        assert not down.healthy
+        # ...and one older than this scraper's own healthy scrape is not taken.
+        mine = view(scraper, "p", own.address)
+        assert mine is not None
+        assert mine.metrics is not None
+        assert mine.healthy
+        older = EndpointMetrics(waiting=99, updated_at=mine.metrics.updated_at - 1.0)
+        scraper.adopt("p", [(own.address, older, True)])
+        kept = view(scraper, "p", own.address)
+        assert kept is not None
+        assert kept.metrics is not None
+        assert kept.metrics.waiting != 99
+        # No longer covered: scraped again.
+        delegate.covered.clear()
+        await eventually(lambda: covered.hits >= 2, "scraped once no longer covered")
