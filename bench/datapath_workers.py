@@ -9,7 +9,10 @@ ports (least request); wrk closed-loop load with a 1 KB non-streamed body and a 
 one SSE chunk per token. With ``--load-cores K`` (K > 0) wrk runs pinned to the last K cores and
 everything else to the others, so the load generator does not compete with what it measures.
 Reported: req/s, p50, the pickers' CPU per request (every worker and the private Redis summed),
-and each process group's cores.
+and each process group's cores; first, the pickers' cores at rest (``--idle-seconds``: scraping and
+sharing alone). ``--scrapes both`` runs each N with shared scrapes (the default: one worker scrapes
+the upstream for all) and with ``--no-shared-scrapes`` (each worker scrapes it), alternating which
+goes first, so the two compare within one run.
 """
 
 from __future__ import annotations
@@ -41,6 +44,25 @@ from gateway.controlplane.envoy_config import (
 from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
+IDLE = "at rest"
+Row = tuple[float, float, float, int, dict[str, float]]
+
+
+def table_row(workers: int, shared: bool, case: str, row: Row, base: dict[tuple[str, bool], float]) -> str:
+    rps, p50, per_request, errors, cpu = row
+    label = "shared" if shared else "own"
+    if case == IDLE:
+        return (
+            f"| {workers} | {label} | {case} | – | – | – | – | – | {cpu['pickers']:.3f} | "
+            f"{cpu['envoy']:.3f} | {cpu['upstream']:.3f} | – |"
+        )
+    base.setdefault((case, shared), rps)
+    return (
+        f"| {workers} | {label} | {case} | {rps:.0f} | {rps / base[case, shared]:.2f} | {p50:.2f} | "
+        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {cpu['envoy']:.2f} | "
+        f"{cpu['upstream']:.2f} | {cpu['wrk']:.2f} |"
+    )
+
 
 @contextlib.contextmanager
 def affinity(cores: set[int] | None) -> Iterator[None]:
@@ -70,11 +92,12 @@ async def run(args: argparse.Namespace) -> str:
         f"{'cores ' + str(sorted(load_cores)) if load_cores else 'unpinned'}; Envoy workers: "
         f"{args.envoy_concurrency or 'N'}; endpoints: {args.endpoints}",
         "",
-        "| N workers | request | req/s | × 1 worker | p50 ms | pickers µs/req | errors "
+        "| N workers | scrapes | request | req/s | × 1 worker | p50 ms | pickers µs/req | errors "
         "| cores: pickers+redis | envoy | upstream | wrk |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base: dict[str, float] = {}
+    base: dict[tuple[str, bool], float] = {}
+    modes = {"shared": [True], "own": [False], "both": [True, False]}[args.scrapes]
     with tempfile.TemporaryDirectory(prefix="kvgate-workers-") as tmp, affinity(service_cores):
         workdir = Path(tmp)
         upstream, endpoints = await start_upstream(args.endpoints)
@@ -85,16 +108,14 @@ async def run(args: argparse.Namespace) -> str:
                 "1 KB": write_bodies(workdir / "b.jsonl", completion_bodies(1024, 64)),
                 "stream 64": write_bodies(workdir / "s.jsonl", stream_bodies(64, 64)),
             }
-            for workers in args.workers:
-                rows = await measure(args, workers, pools, files, endpoints, upstream, workdir, load_cores)
-                for case, (rps, p50, per_request, errors, cpu) in rows.items():
-                    base.setdefault(case, rps)
-                    lines.append(
-                        f"| {workers} | {case} | {rps:.0f} | {rps / base[case]:.2f} | {p50:.2f} | "
-                        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {cpu['envoy']:.2f} | "
-                        f"{cpu['upstream']:.2f} | {cpu['wrk']:.2f} |"
+            for turn, workers in enumerate(args.workers):
+                for shared in modes if turn % 2 == 0 else modes[::-1]:
+                    rows = await measure(
+                        args, workers, shared, pools, files, endpoints, upstream, workdir, load_cores
                     )
-                    print(lines[-1], file=sys.stderr, flush=True)
+                    for case, row in rows.items():
+                        lines.append(table_row(workers, shared, case, row, base))
+                        print(lines[-1], file=sys.stderr, flush=True)
         finally:
             await upstream.stop()
     lines += ["", f"- load after: {load_average()}"]
@@ -104,13 +125,14 @@ async def run(args: argparse.Namespace) -> str:
 async def measure(
     args: argparse.Namespace,
     workers: int,
+    shared: bool,
     pools: Path,
     files: dict[str, Path],
     endpoints: Sequence[str],
     upstream: Child,
     workdir: Path,
     load_cores: set[int] | None,
-) -> dict[str, tuple[float, float, float, int, dict[str, float]]]:
+) -> dict[str, Row]:
     command = [
         *kvgate_command(),
         "picker",
@@ -128,13 +150,15 @@ async def measure(
         "--log-level",
         "WARNING",
     ]
+    if not shared:
+        command += ["--no-shared-scrapes"]
     if args.redis:  # with one worker too: the cost of sharing alone
         command += ["--redis", args.redis]
     if args.scrape_interval:
         command += ["--scrape-interval", f"{args.scrape_interval:g}",
                     "--stale-after", f"{max(0.2, 4 * args.scrape_interval):g}"]
     picker = await start_child(f"picker_w{workers}", command, "kvgate-picker ready", workdir / "picker.log")
-    rows: dict[str, tuple[float, float, float, int, dict[str, float]]] = {}
+    rows: dict[str, Row] = {}
     try:
         words = dict(w.split("=", 1) for w in picker.ready_words if "=" in w)
         own = words.get("grpc_workers") or words["grpc"]
@@ -154,6 +178,15 @@ async def measure(
         try:
             url = f"http://127.0.0.1:{port}"
             await wait_until_serving(url, completion_bodies(1024, 1)[0])
+            if args.idle_seconds > 0:
+                groups = {"pickers": picker.pid, "envoy": envoy.pid or 0, "upstream": upstream.pid}
+                await asyncio.sleep(1.0)  # sharing settles: one worker leads
+                before = {name: group_cpu(pid) for name, pid in groups.items()}
+                started = time.monotonic()
+                await asyncio.sleep(args.idle_seconds)
+                wall = time.monotonic() - started
+                idle = {name: (group_cpu(pid) - before[name]) / wall for name, pid in groups.items()}
+                rows[IDLE] = (0.0, 0.0, 0.0, 0, idle)
             with affinity(load_cores):
                 await run_wrk(
                     url, files["1 KB"], connections=args.connections, seconds=2, threads=args.threads
@@ -206,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="share through this Redis (also with 1 worker: isolates the cost of sharing)")
     parser.add_argument("--scrape-interval", type=float, default=0.0,
                         help="the pickers' scrape interval (0: their default, 50 ms)")
+    parser.add_argument("--scrapes", choices=("shared", "own", "both"), default="shared",
+                        help="shared scrapes (default), each worker its own (--no-shared-scrapes), or both")
+    parser.add_argument("--idle-seconds", type=float, default=5.0,
+                        help="measure the pickers at rest this long first (0: not)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
