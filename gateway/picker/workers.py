@@ -14,7 +14,8 @@ ages out, Redis going away degrades to the local view), tested and measured
 use the same mechanism instead of a second one (shared memory would need its own locking,
 versioning and crash handling). With ``--redis URL`` the workers share it with every other picker;
 without, the supervisor starts a private ``redis-server`` on a free loopback port for them.
-Each worker scrapes the replicas itself (N scrapes per interval per replica: a few KB each).
+One worker per pool scrapes the replicas and the others adopt its scrapes through the same Redis
+(``gateway.picker.shared_state.scrapes``; ``--no-shared-scrapes``: each worker scrapes them itself).
 
 ``SO_REUSEPORT`` spreads connections, not requests, and a gateway multiplexes every request over a
 few HTTP/2 connections, so N workers behind one port are balanced only as well as the kernel's hash
