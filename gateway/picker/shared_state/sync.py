@@ -97,6 +97,8 @@ class SharedStateSync:
         self._mirrors: dict[str, MirroredState] = {}
         self._last_ids: dict[bytes, bytes] = {}
         self._peers_read_at = clock()
+        self._known_peers: list[tuple[str, bytes]] = []
+        """The (pool, picker) pairs whose in-flight hashes the last round read."""
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.scrapes: SharedScrapes | None = None
@@ -192,6 +194,7 @@ class SharedStateSync:
             batches += [(pool, "prefix", prefix), (pool, "session", sessions)]
         now_ms = self._wall_ms()
         pools = list(self._mirrors)
+        known = list(self._known_peers)
         scrapes, source = self.scrapes, self._scrape_source
         leased = pools if scrapes is not None else []
         published = [
@@ -222,6 +225,10 @@ class SharedStateSync:
                 pipe.eval(LEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id, lease_ms)
             for pool in pools:
                 pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
+            # The peers the last round knew, read in this same round trip: while nobody joins or
+            # leaves (the usual case) a round is one round trip, not two.
+            for pool, member in known:
+                pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
 
         taken = sum(len(events) for _, _, events in batches)
         self.counters.events_writing += taken
@@ -237,12 +244,18 @@ class SharedStateSync:
             return
         self.counters.syncs += 1
         self.counters.events_sent += taken
-        members: list[list[bytes]] = replies[len(replies) - len(pools) :]
+        head, peer_replies = replies[: len(replies) - len(known)], replies[len(replies) - len(known) :]
+        members: list[list[bytes]] = head[len(head) - len(pools) :]
         if scrapes is not None:
-            leases = replies[len(replies) - len(pools) - len(leased) : len(replies) - len(pools)]
+            leases = head[len(head) - len(pools) - len(leased) : len(head) - len(pools)]
             for pool, held in zip(leased, leases, strict=True):
                 scrapes.set_leader(pool, held == 1)
-        await self._read_peers(pools, members)
+        me = self.picker_id.encode()
+        wanted = [(pool, m) for pool, ids in zip(pools, members, strict=True) for m in ids if m != me]
+        if wanted == known:
+            self._apply_peers(pools, wanted, peer_replies)
+        else:  # someone joined or left: read the peers as they are now
+            await self._read_peers(pools, wanted)
 
     def _publish(self, pipe: Pipeline, now_ms: int) -> None:
         ttl_ms = int(self.settings.inflight_ttl_s * 1000)
@@ -265,10 +278,7 @@ class SharedStateSync:
             if self.scrapes is not None and self.scrapes.leads(pool):
                 pipe.eval(RELEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id)
 
-    async def _read_peers(self, pools: list[str], members: list[list[bytes]]) -> None:
-        me = self.picker_id.encode()
-        wanted = [(pool, m) for pool, ids in zip(pools, members, strict=True) for m in ids if m != me]
-
+    async def _read_peers(self, pools: list[str], wanted: list[tuple[str, bytes]]) -> None:
         def read(pipe: Pipeline) -> None:
             for pool, member in wanted:
                 pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
@@ -276,6 +286,10 @@ class SharedStateSync:
         replies = await self.link.run("peers", read) if wanted else []
         if replies is None:
             return
+        self._apply_peers(pools, wanted, replies)
+
+    def _apply_peers(self, pools: list[str], wanted: list[tuple[str, bytes]], replies: list[Any]) -> None:
+        self._known_peers = wanted
         per_pool: dict[str, list[dict[str, InFlight]]] = {pool: [] for pool in pools}
         for (pool, _member), fields in zip(wanted, replies, strict=True):
             contribution: dict[str, InFlight] = {}

@@ -178,3 +178,27 @@ async def test_an_unreachable_redis_never_raises_and_is_counted() -> None:
     await sync.stop()
     await sync.link.close()
 
+
+
+async def test_a_round_is_one_round_trip_while_the_peers_stay_the_same(make_sync: MakeSync) -> None:
+    a, b = make_sync(), make_sync()
+    state_a, state_b = a.state_for("pool"), b.state_for("pool")
+    await a.sync_once()
+    await b.sync_once()
+    ops = a.link.counters.ops
+    await a.sync_once()  # a meets b: a second round trip reads b's in-flight hash
+    assert a.link.counters.ops == ops + 2
+    state_b.inflight_add("r1", "10.0.0.1:80", 7)
+    await b.sync_once()
+    ops = a.link.counters.ops
+    await a.sync_once()  # the same peers: read in the round's own round trip
+    assert a.link.counters.ops == ops + 1
+    assert state_a.inflight("10.0.0.1:80") == InFlight(1, 7)
+    # A third picker joins: the next round reads it at once (two round trips again).
+    c = make_sync()
+    c.state_for("pool").inflight_add("r2", "10.0.0.1:80", 3)
+    await c.sync_once()
+    ops = a.link.counters.ops
+    await a.sync_once()
+    assert a.link.counters.ops == ops + 2
+    assert state_a.inflight("10.0.0.1:80") == InFlight(2, 10)
