@@ -20,6 +20,11 @@ bytes through Redis in the round trips it already makes):
   (:meth:`SharedScrapes.covers`). An endpoint the leader does not name (configurations differ for a
   moment), a leader that stopped publishing, or Redis gone: after ``stale_after`` the follower's own
   scrapes resume, exactly as without sharing, until batches arrive again.
+
+What a follower gives up: its own view of a replica. A leader that cannot reach a replica that the
+followers could (a partial network partition between hosts) makes every picker see it unhealthy;
+pickers on one host (``--workers``) cannot differ there. ``--no-shared-scrapes`` keeps each picker's
+own view where that matters more than the model servers' scrape load.
 """
 
 from __future__ import annotations
