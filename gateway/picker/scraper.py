@@ -32,13 +32,13 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Protocol
 
 from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
 from gateway.picker.scrape.exposition import MetricsPageError
 from gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
+from gateway.picker.scrape.target import ScrapeCounters, ScrapeTarget, checked_endpoint, metrics_url
 from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
@@ -57,86 +57,10 @@ class ScrapeDelegate(Protocol):
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 
-@dataclass(frozen=True, slots=True)
-class ScrapeCounters:
-    """Per-endpoint scrape counts, for a later Prometheus export.
-
-    ``errors`` counts failures by kind: ``timeout``, ``connection``, ``status`` (not 200),
-    ``page`` (unreadable or not the pool's dialect), ``http`` (any other client error) and
-    ``internal`` (a bug of ours, logged).
-    """
-
-    successes: int = 0
-    failures: int = 0
-    delegated: int = 0
-    """Rounds skipped because another picker scraped the endpoint (shared scrapes)."""
-    consecutive_failures: int = 0
-    errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    last_error: str = ""
-
-
 class _ScrapeFailure(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
-
-
-class _Target:
-    """One endpoint being scraped: its loop task, latest view and counters (loop-thread only)."""
-
-    __slots__ = (
-        "connection",
-        "consecutive_failures",
-        "delegated",
-        "dialect",
-        "endpoint",
-        "errors",
-        "last_error",
-        "successes",
-        "task",
-        "url",
-        "view",
-    )
-
-    def __init__(
-        self, endpoint: Endpoint, dialect: MetricsDialect, url: str, connection: MetricsConnection
-    ) -> None:
-        self.endpoint = endpoint
-        self.dialect = dialect
-        self.url = url
-        self.connection = connection
-        self.view = EndpointView(endpoint)
-        self.task: asyncio.Task[None] | None = None
-        self.successes = 0
-        self.delegated = 0
-        self.consecutive_failures = 0
-        self.errors: dict[str, int] = {}
-        self.last_error = ""
-
-    def counters(self) -> ScrapeCounters:
-        return ScrapeCounters(
-            successes=self.successes,
-            failures=sum(self.errors.values()),
-            delegated=self.delegated,
-            consecutive_failures=self.consecutive_failures,
-            errors=MappingProxyType(dict(self.errors)),
-            last_error=self.last_error,
-        )
-
-
-def _checked(endpoint: Endpoint) -> Endpoint:
-    host, sep, port = endpoint.address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"endpoint address {endpoint.address!r} is not host:port")
-    return endpoint
-
-
-def metrics_url(endpoint: Endpoint, path: str, port: int | None = None) -> str:
-    """``http://host:port/path`` for an endpoint (IPv6 hosts bracketed; ``port`` overrides its port)."""
-    host = endpoint.host
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{endpoint.port if port is None else port}{path}"
 
 
 class MetricsScraper:
@@ -163,7 +87,7 @@ class MetricsScraper:
         self._clock = clock
         self._on_snapshot = on_snapshot
         self._rng = rng or random.Random()
-        self._targets: dict[str, dict[str, _Target]] = {}
+        self._targets: dict[str, dict[str, ScrapeTarget]] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._snapshot = EndpointSnapshot()
         self._running = False
@@ -256,9 +180,9 @@ class MetricsScraper:
                 raise ValueError(
                     f"endpoint {endpoint.address} belongs to pool {endpoint.pool!r}, not {pool!r}"
                 )
-            wanted[_checked(endpoint).address] = endpoint
+            wanted[checked_endpoint(endpoint).address] = endpoint
         current = self._targets.get(pool, {})
-        updated: dict[str, _Target] = {}
+        updated: dict[str, ScrapeTarget] = {}
         for address, endpoint in wanted.items():
             url = metrics_url(endpoint, path, metrics_port)
             old = current.get(address)
@@ -274,7 +198,7 @@ class MetricsScraper:
                 self._retire(old)
             port = endpoint.port if metrics_port is None else metrics_port
             connection = MetricsConnection(endpoint.host, port, path, _ACCEPT)
-            target = _Target(endpoint, spec.dialect, url, connection)
+            target = ScrapeTarget(endpoint, spec.dialect, url, connection)
             updated[address] = target
             if self.running:
                 self._launch(target)
@@ -329,11 +253,11 @@ class MetricsScraper:
 
     # -- the per-endpoint loop -----------------------------------------------------------------
 
-    def _launch(self, target: _Target) -> None:
+    def _launch(self, target: ScrapeTarget) -> None:
         name = f"scrape {target.endpoint.pool}/{target.endpoint.address}"
         target.task = asyncio.get_running_loop().create_task(self._run(target), name=name)
 
-    def _retire(self, target: _Target) -> None:
+    def _retire(self, target: ScrapeTarget) -> None:
         task, target.task = target.task, None
         if task is not None and not task.done():
             task.cancel()
@@ -343,7 +267,7 @@ class MetricsScraper:
         else:
             target.connection.close()
 
-    async def _run(self, target: _Target) -> None:
+    async def _run(self, target: ScrapeTarget) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(self._rng.uniform(0.0, self._interval))
         next_at = loop.time()
@@ -355,7 +279,7 @@ class MetricsScraper:
                 next_at = now
             await asyncio.sleep(next_at - now)
 
-    async def _scrape_once(self, target: _Target) -> None:
+    async def _scrape_once(self, target: ScrapeTarget) -> None:
         if not self._running:
             return
         delegate = self._delegate
@@ -380,7 +304,7 @@ class MetricsScraper:
         target.view = EndpointView(target.endpoint, metrics, healthy=True)
         self._publish(target.endpoint.pool, target)
 
-    async def _fetch(self, target: _Target) -> str:
+    async def _fetch(self, target: ScrapeTarget) -> str:
         try:
             async with asyncio.timeout(self._timeout_s):
                 status, body = await target.connection.get()
@@ -392,7 +316,7 @@ class MetricsScraper:
             raise _ScrapeFailure("status", f"HTTP {status}")
         return body.decode("utf-8", errors="replace")
 
-    def _failed(self, target: _Target, kind: str, detail: str) -> None:
+    def _failed(self, target: ScrapeTarget, kind: str, detail: str) -> None:
         target.consecutive_failures += 1
         target.errors[kind] = target.errors.get(kind, 0) + 1
         target.last_error = detail
@@ -407,7 +331,7 @@ class MetricsScraper:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def _publish(self, pool: str, changed: _Target | None = None) -> None:
+    def _publish(self, pool: str, changed: ScrapeTarget | None = None) -> None:
         targets = self._targets.get(pool)
         if targets is None:
             return

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gateway.picker.scrape.dialects import MetricsDialect
-from gateway.picker.scraper import MetricsScraper, metrics_url
+from gateway.picker.scrape.target import metrics_url
+from gateway.picker.scraper import MetricsScraper
 from policies.types import Endpoint, EndpointSnapshot
 from tests.gateway.picker.metrics_server import (
     ServerFactory,
