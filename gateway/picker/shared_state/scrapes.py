@@ -141,15 +141,18 @@ def _u32(value: int) -> int:
 class SharedScrapes:
     """Who scrapes which pool, and which endpoints another picker's batches cover now.
 
-    The sync tells it the lease replies (:meth:`set_leader`) and hands it each batch that another
-    picker wrote (:meth:`received`); the scraper asks :meth:`covers` before each scrape.
+    The sync tells it the lease replies (:meth:`set_leader`), asks it for the batches of the pools
+    this picker leads (:meth:`batch`) and hands it each batch another picker wrote
+    (:meth:`received`); the scraper asks :meth:`covers` before each scrape.
     """
 
-    def __init__(self, stale_after: float, clock: Callable[[], float]) -> None:
+    def __init__(self, source: ScrapeSource, stale_after: float, clock: Callable[[], float]) -> None:
+        self.source = source
         self.stale_after = stale_after
         self._clock = clock
         self._leading: set[str] = set()
-        self._arrived: dict[tuple[str, str], float] = {}
+        self._last_batch: dict[str, tuple[float, frozenset[str]]] = {}
+        """Per pool: when the last batch arrived and the endpoints it named (a batch names them all)."""
         self.batches_sent = 0
         self.batches_received = 0
         self.bad_batches = 0
@@ -170,15 +173,14 @@ class SharedScrapes:
 
     def forget_pool(self, pool: str) -> None:
         self._leading.discard(pool)
-        for key in [key for key in self._arrived if key[0] == pool]:
-            del self._arrived[key]
+        self._last_batch.pop(pool, None)
 
     # --- what the leader writes and the followers read ----------------------------------------
-    def batch(self, source: ScrapeSource, pool: str) -> bytes:
+    def batch(self, pool: str) -> bytes:
         self.batches_sent += 1
-        return encode_scrapes(source.views(pool), self._clock())
+        return encode_scrapes(self.source.views(pool), self._clock())
 
-    def received(self, source: ScrapeSource, pool: str, data: bytes) -> None:
+    def received(self, pool: str, data: bytes) -> None:
         """Adopt another picker's batch for ``pool`` (ignored while this picker leads it)."""
         if pool in self._leading:
             return
@@ -189,14 +191,13 @@ class SharedScrapes:
             self.bad_batches += 1
             return
         self.batches_received += 1
-        for record in records:
-            self._arrived[(pool, record.address)] = now
-        source.adopt(pool, records)
+        self._last_batch[pool] = (now, frozenset(record.address for record in records))
+        self.source.adopt(pool, records)
 
     # --- what the scraper asks ----------------------------------------------------------------
     def covers(self, endpoint: Endpoint, now: float) -> bool:
         """True while another picker's batches keep ``endpoint`` fresh: skip scraping it."""
         if endpoint.pool in self._leading:
             return False
-        arrived = self._arrived.get((endpoint.pool, endpoint.address))
-        return arrived is not None and now - arrived < self.stale_after
+        last = self._last_batch.get(endpoint.pool)
+        return last is not None and endpoint.address in last[1] and now - last[0] < self.stale_after

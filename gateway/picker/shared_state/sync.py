@@ -102,12 +102,10 @@ class SharedStateSync:
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.scrapes: SharedScrapes | None = None
-        self._scrape_source: ScrapeSource | None = None
 
     def share_scrapes(self, source: ScrapeSource, stale_after: float) -> SharedScrapes:
         """Share ``source``'s scrapes with the other pickers (the scraper's delegate is returned)."""
-        self.scrapes = SharedScrapes(stale_after, self._clock)
-        self._scrape_source = source
+        self.scrapes = SharedScrapes(source, stale_after, self._clock)
         for pool in self._mirrors:
             self._tail_scrapes(pool)
         return self.scrapes
@@ -195,12 +193,10 @@ class SharedStateSync:
         now_ms = self._wall_ms()
         pools = list(self._mirrors)
         known = list(self._known_peers)
-        scrapes, source = self.scrapes, self._scrape_source
+        scrapes = self.scrapes
         leased = pools if scrapes is not None else []
         published = [
-            (pool, scrapes.batch(source, pool))
-            for pool in leased
-            if scrapes is not None and source is not None and scrapes.leads(pool)
+            (pool, scrapes.batch(pool)) for pool in leased if scrapes is not None and scrapes.leads(pool)
         ]
 
         def write(pipe: Pipeline) -> None:
@@ -244,10 +240,12 @@ class SharedStateSync:
             return
         self.counters.syncs += 1
         self.counters.events_sent += taken
-        head, peer_replies = replies[: len(replies) - len(known)], replies[len(replies) - len(known) :]
-        members: list[list[bytes]] = head[len(head) - len(pools) :]
+        # The pipeline ends with the lease replies, the pools' picker lists, the known peers' hashes.
+        tail = replies[len(replies) - len(leased) - len(pools) - len(known) :]
+        leases, tail = tail[: len(leased)], tail[len(leased) :]
+        members: list[list[bytes]] = tail[: len(pools)]
+        peer_replies = tail[len(pools) :]
         if scrapes is not None:
-            leases = head[len(head) - len(pools) - len(leased) : len(head) - len(pools)]
             for pool, held in zip(leased, leases, strict=True):
                 scrapes.set_leader(pool, held == 1)
         me = self.picker_id.encode()
@@ -335,14 +333,16 @@ class SharedStateSync:
             key = stream_key if isinstance(stream_key, bytes) else str(stream_key).encode()
             pool = self._pool_of(key)
             mirror = self._mirrors.get(pool) if pool is not None else None
-            scrapes = key.endswith(b":scrapes")
+            scrape_batches = key.endswith(b":scrapes")
             for entry_id, fields in entries:
                 if key in self._last_ids:
                     self._last_ids[key] = entry_id
                 if mirror is None or pool is None or fields.get(b"o") == me:
                     continue
-                if scrapes:
-                    self._received_scrapes(pool, fields)
+                if scrape_batches:
+                    batch = fields.get(BATCH_FIELD)
+                    if self.scrapes is not None and batch is not None:
+                        self.scrapes.received(pool, batch)
                     continue
                 try:
                     events = decode_entry(fields)
@@ -356,11 +356,6 @@ class SharedStateSync:
                     continue
                 mirror.apply_peer_events(events)
                 self.counters.events_received += len(events)
-
-    def _received_scrapes(self, pool: str, fields: Mapping[bytes, bytes]) -> None:
-        data = fields.get(BATCH_FIELD)
-        if self.scrapes is not None and self._scrape_source is not None and data is not None:
-            self.scrapes.received(self._scrape_source, pool, data)
 
     # --- keys ---------------------------------------------------------------------------------
     def _key(self, pool: str, kind: str) -> str:

@@ -77,11 +77,11 @@ class Source:
 
 def test_a_follower_skips_what_batches_keep_fresh_and_the_leader_skips_nothing() -> None:
     now = [10.0]
-    shared = SharedScrapes(stale_after=0.2, clock=lambda: now[0])
     source = Source()
+    shared = SharedScrapes(source, stale_after=0.2, clock=lambda: now[0])
     one, other = Endpoint("10.0.0.1:8000", "p"), Endpoint("10.0.0.9:8000", "p")
     assert not shared.covers(one, now[0])  # nothing received yet: scrape
-    shared.received(source, "p", encode_scrapes(views(), now=0.0))
+    shared.received("p", encode_scrapes(views(), now=0.0))
     assert source.adopted
     assert source.adopted[0][0] == "p"
     assert shared.covers(one, now[0])
@@ -89,17 +89,23 @@ def test_a_follower_skips_what_batches_keep_fresh_and_the_leader_skips_nothing()
     assert not shared.covers(Endpoint("10.0.0.1:8000", "q"), now[0])  # nor another pool's
     now[0] += 0.19
     assert shared.covers(one, now[0])
+    # The next batch no longer names it (the leader dropped it): this picker scrapes it again.
+    shared.received("p", encode_scrapes(views()[1:], now=0.0))
+    assert not shared.covers(one, now[0])
+    shared.received("p", encode_scrapes(views(), now=0.0))
+    now[0] += 0.19
+    assert shared.covers(one, now[0])
     now[0] += 0.02  # the leader went quiet for stale_after: scrape again
     assert not shared.covers(one, now[0])
     # A leader scrapes everything and ignores batches (its own included).
     shared.set_leader("p", True)
-    shared.received(source, "p", encode_scrapes(views(), now=0.0))
-    assert len(source.adopted) == 1
+    shared.received("p", encode_scrapes(views(), now=0.0))
+    assert len(source.adopted) == 3
     assert not shared.covers(one, now[0])
-    assert shared.batch(source, "p")
+    assert shared.batch("p")
     assert shared.batches_sent == 1
-    assert shared.batches_received == 1
-    shared.received(source, "q", b"garbage")
+    assert shared.batches_received == 3
+    shared.received("q", b"garbage")
     assert shared.bad_batches == 1
     shared.forget_pool("p")
     assert not shared.leads("p")
