@@ -13,6 +13,12 @@ and each process group's cores; first, the pickers' cores at rest (``--idle-seco
 sharing alone). ``--scrapes both`` runs each N with shared scrapes (the default: one worker scrapes
 the upstream for all) and with ``--no-shared-scrapes`` (each worker scrapes it), alternating which
 goes first, so the two compare within one run.
+
+Diagnostics for what limits scaling: each row splits the pickers' cores into the least and most busy
+worker and the private Redis (an unbalanced spread shows there); ``--upstream-processes K`` serves the
+endpoints from K upstream processes (one is capped at a core: the streamed rows hit it first);
+``--profile-dir DIR`` samples one worker with py-spy (when on PATH) during each 1 KB run and writes
+its collapsed stacks to ``DIR/w{N}-{shared|own}.txt``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -32,7 +39,16 @@ from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_envoy import POOL
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
 from bench.datapath_onepass import processor_listener, stream_bodies
-from bench.datapath_procs import Child, group_cpu, kvgate_command, pools_yaml, start_child, start_upstream
+from bench.datapath_procs import (
+    Child,
+    cpu_seconds,
+    descendants,
+    group_cpu,
+    kvgate_command,
+    pools_yaml,
+    start_child,
+    start_upstream,
+)
 from gateway.controlplane.envoy_config import (
     ONE_PASS,
     PoolBackend,
@@ -54,14 +70,73 @@ def table_row(workers: int, shared: bool, case: str, row: Row, base: dict[tuple[
     if case == IDLE:
         return (
             f"| {workers} | {label} | {case} | – | – | – | – | – | {cpu['pickers']:.3f} | "
-            f"{cpu['envoy']:.3f} | {cpu['upstream']:.3f} | – |"
+            f"{spread(cpu)} | {cpu['envoy']:.3f} | {cpu['upstream']:.3f} | – |"
         )
     base.setdefault((case, shared), rps)
     return (
         f"| {workers} | {label} | {case} | {rps:.0f} | {rps / base[case, shared]:.2f} | {p50:.2f} | "
-        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {cpu['envoy']:.2f} | "
+        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {spread(cpu)} | {cpu['envoy']:.2f} | "
         f"{cpu['upstream']:.2f} | {cpu['wrk']:.2f} |"
     )
+
+
+def spread(cpu: dict[str, float]) -> str:
+    """The least and most busy worker's cores, and the private Redis's."""
+    return f"{cpu['worker_min']:.2f}–{cpu['worker_max']:.2f} / {cpu['redis']:.2f}"
+
+
+def picker_processes(pid: int) -> tuple[list[int], list[int]]:
+    """The picker workers (the process itself when it has no python children) and the Redis servers."""
+    workers: list[int] = []
+    servers: list[int] = []
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{child}/comm").read_text().strip()
+            (servers if name.startswith("redis") else workers).append(child)
+    return (workers or [pid]), servers
+
+
+class CpuGroups:
+    """CPU seconds of the measured process groups and of each picker worker, between two snapshots."""
+
+    def __init__(self, groups: dict[str, int]) -> None:
+        self.groups = groups
+        self.workers, self.servers = picker_processes(groups["pickers"])
+        self.before = self._snapshot()
+        self.started = time.monotonic()
+
+    def _snapshot(self) -> dict[str, float]:
+        taken = {name: group_cpu(pid) for name, pid in self.groups.items()}
+        for pid in [*self.workers, *self.servers]:
+            with contextlib.suppress(OSError):
+                taken[f"pid{pid}"] = cpu_seconds(pid)
+        return taken
+
+    def cores(self) -> dict[str, float]:
+        """Cores used since the first snapshot: per group, plus ``worker_min``/``worker_max``/``redis``."""
+        after = self._snapshot()
+        wall = time.monotonic() - self.started
+        used = {name: (after[name] - self.before.get(name, after[name])) / wall for name in after}
+        per_worker = [used.get(f"pid{pid}", 0.0) for pid in self.workers]
+        result = {name: used[name] for name in self.groups}
+        result["upstream"] = sum(v for name, v in result.items() if name.startswith("upstream"))
+        result["worker_min"], result["worker_max"] = min(per_worker), max(per_worker)
+        result["redis"] = sum(used.get(f"pid{pid}", 0.0) for pid in self.servers)
+        result["pickers_seconds"] = after["pickers"] - self.before["pickers"]
+        return result
+
+
+async def profile_worker(pid: int, seconds: float, output: Path) -> None:
+    """py-spy's collapsed stacks of ``pid`` for ``seconds`` (nothing when py-spy is not on PATH)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return
+    process = await asyncio.create_subprocess_exec(
+        spy, "record", "--nonblocking", "-r", "200", "-d", str(max(1, int(seconds))), "-f", "raw",
+        "-o", str(output), "-p", str(pid),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )
+    await process.wait()
 
 
 @contextlib.contextmanager
@@ -90,17 +165,23 @@ async def run(args: argparse.Namespace) -> str:
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- load generator: wrk -t{args.threads} -c{args.connections}, "
         f"{'cores ' + str(sorted(load_cores)) if load_cores else 'unpinned'}; Envoy workers: "
-        f"{args.envoy_concurrency or 'N'}; endpoints: {args.endpoints}",
+        f"{args.envoy_concurrency or 'N'}; endpoints: {args.endpoints} served by "
+        f"{args.upstream_processes} upstream process(es)",
         "",
         "| N workers | scrapes | request | req/s | × 1 worker | p50 ms | pickers µs/req | errors "
-        "| cores: pickers+redis | envoy | upstream | wrk |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| cores: pickers+redis | a worker's cores min–max / redis | envoy | upstream | wrk |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base: dict[tuple[str, bool], float] = {}
     modes = {"shared": [True], "own": [False], "both": [True, False]}[args.scrapes]
     with tempfile.TemporaryDirectory(prefix="kvgate-workers-") as tmp, affinity(service_cores):
         workdir = Path(tmp)
-        upstream, endpoints = await start_upstream(args.endpoints)
+        upstreams = [
+            await start_upstream(len(share))
+            for share in split_evenly(args.endpoints, args.upstream_processes)
+        ]
+        endpoints = [address for _, addresses in upstreams for address in addresses]
+        upstream = [child for child, _ in upstreams]
         try:
             pools = workdir / "pools.yaml"
             pools.write_text(pools_yaml(endpoints, POOL, "default"))
@@ -117,7 +198,8 @@ async def run(args: argparse.Namespace) -> str:
                         lines.append(table_row(workers, shared, case, row, base))
                         print(lines[-1], file=sys.stderr, flush=True)
         finally:
-            await upstream.stop()
+            for child in upstream:
+                await child.stop()
     lines += ["", f"- load after: {load_average()}"]
     return "\n".join(lines) + "\n"
 
@@ -129,7 +211,7 @@ async def measure(
     pools: Path,
     files: dict[str, Path],
     endpoints: Sequence[str],
-    upstream: Child,
+    upstream: Sequence[Child],
     workdir: Path,
     load_cores: set[int] | None,
 ) -> dict[str, Row]:
@@ -179,31 +261,32 @@ async def measure(
             url = f"http://127.0.0.1:{port}"
             await wait_until_serving(url, completion_bodies(1024, 1)[0])
             if args.idle_seconds > 0:
-                groups = {"pickers": picker.pid, "envoy": envoy.pid or 0, "upstream": upstream.pid}
                 await asyncio.sleep(1.0)  # sharing settles: one worker leads
-                before = {name: group_cpu(pid) for name, pid in groups.items()}
-                started = time.monotonic()
+                meter = CpuGroups(groups(picker, envoy, upstream))
                 await asyncio.sleep(args.idle_seconds)
-                wall = time.monotonic() - started
-                idle = {name: (group_cpu(pid) - before[name]) / wall for name, pid in groups.items()}
-                rows[IDLE] = (0.0, 0.0, 0.0, 0, idle)
+                rows[IDLE] = (0.0, 0.0, 0.0, 0, meter.cores())
             with affinity(load_cores):
                 await run_wrk(
                     url, files["1 KB"], connections=args.connections, seconds=2, threads=args.threads
                 )
             for case, body in files.items():
-                groups = {"pickers": picker.pid, "envoy": envoy.pid or 0, "upstream": upstream.pid}
-                before = {name: group_cpu(pid) for name, pid in groups.items()}
-                started = time.monotonic()
+                meter = CpuGroups(groups(picker, envoy, upstream))
+                profiling = None
+                if args.profile_dir is not None and case == "1 KB":
+                    args.profile_dir.mkdir(parents=True, exist_ok=True)
+                    target = args.profile_dir / f"w{workers}-{'shared' if shared else 'own'}.txt"
+                    profiling = asyncio.create_task(
+                        profile_worker(meter.workers[-1], args.seconds - 2, target)
+                    )
                 with affinity(load_cores):
                     result = await run_wrk(
                         url, body, connections=args.connections, seconds=args.seconds, threads=args.threads
                     )
-                wall = time.monotonic() - started
-                after = {name: group_cpu(pid) for name, pid in groups.items()}
-                cpu = {name: (after[name] - before[name]) / wall for name in groups}
+                cpu = meter.cores()
+                if profiling is not None:
+                    await profiling
                 cpu["wrk"] = result.wrk_cpu
-                per_request = (after["pickers"] - before["pickers"]) / max(1, result.requests) * 1e6
+                per_request = cpu["pickers_seconds"] / max(1, result.requests) * 1e6
                 rows[case] = (
                     result.requests / result.duration_s,
                     result.p50_ms,
@@ -216,6 +299,18 @@ async def measure(
     finally:
         await picker.stop()
     return rows
+
+
+def groups(picker: Child, envoy: EnvoyProcess, upstream: Sequence[Child]) -> dict[str, int]:
+    found = {"pickers": picker.pid, "envoy": envoy.pid or 0}
+    found.update({f"upstream{i}": child.pid for i, child in enumerate(upstream)})
+    return found
+
+
+def split_evenly(count: int, parts: int) -> list[range]:
+    """``range(count)`` cut into ``parts`` slices as even as can be (no empty slice)."""
+    parts = max(1, min(parts, count))
+    return [range(count)[i::parts] for i in range(parts)]
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -243,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="shared scrapes (default), each worker its own (--no-shared-scrapes), or both")
     parser.add_argument("--idle-seconds", type=float, default=5.0,
                         help="measure the pickers at rest this long first (0: not)")
+    parser.add_argument("--upstream-processes", type=int, default=1,
+                        help="serve the endpoints from this many upstream processes")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="py-spy one worker during each 1 KB run into this folder (py-spy on PATH)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
