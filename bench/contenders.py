@@ -175,6 +175,13 @@ class Contender:
         self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions(concurrency=workers))
         await self.envoy.start()
 
+    def router_pids(self) -> list[int]:
+        """The router's own processes (a kvgate supervisor's workers and Redis are its descendants)."""
+        return [p.pid for p in self.processes if p.pid is not None]
+
+    def envoy_pid(self) -> int | None:
+        return self.envoy.pid if self.envoy is not None else None
+
     async def check(self) -> str:
         """'ok: …' when the contender's policy demonstrably ran, else 'CRIPPLED: …' / 'unknown: …'."""
         try:

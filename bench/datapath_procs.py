@@ -122,6 +122,17 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def picker_processes(pid: int) -> tuple[list[int], list[int]]:
+    """The picker workers (the process itself when it has no python children) and the Redis servers."""
+    workers: list[int] = []
+    servers: list[int] = []
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{child}/comm").read_text().strip()
+            (servers if name.startswith("redis") else workers).append(child)
+    return (workers or [pid]), servers
+
+
 def group_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and all its descendants."""
     total = 0.0

@@ -42,9 +42,9 @@ from bench.datapath_onepass import processor_listener, stream_bodies
 from bench.datapath_procs import (
     Child,
     cpu_seconds,
-    descendants,
     group_cpu,
     kvgate_command,
+    picker_processes,
     pools_yaml,
     start_child,
     start_upstream,
@@ -83,17 +83,6 @@ def table_row(workers: int, shared: bool, case: str, row: Row, base: dict[tuple[
 def spread(cpu: dict[str, float]) -> str:
     """The least and most busy worker's cores, and the private Redis's."""
     return f"{cpu['worker_min']:.2f}–{cpu['worker_max']:.2f} / {cpu['redis']:.2f}"
-
-
-def picker_processes(pid: int) -> tuple[list[int], list[int]]:
-    """The picker workers (the process itself when it has no python children) and the Redis servers."""
-    workers: list[int] = []
-    servers: list[int] = []
-    for child in descendants(pid):
-        with contextlib.suppress(OSError):
-            name = Path(f"/proc/{child}/comm").read_text().strip()
-            (servers if name.startswith("redis") else workers).append(child)
-    return (workers or [pid]), servers
 
 
 class CpuGroups:

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.contenders import Contender, contender_for_profile_path, make_contender
+from bench.datapath_procs import group_cpu, picker_processes
 from bench.loadgen import run_open_loop
 from bench.routing_report import goals, plot, summary, tables
-from bench.run_stats import LAG_LIMIT_SIM_MS, RunFigures, figures_from_json, summarize
+from bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize
 from bench.sim_fleet import SimFleet
 from bench.workloads import (
     WARMUP_FRACTION,
@@ -105,9 +106,11 @@ async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fractio
     try:
         base = await contender.start(urls, workdir)
         await asyncio.sleep(1.0)  # first scrapes / health checks
+        meter = CpuMeter(contender.router_pids(), contender.envoy_pid())
         start = time.perf_counter()
         results = await run_open_loop(base, planned, time_scale, timeout_s=REQUEST_TIMEOUT_SIM_S * time_scale)
         wall = time.perf_counter() - start
+        cpu = meter.read()
         stats = await fleet.stats(window_s=wall)
         check = await contender.check()
     finally:
@@ -119,7 +122,25 @@ async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fractio
                      results=results, warmup=warmup, time_scale=time_scale, wall_s=wall,
                      prefix_hits=float(totals["prefix_cache_hits"]),
                      prefix_queries=float(totals["prefix_cache_queries"]),
-                     lag_p99_real_ms=float(lag.get("p99_ms") or 0.0), policy_check=check)
+                     lag_p99_real_ms=float(lag.get("p99_ms") or 0.0), policy_check=check, cpu=cpu)
+
+
+class CpuMeter:
+    """CPU seconds of the router's process trees and of Envoy since it was made."""
+
+    def __init__(self, routers: list[int], envoy: int | None) -> None:
+        self.routers, self.envoy = routers, envoy
+        self.before = self._seconds()
+
+    def _seconds(self) -> tuple[float, float | None, int]:
+        workers = sum(len(picker_processes(root)[0]) for root in self.routers)
+        envoy = group_cpu(self.envoy) if self.envoy is not None else None
+        return sum(group_cpu(root) for root in self.routers), envoy, workers
+
+    def read(self) -> RouterCpu:
+        router, envoy, members = self._seconds()
+        envoy_s = None if envoy is None or self.before[1] is None else envoy - self.before[1]
+        return RouterCpu(router_s=router - self.before[0], router_processes=members, envoy_s=envoy_s)
 
 
 def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFigures]) -> None:

@@ -41,7 +41,30 @@ def tables(figures: Sequence[RunFigures]) -> str:
         if errors:
             out.append("\nFirst error per contender: " + "; ".join(errors))
         out.append("")
+        out.extend(cpu_table(runs))
     return "\n".join(out)
+
+
+def cpu_table(runs: Sequence[RunFigures]) -> list[str]:
+    """The routers' CPU over each run (real time), for runs that measured it."""
+    measured = [f for f in runs if f.router_processes or not math.isnan(f.envoy_cores)]
+    if not measured:
+        return []
+    out = [
+        "CPU over the run (real time; the router: all of its processes, a kvgate supervisor and its Redis "
+        "included, Envoy apart; per worker: that total over the serving processes):\n",
+        "| contender | router workers | router cores | router µs / request | per worker, cores "
+        "| Envoy cores |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in measured:
+        per_process = f.router_cores / f.router_processes if f.router_processes else float("nan")
+        out.append(
+            f"| {f.contender} | {f.router_processes or '-'} | {_f(f.router_cores, 2)} | "
+            f"{_f(f.router_cpu_us, 0)} | {_f(per_process, 2)} | {_f(f.envoy_cores, 2)} |"
+        )
+    out.append("")
+    return out
 
 
 def _ratio(a: float, b: float) -> str:

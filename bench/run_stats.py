@@ -53,9 +53,36 @@ class RunFigures:
     valid: bool
     policy_check: str
     first_error: str
+    router_cores: float = float("nan")
+    """Cores the router's own processes used over the run (real time; workers included, Envoy apart)."""
+    router_cpu_us: float = float("nan")
+    """The router's CPU per request sent (real µs)."""
+    router_processes: int = 0
+    """The router's serving processes (kvgate's workers; a supervisor and its Redis are not counted)."""
+    envoy_cores: float = float("nan")
+    """Cores of the Envoy that a kvgate or plain-Envoy contender runs (NaN: none)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterCpu:
+    """CPU seconds a contender's processes used during a run (real time)."""
+
+    router_s: float
+    router_processes: int
+    envoy_s: float | None
+
+    def figures(self, requests: int, wall_s: float) -> dict[str, Any]:
+        wall = max(wall_s, 1e-9)
+        nan = float("nan")
+        return {
+            "router_cores": self.router_s / wall if self.router_processes else nan,
+            "router_cpu_us": self.router_s / max(1, requests) * 1e6 if self.router_processes else nan,
+            "router_processes": self.router_processes,
+            "envoy_cores": self.envoy_s / wall if self.envoy_s is not None else float("nan"),
+        }
 
 
 def summarize(
@@ -72,6 +99,7 @@ def summarize(
     prefix_queries: float,
     lag_p99_real_ms: float,
     policy_check: str,
+    cpu: RouterCpu | None = None,
 ) -> RunFigures:
     """Figures over ``results[warmup:]`` (all results count for throughput)."""
     k = time_scale
@@ -97,6 +125,7 @@ def summarize(
         lag_p99_sim_ms=lag_sim_ms, client_lag_p99_sim_ms=client_lag,
         valid=lag_sim_ms <= LAG_LIMIT_SIM_MS,
         policy_check=policy_check, first_error=errors[0].error[:120] if errors else "",
+        **(cpu.figures(len(results), wall_s) if cpu is not None else {}),
     )
 
 

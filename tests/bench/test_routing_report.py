@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -83,3 +84,49 @@ def test_report_command_names_the_rates_and_time_scale_defaults_chose() -> None:
         "python -m bench.routing --quick --workloads lora-mix --fractions 0.9 --time-scale 20")
     given = ["--quick", "--fractions", "0.5", "0.9", "--time-scale", "40"]
     assert report_command(given, [0.5, 0.9], 40.0) == "python -m bench.routing " + " ".join(given)
+
+
+def test_the_cpu_table_lists_runs_that_measured_it_with_cost_per_request_and_per_worker() -> None:
+    from bench.routing_report import tables
+    from bench.run_stats import RouterCpu
+
+    cpu = RouterCpu(router_s=3.0, router_processes=4, envoy_s=1.0).figures(requests=2000, wall_s=10.0)
+    kvgate = dataclasses.replace(run("kvgate-default-w4", 20.0), **cpu)
+    envoy = dataclasses.replace(
+        run("envoy-rr", 600.0), **RouterCpu(router_s=0.0, router_processes=0, envoy_s=2.0).figures(2000, 10.0)
+    )
+    text = tables([kvgate, envoy, run("old-json", 50.0)])
+    assert "| kvgate-default-w4 | 4 | 0.30 | 1,500 | 0.07 | 0.10 |" in text
+    assert "| envoy-rr | - | - | - | - | 0.20 |" in text
+    assert "| old-json |" not in text.split("CPU over the run")[1]  # a run from before: no CPU row
+    assert "CPU over the run" not in tables([run("old-json", 50.0)])
+
+
+def test_the_cpu_meter_counts_a_router_tree_s_serving_processes_and_their_cpu() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from bench.routing import CpuMeter
+
+    busy = (
+        "import time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\ntime.sleep(5)"
+    )
+    supervisor = (  # two busy python workers under one parent, like kvgate picker --workers 2
+        "import subprocess, sys\n"
+        f"ps = [subprocess.Popen([sys.executable, '-c', {busy!r}]) for _ in range(2)]\n"
+        "[p.wait() for p in ps]"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", supervisor])
+    try:
+        time.sleep(0.2)
+        meter = CpuMeter([parent.pid], None)
+        time.sleep(1.0)
+        cpu = meter.read()
+    finally:
+        parent.kill()
+        parent.wait()
+    assert cpu.router_processes == 2
+    assert cpu.envoy_s is None
+    assert 0.2 <= cpu.router_s <= 1.5  # two workers spinning ~0.3 s each, most of it inside the window
