@@ -138,9 +138,9 @@ class CpuMeter:
         return sum(group_cpu(root) for root in self.routers), envoy, workers
 
     def read(self) -> RouterCpu:
-        router, envoy, members = self._seconds()
+        router, envoy, workers = self._seconds()
         envoy_s = None if envoy is None or self.before[1] is None else envoy - self.before[1]
-        return RouterCpu(router_s=router - self.before[0], router_processes=members, envoy_s=envoy_s)
+        return RouterCpu(router_s=router - self.before[0], router_processes=workers, envoy_s=envoy_s)
 
 
 def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFigures]) -> None:

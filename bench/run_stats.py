@@ -81,7 +81,7 @@ class RouterCpu:
             "router_cores": self.router_s / wall if self.router_processes else nan,
             "router_cpu_us": self.router_s / max(1, requests) * 1e6 if self.router_processes else nan,
             "router_processes": self.router_processes,
-            "envoy_cores": self.envoy_s / wall if self.envoy_s is not None else float("nan"),
+            "envoy_cores": self.envoy_s / wall if self.envoy_s is not None else nan,
         }
 
 
