@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,20 @@ def picker_processes(pid: int) -> tuple[list[int], list[int]]:
             name = Path(f"/proc/{child}/comm").read_text().strip()
             (servers if name.startswith("redis") else workers).append(child)
     return (workers or [pid]), servers
+
+
+class TreeCpu:
+    """CPU seconds of named process trees (each pid and its descendants) since this was made."""
+
+    def __init__(self, trees: Mapping[str, int]) -> None:
+        self.trees = dict(trees)
+        self.before = {name: group_cpu(pid) for name, pid in self.trees.items()}
+        self.started = time.monotonic()
+
+    def used(self) -> tuple[dict[str, float], float]:
+        """CPU seconds per tree since then, and the wall seconds."""
+        wall = time.monotonic() - self.started
+        return {name: group_cpu(pid) - self.before[name] for name, pid in self.trees.items()}, wall
 
 
 def group_cpu(pid: int) -> float:

@@ -31,7 +31,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -41,8 +40,7 @@ from bench.datapath_load import completion_bodies, run_wrk, write_bodies
 from bench.datapath_onepass import processor_listener, stream_bodies
 from bench.datapath_procs import (
     Child,
-    cpu_seconds,
-    group_cpu,
+    TreeCpu,
     kvgate_command,
     picker_processes,
     pools_yaml,
@@ -86,32 +84,22 @@ def spread(cpu: dict[str, float]) -> str:
 
 
 class CpuGroups:
-    """CPU seconds of the measured process groups and of each picker worker, between two snapshots."""
+    """CPU of the measured process groups and of each picker worker and private Redis, since made."""
 
     def __init__(self, groups: dict[str, int]) -> None:
         self.groups = groups
         self.workers, self.servers = picker_processes(groups["pickers"])
-        self.before = self._snapshot()
-        self.started = time.monotonic()
-
-    def _snapshot(self) -> dict[str, float]:
-        taken = {name: group_cpu(pid) for name, pid in self.groups.items()}
-        for pid in [*self.workers, *self.servers]:
-            with contextlib.suppress(OSError):
-                taken[f"pid{pid}"] = cpu_seconds(pid)
-        return taken
+        self.meter = TreeCpu({**groups, **{f"pid{pid}": pid for pid in [*self.workers, *self.servers]}})
 
     def cores(self) -> dict[str, float]:
-        """Cores used since the first snapshot: per group, plus ``worker_min``/``worker_max``/``redis``."""
-        after = self._snapshot()
-        wall = time.monotonic() - self.started
-        used = {name: (after[name] - self.before.get(name, after[name])) / wall for name in after}
-        per_worker = [used.get(f"pid{pid}", 0.0) for pid in self.workers]
-        result = {name: used[name] for name in self.groups}
+        """Cores used per group, plus ``worker_min``/``worker_max``/``redis`` and ``pickers_seconds``."""
+        seconds, wall = self.meter.used()
+        result = {name: seconds[name] / wall for name in self.groups}
         result["upstream"] = sum(v for name, v in result.items() if name.startswith("upstream"))
+        per_worker = [seconds[f"pid{pid}"] / wall for pid in self.workers]
         result["worker_min"], result["worker_max"] = min(per_worker), max(per_worker)
-        result["redis"] = sum(used.get(f"pid{pid}", 0.0) for pid in self.servers)
-        result["pickers_seconds"] = after["pickers"] - self.before["pickers"]
+        result["redis"] = sum(seconds[f"pid{pid}"] for pid in self.servers) / wall
+        result["pickers_seconds"] = seconds["pickers"]
         return result
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.contenders import Contender, contender_for_profile_path, make_contender
-from bench.datapath_procs import group_cpu, picker_processes
+from bench.datapath_procs import TreeCpu, picker_processes
 from bench.loadgen import run_open_loop
 from bench.routing_report import goals, plot, summary, tables
 from bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize
@@ -130,17 +130,17 @@ class CpuMeter:
 
     def __init__(self, routers: list[int], envoy: int | None) -> None:
         self.routers, self.envoy = routers, envoy
-        self.before = self._seconds()
-
-    def _seconds(self) -> tuple[float, float | None, int]:
-        workers = sum(len(picker_processes(root)[0]) for root in self.routers)
-        envoy = group_cpu(self.envoy) if self.envoy is not None else None
-        return sum(group_cpu(root) for root in self.routers), envoy, workers
+        trees = {f"router{i}": pid for i, pid in enumerate(routers)}
+        self.meter = TreeCpu(trees if envoy is None else {**trees, "envoy": envoy})
 
     def read(self) -> RouterCpu:
-        router, envoy, workers = self._seconds()
-        envoy_s = None if envoy is None or self.before[1] is None else envoy - self.before[1]
-        return RouterCpu(router_s=router - self.before[0], router_processes=workers, envoy_s=envoy_s)
+        seconds, _ = self.meter.used()
+        workers = sum(len(picker_processes(root)[0]) for root in self.routers)
+        return RouterCpu(
+            router_s=sum(v for name, v in seconds.items() if name.startswith("router")),
+            router_processes=workers,
+            envoy_s=seconds.get("envoy"),
+        )
 
 
 def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFigures]) -> None:
