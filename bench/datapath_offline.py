@@ -1,12 +1,14 @@
 """kvgate's own CPU per request on the ext_proc path, without gRPC or Envoy.
 
-``python -m bench.datapath_offline [--requests N] [--size BYTES] [--one-pass] [--profile]``
+``python -m bench.datapath_offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]``
 
 Replays the full-duplex message sequence Envoy sends for one completion (request headers with
 ``protocol_config``, the body, an empty end-of-stream chunk, response headers with the
 ``upstream.address`` attribute, a JSON response body with usage, an empty end-of-stream chunk),
 or with ``--one-pass`` the sequence of kvgate's own data path (request headers, the buffered body,
-response headers; the stream's end) through exactly what the servicer runs per message: protobuf
+response headers; the stream's end), or with ``--lean`` that of ``kvgate up``'s default (request
+headers, the buffered body, the stream's end, then the request's outcome as one entry of Envoy's
+gRPC access log, decoded and applied) through exactly what the servicer runs per message: protobuf
 parse of the wire bytes, ``codec.decode``, ``RequestLifecycle.handle``, ``codec.encode`` and
 protobuf serialisation, with the default profile scheduling over fresh endpoints and the
 gateway's Prometheus telemetry. The difference between this and a picker's CPU per request in
@@ -23,15 +25,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from envoy.config.core.v3 import base_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
 from bench.datapath_upstream import COMPLETION
-from extproc import codec
+from extproc import codec, names
 from extproc.events import StreamClosed
-from extproc.lifecycle import RequestLifecycle
+from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.outcomes import OutcomeReports
 from extproc.ports import MonotonicClock, Pool
 from gateway.picker.telemetry import GatewayTelemetry
 from policies.contracts import Scheduler
@@ -102,9 +106,11 @@ def _header_map(pairs: Sequence[tuple[str, str]]) -> base_pb2.HeaderMap:
     )
 
 
-def envoy_messages(body: bytes, upstream: str, request_id: int, one_pass: bool = False) -> list[bytes]:
+def envoy_messages(
+    body: bytes, upstream: str, request_id: int, one_pass: bool = False, lean: bool = False
+) -> list[bytes]:
     """The wire bytes of the ProcessingRequests Envoy sends for one completion (full duplex, or
-    kvgate's one pass: BUFFERED request body, response headers only)."""
+    kvgate's one pass: BUFFERED request body, response headers only; ``lean``: no response phase)."""
     request_headers = [
         (":authority", "127.0.0.1:10000"), (":path", COMPLETION_BODY_PATH), (":method", "POST"),
         (":scheme", "http"), ("content-type", "application/json"), ("content-length", str(len(body))),
@@ -118,14 +124,16 @@ def envoy_messages(body: bytes, upstream: str, request_id: int, one_pass: bool =
     attributes = struct_pb2.Struct()
     attributes.update({"upstream.address": upstream})
     first = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(request_headers)))
-    first.protocol_config.request_body_mode = BUFFERED if one_pass else FULL_DUPLEX
-    first.protocol_config.response_body_mode = NONE if one_pass else FULL_DUPLEX
+    first.protocol_config.request_body_mode = BUFFERED if one_pass or lean else FULL_DUPLEX
+    first.protocol_config.response_body_mode = NONE if one_pass or lean else FULL_DUPLEX
     response = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=_header_map(response_headers)))
     response.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
     body_message = pb.ProcessingRequest(response_body=pb.HttpBody(body=COMPLETION))
     body_message.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
-    if one_pass:
+    if one_pass or lean:
         buffered = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        if lean:
+            return [message.SerializeToString() for message in (first, buffered)]
         return [message.SerializeToString() for message in (first, buffered, response)]
     messages = [
         first,
@@ -138,9 +146,33 @@ def envoy_messages(body: bytes, upstream: str, request_id: int, one_pass: bool =
     return [message.SerializeToString() for message in messages]
 
 
+def access_log_entry(picked: str, outcome: str) -> bytes:
+    """The wire bytes of the access-log entry Envoy reports for one skipped request."""
+    entry = accesslog_pb2.HTTPAccessLogEntry()
+    entry.request.request_headers[names.OUTCOME_HEADER] = outcome
+    entry.request.request_headers[names.DESTINATION_HEADER] = picked
+    host, _, port = picked.rpartition(":")
+    entry.common_properties.upstream_remote_address.CopyFrom(
+        address_pb2.Address(socket_address=address_pb2.SocketAddress(address=host, port_value=int(port)))
+    )
+    entry.common_properties.time_to_first_upstream_rx_byte.FromNanoseconds(2_000_000)
+    entry.response.response_code.value = 200
+    wire: bytes = entry.SerializeToString()
+    return wire
+
+
+def set_header(response: pb.ProcessingResponse, name: str) -> str:
+    """The value a request-body reply sets for header ``name``."""
+    for option in response.request_body.response.header_mutation.set_headers:
+        if option.header.key == name:
+            value: str = option.header.raw_value.decode()
+            return value
+    raise LookupError(name)
+
+
 def replay(
     requests: int, size: int, endpoints: int = 4, seed: int = 3, one_pass: bool = False,
-    timing_every: int = 1,
+    timing_every: int = 1, lean: bool = False,
 ) -> tuple[float, int]:
     """Seconds of CPU per request (process time) and the number of responses per request."""
     rng = random.Random(seed)
@@ -152,20 +184,28 @@ def replay(
     directory = OnePool(pool)
     bodies = completion_bodies(size, 32)
     wires = [
-        envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i, one_pass) for i in range(64)
+        envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i, one_pass, lean)
+        for i in range(64)
     ]
+    config = LifecycleConfig(skip_unread_responses=lean, outcome_reports=lean)
+    reports = OutcomeReports(directory, clock=clock, metrics=telemetry)
     responses = 0
     started = time.process_time()
     for index in range(requests):
         if index % 100 == 0:
             pool.views = fresh_views(addresses, rng, clock.now())
-        machine = RequestLifecycle(directory, clock, pool_name=POOL, metrics=telemetry)
+        machine = RequestLifecycle(directory, clock, pool_name=POOL, metrics=telemetry, config=config)
         for wire in wires[index % len(wires)]:
             event = codec.decode(pb.ProcessingRequest.FromString(wire))
             for action in machine.handle(event):
-                codec.encode(action).SerializeToString()
+                response = codec.encode(action)
+                response.SerializeToString()
                 responses += 1
         machine.handle(StreamClosed(cancelled=False))
+        if lean and machine.decision is not None:
+            picked = machine.decision.result.pick.address
+            wire = access_log_entry(picked, set_header(response, names.OUTCOME_HEADER))
+            reports.apply_entry(accesslog_pb2.HTTPAccessLogEntry.FromString(wire))
     return (time.process_time() - started) / requests, responses // requests
 
 
@@ -175,20 +215,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--size", type=int, default=1024, help="request body bytes")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the replay")
-    parser.add_argument("--one-pass", action="store_true", help="kvgate's one-pass message sequence")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--one-pass", action="store_true", help="kvgate's one-pass message sequence")
+    mode.add_argument("--lean", action="store_true",
+                      help="kvgate up's default: one pass, response skipped, outcome reported")
     parser.add_argument("--endpoints", type=int, default=8)
-    parser.add_argument("--timing-every", type=int, default=1, help="time plugins on 1 request in N")
+    parser.add_argument("--timing-every", type=int, default=8,
+                        help="time plugins on 1 request in N (the picker's default: 8)")
     args = parser.parse_args(argv)
-    replay(200, args.size, args.endpoints, one_pass=args.one_pass)  # warm-up
+    replay(200, args.size, args.endpoints, one_pass=args.one_pass, lean=args.lean)  # warm-up
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()
-        replay(args.requests, args.size, args.endpoints, one_pass=args.one_pass)
+        replay(args.requests, args.size, args.endpoints, one_pass=args.one_pass, lean=args.lean,
+               timing_every=args.timing_every)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
         return
     per_request, responses = replay(
-        args.requests, args.size, args.endpoints, one_pass=args.one_pass, timing_every=args.timing_every
+        args.requests, args.size, args.endpoints, one_pass=args.one_pass, timing_every=args.timing_every,
+        lean=args.lean,
     )
     print(f"{args.size} B body: {per_request * 1e6:.0f} µs CPU per request "
           f"({responses} ext_proc responses each, no gRPC), {1 / per_request:.0f} requests/s per core")

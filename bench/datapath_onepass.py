@@ -1,7 +1,8 @@
 """Data-path cost of one pick, in one run: Envoy straight to the upstream, the one-pass floor
 processor, kvgate's one-pass data path and kvgate in GIE's full-duplex mode.
 
-``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--output bench/results/datapath.md]``
+``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...] [--profile-dir DIR]
+[--output bench/results/datapath.md]``
 
 One Envoy (``--envoy-concurrency`` workers) with one listener per path, all to the same fast
 upstream (bench/datapath_upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
@@ -25,7 +26,9 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
 Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
 each processor's CPU per request (its process's CPU seconds over the requests served). Prints the
-Markdown report and writes it to ``--output``.
+Markdown report and writes it to ``--output``. ``--paths`` runs only the paths named (``direct`` and
+``floor`` always run: every figure is read against them); ``--profile-dir`` records each processor
+with py-spy during its closed-loop 1 KB run (``bench.datapath_profile`` summarises the stacks).
 """
 
 from __future__ import annotations
@@ -40,12 +43,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
+from bench import datapath_profile
 from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_envoy import BODY_LIMIT, POOL, direct_cluster, direct_listener
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
@@ -195,26 +199,42 @@ async def stream_latency(url: str, bodies: Sequence[bytes], requests: int) -> tu
 
 async def load(
     url: str, body_file: Path, connections: int, seconds: float, pids: dict[str, int], path: str, case: str,
-    processor: str | None = None,
+    processor: str | None = None, profile: Path | None = None,
 ) -> Row:
     """One wrk run; ``processor`` (default: ``PROCESSOR[path]``) is the process whose CPU per
-    request is reported."""
+    request is reported; ``profile``: py-spy records it over the run's middle into that file."""
+    processor = processor or PROCESSOR.get(path)
     before = cpu_snapshot(pids)
     started = time.monotonic()
-    result = await run_wrk(url, body_file, connections=connections, seconds=seconds)
+    wrk = run_wrk(url, body_file, connections=connections, seconds=seconds)
+    if profile is not None and processor is not None:
+        record = datapath_profile.record(pids[processor], max(1.0, seconds - 2), profile)
+        result, _ = await asyncio.gather(wrk, _after(1.0, record))
+    else:
+        result = await wrk
     wall = time.monotonic() - started
     after = cpu_snapshot(pids)
     row = Row(path, case, p50_ms=result.p50_ms, rps=result.requests / result.duration_s, errors=result.errors)
     row.cpu_cores = {name: (after[name] - before[name]) / wall for name in pids}
     row.cpu_cores["wrk"] = result.wrk_cpu
-    processor = processor or PROCESSOR.get(path)
+    if processor is not None:
+        row.cpu_cores["processor"] = row.cpu_cores[processor]
     if processor is not None and result.requests:
         row.cpu_us_per_request = (after[processor] - before[processor]) / result.requests * 1e6
     return row
 
 
+def chosen(paths: Sequence[str], wanted: Sequence[str] | None) -> tuple[str, ...]:
+    """``paths`` restricted to ``wanted`` (None: all), ``direct`` and ``floor`` always kept."""
+    if wanted is None:
+        return tuple(paths)
+    return tuple(p for p in paths if p in ("direct", "floor") or p in wanted)
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     plan = QUICK if args.quick else FULL
+    latency_paths = chosen(LATENCY_PATHS, args.paths)
+    load_paths = chosen(LOAD_PATHS, args.paths)
     rows: list[Row] = []
     header = {
         "command": " ".join(["python -m bench.datapath_onepass", *sys.argv[1:]]),
@@ -258,11 +278,11 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             }
             for url in urls.values():
                 await wait_until_serving(url, completion_bodies(1024, 1)[0])
-            for path in PATHS:  # warm-up
+            for path in chosen(PATHS, args.paths):  # warm-up
                 await load(urls[path], files["1 KB"], 4, plan.warmup_s, pids, path, "warm-up")
                 await load(urls[path], files["stream 64"], 4, plan.warmup_s, pids, path, "warm-up")
             stream64 = stream_bodies(64, 64)
-            for path in LATENCY_PATHS:
+            for path in latency_paths:
                 for case in ("1 KB", "200 KB"):
                     row = await load(urls[path], files[case], 1, plan.latency_s, pids, path, f"c=1 {case}")
                     rows.append(row)
@@ -271,15 +291,24 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 rows.append(Row(path, "c=1 stream 64", p50_ms=last, ttft_p50_ms=ttft, errors=errors))
                 print(_line(rows[-1]), file=sys.stderr, flush=True)
             for case in ("1 KB", "stream 64", "stream 256"):
-                for path in LOAD_PATHS:
+                for path in load_paths:
+                    profile = (
+                        args.profile_dir / f"{path}-{case.replace(' ', '')}.txt"
+                        if args.profile_dir is not None and case == "1 KB" and path != "direct" else None
+                    )
                     row = await load(
                         urls[path], files[case], plan.connections, plan.load_s, pids, path,
-                        f"c={plan.connections} {case}",
+                        f"c={plan.connections} {case}", profile=profile,
                     )
                     rows.append(row)
                     print(_line(row), file=sys.stderr, flush=True)
     header["load after"] = load_average()
     return rows, header
+
+
+async def _after(delay_s: float, work: Awaitable[None]) -> None:
+    await asyncio.sleep(delay_s)
+    await work
 
 
 def _line(row: Row) -> str:
@@ -292,28 +321,32 @@ def render(rows: Sequence[Row], header: dict[str, str]) -> str:
     out = ["# Data path: one pass per request (issue 19)", ""]
     out += [f"- {key}: {value}" for key, value in header.items()]
     by = {(r.path, r.case): r for r in rows}
+    present = {r.path for r in rows}
+    latency_paths = [p for p in LATENCY_PATHS if p in present]
     out += ["", "## Latency at concurrency 1 (p50, ms; added = path − direct, same run)", ""]
-    processors = [p for p in LATENCY_PATHS if p != "direct"]
+    processors = [p for p in latency_paths if p != "direct"]
     compared = [p for p in processors if p != "floor"]
-    out += ["| request | " + " | ".join(LATENCY_PATHS) + " | "
+    out += ["| request | " + " | ".join(latency_paths) + " | "
             + " | ".join(f"{p} added" for p in processors) + " | "
             + " | ".join(f"{p} − floor" for p in compared) + " |",
-            "|---|" + "---|" * (len(LATENCY_PATHS) + len(processors) + len(compared))]
+            "|---|" + "---|" * (len(latency_paths) + len(processors) + len(compared))]
     for case, key in (("c=1 1 KB", "p50_ms"), ("c=1 200 KB", "p50_ms"), ("c=1 stream 64", "ttft_p50_ms"),
                       ("c=1 stream 64", "p50_ms")):
         label = case + (" TTFT" if key == "ttft_p50_ms" else " last byte" if "stream" in case else "")
-        values = {p: getattr(by[(p, case)], key) for p in LATENCY_PATHS}
-        added = {p: values[p] - values["direct"] for p in LATENCY_PATHS}
+        values = {p: getattr(by[(p, case)], key) for p in latency_paths}
+        added = {p: values[p] - values["direct"] for p in latency_paths}
         out.append(
-            f"| {label} | " + " | ".join(f"{values[p]:.3f}" for p in LATENCY_PATHS)
+            f"| {label} | " + " | ".join(f"{values[p]:.3f}" for p in latency_paths)
             + " | " + " | ".join(f"+{added[p]:.3f}" for p in processors)
             + " | " + " | ".join(f"{added[p] - added['floor']:+.3f}" for p in compared) + " |"
         )
     loads = [r for r in rows if not r.case.startswith("c=1")]
     out += ["", "## Closed-loop load: throughput and the processor's CPU per request", "",
-            "CPU columns: cores each process used over the run (1.00 = one core busy).", "",
-            "| request | path | req/s | p50 ms | processor µs/req | × floor | errors | envoy | upstream | "
-            "picker | null_picker | wrk |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "CPU columns: cores each process used over the run (1.00 = one core busy); processor: the "
+            "row's own processor (the null picker, the picker or the lean picker).", "",
+            "| request | path | req/s | p50 ms | processor µs/req | × floor | errors | processor | envoy | "
+            "upstream | picker | picker_lean | null_picker | wrk |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in loads:
         floor = by[("floor", row.case)].cpu_us_per_request
         ratio = (
@@ -321,7 +354,7 @@ def render(rows: Sequence[Row], header: dict[str, str]) -> str:
             if row.cpu_us_per_request is not None and floor else "–"
         )
         cpu = "–" if row.cpu_us_per_request is None else f"{row.cpu_us_per_request:.0f}"
-        names = ("envoy", "upstream", "picker", "null_picker", "wrk")
+        names = ("processor", "envoy", "upstream", "picker", "picker_lean", "null_picker", "wrk")
         cores = " | ".join(f"{row.cpu_cores.get(name, 0.0):.2f}" for name in names)
         out.append(
             f"| {row.case} | {row.path} | {row.rps:.0f} | {row.p50_ms:.2f} | {cpu} | {ratio} | "
@@ -342,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     parser.add_argument("--profile", default="default", help="scheduling profile of the pool")
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--paths", nargs="+", choices=LOAD_PATHS, default=None,
+                        help="run only these paths (direct and floor always run)")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="py-spy each processor during its closed-loop 1 KB run (needs py-spy)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     rows, header = asyncio.run(run(args))

@@ -37,10 +37,11 @@ class Child:
 
 
 async def start_child(
-    name: str, command: Sequence[str], ready_prefix: str, log_path: Path | None = None
+    name: str, command: Sequence[str], ready_prefix: str, log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Child:
     """Start ``command``; return once a line starts with ``ready_prefix`` (output → ``log_path``)."""
-    process = ChildProcess(command, name=name, log_path=log_path, keep_lines=200)
+    process = ChildProcess(command, name=name, log_path=log_path, keep_lines=200, env=env)
     await process.start()
     try:
         ready = await process.wait_for_line(re.escape(ready_prefix) + "(.*)$", READY_TIMEOUT_S)

@@ -2,7 +2,8 @@
 
 ::
 
-    set_endpoints(pool, dialect, addresses) ──▶ one task per endpoint (jittered start, every `interval`)
+    set_endpoints(pool, dialect, addresses) ──▶ one task per endpoint (every `interval`, on the
+                                                scraper's grid: phase + k × interval)
         GET http://ip:port/metrics  (one kept-alive connection per endpoint, per-scrape timeout:
                                      scrape/http_get.py)
         ──▶ parse_metrics(page, dialect)  ──▶ new frozen EndpointMetrics
@@ -63,6 +64,11 @@ class _ScrapeFailure(Exception):
         self.kind = kind
 
 
+def grid_tick(now: float, phase: float, interval: float) -> float:
+    """The first time at or after ``now`` on the grid ``phase`` + k × ``interval``."""
+    return now + (phase - now) % interval
+
+
 class MetricsScraper:
     """Scrapes every configured endpoint on its own loop and publishes :class:`EndpointSnapshot` s.
 
@@ -87,6 +93,10 @@ class MetricsScraper:
         self._clock = clock
         self._on_snapshot = on_snapshot
         self._rng = rng or random.Random()
+        self._phase = self._rng.uniform(0.0, interval)
+        """Every endpoint's scrapes start at ``phase`` + k × ``interval`` (loop time): one timer
+        wake-up starts them all (the replicas are distinct servers: nothing to spread), and each
+        picker has its own phase (many pickers do not scrape one replica at the same instant)."""
         self._targets: dict[str, dict[str, ScrapeTarget]] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._snapshot = EndpointSnapshot()
@@ -103,6 +113,11 @@ class MetricsScraper:
     def version(self) -> int:
         """Grows by one with every published snapshot."""
         return self._snapshot.version
+
+    @property
+    def phase(self) -> float:
+        """Scrapes start at loop times ``phase`` + k × ``interval``."""
+        return self._phase
 
     @property
     def running(self) -> bool:
@@ -269,15 +284,14 @@ class MetricsScraper:
 
     async def _run(self, target: ScrapeTarget) -> None:
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(self._rng.uniform(0.0, self._interval))
-        next_at = loop.time()
+        next_at = grid_tick(loop.time(), self._phase, self._interval)
         while True:
+            await asyncio.sleep(next_at - loop.time())
             await self._scrape_once(target)
             next_at += self._interval
             now = loop.time()
-            if next_at < now:  # a scrape overran the interval: start again now, without a burst
-                next_at = now
-            await asyncio.sleep(next_at - now)
+            if next_at < now:  # a scrape overran the interval: the grid's next tick, without a burst
+                next_at = grid_tick(now, self._phase, self._interval)
 
     async def _scrape_once(self, target: ScrapeTarget) -> None:
         if not self._running:

@@ -32,6 +32,8 @@ class MetricsServer:
         self.status = 200
         self.hold = False  # answer only once released (a hung replica)
         self.hits = 0
+        self.arrivals: list[float] = []
+        """The event loop's time at each request (the server runs in the test's loop)."""
         self.port = 0
         self._release = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -42,6 +44,7 @@ class MetricsServer:
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.hits += 1
+        self.arrivals.append(asyncio.get_running_loop().time())
         if self.hold:
             await self._release.wait()
         return web.Response(text=self.text, status=self.status, content_type="text/plain")
