@@ -1,8 +1,8 @@
 """Data-path cost of one pick, in one run: Envoy straight to the upstream, the one-pass floor
 processor, kvgate's one-pass data path and kvgate in GIE's full-duplex mode.
 
-``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...] [--profile-dir DIR]
-[--output bench/results/datapath.md]``
+``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...] [--latency-rounds N]
+[--picker-args ARGS] [--profile-dir DIR] [--output bench/results/datapath.md]``
 
 One Envoy (``--envoy-concurrency`` workers) with one listener per path, all to the same fast
 upstream (bench/datapath_upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
@@ -27,7 +27,9 @@ Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
 each processor's CPU per request (its process's CPU seconds over the requests served). Prints the
 Markdown report and writes it to ``--output``. ``--paths`` runs only the paths named (``direct`` and
-``floor`` always run: every figure is read against them); ``--profile-dir`` records each processor
+``floor`` always run: every figure is read against them); ``--latency-rounds N`` repeats the
+concurrency-1 phase N times with the paths alternating and reports the median of the rounds' p50s
+(this machine's speed drifts within minutes); ``--profile-dir`` records each processor
 with py-spy during its closed-loop 1 KB run (``bench.datapath_profile`` summarises the stacks).
 """
 
@@ -243,6 +245,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
         "endpoints": str(args.endpoints),
         "envoy concurrency": str(args.envoy_concurrency),
         "plan": str(plan),
+        "latency rounds": str(args.latency_rounds),
     }
     with tempfile.TemporaryDirectory(prefix="kvgate-onepass-") as tmp:
         workdir = Path(tmp)
@@ -251,15 +254,23 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             stack.push_async_callback(upstream.stop)
             pools = workdir / "pools.yaml"
             pools.write_text(pools_with_token_limit(endpoints, args.profile))
-            picker, picker_address, _ = await start_picker("picker", pools, workdir / "picker.log")
-            stack.push_async_callback(picker.stop)
+            extra = tuple(args.picker_args.split())
+            children: list[Child] = [upstream]
+            picker_address = lean_address = ("127.0.0.1", 1)  # a path not run: nothing listens
+            if {"kvgate", "kvgate_gie", "kvgate_tpm"} & set(load_paths):
+                picker, picker_address, _ = await start_picker("picker", pools, workdir / "picker.log", extra)
+                stack.push_async_callback(picker.stop)
+                children.append(picker)
             null_picker, null_address = await start_null_picker(endpoints[0])
             stack.push_async_callback(null_picker.stop)
-            lean, lean_address, _ = await start_picker(
-                "picker_lean", pools, workdir / "picker_lean.log",
-                ("--skip-unread-responses", "--outcome-reports"),
-            )
-            stack.push_async_callback(lean.stop)
+            children.append(null_picker)
+            if "kvgate_lean" in load_paths:
+                lean, lean_address, _ = await start_picker(
+                    "picker_lean", pools, workdir / "picker_lean.log",
+                    ("--skip-unread-responses", "--outcome-reports", *extra),
+                )
+                stack.push_async_callback(lean.stop)
+                children.append(lean)
             ports = {path: free_port() for path in LOAD_PATHS}
             envoy = EnvoyProcess(
                 onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address, lean_address),
@@ -267,7 +278,6 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             )
             await envoy.start()
             stack.push_async_callback(envoy.stop)
-            children: list[Child] = [upstream, picker, null_picker, lean]
             pids = {child.name: child.pid for child in children} | {"envoy": envoy.pid or 0}
             urls = {path: f"http://127.0.0.1:{port}" for path, port in ports.items()}
             files = {
@@ -276,20 +286,25 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 "stream 64": write_bodies(workdir / "s64.jsonl", stream_bodies(64, 64)),
                 "stream 256": write_bodies(workdir / "s256.jsonl", stream_bodies(256, 64)),
             }
-            for url in urls.values():
-                await wait_until_serving(url, completion_bodies(1024, 1)[0])
-            for path in chosen(PATHS, args.paths):  # warm-up
+            for path in load_paths:
+                await wait_until_serving(urls[path], completion_bodies(1024, 1)[0])
+            for path in load_paths:  # warm-up
                 await load(urls[path], files["1 KB"], 4, plan.warmup_s, pids, path, "warm-up")
                 await load(urls[path], files["stream 64"], 4, plan.warmup_s, pids, path, "warm-up")
             stream64 = stream_bodies(64, 64)
-            for path in latency_paths:
-                for case in ("1 KB", "200 KB"):
-                    row = await load(urls[path], files[case], 1, plan.latency_s, pids, path, f"c=1 {case}")
-                    rows.append(row)
-                    print(_line(row), file=sys.stderr, flush=True)
-                ttft, last, errors = await stream_latency(urls[path], stream64, plan.stream_requests)
-                rows.append(Row(path, "c=1 stream 64", p50_ms=last, ttft_p50_ms=ttft, errors=errors))
-                print(_line(rows[-1]), file=sys.stderr, flush=True)
+            rounds: list[Row] = []
+            for _ in range(args.latency_rounds):  # the paths alternate within each round
+                for path in latency_paths:
+                    for case in ("1 KB", "200 KB"):
+                        row = await load(
+                            urls[path], files[case], 1, plan.latency_s, pids, path, f"c=1 {case}"
+                        )
+                        rounds.append(row)
+                        print(_line(row), file=sys.stderr, flush=True)
+                    ttft, last, errors = await stream_latency(urls[path], stream64, plan.stream_requests)
+                    rounds.append(Row(path, "c=1 stream 64", p50_ms=last, ttft_p50_ms=ttft, errors=errors))
+                    print(_line(rounds[-1]), file=sys.stderr, flush=True)
+            rows.extend(median_rows(rounds))
             for case in ("1 KB", "stream 64", "stream 256"):
                 for path in load_paths:
                     profile = (
@@ -304,6 +319,22 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                     print(_line(row), file=sys.stderr, flush=True)
     header["load after"] = load_average()
     return rows, header
+
+
+def median_rows(rounds: Sequence[Row]) -> list[Row]:
+    """One row per (path, case): the median over the rounds of each figure, errors summed."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in rounds:
+        groups.setdefault((row.path, row.case), []).append(row)
+    out = []
+    for (path, case), group in groups.items():
+        ttfts = [r.ttft_p50_ms for r in group if r.ttft_p50_ms is not None]
+        out.append(Row(
+            path, case, p50_ms=statistics.median(r.p50_ms for r in group),
+            ttft_p50_ms=statistics.median(ttfts) if ttfts else None,
+            rps=statistics.median(r.rps for r in group), errors=sum(r.errors for r in group),
+        ))
+    return out
 
 
 async def _after(delay_s: float, work: Awaitable[None]) -> None:
@@ -377,6 +408,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
     parser.add_argument("--paths", nargs="+", choices=LOAD_PATHS, default=None,
                         help="run only these paths (direct and floor always run)")
+    parser.add_argument("--latency-rounds", type=int, default=1,
+                        help="repeat the concurrency-1 phase, paths alternating; report the median p50s")
+    parser.add_argument("--picker-args", default="",
+                        help="extra arguments for both kvgate pickers, e.g. '--scrape-interval 1'")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="py-spy each processor during its closed-loop 1 KB run (needs py-spy)")
     args = parser.parse_args(argv)
