@@ -6,11 +6,10 @@ The only module of the request path that touches Envoy's protobuf types.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 
 from extproc import names
 from extproc.actions import (
@@ -83,17 +82,29 @@ def decode(message: pb.ProcessingRequest) -> Event:
 
 
 def _headers(header_map: base_pb2.HeaderMap) -> Headers:
-    return tuple(
-        (h.key.lower(), h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
-        for h in header_map.headers
-    )
+    pairs: list[tuple[str, str]] = []
+    append = pairs.append
+    for header in header_map.headers:
+        raw = header.raw_value
+        append((header.key.lower(), raw.decode("utf-8", "replace") if raw else header.value))
+    return tuple(pairs)
+
+
+_BODY_MODES = MappingProxyType({
+    (request.value, response.value): BodyModes(request, response)
+    for request in BodyMode
+    for response in BodyMode
+})
+"""Every (request, response) pair of Envoy's body mode numbers, decoded once."""
 
 
 def _modes(message: pb.ProcessingRequest) -> BodyModes | None:
     if not message.HasField("protocol_config"):
         return None
     config = message.protocol_config
-    return BodyModes(BodyMode(config.request_body_mode), BodyMode(config.response_body_mode))
+    request, response = config.request_body_mode, config.response_body_mode
+    modes = _BODY_MODES.get((request, response))
+    return modes if modes is not None else BodyModes(BodyMode(request), BodyMode(response))
 
 
 def _subset_hint(message: pb.ProcessingRequest) -> tuple[str, ...] | None:
@@ -134,9 +145,12 @@ def _served(message: pb.ProcessingRequest) -> str | None:
 
 
 def encode(action: Action) -> pb.ProcessingResponse:
+    """The reply for one action, built in place (a third of the CPU of nesting built messages, each
+    of which protobuf copies into its parent: ``python -m bench.datapath_offline --lean``)."""
+    response = pb.ProcessingResponse()
     if isinstance(action, ContinueHeaders):
-        common = _common(action.edit, action.clear_route_cache)
-        response = _phase_response(action.phase, headers=pb.HeadersResponse(response=common))
+        headers = response.request_headers if action.phase is Phase.REQUEST else response.response_headers
+        _fill_common(headers.response, action.edit, action.clear_route_cache)
         _set_metadata(response, action.metadata)
         if action.response_body_mode is not None:
             response.mode_override.response_body_mode = action.response_body_mode.value
@@ -150,83 +164,65 @@ def encode(action: Action) -> pb.ProcessingResponse:
             mode.response_trailer_mode = _SKIP
         return response
     if isinstance(action, StreamBody):
-        mutation = pb.BodyMutation(
-            streamed_response=pb.StreamedBodyResponse(body=action.data, end_of_stream=action.end_of_stream)
-        )
-        body = pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
-        return _phase_response(action.phase, body=body)
+        body = response.request_body if action.phase is Phase.REQUEST else response.response_body
+        streamed = body.response.body_mutation.streamed_response
+        streamed.SetInParent()
+        streamed.body = action.data
+        streamed.end_of_stream = action.end_of_stream
+        return response
     if isinstance(action, ContinueBody):
-        common = _common(action.edit, action.clear_route_cache)
+        body = response.request_body if action.phase is Phase.REQUEST else response.response_body
+        common = body.response
+        _fill_common(common, action.edit, action.clear_route_cache)
         if action.body is not None:
             if action.body:
                 common.body_mutation.body = action.body
             else:
                 common.body_mutation.clear_body = True
-        response = _phase_response(action.phase, body=pb.BodyResponse(response=common))
         _set_metadata(response, action.metadata)
         return response
     if isinstance(action, ContinueTrailers):
-        return _phase_response(action.phase, trailers=pb.TrailersResponse())
+        trailers = response.request_trailers if action.phase is Phase.REQUEST else response.response_trailers
+        trailers.SetInParent()
+        return response
     return _immediate(action)
 
 
-def _phase_response(
-    phase: Phase,
-    *,
-    headers: pb.HeadersResponse | None = None,
-    body: pb.BodyResponse | None = None,
-    trailers: pb.TrailersResponse | None = None,
-) -> pb.ProcessingResponse:
-    request = phase is Phase.REQUEST
-    if headers is not None:
-        return pb.ProcessingResponse(request_headers=headers) if request else pb.ProcessingResponse(
-            response_headers=headers
-        )
-    if body is not None:
-        if request:
-            return pb.ProcessingResponse(request_body=body)
-        return pb.ProcessingResponse(response_body=body)
-    return pb.ProcessingResponse(request_trailers=trailers) if request else pb.ProcessingResponse(
-        response_trailers=trailers
-    )
-
-
-def _common(edit: HeaderEdit, clear_route_cache: bool) -> pb.CommonResponse:
-    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+def _fill_common(common: pb.CommonResponse, edit: HeaderEdit, clear_route_cache: bool) -> None:
+    common.SetInParent()
+    if clear_route_cache:
+        common.clear_route_cache = True
     if edit.set or edit.remove:
-        common.header_mutation.CopyFrom(_header_mutation(edit.set, edit.remove))
-    return common
+        _fill_header_mutation(common.header_mutation, edit.set, edit.remove)
 
 
-def _header_mutation(set_headers: Headers, remove: tuple[str, ...]) -> pb.HeaderMutation:
-    return pb.HeaderMutation(
-        set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
-            )
-            for key, value in set_headers
-        ],
-        remove_headers=list(remove),
-    )
+def _fill_header_mutation(mutation: pb.HeaderMutation, set_headers: Headers, remove: tuple[str, ...]) -> None:
+    mutation.SetInParent()
+    add = mutation.set_headers.add
+    for key, value in set_headers:
+        option = add()
+        option.header.key = key
+        option.header.raw_value = value.encode()
+        option.append_action = _OVERWRITE
+    if remove:
+        mutation.remove_headers.extend(remove)
 
 
 def _set_metadata(response: pb.ProcessingResponse, metadata: Mapping[str, Mapping[str, str]]) -> None:
     if not metadata:
         return
-    root = struct_pb2.Struct()
+    root = response.dynamic_metadata
     for namespace, values in metadata.items():
         inner = root.fields[namespace].struct_value
         for key, value in values.items():
             inner.fields[key].string_value = value
-    response.dynamic_metadata.CopyFrom(root)
 
 
 def _immediate(action: Immediate) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(
-        immediate_response=pb.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=action.status),
-            headers=_header_mutation(action.headers, ()),
-            body=action.body,
-            details=action.details,
-        )
-    )
+    response = pb.ProcessingResponse()
+    immediate = response.immediate_response
+    immediate.status.code = action.status
+    _fill_header_mutation(immediate.headers, action.headers, ())
+    immediate.body = action.body
+    immediate.details = action.details
+    return response

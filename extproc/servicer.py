@@ -14,7 +14,7 @@ from extproc import codec, names
 from extproc.actions import Action
 from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
 from extproc.events import Event, StreamClosed
-from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
 from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 
 _log = logging.getLogger(__name__)
@@ -29,21 +29,17 @@ class StreamMachine(Protocol):
     def handle(self, event: Event) -> Sequence[Action]: ...
 
 
-def _metadata_value(context: Context, wanted: str) -> str | None:
+def stream_metadata(context: Context) -> tuple[str | None, str | None]:
+    """The stream's ``x-kvgate-role`` and ``x-kvgate-pool`` gRPC initial metadata values (one pass):
+    the role is ``bbr`` for the body-based router; the pool is set by Envoy's per-route
+    ``ExtProcPerRoute`` override."""
+    role = pool = None
     for key, value in context.invocation_metadata() or ():
-        if key == wanted:
-            return value if isinstance(value, str) else value.decode()
-    return None
-
-
-def pool_from_metadata(context: Context) -> str | None:
-    """The ``x-kvgate-pool`` gRPC initial metadata value that Envoy's per-route override sets."""
-    return _metadata_value(context, names.POOL_METADATA_KEY)
-
-
-def role_from_metadata(context: Context) -> str | None:
-    """The ``x-kvgate-role`` gRPC initial metadata value (``bbr`` for the body-based router)."""
-    return _metadata_value(context, ROLE_METADATA_KEY)
+        if key == names.POOL_METADATA_KEY:
+            pool = value if isinstance(value, str) else value.decode()
+        elif key == ROLE_METADATA_KEY:
+            role = value if isinstance(value, str) else value.decode()
+    return role, pool
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -59,10 +55,12 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._clock = clock or MonotonicClock()
         self._metrics = metrics or NoMetrics()
         self._config = config or LifecycleConfig()
+        self._request_ids = RequestIds().next_id
 
     def _new_lifecycle(self, pool: str | None) -> RequestLifecycle:
         return RequestLifecycle(
-            self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config
+            self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config,
+            request_ids=self._request_ids,
         )
 
     async def Process(
@@ -71,10 +69,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         context: Context,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         machine: StreamMachine
-        if role_from_metadata(context) == BBR_ROLE:
+        role, pool = stream_metadata(context)
+        if role == BBR_ROLE:
             machine = BodyBasedRouter(max_body_bytes=self._config.max_body_bytes)
         else:
-            machine = self._new_lifecycle(pool_from_metadata(context))
+            machine = self._new_lifecycle(pool)
         cancelled = True
         try:
             async for message in request_iterator:

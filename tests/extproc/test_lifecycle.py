@@ -8,7 +8,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.events import StreamClosed
-from extproc.lifecycle import TRANSITIONS, LifecycleConfig, RequestLifecycle, State
+from extproc.lifecycle import TRANSITIONS, LifecycleConfig, RequestIds, RequestLifecycle, State
 from policies.errors import RequestShedError
 from policies.types import Usage
 from tests.extproc.fakes import (
@@ -391,3 +391,10 @@ def test_unexpected_message_is_a_500_and_table_is_data() -> None:
     status, _, _ = _error_of(feed(machine, [response_headers()]))
     assert status == 500
     assert all(isinstance(state, State) for state, _ in TRANSITIONS)
+
+
+def test_request_ids_are_unique_within_a_process_and_across_processes() -> None:
+    ours, theirs = RequestIds(), RequestIds()
+    mine = [ours.next_id() for _ in range(1000)]
+    assert len(set(mine)) == 1000
+    assert not set(mine) & {theirs.next_id() for _ in range(1000)}  # another process's prefix

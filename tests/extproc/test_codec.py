@@ -1,0 +1,103 @@
+"""extproc.codec.encode: each action's ProcessingResponse, field by field (built in place)."""
+
+from __future__ import annotations
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import text_format
+
+from extproc import codec
+from extproc.actions import (
+    ContinueBody,
+    ContinueHeaders,
+    ContinueTrailers,
+    HeaderEdit,
+    Immediate,
+    Phase,
+    StreamBody,
+)
+from extproc.events import BodyMode
+
+
+def expect(text: str) -> pb.ProcessingResponse:
+    return text_format.Parse(text, pb.ProcessingResponse())
+
+
+def test_a_plain_continue_still_names_its_phase() -> None:
+    assert codec.encode(ContinueHeaders(Phase.REQUEST)) == expect("request_headers { response {} }")
+    assert codec.encode(ContinueHeaders(Phase.RESPONSE)) == expect("response_headers { response {} }")
+    assert codec.encode(ContinueBody(Phase.RESPONSE)) == expect("response_body { response {} }")
+    assert codec.encode(ContinueTrailers(Phase.REQUEST)) == expect("request_trailers {}")
+    assert codec.encode(ContinueTrailers(Phase.RESPONSE)) == expect("response_trailers {}")
+    assert codec.encode(ContinueHeaders(Phase.REQUEST)).WhichOneof("response") == "request_headers"
+
+
+def test_the_pick_on_a_buffered_body_sets_headers_route_cache_and_metadata() -> None:
+    action = ContinueBody(
+        Phase.REQUEST,
+        edit=HeaderEdit(set=(("x-gateway-destination-endpoint", "10.0.0.1:8000"), ("x-model", "ü")),
+                        remove=("x-forged",)),
+        clear_route_cache=True,
+        metadata={"envoy.lb": {"x-gateway-destination-endpoint": "10.0.0.1:8000,10.0.0.2:8000"}},
+    )
+    assert codec.encode(action) == expect(
+        """
+        request_body { response {
+          header_mutation {
+            set_headers { header { key: "x-gateway-destination-endpoint" raw_value: "10.0.0.1:8000" }
+                          append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            set_headers { header { key: "x-model" raw_value: "\\303\\274" }
+                          append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            remove_headers: "x-forged"
+          }
+          clear_route_cache: true
+        } }
+        dynamic_metadata { fields { key: "envoy.lb" value { struct_value { fields {
+          key: "x-gateway-destination-endpoint"
+          value { string_value: "10.0.0.1:8000,10.0.0.2:8000" } } } } } }
+        """
+    )
+
+
+def test_body_replacement_and_clearing() -> None:
+    assert codec.encode(ContinueBody(Phase.REQUEST, body=b"{}")) == expect(
+        'request_body { response { body_mutation { body: "{}" } } }'
+    )
+    assert codec.encode(ContinueBody(Phase.RESPONSE, body=b"")) == expect(
+        "response_body { response { body_mutation { clear_body: true } } }"
+    )
+
+
+def test_streamed_chunks_even_empty_ones_are_streamed_responses() -> None:
+    assert codec.encode(StreamBody(Phase.REQUEST, b"", False)) == expect(
+        "request_body { response { body_mutation { streamed_response {} } } }"
+    )
+    assert codec.encode(StreamBody(Phase.RESPONSE, b"data", True)) == expect(
+        'response_body { response { body_mutation { streamed_response { body: "data" end_of_stream: true } '
+        "} } }"
+    )
+
+
+def test_mode_overrides() -> None:
+    on = codec.encode(ContinueHeaders(Phase.RESPONSE, response_body_mode=BodyMode.STREAMED))
+    assert on.mode_override == text_format.Parse("response_body_mode: STREAMED", on.mode_override.__class__())
+    skip = codec.encode(ContinueHeaders(Phase.REQUEST, skip_response=True))
+    assert skip.mode_override == text_format.Parse(
+        "request_header_mode: SEND response_header_mode: SKIP request_body_mode: BUFFERED "
+        "response_body_mode: NONE request_trailer_mode: SKIP response_trailer_mode: SKIP",
+        skip.mode_override.__class__(),
+    )
+
+
+def test_an_immediate_response() -> None:
+    action = Immediate(429, b'{"error":{}}', (("content-type", "application/json"),), "tenant_limited")
+    assert codec.encode(action) == expect(
+        """
+        immediate_response {
+          status { code: TooManyRequests }
+          headers { set_headers { header { key: "content-type" raw_value: "application/json" }
+                                  append_action: OVERWRITE_IF_EXISTS_OR_ADD } }
+          body: "{\\"error\\":{}}"
+          details: "tenant_limited"
+        }
+        """
+    )
