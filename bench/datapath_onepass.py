@@ -2,7 +2,7 @@
 processor, kvgate's one-pass data path and kvgate in GIE's full-duplex mode.
 
 ``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...] [--latency-rounds N]
-[--picker-args ARGS] [--profile-dir DIR] [--output bench/results/datapath.md]``
+[--picker-args ARGS] [--baseline DIR] [--profile-dir DIR] [--output bench/results/datapath.md]``
 
 One Envoy (``--envoy-concurrency`` workers) with one listener per path, all to the same fast
 upstream (bench/datapath_upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
@@ -21,7 +21,9 @@ profile's full scheduling runs over live endpoints; streams of one SSE chunk per
 - ``kvgate_lean``: kvgate's one pass to a second picker process run with ``--skip-unread-responses
   --outcome-reports``, as ``kvgate up --skip-unread-responses`` runs it (requests skip the
   response-headers round trip: one message fewer each way; Envoy's gRPC access log reports their
-  outcomes to the picker in batches).
+  outcomes to the picker in batches);
+- ``baseline_lean`` (with ``--baseline DIR``): ``kvgate_lean`` with the picker of another checkout,
+  e.g. ``git worktree add /tmp/before <commit>``: a change's effect measured within one run.
 
 Phases: latency at concurrency 1 (wrk for non-streamed bodies; an aiohttp client for the 64-token
 stream's time to first byte and to the last byte), then closed-loop load at ``--connections`` with
@@ -82,10 +84,10 @@ from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_por
 from policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate", "kvgate_gie")
-LATENCY_PATHS = (*PATHS, "kvgate_lean")
-LOAD_PATHS = (*PATHS, "kvgate_tpm", "kvgate_lean")
+LATENCY_PATHS = (*PATHS, "kvgate_lean", "baseline_lean")
+LOAD_PATHS = (*PATHS, "kvgate_tpm", "kvgate_lean", "baseline_lean")
 PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker", "kvgate_tpm": "picker",
-             "kvgate_lean": "picker_lean"}
+             "kvgate_lean": "picker_lean", "baseline_lean": "picker_baseline"}
 TPM_POOL = "bench_tpm"
 FLOOR = ExtProcSettings(
     request_body_mode="BUFFERED", response_body_mode="NONE", send_served_endpoint=False,
@@ -136,6 +138,7 @@ def processor_listener(
 def onepass_bootstrap(
     admin: int, ports: dict[str, int], endpoints: Sequence[str], picker: tuple[str, int],
     null_picker: tuple[str, int], lean_picker: tuple[str, int],
+    baseline_picker: tuple[str, int] | None = None,
 ) -> JsonDict:
     listeners = [
         direct_listener(ports["direct"]),
@@ -154,6 +157,10 @@ def onepass_bootstrap(
         *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
         *pool_clusters(PoolBackend(TPM_POOL, FailureMode.FAIL_CLOSE)),
     ]
+    if baseline_picker is not None:
+        listeners.append(processor_listener("baseline_lean", ports["baseline_lean"], "ext_proc_baseline",
+                                            dataclasses.replace(ONE_PASS, outcome_reports=True)))
+        clusters.append(ext_proc_cluster([baseline_picker], name="ext_proc_baseline"))
     return bootstrap(admin, listeners, clusters, node_id="kvgate-bench-onepass")
 
 
@@ -235,8 +242,12 @@ def chosen(paths: Sequence[str], wanted: Sequence[str] | None) -> tuple[str, ...
 
 async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     plan = QUICK if args.quick else FULL
-    latency_paths = chosen(LATENCY_PATHS, args.paths)
-    load_paths = chosen(LOAD_PATHS, args.paths)
+    wanted = None if args.paths is None else [*args.paths, "baseline_lean"]
+    latency_paths = chosen(LATENCY_PATHS, wanted)
+    load_paths = chosen(LOAD_PATHS, wanted)
+    if args.baseline is None:
+        latency_paths = tuple(p for p in latency_paths if p != "baseline_lean")
+        load_paths = tuple(p for p in load_paths if p != "baseline_lean")
     rows: list[Row] = []
     header = {
         "command": " ".join(["python -m bench.datapath_onepass", *sys.argv[1:]]),
@@ -271,9 +282,18 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 )
                 stack.push_async_callback(lean.stop)
                 children.append(lean)
+            baseline_address = None
+            if args.baseline is not None:
+                baseline, baseline_address, _ = await start_picker(
+                    "picker_baseline", pools, workdir / "picker_baseline.log",
+                    ("--skip-unread-responses", "--outcome-reports", *extra), root=args.baseline,
+                )
+                stack.push_async_callback(baseline.stop)
+                children.append(baseline)
             ports = {path: free_port() for path in LOAD_PATHS}
             envoy = EnvoyProcess(
-                onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address, lean_address),
+                onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address, lean_address,
+                                  baseline_address),
                 EnvoyOptions(concurrency=args.envoy_concurrency),
             )
             await envoy.start()
@@ -410,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="run only these paths (direct and floor always run)")
     parser.add_argument("--latency-rounds", type=int, default=1,
                         help="repeat the concurrency-1 phase, paths alternating; report the median p50s")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                        help="also run path baseline_lean: kvgate_lean with the picker of another checkout "
+                             "(e.g. a git worktree of an earlier commit), for a same-run comparison")
     parser.add_argument("--picker-args", default="",
                         help="extra arguments for both kvgate pickers, e.g. '--scrape-interval 1'")
     parser.add_argument("--profile-dir", type=Path, default=None,

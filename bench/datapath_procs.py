@@ -80,15 +80,23 @@ def kvgate_command() -> list[str]:
 
 
 async def start_picker(
-    name: str, pools_file: Path, log_path: Path, extra: Sequence[str] = ()
+    name: str, pools_file: Path, log_path: Path, extra: Sequence[str] = (), root: Path | None = None
 ) -> tuple[Child, tuple[str, int], str]:
-    """``kvgate picker`` on free ports; returns it, its gRPC (host, port) and its admin URL."""
-    command = [
-        *kvgate_command(), "picker", "--pools", str(pools_file),
-        "--secure-serving=false", "--grpc-health-port", "0",
+    """``kvgate picker`` on free ports; returns it, its gRPC (host, port) and its admin URL.
+
+    ``root``: run the picker of another kvgate checkout (e.g. a ``git worktree`` of an earlier
+    commit, to compare two versions in one run) instead of this environment's."""
+    args = [
+        "picker", "--pools", str(pools_file), "--secure-serving=false", "--grpc-health-port", "0",
         "--grpc-port", "0", "--admin-port", "0", *extra,
     ]
-    child = await start_child(name, command, PICKER_READY, log_path)
+    env = None
+    if root is None:
+        command = [*kvgate_command(), *args]
+    else:  # -P: the working directory does not go first on sys.path; the checkout does
+        command = [sys.executable, "-P", "-m", "gateway.cli", *args]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "proto")]))
+    child = await start_child(name, command, PICKER_READY, log_path, env=env)
     words = dict(word.split("=", 1) for word in child.ready_words)
     host, _, port = words["grpc"].rpartition(":")
     return child, (host, int(port)), words["admin"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.datapath import load_average, machine
-from bench.datapath_procs import PICKER_READY, Child, cpu_seconds, pools_yaml, start_child, start_upstream
+from bench.datapath_procs import Child, cpu_seconds, pools_yaml, start_picker, start_upstream
 
 SETTLE_S = 2.0
 HERE = Path(__file__).resolve().parent.parent
@@ -44,13 +43,7 @@ class Variant:
 
 async def measure(variant: Variant, pools: Path, upstream: Child, seconds: float, log: Path) -> None:
     """One idle picker of ``variant`` for ``seconds``: its cores and the upstream's, appended."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(variant.root), str(variant.root / "proto")])
-    command = [  # -P: the working directory does not go first on sys.path, PYTHONPATH does
-        sys.executable, "-P", "-m", "gateway.cli", "picker", "--pools", str(pools),
-        "--secure-serving=false", "--grpc-health-port", "0", "--grpc-port", "0", "--admin-port", "0",
-    ]
-    child = await start_child(variant.name, command, PICKER_READY, log, env=env)
+    child, _, _ = await start_picker(variant.name, pools, log, root=variant.root)
     try:
         await asyncio.sleep(SETTLE_S)
         picker_before, upstream_before = cpu_seconds(child.pid), cpu_seconds(upstream.pid)
