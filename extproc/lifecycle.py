@@ -208,6 +208,8 @@ class RequestLifecycle:
         """Whether the response body is read (one-pass data path: decided at the pick)."""
         self._skipped = False
         """The response phases are skipped for this request (``skip_unread_responses``)."""
+        self._skippable = False
+        """The request could skip its response phases (decided with its headers: ``_can_skip_response``)."""
 
     @property
     def decision(self) -> Decision | None:
@@ -253,12 +255,13 @@ class RequestLifecycle:
             raise PayloadTooLargeError(
                 f"request body exceeds the gateway limit of {self._config.max_body_bytes} bytes"
             )
+        self._skippable = self._can_skip_response()
         if event.end_of_stream:
             return [self._header_reply(self._pick(b""), streamed_body=False)]
         self.state = State.REQUEST_BODY
         if self._full_duplex_request:
             return []
-        if self._can_skip_response():
+        if self._skippable:
             self._observe = self._reads_response()  # the sampler is asked once, here
             self._skipped = not self._observe
         return [ContinueHeaders(Phase.REQUEST, HeaderEdit(remove=self._strip), skip_response=self._skipped)]
@@ -312,7 +315,7 @@ class RequestLifecycle:
 
     def _pick(self, body: bytes) -> Decision:
         assert self._pool is not None
-        if not self._can_skip_response():
+        if not self._skippable:
             self._observe = self._reads_response()
         decision = decide(
             pool=self._pool,

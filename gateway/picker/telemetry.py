@@ -109,6 +109,9 @@ class GatewayTelemetry:
     def __init__(self) -> None:
         self._series: dict[tuple[str, str], _RequestSeries] = {}
         self._plugin_series: dict[tuple[str, str, str], Any] = {}
+        self._scheduler_series: dict[str, Any] = {}
+        """The scheduler-latency histogram's child per pool (``labels()`` costs a lock and a tuple
+        on every call; the children are kept by prometheus_client anyway)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         labels = ["model_name", "target_model_name"]
@@ -214,7 +217,10 @@ class GatewayTelemetry:
         self._errors.labels(model, target, code).inc()
 
     def scheduled(self, pool: str, seconds: float) -> None:
-        self._scheduler.labels(pool).observe(seconds)
+        child = self._scheduler_series.get(pool)
+        if child is None:
+            child = self._scheduler_series[pool] = self._scheduler.labels(pool)
+        child.observe(seconds)
 
     def served_by_fallback(self, labels: RequestLabels) -> None:
         self._fallbacks.labels(labels.pool).inc()
