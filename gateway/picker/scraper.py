@@ -143,9 +143,12 @@ class MetricsScraper:
         """Take another picker's scrapes (address, metrics or None, healthy) of ``pool``'s endpoints.
 
         Endpoints this scraper does not have are ignored; a record older than this scraper's own
-        healthy view of the endpoint is too (it scraped the endpoint itself since). A record
-        without metrics keeps the endpoint's last metrics with the record's health. One snapshot is
-        published for the pool when anything changed.
+        healthy view of the endpoint is too (it scraped the endpoint itself since). A view adopted
+        before is always replaced: batches come in order, and the same metrics re-timed from their
+        age differ by each batch's transit, so comparing them could drop a leader's later
+        "unhealthy" over unchanged metrics. A record without metrics keeps the endpoint's last
+        metrics with the record's health. One snapshot is published for the pool when anything
+        changed.
         """
         targets = self._targets.get(pool)
         if not targets:
@@ -158,10 +161,16 @@ class MetricsScraper:
             mine = target.view
             if metrics is None:
                 view = EndpointView(target.endpoint, mine.metrics, healthy)
-            elif mine.healthy and mine.metrics is not None and mine.metrics.updated_at > metrics.updated_at:
+            elif (
+                not target.adopted  # a view adopted before is superseded by the newer batch, always
+                and mine.healthy
+                and mine.metrics is not None
+                and mine.metrics.updated_at > metrics.updated_at
+            ):
                 continue
             else:
                 view = EndpointView(target.endpoint, metrics, healthy)
+            target.adopted = True
             if view != mine:
                 target.view = view
                 changed = True
@@ -316,6 +325,7 @@ class MetricsScraper:
         target.successes += 1
         target.consecutive_failures = 0
         target.view = EndpointView(target.endpoint, metrics, healthy=True)
+        target.adopted = False
         self._publish(target.endpoint.pool, target)
 
     async def _fetch(self, target: ScrapeTarget) -> str:
@@ -341,6 +351,7 @@ class MetricsScraper:
         if view.healthy and stale:
             log.info("endpoint %s/%s unhealthy: %s", target.endpoint.pool, target.endpoint.address, detail)
             target.view = EndpointView(target.endpoint, view.metrics, healthy=False)
+            target.adopted = False
             self._publish(target.endpoint.pool, target)
 
     # -- publishing ----------------------------------------------------------------------------

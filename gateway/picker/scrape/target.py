@@ -38,6 +38,7 @@ class ScrapeTarget:
     """One endpoint being scraped: its loop task, latest view and counters (loop-thread only)."""
 
     __slots__ = (
+        "adopted",
         "connection",
         "consecutive_failures",
         "delegated",
@@ -59,6 +60,8 @@ class ScrapeTarget:
         self.url = url
         self.connection = connection
         self.view = EndpointView(endpoint)
+        self.adopted = False
+        """``view`` came from another picker's batch (``MetricsScraper.adopt``), not this one's scrape."""
         self.task: asyncio.Task[None] | None = None
         self.successes = 0
         self.delegated = 0

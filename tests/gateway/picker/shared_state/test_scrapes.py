@@ -167,6 +167,13 @@ async def test_the_scraper_skips_covered_endpoints_and_adopts_others_views(serve
         assert kept is not None
         assert kept.metrics is not None
         assert kept.metrics.waiting != 99
+        # A leader's later verdict over the same metrics is taken, though re-timed from their age
+        # they may read a few ms older than the view adopted before (each batch's transit differs).
+        scraper.adopt("p", [(covered.address, EndpointMetrics(waiting=42, updated_at=now + 0.010), True)])
+        scraper.adopt("p", [(covered.address, EndpointMetrics(waiting=42, updated_at=now + 0.002), False)])
+        verdict = view(scraper, "p", covered.address)
+        assert verdict is not None
+        assert not verdict.healthy
         # No longer covered: scraped again.
         delegate.covered.clear()
         await eventually(lambda: covered.hits >= 2, "scraped once no longer covered")

@@ -74,6 +74,11 @@ async def make_picker(redis_server: RedisServer) -> AsyncIterator[MakePicker]:
         await picker.stop()
 
 
+def received(picker: Picker) -> int:
+    """Scrape batches ``picker`` has adopted from another picker."""
+    return picker.sync.scrapes.batches_received if picker.sync.scrapes is not None else 0
+
+
 async def steady(picker: Picker, seconds: float = 0.4) -> int:
     """How many scrapes ``picker`` made itself over ``seconds``."""
     before = picker.successes()
@@ -148,6 +153,8 @@ async def test_without_redis_each_picker_scrapes_again(
     b = await make_picker(server)
     await eventually(lambda: a.leads() != b.leads(), "one leads")
     follower = b if a.leads() else a
+    await eventually(lambda: received(follower) > 0, "the follower has the leader's batches")
+    await asyncio.sleep(0.1)  # a scrape it started before the first batch came has ended
     assert await steady(follower) == 0
     await redis_server.kill()
     server.text = vllm_text(8)
