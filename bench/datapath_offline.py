@@ -1,6 +1,7 @@
 """kvgate's own CPU per request on the ext_proc path, without gRPC or Envoy.
 
-``python -m bench.datapath_offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]``
+``python -m bench.datapath_offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]
+[--cold-mb MB]``
 
 Replays the full-duplex message sequence Envoy sends for one completion (request headers with
 ``protocol_config``, the body, an empty end-of-stream chunk, response headers with the
@@ -12,7 +13,9 @@ gRPC access log, decoded and applied) through exactly what the servicer runs per
 parse of the wire bytes, ``codec.decode``, ``RequestLifecycle.handle``, ``codec.encode`` and
 protobuf serialisation, with the default profile scheduling over fresh endpoints and the
 gateway's Prometheus telemetry. The difference between this and a picker's CPU per request in
-the live benchmark is what grpc.aio and asyncio cost.
+the live benchmark is what grpc.aio and asyncio cost. ``--cold-mb MB`` times the request path of
+``--lean`` alone (request headers and the pick), with warm caches and with MB of memory touched
+between requests, as the other processes do at concurrency 1.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import cProfile
 import pstats
 import random
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -209,6 +213,37 @@ def replay(
     return (time.process_time() - started) / requests, responses // requests
 
 
+def request_path_median(requests: int, size: int, endpoints: int, cold_mb: int, seed: int = 3) -> float:
+    """Median seconds of one request's path in ``kvgate up``'s default (request headers, then the
+    body and the pick; decode, lifecycle, encode and serialise), touching ``cold_mb`` MB between
+    requests (0: warm caches), as Envoy, the upstream and the client do at concurrency 1."""
+    rng = random.Random(seed)
+    telemetry = GatewayTelemetry()
+    scheduler = ProfileScheduler(load_profile("default"), timer=telemetry, timing_every=8)
+    addresses = [f"127.0.0.1:{20000 + i}" for i in range(endpoints)]
+    clock = MonotonicClock()
+    pool = StaticPool(POOL, scheduler, fresh_views(addresses, rng, clock.now()))
+    bodies = completion_bodies(size, 32)
+    wires = [envoy_messages(bodies[i % 32], addresses[i % endpoints], i, lean=True) for i in range(64)]
+    config = LifecycleConfig(skip_unread_responses=True, outcome_reports=True)
+    junk = bytearray(cold_mb * 1024 * 1024)
+    line = bytes(len(junk[::64]))
+    times: list[float] = []
+    for index in range(requests):
+        if index % 100 == 0:
+            pool.views = fresh_views(addresses, rng, clock.now())
+        if cold_mb:
+            junk[::64] = line  # one write per cache line: evicts the picker's code and data
+        machine = RequestLifecycle(OnePool(pool), clock, pool_name=POOL, metrics=telemetry, config=config)
+        started = time.perf_counter()
+        for wire in wires[index % len(wires)]:
+            for action in machine.handle(codec.decode(pb.ProcessingRequest.FromString(wire))):
+                codec.encode(action).SerializeToString()
+        times.append(time.perf_counter() - started)
+        machine.handle(StreamClosed(cancelled=False))
+    return statistics.median(times[requests // 5:])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.datapath_offline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,9 +255,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     mode.add_argument("--lean", action="store_true",
                       help="kvgate up's default: one pass, response skipped, outcome reported")
     parser.add_argument("--endpoints", type=int, default=8)
+    parser.add_argument("--cold-mb", type=int, default=0,
+                        help="print the request path's median warm and with this many MB touched between "
+                             "requests (alternated, 3 rounds), instead of the replay")
     parser.add_argument("--timing-every", type=int, default=8,
                         help="time plugins on 1 request in N (the picker's default: 8)")
     args = parser.parse_args(argv)
+    if args.cold_mb:
+        for _ in range(3):
+            for mb in (0, args.cold_mb):
+                median = request_path_median(args.requests, args.size, args.endpoints, mb)
+                state = "warm" if mb == 0 else f"{mb} MB touched between requests"
+                print(f"request path ({args.size} B body), {state}: median {median * 1e6:.0f} µs")
+        return
     replay(200, args.size, args.endpoints, one_pass=args.one_pass, lean=args.lean)  # warm-up
     if args.profile:
         profiler = cProfile.Profile()
