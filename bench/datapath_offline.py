@@ -37,6 +37,7 @@ from google.protobuf import struct_pb2
 from bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
 from bench.datapath_upstream import COMPLETION
 from extproc import codec, names
+from extproc.deferred_metrics import DeferredMetrics
 from extproc.events import StreamClosed
 from extproc.lifecycle import LifecycleConfig, RequestLifecycle
 from extproc.outcomes import OutcomeReports
@@ -226,6 +227,7 @@ def request_path_median(requests: int, size: int, endpoints: int, cold_mb: int, 
     bodies = completion_bodies(size, 32)
     wires = [envoy_messages(bodies[i % 32], addresses[i % endpoints], i, lean=True) for i in range(64)]
     config = LifecycleConfig(skip_unread_responses=True, outcome_reports=True)
+    metrics = DeferredMetrics(telemetry)  # as the servicer records them: after the replies
     junk = bytearray(cold_mb * 1024 * 1024)
     line = bytes(len(junk[::64]))
     times: list[float] = []
@@ -234,13 +236,15 @@ def request_path_median(requests: int, size: int, endpoints: int, cold_mb: int, 
             pool.views = fresh_views(addresses, rng, clock.now())
         if cold_mb:
             junk[::64] = line  # one write per cache line: evicts the picker's code and data
-        machine = RequestLifecycle(OnePool(pool), clock, pool_name=POOL, metrics=telemetry, config=config)
+        machine = RequestLifecycle(OnePool(pool), clock, pool_name=POOL, metrics=metrics, config=config)
         started = time.perf_counter()
         for wire in wires[index % len(wires)]:
             for action in machine.handle(codec.decode(pb.ProcessingRequest.FromString(wire))):
                 codec.encode(action).SerializeToString()
         times.append(time.perf_counter() - started)
+        metrics.flush()
         machine.handle(StreamClosed(cancelled=False))
+        metrics.flush()
     return statistics.median(times[requests // 5:])
 
 

@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from extproc import codec, names
 from extproc.actions import Action
 from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
+from extproc.deferred_metrics import DeferredMetrics
 from extproc.events import Event, StreamClosed
 from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
 from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
@@ -53,7 +54,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> None:
         self._directory = directory
         self._clock = clock or MonotonicClock()
-        self._metrics = metrics or NoMetrics()
+        self._metrics = DeferredMetrics(metrics or NoMetrics())
+        """Recorded after each reply is written (off the request's critical path)."""
         self._config = config or LifecycleConfig()
         self._request_ids = RequestIds().next_id
 
@@ -84,7 +86,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     continue
                 for action in machine.handle(event):
                     yield codec.encode(action)
+                self._metrics.flush()
             cancelled = False
         finally:
             # Half-close, reset or cancellation: the machine ends exactly once (on_finished).
             machine.handle(StreamClosed(cancelled=cancelled))
+            self._metrics.flush()

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extproc.server import EXT_PROC_SERVICE, ExtProcServer
 from tests.extproc.fakes import (
     FakeDirectory,
+    RecordingMetrics,
     completion,
     make_pool,
     request_body,
@@ -75,5 +76,38 @@ async def test_process_stream_and_health_over_loopback() -> None:
                 await asyncio.sleep(0.01)
             assert llama.scheduler.calls[-1] == ("finished", ("10.0.0.1:8000", False))
             assert llama.scheduler.count("finished") == 1
+    finally:
+        await server.stop(0)
+
+
+async def test_request_metrics_are_recorded_after_the_replies_of_a_stream() -> None:
+    """The servicer writes each reply, then records the metrics its lifecycle queued
+    (extproc.deferred_metrics): every count is there once the stream has ended."""
+    pool = make_pool("10.0.0.1:8000", name="llama")
+    recorder = RecordingMetrics()
+    server = ExtProcServer(FakeDirectory({"llama": pool}, default="llama"), address="127.0.0.1:0",
+                           metrics=recorder)
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(request_headers())
+            await call.write(request_body(completion(), eos=True))
+            await call.read()
+            await call.read()
+            await call.write(response_headers())
+            await call.read()
+            await call.write(response_body(b'{"usage":{"prompt_tokens":3,"completion_tokens":2}}', eos=True))
+            await call.read()
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+        for _ in range(200):
+            if any(name == "finished" for name, _ in recorder.events):
+                break
+            await asyncio.sleep(0.01)
+        names = [name for name, _ in recorder.events]
+        assert names[:2] == ["scheduled", "picked"]
+        assert "tokens" in names
+        assert names[-1] == "finished"
     finally:
         await server.stop(0)
