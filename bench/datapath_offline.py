@@ -26,7 +26,7 @@ import pstats
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from envoy.config.core.v3 import address_pb2, base_pb2
@@ -39,7 +39,7 @@ from bench.datapath_upstream import COMPLETION
 from extproc import codec, names
 from extproc.deferred_metrics import DeferredMetrics
 from extproc.events import StreamClosed
-from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
 from extproc.outcomes import OutcomeReports
 from extproc.ports import MonotonicClock, Pool
 from gateway.picker.telemetry import GatewayTelemetry
@@ -175,38 +175,69 @@ def set_header(response: pb.ProcessingResponse, name: str) -> str:
     raise LookupError(name)
 
 
+@dataclass
+class Replay:
+    """One pool of fresh endpoints, the wire messages of 64 requests and what the servicer holds per
+    process (telemetry recorded after the replies, one request-id source), shared by both measures."""
+
+    pool: StaticPool
+    directory: OnePool
+    addresses: list[str]
+    rng: random.Random
+    clock: MonotonicClock
+    wires: list[list[bytes]]
+    config: LifecycleConfig
+    telemetry: GatewayTelemetry
+    metrics: DeferredMetrics
+    request_ids: Callable[[], str]
+
+    @staticmethod
+    def of(
+        size: int, endpoints: int, seed: int, *, one_pass: bool, lean: bool, timing_every: int
+    ) -> Replay:
+        rng = random.Random(seed)
+        telemetry = GatewayTelemetry()
+        scheduler = ProfileScheduler(load_profile("default"), timer=telemetry, timing_every=timing_every)
+        addresses = [f"127.0.0.1:{20000 + i}" for i in range(endpoints)]
+        clock = MonotonicClock()
+        pool = StaticPool(POOL, scheduler, fresh_views(addresses, rng, clock.now()))
+        bodies = completion_bodies(size, 32)
+        wires = [
+            envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i, one_pass, lean)
+            for i in range(64)
+        ]
+        config = LifecycleConfig(skip_unread_responses=lean, outcome_reports=lean)
+        return Replay(pool, OnePool(pool), addresses, rng, clock, wires, config, telemetry,
+                      DeferredMetrics(telemetry), RequestIds().next_id)
+
+    def lifecycle(self, index: int) -> RequestLifecycle:
+        """Request ``index``'s lifecycle (the endpoints' metrics refreshed every 100 requests)."""
+        if index % 100 == 0:
+            self.pool.views = fresh_views(self.addresses, self.rng, self.clock.now())
+        return RequestLifecycle(self.directory, self.clock, pool_name=POOL, metrics=self.metrics,
+                                config=self.config, request_ids=self.request_ids)
+
+
 def replay(
     requests: int, size: int, endpoints: int = 4, seed: int = 3, one_pass: bool = False,
     timing_every: int = 1, lean: bool = False,
 ) -> tuple[float, int]:
     """Seconds of CPU per request (process time) and the number of responses per request."""
-    rng = random.Random(seed)
-    telemetry = GatewayTelemetry()
-    scheduler = ProfileScheduler(load_profile("default"), timer=telemetry, timing_every=timing_every)
-    addresses = [f"127.0.0.1:{20000 + i}" for i in range(endpoints)]
-    clock = MonotonicClock()
-    pool = StaticPool(POOL, scheduler, fresh_views(addresses, rng, clock.now()))
-    directory = OnePool(pool)
-    bodies = completion_bodies(size, 32)
-    wires = [
-        envoy_messages(bodies[i % len(bodies)], addresses[i % endpoints], i, one_pass, lean)
-        for i in range(64)
-    ]
-    config = LifecycleConfig(skip_unread_responses=lean, outcome_reports=lean)
-    reports = OutcomeReports(directory, clock=clock, metrics=telemetry)
+    setup = Replay.of(size, endpoints, seed, one_pass=one_pass, lean=lean, timing_every=timing_every)
+    reports = OutcomeReports(setup.directory, clock=setup.clock, metrics=setup.telemetry)
     responses = 0
     started = time.process_time()
     for index in range(requests):
-        if index % 100 == 0:
-            pool.views = fresh_views(addresses, rng, clock.now())
-        machine = RequestLifecycle(directory, clock, pool_name=POOL, metrics=telemetry, config=config)
-        for wire in wires[index % len(wires)]:
+        machine = setup.lifecycle(index)
+        for wire in setup.wires[index % len(setup.wires)]:
             event = codec.decode(pb.ProcessingRequest.FromString(wire))
             for action in machine.handle(event):
                 response = codec.encode(action)
                 response.SerializeToString()
                 responses += 1
+            setup.metrics.flush()
         machine.handle(StreamClosed(cancelled=False))
+        setup.metrics.flush()
         if lean and machine.decision is not None:
             picked = machine.decision.result.pick.address
             wire = access_log_entry(picked, set_header(response, names.OUTCOME_HEADER))
@@ -216,35 +247,25 @@ def replay(
 
 def request_path_median(requests: int, size: int, endpoints: int, cold_mb: int, seed: int = 3) -> float:
     """Median seconds of one request's path in ``kvgate up``'s default (request headers, then the
-    body and the pick; decode, lifecycle, encode and serialise), touching ``cold_mb`` MB between
-    requests (0: warm caches), as Envoy, the upstream and the client do at concurrency 1."""
-    rng = random.Random(seed)
-    telemetry = GatewayTelemetry()
-    scheduler = ProfileScheduler(load_profile("default"), timer=telemetry, timing_every=8)
-    addresses = [f"127.0.0.1:{20000 + i}" for i in range(endpoints)]
-    clock = MonotonicClock()
-    pool = StaticPool(POOL, scheduler, fresh_views(addresses, rng, clock.now()))
-    bodies = completion_bodies(size, 32)
-    wires = [envoy_messages(bodies[i % 32], addresses[i % endpoints], i, lean=True) for i in range(64)]
-    config = LifecycleConfig(skip_unread_responses=True, outcome_reports=True)
-    metrics = DeferredMetrics(telemetry)  # as the servicer records them: after the replies
+    body and the pick; decode, lifecycle, encode and serialise; the metrics recorded after it, as
+    the servicer does), touching ``cold_mb`` MB between requests (0: warm caches), as Envoy, the
+    upstream and the client do at concurrency 1."""
+    setup = Replay.of(size, endpoints, seed, one_pass=False, lean=True, timing_every=8)
     junk = bytearray(cold_mb * 1024 * 1024)
     line = bytes(len(junk[::64]))
     times: list[float] = []
     for index in range(requests):
-        if index % 100 == 0:
-            pool.views = fresh_views(addresses, rng, clock.now())
         if cold_mb:
             junk[::64] = line  # one write per cache line: evicts the picker's code and data
-        machine = RequestLifecycle(OnePool(pool), clock, pool_name=POOL, metrics=metrics, config=config)
+        machine = setup.lifecycle(index)
         started = time.perf_counter()
-        for wire in wires[index % len(wires)]:
+        for wire in setup.wires[index % len(setup.wires)]:
             for action in machine.handle(codec.decode(pb.ProcessingRequest.FromString(wire))):
                 codec.encode(action).SerializeToString()
         times.append(time.perf_counter() - started)
-        metrics.flush()
+        setup.metrics.flush()
         machine.handle(StreamClosed(cancelled=False))
-        metrics.flush()
+        setup.metrics.flush()
     return statistics.median(times[requests // 5:])
 
 

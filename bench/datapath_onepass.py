@@ -89,6 +89,10 @@ LOAD_PATHS = (*PATHS, "kvgate_tpm", "kvgate_lean", "baseline_lean")
 PROCESSOR = {"floor": "null_picker", "kvgate": "picker", "kvgate_gie": "picker", "kvgate_tpm": "picker",
              "kvgate_lean": "picker_lean", "baseline_lean": "picker_baseline"}
 TPM_POOL = "bench_tpm"
+LEAN_ARGS = ("--skip-unread-responses", "--outcome-reports")
+"""The lean pickers' flags: as ``kvgate up`` runs its picker."""
+LEAN = dataclasses.replace(ONE_PASS, outcome_reports=True)
+"""The lean paths' ext_proc settings: as ``kvgate up`` writes them."""
 FLOOR = ExtProcSettings(
     request_body_mode="BUFFERED", response_body_mode="NONE", send_served_endpoint=False,
     max_body_bytes=BODY_LIMIT,
@@ -146,8 +150,7 @@ def onepass_bootstrap(
         processor_listener("kvgate", ports["kvgate"], "ext_proc_kvgate", ONE_PASS),
         processor_listener("kvgate_gie", ports["kvgate_gie"], "ext_proc_kvgate", GIE),
         processor_listener("kvgate_tpm", ports["kvgate_tpm"], "ext_proc_kvgate", ONE_PASS, TPM_POOL),
-        processor_listener("kvgate_lean", ports["kvgate_lean"], "ext_proc_lean",
-                           dataclasses.replace(ONE_PASS, outcome_reports=True)),
+        processor_listener("kvgate_lean", ports["kvgate_lean"], "ext_proc_lean", LEAN),
     ]
     clusters = [
         direct_cluster(endpoints),
@@ -158,8 +161,9 @@ def onepass_bootstrap(
         *pool_clusters(PoolBackend(TPM_POOL, FailureMode.FAIL_CLOSE)),
     ]
     if baseline_picker is not None:
-        listeners.append(processor_listener("baseline_lean", ports["baseline_lean"], "ext_proc_baseline",
-                                            dataclasses.replace(ONE_PASS, outcome_reports=True)))
+        listeners.append(
+            processor_listener("baseline_lean", ports["baseline_lean"], "ext_proc_baseline", LEAN)
+        )
         clusters.append(ext_proc_cluster([baseline_picker], name="ext_proc_baseline"))
     return bootstrap(admin, listeners, clusters, node_id="kvgate-bench-onepass")
 
@@ -242,12 +246,11 @@ def chosen(paths: Sequence[str], wanted: Sequence[str] | None) -> tuple[str, ...
 
 async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     plan = QUICK if args.quick else FULL
+    # baseline_lean runs exactly when --baseline is given, whatever --paths names
     wanted = None if args.paths is None else [*args.paths, "baseline_lean"]
-    latency_paths = chosen(LATENCY_PATHS, wanted)
-    load_paths = chosen(LOAD_PATHS, wanted)
-    if args.baseline is None:
-        latency_paths = tuple(p for p in latency_paths if p != "baseline_lean")
-        load_paths = tuple(p for p in load_paths if p != "baseline_lean")
+    unwanted = () if args.baseline is not None else ("baseline_lean",)
+    latency_paths = tuple(p for p in chosen(LATENCY_PATHS, wanted) if p not in unwanted)
+    load_paths = tuple(p for p in chosen(LOAD_PATHS, wanted) if p not in unwanted)
     rows: list[Row] = []
     header = {
         "command": " ".join(["python -m bench.datapath_onepass", *sys.argv[1:]]),
@@ -277,16 +280,15 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             children.append(null_picker)
             if "kvgate_lean" in load_paths:
                 lean, lean_address, _ = await start_picker(
-                    "picker_lean", pools, workdir / "picker_lean.log",
-                    ("--skip-unread-responses", "--outcome-reports", *extra),
+                    "picker_lean", pools, workdir / "picker_lean.log", (*LEAN_ARGS, *extra)
                 )
                 stack.push_async_callback(lean.stop)
                 children.append(lean)
             baseline_address = None
             if args.baseline is not None:
                 baseline, baseline_address, _ = await start_picker(
-                    "picker_baseline", pools, workdir / "picker_baseline.log",
-                    ("--skip-unread-responses", "--outcome-reports", *extra), root=args.baseline,
+                    "picker_baseline", pools, workdir / "picker_baseline.log", (*LEAN_ARGS, *extra),
+                    root=args.baseline,
                 )
                 stack.push_async_callback(baseline.stop)
                 children.append(baseline)

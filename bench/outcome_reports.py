@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,16 @@ from pathlib import Path
 from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_envoy import POOL, direct_cluster, direct_listener
 from bench.datapath_load import completion_bodies, write_bodies
-from bench.datapath_onepass import FLOOR, Row, load, pools_with_token_limit, processor_listener, stream_bodies
+from bench.datapath_onepass import (
+    FLOOR,
+    LEAN,
+    LEAN_ARGS,
+    Row,
+    load,
+    pools_with_token_limit,
+    processor_listener,
+    stream_bodies,
+)
 from bench.datapath_procs import start_null_picker, start_picker, start_upstream
 from gateway.controlplane.envoy_config import ONE_PASS, bootstrap, ext_proc_cluster, pool_clusters
 from gateway.controlplane.envoy_config import PoolBackend as Pool
@@ -63,8 +71,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 "picker_bare", pools, workdir / "bare.log", ("--skip-unread-responses",))
             stack.push_async_callback(bare.stop)
             reports, reports_address, _ = await start_picker(
-                "picker_reports", pools, workdir / "reports.log",
-                ("--skip-unread-responses", "--outcome-reports"))
+                "picker_reports", pools, workdir / "reports.log", LEAN_ARGS)
             stack.push_async_callback(reports.stop)
             null_picker, null_address = await start_null_picker(endpoints[0])
             stack.push_async_callback(null_picker.stop)
@@ -74,8 +81,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 processor_listener("floor", ports["floor"], "ext_proc_null", FLOOR),
                 processor_listener("roundtrip", ports["roundtrip"], "ext_proc_roundtrip", ONE_PASS),
                 processor_listener("bare", ports["bare"], "ext_proc_bare", ONE_PASS),
-                processor_listener("reports", ports["reports"], "ext_proc_reports",
-                                   dataclasses.replace(ONE_PASS, outcome_reports=True)),
+                processor_listener("reports", ports["reports"], "ext_proc_reports", LEAN),
             ]
             clusters = [
                 direct_cluster(endpoints),

@@ -55,6 +55,7 @@ class ScrapeDelegate(Protocol):
         """True: skip this round's scrape of ``endpoint`` (its views come by ``adopt``)."""
         ...
 
+
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 
@@ -92,8 +93,7 @@ class MetricsScraper:
         self._stale_after = stale_after
         self._clock = clock
         self._on_snapshot = on_snapshot
-        self._rng = rng or random.Random()
-        self._phase = self._rng.uniform(0.0, interval)
+        self._phase = (rng or random.Random()).uniform(0.0, interval)
         """Every endpoint's scrapes start at ``phase`` + k × ``interval`` (loop time): one timer
         wake-up starts them all (the replicas are distinct servers: nothing to spread), and each
         picker has its own phase (many pickers do not scrape one replica at the same instant)."""
