@@ -37,7 +37,7 @@ from google.protobuf import struct_pb2
 from bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
 from bench.datapath_upstream import COMPLETION
 from extproc import codec, names
-from extproc.deferred_metrics import DeferredMetrics
+from extproc.after_reply import DeferredMetrics
 from extproc.events import StreamClosed
 from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
 from extproc.outcomes import OutcomeReports
@@ -178,7 +178,8 @@ def set_header(response: pb.ProcessingResponse, name: str) -> str:
 @dataclass
 class Replay:
     """One pool of fresh endpoints, the wire messages of 64 requests and what the servicer holds per
-    process (telemetry recorded after the replies, one request-id source), shared by both measures."""
+    process (metrics and the scheduler's feedback done after the replies, one request-id source),
+    shared by both measures."""
 
     pool: StaticPool
     directory: OnePool
@@ -215,7 +216,8 @@ class Replay:
         if index % 100 == 0:
             self.pool.views = fresh_views(self.addresses, self.rng, self.clock.now())
         return RequestLifecycle(self.directory, self.clock, pool_name=POOL, metrics=self.metrics,
-                                config=self.config, request_ids=self.request_ids)
+                                config=self.config, request_ids=self.request_ids,
+                                after_reply=self.metrics.queue)
 
 
 def replay(
@@ -247,9 +249,9 @@ def replay(
 
 def request_path_median(requests: int, size: int, endpoints: int, cold_mb: int, seed: int = 3) -> float:
     """Median seconds of one request's path in ``kvgate up``'s default (request headers, then the
-    body and the pick; decode, lifecycle, encode and serialise; the metrics recorded after it, as
-    the servicer does), touching ``cold_mb`` MB between requests (0: warm caches), as Envoy, the
-    upstream and the client do at concurrency 1."""
+    body and the pick; decode, lifecycle, encode and serialise; the metrics and the scheduler's
+    feedback after it, as the servicer does), touching ``cold_mb`` MB between requests (0: warm
+    caches), as Envoy, the upstream and the client do at concurrency 1."""
     setup = Replay.of(size, endpoints, seed, one_pass=False, lean=True, timing_every=8)
     junk = bytearray(cold_mb * 1024 * 1024)
     line = bytes(len(junk[::64]))

@@ -40,7 +40,7 @@ def decide(
     metrics: RequestMetrics,
     limiter: TenantLimiter | None = None,
 ) -> Decision:
-    """Parse, check the model, schedule and record the pick (``Scheduler.on_picked``).
+    """Parse, check the model and schedule (the caller tells the scheduler ``on_picked``).
 
     Raises the KvgateError the client should see: 400 for a bad body, 404 for a model the pool
     does not serve, 503 when nothing is eligible (also when the subset hint matches nothing),
@@ -92,7 +92,7 @@ def decide(
         max_tokens=max_tokens,
         body_size=len(body),
         subset=subset_set,
-        headers=MappingProxyType(dict(headers)),
+        headers=headers if isinstance(headers, MappingProxyType) else MappingProxyType(dict(headers)),
     )
     candidates = in_subset(pool.endpoints(), subset_set)
     if not candidates:
@@ -106,7 +106,6 @@ def decide(
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")
-    pool.scheduler.on_picked(request, result.pick, now())
     if tenant is not None and limiter is not None:
         limiter.record_request(tenant)
     metrics.request_picked(RequestLabels(pool.name, model, target_model), len(body))

@@ -53,6 +53,7 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
+from extproc.after_reply import AfterReply
 from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER, AttemptTimeout
 from extproc.decision import Decision, decide
 from extproc.errors import immediate_response
@@ -72,8 +73,9 @@ from extproc.openai_request import BodyBuffer, api_kind
 from extproc.openai_response import ResponseBodyProcessor
 from extproc.outcomes import outcome_header
 from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics, TenantLimiter
+from policies.contracts import Scheduler
 from policies.errors import KvgateError, ModelNotFoundError, PayloadTooLargeError, RouteNotFoundError
-from policies.types import ApiKind, Endpoint
+from policies.types import ApiKind, Endpoint, InferenceRequest
 
 _log = logging.getLogger(__name__)
 
@@ -180,9 +182,14 @@ class RequestLifecycle:
         metrics: RequestMetrics | None = None,
         config: LifecycleConfig | None = None,
         request_ids: Callable[[], str] | None = None,
+        after_reply: AfterReply | None = None,
     ) -> None:
         """``request_ids``: where the scheduler's request id comes from (a :class:`RequestIds`'
-        ``next_id``, shared by a process's lifecycles; default: a fresh :class:`RequestIds`)."""
+        ``next_id``, shared by a process's lifecycles; default: a fresh :class:`RequestIds`).
+        ``after_reply``: the process's queue of work done after each reply (the servicer's; see
+        :mod:`extproc.after_reply`): the scheduler's feedback waits there, and the lifecycle flushes
+        it before each pick. Without one, the scheduler is told at once."""
+        self._after_reply = after_reply
         self._directory = directory
         self._request_ids = request_ids or RequestIds().next_id
         self._clock = clock
@@ -317,6 +324,8 @@ class RequestLifecycle:
         assert self._pool is not None
         if not self._skippable:
             self._observe = self._reads_response()
+        if self._after_reply is not None:
+            self._after_reply.flush()  # every earlier pick counted before this one is scored
         decision = decide(
             pool=self._pool,
             api=self._api,
@@ -331,14 +340,15 @@ class RequestLifecycle:
             limiter=self._config.tenant_limiter,
         )
         self._decision = decision
-        self._served = decision.result.pick
+        request, served = decision.request, decision.result.pick
+        self._served = served
         self.state = State.UPSTREAM
-        if self._skipped and decision.request.stream:
+        scheduler = self._pool.scheduler
+        now = self._now()
+        self._tell("on_picked", scheduler.on_picked, request, served, now)
+        if self._skipped and request.stream:
             # no response headers will come: the prefill ends at the scheduler's own estimate
-            request, served = decision.request, decision.result.pick
-            self._callback(
-                "on_first_token_unseen", lambda s: s.on_first_token_unseen(request, served, self._now())
-            )
+            self._tell("on_first_token_unseen", scheduler.on_first_token_unseen, request, served, now)
         return decision
 
     def _header_reply(self, decision: Decision, *, streamed_body: bool) -> ContinueHeaders:
@@ -427,10 +437,8 @@ class RequestLifecycle:
                 content_type = value.lower()
         request = decision.request
         if self._status >= 500 and self._served is not None:
-            failing = self._served
-            self._callback(
-                "on_endpoint_failed", lambda s: s.on_endpoint_failed(request, failing, self._now())
-            )
+            self._tell("on_endpoint_failed", self._scheduler.on_endpoint_failed, request, self._served,
+                       self._now())
         rename = (request.target_model, request.model) if self._config.rename_response_model else None
         self._response = ResponseBodyProcessor(
             sse="text/event-stream" in content_type,
@@ -455,14 +463,12 @@ class RequestLifecycle:
         served = self._served
         if served is not None:
             if "text/event-stream" in content_type:
-                self._callback(
-                    "on_first_token_unseen",
-                    lambda s: s.on_first_token_unseen(request, served, self._now()),
-                )
+                self._tell("on_first_token_unseen", self._scheduler.on_first_token_unseen, request, served,
+                           self._now())
             else:  # a whole (non-streamed) response: its headers come when it is complete
                 self._first_byte_seen = True
                 self._metrics.first_token(self._labels, self._clock.now() - self._started)
-                self._callback("on_first_token", lambda s: s.on_first_token(request, served, self._now()))
+                self._tell("on_first_token", self._scheduler.on_first_token, request, served, self._now())
         return [ContinueHeaders(Phase.RESPONSE)]
 
     def _on_response_body(self, event: ResponseBodyChunk) -> list[Action]:
@@ -474,10 +480,8 @@ class RequestLifecycle:
             self._metrics.first_token(self._labels, self._clock.now() - self._started)
             decision = self._decision
             if decision is not None and self._served is not None:
-                served = self._served
-                self._callback(
-                    "on_first_token", lambda s: s.on_first_token(decision.request, served, self._now())
-                )
+                self._tell("on_first_token", self._scheduler.on_first_token, decision.request, self._served,
+                           self._now())
         out = processor.feed(event.data, event.end_of_stream)
         if event.end_of_stream:
             self._complete_response()
@@ -509,12 +513,10 @@ class RequestLifecycle:
             self._metrics.tokens(self._labels, usage.prompt_tokens, usage.completion_tokens)
             limiter = self._config.tenant_limiter
             if decision.tenant is not None and limiter is not None:
-                tenant = decision.tenant
                 tokens = usage.prompt_tokens + usage.completion_tokens
-                self._callback("charge_tokens", lambda _s: limiter.charge_tokens(tenant, tokens))
-            self._callback(
-                "on_usage", lambda s: s.on_usage(decision.request, self._served_endpoint, usage, self._now())
-            )
+                self._tell("charge_tokens", limiter.charge_tokens, decision.tenant, tokens)
+            self._tell("on_usage", self._scheduler.on_usage, decision.request, self._served_endpoint, usage,
+                       self._now())
         self._finish(ok=self._status_ok)
         self.state = State.RESPONSE_DONE
 
@@ -527,10 +529,9 @@ class RequestLifecycle:
         failed = self._served  # the data plane went on past it: it failed this request
         self._served = endpoint
         self._metrics.served_by_fallback(self._labels)
-        self._callback(
-            "on_endpoint_failed", lambda s: s.on_endpoint_failed(decision.request, failed, self._now())
-        )
-        self._callback("on_served", lambda s: s.on_served(decision.request, endpoint, self._now()))
+        now = self._now()
+        self._tell("on_endpoint_failed", self._scheduler.on_endpoint_failed, decision.request, failed, now)
+        self._tell("on_served", self._scheduler.on_served, decision.request, endpoint, now)
 
     # ending --------------------------------------------------------------------------------
     def _on_closed(self, event: StreamClosed) -> list[Action]:
@@ -567,20 +568,26 @@ class RequestLifecycle:
         if self._finished or decision is None:
             return
         self._finished = True
-        succeeded = ok and count_outcome
-        self._callback(
-            "on_finished",
-            lambda s: s.on_finished(decision.request, self._served_endpoint, ok=succeeded, now=self._now()),
-        )
-        self._metrics.request_finished(self._labels, self._now() - self._started, ok=ok)
+        now = self._now()
+        self._tell("on_finished", _finished, self._scheduler, decision.request, self._served_endpoint,
+                   ok and count_outcome, now)
+        self._metrics.request_finished(self._labels, now - self._started, ok=ok)
 
-    def _callback(self, name: str, call: Callable[[Any], None]) -> None:
-        """Scheduler feedback must never break a response that is already flowing."""
-        assert self._pool is not None
+    def _tell(self, what: str, call: Callable[..., None], *args: Any) -> None:
+        """Feedback to the scheduler (and the tenant limiter): after the reply when there is an
+        ``after_reply`` queue, else at once; it never breaks a response that is already flowing."""
+        if self._after_reply is not None:
+            self._after_reply.defer(what, call, *args)
+            return
         try:
-            call(self._pool.scheduler)
+            call(*args)
         except Exception:
-            _log.exception("scheduler %s failed", name)
+            _log.exception("%s failed", what)
+
+    @property
+    def _scheduler(self) -> Scheduler:
+        assert self._pool is not None
+        return self._pool.scheduler
 
     @property
     def _served_endpoint(self) -> Endpoint:
@@ -605,6 +612,12 @@ class RequestLifecycle:
 
 _SET_BY_THE_PICKER = frozenset({names.DESTINATION_HEADER, names.STREAM_HEADER})
 """System-owned headers the destination reply sets itself (a client's copy is overwritten, not removed)."""
+
+
+def _finished(
+    scheduler: Scheduler, request: InferenceRequest, endpoint: Endpoint, ok: bool, now: float
+) -> None:
+    scheduler.on_finished(request, endpoint, ok=ok, now=now)
 
 
 def _unexpected(machine: RequestLifecycle, event: Event) -> list[Action]:

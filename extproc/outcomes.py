@@ -34,8 +34,11 @@ REPORT_RESULTS = ("applied", "unknown_pool", "unreadable")
 
 def outcome_header(labels: RequestLabels, *, streamed: bool) -> str:
     """The value of :data:`~extproc.names.OUTCOME_HEADER` for a request (once per skipped request:
-    names that need no escaping, the usual case, are not run through ``quote``)."""
+    names that need no escaping, the usual case, are checked once, joined, not run through ``quote``)."""
     parts = (labels.pool, labels.model, labels.target_model, "s" if streamed else "n")
+    joined = " ".join(parts)
+    if _plain(joined.replace(" ", "", 3)):  # only the 3 separators: no part needs escaping
+        return joined
     return " ".join(part if _plain(part) else quote(part, safe="/:@") for part in parts)
 
 

@@ -12,8 +12,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import codec, names
 from extproc.actions import Action
+from extproc.after_reply import AfterReply, DeferredMetrics
 from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
-from extproc.deferred_metrics import DeferredMetrics
 from extproc.events import Event, StreamClosed
 from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
 from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
@@ -54,15 +54,17 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> None:
         self._directory = directory
         self._clock = clock or MonotonicClock()
-        self._metrics = DeferredMetrics(metrics or NoMetrics())
-        """Recorded after each reply is written (off the request's critical path)."""
+        self._after_reply = AfterReply()
+        """Request metrics and the scheduler's feedback, done after each message's replies are
+        written (off the request's critical path; :mod:`extproc.after_reply`)."""
+        self._metrics = DeferredMetrics(metrics or NoMetrics(), self._after_reply)
         self._config = config or LifecycleConfig()
         self._request_ids = RequestIds().next_id
 
     def _new_lifecycle(self, pool: str | None) -> RequestLifecycle:
         return RequestLifecycle(
             self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config,
-            request_ids=self._request_ids,
+            request_ids=self._request_ids, after_reply=self._after_reply,
         )
 
     async def Process(
@@ -86,9 +88,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     continue
                 for action in machine.handle(event):
                     yield codec.encode(action)
-                self._metrics.flush()
+                self._after_reply.flush()
             cancelled = False
         finally:
             # Half-close, reset or cancellation: the machine ends exactly once (on_finished).
             machine.handle(StreamClosed(cancelled=cancelled))
-            self._metrics.flush()
+            self._after_reply.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -56,6 +57,29 @@ def test_an_entry_reads_back_what_the_picker_marked() -> None:
     assert streamed.first_byte_s is None
     assert outcome_of(_entry(None)) is None  # not one of the picker's: ignored
     assert outcome_of(_entry("a b")) is None  # malformed: ignored
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        RequestLabels("default/llama", "meta/llama-3:8b@v1", "m"),
+        RequestLabels("p", "a model", "m"),  # a space inside a name
+        RequestLabels("p", "100%", "50% off"),
+        RequestLabels("p", "modèle", "m"),
+        RequestLabels("p", "", "tab\there"),
+        RequestLabels("p", "", ""),
+    ],
+)
+def test_every_name_reads_back_and_plain_names_are_sent_as_they_are(labels: RequestLabels) -> None:
+    header = outcome_header(labels, streamed=True)
+    assert header.count(" ") == 3
+    outcome = outcome_of(_entry(header))
+    assert outcome is not None
+    assert outcome.labels == labels
+    assert outcome.streamed
+    names = (labels.pool, labels.model, labels.target_model)
+    plain = all(p.isascii() and p.isprintable() and " " not in p and "%" not in p for p in names)
+    assert (header == f"{labels.pool} {labels.model} {labels.target_model} s") is plain
 
 
 def _reports() -> tuple[OutcomeReports, list[tuple[str, bool]], RecordingMetrics]:
