@@ -39,7 +39,8 @@ from bench.datapath_upstream import COMPLETION
 from extproc import codec, names
 from extproc.after_reply import DeferredMetrics
 from extproc.events import StreamClosed
-from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
+from extproc.lifecycle import RequestLifecycle
+from extproc.lifecycle_config import LifecycleConfig, RequestIds
 from extproc.outcomes import OutcomeReports
 from extproc.ports import MonotonicClock, Pool
 from gateway.picker.telemetry import GatewayTelemetry

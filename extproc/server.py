@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from extproc.access_log import AccessLogServicer
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from extproc.outcomes import OutcomeReports
 from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 from extproc.servicer import ExtProcServicer

@@ -15,7 +15,8 @@ from extproc.actions import Action
 from extproc.after_reply import AfterReply, DeferredMetrics
 from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
 from extproc.events import Event, StreamClosed
-from extproc.lifecycle import LifecycleConfig, RequestIds, RequestLifecycle
+from extproc.lifecycle import RequestLifecycle
+from extproc.lifecycle_config import LifecycleConfig, RequestIds
 from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 
 _log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from importlib import resources as package_resources
 from pathlib import Path
 
 from extproc.attempt_timeout import AttemptTimeout
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
 from gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from gateway.controlplane.kubernetes.lease import LeaderElector
@@ -107,7 +107,7 @@ class UpOptions:
     kubeconfig, else the in-cluster service account."""
     skip_unread_responses: bool = True
     """A request whose response nothing needs skips the response-headers round trip
-    (``extproc.lifecycle.LifecycleConfig.skip_unread_responses``); kvgate's Envoy reports its
+    (``extproc.lifecycle_config.LifecycleConfig.skip_unread_responses``); kvgate's Envoy reports its
     outcome afterwards (``extproc.outcomes``). False: every request keeps the round trip."""
     shared_scrapes: bool = True
     """With Redis (``--redis``, ``--workers``): one picker per pool scrapes for all

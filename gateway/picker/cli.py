@@ -14,7 +14,7 @@ from pathlib import Path
 from watchfiles import awatch
 
 from extproc.attempt_timeout import AttemptTimeout
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from gateway.picker.pools_file import load_pools
 from gateway.picker.redis_link import RedisSettings
 from gateway.picker.service import PickerService, PickerSettings

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from extproc.ports import Pool
 from extproc.server import ExtProcServer
 from gateway.picker.admin_http import AdminServer

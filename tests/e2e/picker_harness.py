@@ -33,7 +33,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from gateway.controlplane.envoy_config import (
     ExtProcSettings,
     GatewayConfig,

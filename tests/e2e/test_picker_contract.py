@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from gateway.controlplane.envoy_config import PoolBackend, RouteSpec
 from gateway.picker.service import PoolRuntime
 from gateway.processes.envoy_process import free_port

@@ -11,7 +11,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from extproc import codec
-from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.lifecycle import RequestLifecycle
+from extproc.lifecycle_config import LifecycleConfig
 from extproc.ports import RequestLabels
 from policies.contracts import SchedulingResult
 from policies.errors import PoolNotFoundError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER, AttemptTimeout
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from tests.extproc.fakes import (
     completion,
     feed,

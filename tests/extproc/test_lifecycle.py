@@ -8,7 +8,8 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.events import StreamClosed
-from extproc.lifecycle import TRANSITIONS, LifecycleConfig, RequestIds, RequestLifecycle, State
+from extproc.lifecycle import TRANSITIONS, RequestLifecycle, State
+from extproc.lifecycle_config import LifecycleConfig, RequestIds
 from policies.errors import RequestShedError
 from policies.types import Usage
 from tests.extproc.fakes import (

@@ -7,7 +7,8 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.events import StreamClosed
-from extproc.lifecycle import LifecycleConfig, RequestLifecycle
+from extproc.lifecycle import RequestLifecycle
+from extproc.lifecycle_config import LifecycleConfig
 from extproc.outcomes import Outcome, OutcomeReports, outcome_header, outcome_of
 from extproc.ports import RequestLabels
 from tests.extproc.fakes import (

@@ -7,7 +7,7 @@ import json
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc.lifecycle import LifecycleConfig
+from extproc.lifecycle_config import LifecycleConfig
 from extproc.ports import TenantKey
 from gateway.picker.ratelimit import InProcessCounters, TenantLimits, TenantRateLimiter
 from policies.errors import RequestShedError
