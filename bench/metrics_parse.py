@@ -8,7 +8,11 @@ dialect logic; only the parser differs:
 - ``prometheus_client``: ``prometheus_client.parser.text_string_to_metric_families`` over the whole
   page, keeping the samples of the wanted names;
 - ``selective``: ``gateway.picker.scrape.exposition.read_samples``, which finds the wanted names with
-  ``str.find`` and parses only their lines (what the scraper uses).
+  one regular-expression scan and parses only their lines;
+- ``selective + memo``: the same with a ``LineMemo``, as the scraper reads (a line read on an earlier
+  page is not parsed again): over the same page again (an idle endpoint: every line known), and
+  over pages whose load gauges (waiting, running, KV usage) change on every read (a busy endpoint:
+  those lines are new each time, the label-heavy info lines repeat).
 
 Pages: the vLLM 0.11 fixture (one engine, ``tests/gateway/picker/fixtures/vllm_0_11.prom``) and the same
 page rendered for 4 and 8 data-parallel engines. The UTF-8 decode of the body (both need it) is
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.metrics_pages import vllm_page
 from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import Sample
+from gateway.picker.scrape.exposition import LineMemo, Sample
 from policies.types import EndpointMetrics
 
 SPEC = DIALECTS[MetricsDialect.VLLM]
@@ -47,6 +52,37 @@ def with_prometheus_client(page: str) -> EndpointMetrics:
 
 def selective(page: str) -> EndpointMetrics:
     return parse_metrics(page, MetricsDialect.VLLM, 0.0)
+
+
+_LOAD_GAUGES = re.compile(
+    r"^((?:vllm:num_requests_waiting|vllm:num_requests_running|vllm:kv_cache_usage_perc)"
+    r"(?:\{[^\n]*\})?) [^\n]*$",
+    re.M,
+)
+
+
+def busy_pages(page: str) -> Callable[[int], str]:
+    """Page ``i``: ``page`` with its load gauges' values set to ``i`` (new lines on every read)."""
+    template = _LOAD_GAUGES.sub(lambda m: m.group(1) + " \x00", page)
+    if "\x00" not in template:
+        raise ValueError("the page has no load gauge")
+    return lambda i: template.replace("\x00", str(i))
+
+
+def timings_busy_us(pages: Callable[[int], str], repeat: int) -> list[float]:
+    """Each read through one memo, of a page whose load gauges changed since the last (built untimed)."""
+    memo = LineMemo()
+    out = []
+    gc.disable()
+    try:
+        for i in range(min(50, repeat) + repeat):
+            text = pages(i)
+            start = time.perf_counter_ns()
+            parse_metrics(text, MetricsDialect.VLLM, 0.0, memo)
+            out.append((time.perf_counter_ns() - start) / 1000)
+    finally:
+        gc.enable()
+    return out[min(50, repeat):]
 
 
 def timings_us(run: Callable[[], object], repeat: int) -> list[float]:
@@ -87,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [
             ("prometheus_client", timings_us(partial(with_prometheus_client, page), args.repeat_reference)),
             ("selective (kvgate)", timings_us(partial(selective, page), args.repeat)),
+            ("selective + memo, same page", timings_us(
+                partial(parse_metrics, page, MetricsDialect.VLLM, 0.0, LineMemo()), args.repeat)),
+            ("selective + memo, load gauges changed", timings_busy_us(busy_pages(page), args.repeat)),
             ("utf-8 decode only", timings_us(partial(body.decode, "utf-8", "replace"), args.repeat)),
         ]
         base = statistics.median(rows[0][1])

@@ -37,7 +37,7 @@ from types import MappingProxyType, TracebackType
 from typing import Protocol
 
 from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import MetricsPageError
+from gateway.picker.scrape.exposition import LineMemo, MetricsPageError
 from gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
 from gateway.picker.scrape.target import ScrapeCounters, ScrapeTarget, checked_endpoint, metrics_url
 from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
@@ -102,6 +102,8 @@ class MetricsScraper:
         self._snapshot = EndpointSnapshot()
         self._running = False
         self._delegate: ScrapeDelegate | None = None
+        self._lines = LineMemo()
+        """The metrics pages' lines parsed so far (every endpoint's: most repeat between scrapes)."""
 
     # -- readers -------------------------------------------------------------------------------
 
@@ -311,7 +313,7 @@ class MetricsScraper:
             return
         try:
             page = await self._fetch(target)
-            metrics = parse_metrics(page, target.dialect, self._clock())
+            metrics = parse_metrics(page, target.dialect, self._clock(), self._lines)
         except _ScrapeFailure as failure:
             self._failed(target, failure.kind, str(failure))
             return

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from gateway.picker.scrape.exposition import MetricsPageError, Sample, SampleReader
+from gateway.picker.scrape.exposition import LineMemo, MetricsPageError, Sample, SampleReader
 from policies.types import EndpointMetrics
 
 Samples = Mapping[str, Sequence[Sample]]
@@ -55,10 +55,13 @@ class DialectSpec:
         return frozenset(self.reader.names)
 
 
-def parse_metrics(page: str, dialect: MetricsDialect | str, updated_at: float) -> EndpointMetrics:
-    """Read one ``/metrics`` page of the given dialect; raises :class:`MetricsPageError`."""
+def parse_metrics(
+    page: str, dialect: MetricsDialect | str, updated_at: float, memo: LineMemo | None = None
+) -> EndpointMetrics:
+    """Read one ``/metrics`` page of the given dialect; raises :class:`MetricsPageError`.
+    ``memo``: lines parsed before are not parsed again (:class:`LineMemo`, one per scraper)."""
     spec = DIALECTS[MetricsDialect(dialect)]
-    return spec.build(spec.reader.read(page), updated_at)
+    return spec.build(spec.reader.read(page, memo), updated_at)
 
 
 def _finite(samples: Sequence[Sample], where: Mapping[str, str] | None = None) -> list[float]:

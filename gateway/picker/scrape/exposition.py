@@ -80,18 +80,54 @@ class SampleReader:
     def names(self) -> tuple[str, ...]:
         return self._names
 
-    def read(self, page: str) -> dict[str, list[Sample]]:
-        """The samples of each wanted name, in page order (an empty list for a name not on the page)."""
+    def read(self, page: str, memo: LineMemo | None = None) -> dict[str, list[Sample]]:
+        """The samples of each wanted name, in page order (an empty list for a name not on the page).
+
+        With ``memo``, a line read before (on this page's earlier scrapes, or another endpoint's
+        page) is not parsed again: a model server's label sets rarely change between scrapes.
+        """
         found: dict[str, list[Sample]] = {name: [] for name in self._names}
         prefix = self._prefix
         first = self._first_line.match(page)
         if first is not None:
             name = prefix + first.group(1)
             found[name].append(_parse_rest(name, first.group(2) or ""))
+        if memo is None:
+            for match in self._scan.finditer(page):
+                name = prefix + match.group(1)
+                found[name].append(_parse_rest(name, match.group(2) or ""))
+            return found
+        known = memo.samples
         for match in self._scan.finditer(page):
-            name = prefix + match.group(1)
-            found[name].append(_parse_rest(name, match.group(2) or ""))
+            line = match.group(0)
+            sample = known.get(line)
+            if sample is None:
+                name = prefix + match.group(1)
+                sample = _parse_rest(name, match.group(2) or "")
+                memo.remember(line, sample)
+            found[sample.name].append(sample)
         return found
+
+
+class LineMemo:
+    """Samples already parsed, by the text of their line: a wanted line that did not change since
+    an earlier page costs one dict lookup instead of a parse. Samples are immutable, so a page shares
+    them with the pages it repeats. Bounded: forgotten all at once when ``limit`` lines are held (a
+    label value that changes each scrape, e.g. LoRA adapter lists, keeps adding lines). One per
+    scraper; not thread-safe. ``python -m bench.metrics_parse`` measures it."""
+
+    __slots__ = ("_limit", "samples")
+
+    def __init__(self, limit: int = 4096) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self._limit = limit
+        self.samples: dict[str, Sample] = {}
+
+    def remember(self, line: str, sample: Sample) -> None:
+        if len(self.samples) >= self._limit:
+            self.samples = {}
+        self.samples[line] = sample
 
 
 def _common_prefix(names: tuple[str, ...]) -> str:

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.metrics_pages import PAGES, vllm_page
 from gateway.picker.scrape.dialects import MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import MetricsPageError, parse_labels, read_samples
+from gateway.picker.scrape.exposition import LineMemo, MetricsPageError, parse_labels, read_samples
 from policies.types import EndpointMetrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -146,6 +146,33 @@ def test_a_malformed_wanted_line_is_an_error_but_other_lines_are_not_read() -> N
         parse_metrics("vllm:num_requests_waiting four\n", "vllm", 0.0)
     with pytest.raises(MetricsPageError):
         parse_metrics('vllm:num_requests_waiting{model_name="a} 4\n', "vllm", 0.0)
+
+
+@pytest.mark.parametrize("limit", [4096, 2])
+def test_a_line_memo_gives_what_a_fresh_parse_gives(limit: int) -> None:
+    """Pages read one after another through one memo (as a scraper reads its endpoints), each twice,
+    read the same as without it; a bounded memo that forgets still does."""
+    memo = LineMemo(limit)
+    dialects = {"vllm": MetricsDialect.VLLM, "sglang": MetricsDialect.SGLANG,
+                "trtllm": MetricsDialect.TRTLLM, "triton": MetricsDialect.TRITON}
+    pages = [(page(name), dialect) for name in sorted(PAGES)
+             for prefix, dialect in dialects.items() if name.startswith(prefix)]
+    assert len(pages) >= 4
+    for text, dialect in pages * 2:
+        assert parse_metrics(text, dialect, 1.0, memo) == parse_metrics(text, dialect, 1.0)
+    assert len(memo.samples) <= limit
+
+
+def test_a_line_memo_never_answers_for_a_changed_line() -> None:
+    memo = LineMemo()
+    line = 'vllm:num_requests_waiting{engine="0",model_name="m"} '
+    assert parse_metrics(f"{line}3.0\n", "vllm", 0.0, memo).waiting == 3
+    assert parse_metrics(f"# HELP x\n{line}5.0\n", "vllm", 0.0, memo).waiting == 5
+    assert parse_metrics(f"# HELP x\n{line}3.0\n", "vllm", 0.0, memo).waiting == 3
+    with pytest.raises(MetricsPageError):  # a malformed line is not remembered: it fails every time
+        parse_metrics("# HELP x\nvllm:num_requests_waiting four\n", "vllm", 0.0, memo)
+    with pytest.raises(MetricsPageError):
+        parse_metrics("# HELP x\nvllm:num_requests_waiting four\n", "vllm", 0.0, memo)
 
 
 def test_longer_names_and_comments_do_not_match() -> None:
