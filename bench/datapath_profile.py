@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,7 +57,8 @@ class ProfileSummary:
 
 
 def py_spy_binary() -> str | None:
-    return shutil.which("py-spy")
+    """py-spy on PATH, else beside this interpreter (a virtual environment's bin, not activated)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
 
 
 async def record(pid: int, seconds: float, output: Path, rate: int = 200) -> None:
