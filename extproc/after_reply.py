@@ -43,14 +43,20 @@ class AfterReply:
         while self._pending:
             pending, self._pending = self._pending, []
             for what, call, args in pending:
-                try:
-                    call(*args)
-                except Exception:
-                    _log.exception("%s failed", what)
+                call_logged(what, call, *args)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+
+def call_logged(what: str, call: Callable[..., None], *args: Any) -> None:
+    """``call(*args)``; an exception is logged as ``what`` failing, never raised: feedback and
+    metrics must not break a response that is already flowing."""
+    try:
+        call(*args)
+    except Exception:
+        _log.exception("%s failed", what)
 
 
 class DeferredMetrics:

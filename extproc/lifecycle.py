@@ -50,7 +50,7 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
-from extproc.after_reply import AfterReply
+from extproc.after_reply import AfterReply, call_logged
 from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER
 from extproc.decision import Decision, decide
 from extproc.errors import immediate_response
@@ -503,11 +503,8 @@ class RequestLifecycle:
         ``after_reply`` queue, else at once; it never breaks a response that is already flowing."""
         if self._after_reply is not None:
             self._after_reply.defer(what, call, *args)
-            return
-        try:
-            call(*args)
-        except Exception:
-            _log.exception("%s failed", what)
+        else:
+            call_logged(what, call, *args)
 
     @property
     def _scheduler(self) -> Scheduler:
