@@ -1,4 +1,5 @@
-"""Every document a source file names exists in the repository, and no file names a path of one
+"""Every document a source file names (and every image a Markdown file shows) exists in the
+repository, and no file names a path of one
 machine (issue 17: the facts code points to must be where a user can read them). Paths are taken
 from the repository root, or, in a Markdown file, from the file's own folder (its links)."""
 
@@ -11,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("*.py", "*.sh", "*.toml", "*.yaml", "*.yml", "*.md")
 DOCUMENT = re.compile(r"(?<![\w{}<>./-])((?:[\w.-]+/)+[\w.-]+\.md)\b")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|home|root|Users|opt|tmp/kvgate)/[\w.-]+")
 
 
@@ -31,6 +33,17 @@ def test_every_document_named_in_the_sources_exists() -> None:
     assert missing == []
 
 
+def test_every_image_a_markdown_file_shows_exists() -> None:
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {image}"
+        for path in _tracked()
+        if path.suffix == ".md"
+        for image in IMAGE.findall(path.read_text(errors="replace"))
+        if "://" not in image and not (path.parent / image).exists()
+    )
+    assert missing == []
+
+
 def test_no_source_names_a_path_of_one_machine() -> None:
     found = sorted(
         f"{path.relative_to(ROOT)}: {match}"
@@ -44,5 +57,7 @@ def test_no_source_names_a_path_of_one_machine() -> None:
 def test_the_patterns_find_what_they_look_for() -> None:
     named = "see docs/architecture.md, principle 1; and README.md"
     assert DOCUMENT.findall(named) == ["docs/architecture.md"]
+    assert IMAGE.findall("![p90 TTFT](lora-mix.png) and ![x](https://example.com/a.png)") == [
+        "lora-mix.png", "https://example.com/a.png"]
     machine = "/".join(("", "work", "shared", "x.json"))  # not spelled out: this file is scanned too
     assert MACHINE_PATH.findall(f'CALIBRATION = Path("{machine}")') == [machine.rsplit("/", 1)[0]]
