@@ -1,7 +1,7 @@
 """Every document a source file names (and every image a Markdown file shows) exists in the
-repository, and no file names a path of one
-machine (issue 17: the facts code points to must be where a user can read them). Paths are taken
-from the repository root, or, in a Markdown file, from the file's own folder (its links)."""
+repository, and no file names a path of one machine (issue 17: the facts code points to must be
+where a user can read them). Paths are taken from the repository root, or, in a Markdown file,
+from the file's own folder (its links)."""
 
 from __future__ import annotations
 
