@@ -30,12 +30,15 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.datapath import machine
+from bench.datapath_load import completion_bodies
+from bench.datapath_offline import envoy_messages
 from bench.datapath_procs import cpu_seconds, start_child
+from extproc import codec, names
+from extproc.actions import ContinueBody, ContinueHeaders, HeaderEdit, Phase
 
 READY = "servicer-style ready"
 STYLES = ("generator", "read_write")
@@ -43,27 +46,16 @@ _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
 
 
 def replies() -> tuple[pb.ProcessingResponse, pb.ProcessingResponse]:
-    """The reply to the request headers and the reply to the body (a destination header set)."""
-    headers = pb.ProcessingResponse()
-    headers.request_headers.response.SetInParent()
-    body = pb.ProcessingResponse()
-    option = body.request_body.response.header_mutation.set_headers.add()
-    option.header.key = "x-gateway-destination-endpoint"
-    option.header.raw_value = b"127.0.0.1:8000"
-    body.request_body.response.clear_route_cache = True
-    return headers, body
+    """kvgate's replies to the request headers and to the body (the destination header set)."""
+    pick = HeaderEdit(set=((names.DESTINATION_HEADER, "127.0.0.1:8000"),))
+    return (codec.encode(ContinueHeaders(Phase.REQUEST, HeaderEdit())),
+            codec.encode(ContinueBody(Phase.REQUEST, edit=pick, clear_route_cache=True)))
 
 
 def requests() -> tuple[pb.ProcessingRequest, pb.ProcessingRequest]:
-    """Envoy's two messages for a 1 KB request: its headers, then its buffered body."""
-    headers = pb.ProcessingRequest()
-    pairs = ((":method", "POST"), (":path", "/v1/completions"), ("content-type", "application/json"))
-    for key, value in pairs:
-        header = base_pb2.HeaderValue(key=key, raw_value=value.encode())
-        headers.request_headers.headers.headers.append(header)
-    body = pb.ProcessingRequest()
-    body.request_body.body = b'{"model":"m","prompt":"' + b"x" * 1000 + b'"}'
-    body.request_body.end_of_stream = True
+    """Envoy's two messages for a 1 KB request in kvgate's default: its headers, its buffered body."""
+    wires = envoy_messages(completion_bodies(1024, 1)[0], "127.0.0.1:8000", 0, lean=True)
+    headers, body = (pb.ProcessingRequest.FromString(wire) for wire in wires)
     return headers, body
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -31,7 +31,7 @@ def decide(
     *,
     pool: Pool,
     api: ApiKind,
-    headers: Mapping[str, str],
+    headers: MappingProxyType[str, str],
     body: bytes,
     subset: Sequence[str] | None,
     now: Callable[[], float],
@@ -41,6 +41,7 @@ def decide(
     limiter: TenantLimiter | None = None,
 ) -> Decision:
     """Parse, check the model and schedule (the caller tells the scheduler ``on_picked``).
+    ``headers`` (lower-case names, read-only) become the request's own, not copied.
 
     Raises the KvgateError the client should see: 400 for a bad body, 404 for a model the pool
     does not serve, 503 when nothing is eligible (also when the subset hint matches nothing),
@@ -92,7 +93,7 @@ def decide(
         max_tokens=max_tokens,
         body_size=len(body),
         subset=subset_set,
-        headers=headers if isinstance(headers, MappingProxyType) else MappingProxyType(dict(headers)),
+        headers=headers,
     )
     candidates = in_subset(pool.endpoints(), subset_set)
     if not candidates:

@@ -125,7 +125,7 @@ class RequestLifecycle:
         self._modes = self._config.default_modes
         self._started = 0.0
         self._pool: Pool | None = None
-        self._headers: Mapping[str, str] = MappingProxyType({})
+        self._headers: MappingProxyType[str, str] = MappingProxyType({})
         self._strip: tuple[str, ...] = ()
         self._api = ApiKind.OTHER
         self._subset: tuple[str, ...] | None = None

@@ -82,7 +82,7 @@ async def test_process_stream_and_health_over_loopback() -> None:
 
 async def test_request_metrics_are_recorded_after_the_replies_of_a_stream() -> None:
     """The servicer writes each reply, then records the metrics its lifecycle queued
-    (extproc.deferred_metrics): every count is there once the stream has ended."""
+    (extproc.after_reply): every count is there once the stream has ended."""
     pool = make_pool("10.0.0.1:8000", name="llama")
     recorder = RecordingMetrics()
     server = ExtProcServer(FakeDirectory({"llama": pool}, default="llama"), address="127.0.0.1:0",

@@ -92,19 +92,15 @@ class SampleReader:
         if first is not None:
             name = prefix + first.group(1)
             found[name].append(_parse_rest(name, first.group(2) or ""))
-        if memo is None:
-            for match in self._scan.finditer(page):
-                name = prefix + match.group(1)
-                found[name].append(_parse_rest(name, match.group(2) or ""))
-            return found
-        known = memo.samples
+        known = memo.samples if memo is not None else {}
         for match in self._scan.finditer(page):
             line = match.group(0)
             sample = known.get(line)
             if sample is None:
                 name = prefix + match.group(1)
                 sample = _parse_rest(name, match.group(2) or "")
-                memo.remember(line, sample)
+                if memo is not None:
+                    memo.remember(line, sample)
             found[sample.name].append(sample)
         return found
 
