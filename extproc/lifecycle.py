@@ -67,12 +67,13 @@ from extproc.events import (
     StreamClosed,
 )
 from extproc.lifecycle_config import LifecycleConfig, RequestIds
-from extproc.openai_request import BodyBuffer, api_kind
+from extproc.openai_request import BodyBuffer
 from extproc.openai_response import ResponseBodyProcessor
 from extproc.outcomes import outcome_header
 from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
+from extproc.request_headers import model_header, read_request_headers
 from policies.contracts import Scheduler
-from policies.errors import KvgateError, ModelNotFoundError, PayloadTooLargeError, RouteNotFoundError
+from policies.errors import KvgateError, ModelNotFoundError, RouteNotFoundError
 from policies.types import ApiKind, Endpoint, InferenceRequest
 
 _log = logging.getLogger(__name__)
@@ -163,30 +164,16 @@ class RequestLifecycle:
         self._started = self._clock.now()
         self._modes = event.modes or self._config.default_modes
         self._subset = event.subset_hint
-        headers: dict[str, str] = {}
-        strip: list[str] = []
-        system_owned, kvgate_prefix = names.SYSTEM_OWNED_HEADERS, names.KVGATE_HEADER_PREFIX
-        for name, value in event.headers:  # names.is_system_owned, inlined (every header, every request)
-            key = name.lower()
-            if key in system_owned or key.startswith(kvgate_prefix):
-                strip.append(key)
-            else:
-                headers[key] = value
-        self._headers = MappingProxyType(headers)
-        self._strip = tuple(dict.fromkeys(strip))
+        read = read_request_headers(event.headers)
+        self._headers, self._strip, self._api = read.headers, read.strip, read.api
         try:
             self._pool = self._directory.resolve(self._pool_name)
         except RouteNotFoundError:
-            model = headers.get(names.MODEL_NAME_HEADER)
+            model = model_header(event.headers)
             if model:  # set from the body by the body-based router: no route serves this model
                 raise ModelNotFoundError.of(model) from None
             raise
-        self._api = api_kind(headers.get(":path", ""))
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self._config.max_body_bytes:
-            raise PayloadTooLargeError(
-                f"request body exceeds the gateway limit of {self._config.max_body_bytes} bytes"
-            )
+        read.refuse_over(self._config.max_body_bytes)
         self._skippable = self._can_skip_response()
         if event.end_of_stream:
             return [self._header_reply(self._pick(b""), streamed_body=False)]
@@ -301,7 +288,10 @@ class RequestLifecycle:
             set_headers.append((names.OUTCOME_HEADER, value))
         if content_length:
             set_headers.append(("content-length", str(len(decision.body))))
-        remove = tuple(h for h in self._strip if h not in _SET_BY_THE_PICKER)
+        # a client's copy of a header set here is overwritten; any other is removed (Envoy would
+        # also remove the one this reply sets)
+        set_names = {name for name, _ in set_headers}
+        remove = tuple(h for h in self._strip if h not in set_names)
         return HeaderEdit(set=tuple(set_headers), remove=remove)
 
     def _destination(self, decision: Decision) -> str:
@@ -530,10 +520,6 @@ class RequestLifecycle:
 
     def _now(self) -> float:
         return self._clock.now()
-
-
-_SET_BY_THE_PICKER = frozenset({names.DESTINATION_HEADER, names.STREAM_HEADER})
-"""System-owned headers the destination reply sets itself (a client's copy is overwritten, not removed)."""
 
 
 def _finished(

@@ -174,6 +174,19 @@ def test_a_streamed_request_is_marked_for_the_stream_route_and_a_client_cannot_f
     assert "x-kvgate-stream" not in set_headers(forged[1])
 
 
+def test_in_full_duplex_a_forged_stream_mark_goes_unless_the_pick_sets_it() -> None:
+    """GIE's mode (a gateway that is not kvgate's: nothing stripped the client's headers before the
+    picker): the one reply to the headers is the destination's; it removes a forged mark the pick
+    does not set and overwrites one it does."""
+    client = [("x-kvgate-stream", "1")]
+    for stream, kept in ((False, False), (True, True)):
+        machine = make_machine(make_pool())
+        body = request_body(completion(stream=stream), eos=True)
+        out = feed(machine, [request_headers(extra=client), body])
+        assert ("x-kvgate-stream" in set_headers(out[0])) is kept
+        assert ("x-kvgate-stream" in removed_headers(out[0])) is not kept
+
+
 LEAN = LifecycleConfig(skip_unread_responses=True)
 
 

@@ -1,0 +1,43 @@
+"""extproc.request_headers: what the picker keeps of a request's headers, what it strips, the API,
+the declared length."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.request_headers import model_header, read_request_headers
+from policies.errors import PayloadTooLargeError
+from policies.types import ApiKind
+
+
+def test_system_owned_headers_are_set_aside_once_each_in_order_and_the_rest_kept() -> None:
+    read = read_request_headers(
+        (
+            (":path", "/v1/chat/completions?x=1"),
+            ("X-Kvgate-Outcome", "forged"),
+            ("x-gateway-destination-endpoint", "6.6.6.6:1"),
+            ("x-kvgate-outcome", "again"),
+            ("Content-Type", "application/json"),
+            ("x-session-id", "a"),
+            ("x-session-id", "b"),
+        )
+    )
+    assert read.strip == ("x-kvgate-outcome", "x-gateway-destination-endpoint")
+    assert dict(read.headers) == {
+        ":path": "/v1/chat/completions?x=1", "content-type": "application/json", "x-session-id": "b",
+    }
+    assert read.api is ApiKind.CHAT_COMPLETIONS
+
+
+def test_the_declared_length_is_refused_only_over_the_limit() -> None:
+    read = read_request_headers(((":path", "/v1/completions"), ("content-length", "1000")))
+    read.refuse_over(1000)
+    with pytest.raises(PayloadTooLargeError, match="limit of 999 bytes"):
+        read.refuse_over(999)
+    read_request_headers((("content-length", "not a number"),)).refuse_over(0)
+    assert read_request_headers(()).api is ApiKind.OTHER
+
+
+def test_the_model_header_is_found_by_any_case_or_is_empty() -> None:
+    assert model_header((("X-Gateway-Model-Name", "llama"),)) == "llama"
+    assert model_header((("x-other", "1"),)) == ""
