@@ -86,13 +86,16 @@ def wrk_binary() -> str:
 
 async def run_wrk(
     url: str, body_file: Path, *, connections: int, seconds: float, threads: int = 1,
-    path: str = "/v1/completions",
+    path: str = "/v1/completions", pause_ms: int = 0,
 ) -> WrkResult:
-    """One closed-loop wrk run of ``connections`` keep-alive connections for ``seconds``."""
+    """One closed-loop wrk run of ``connections`` keep-alive connections for ``seconds``;
+    ``pause_ms``: each connection waits that long between a response and its next request."""
     command = [
         wrk_binary(), f"-t{min(threads, connections)}", f"-c{connections}", f"-d{max(1, round(seconds))}s",
         "--timeout", "10s", "-s", str(LUA_SCRIPT), url, "--", str(body_file), path,
     ]
+    if pause_ms > 0:
+        command.append(str(pause_ms))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(

@@ -1,6 +1,7 @@
 -- wrk script for bench/datapath.py: POSTs pre-built OpenAI bodies, prints one result line.
--- usage: wrk ... -s bench/lua/datapath_post.lua URL -- BODY_FILE PATH
+-- usage: wrk ... -s bench/lua/datapath_post.lua URL -- BODY_FILE PATH [PAUSE_MS]
 -- BODY_FILE holds one JSON body per line; requests cycle through them (formatted once, in init).
+-- PAUSE_MS (optional, > 0): each connection waits that long after a response before its next request.
 
 local requests = {}
 local index = 0
@@ -16,6 +17,12 @@ function init(args)
    end
    file:close()
    assert(#requests > 0, "no bodies in " .. args[1])
+   local pause = tonumber(args[3] or "0")
+   if pause > 0 then
+      function delay()
+         return pause
+      end
+   end
 end
 
 function request()
