@@ -10,8 +10,11 @@ Its transition table (:data:`TRANSITIONS`, state × event type → handler) is t
 
 FULL_DUPLEX_STREAMED request bodies are held until end of stream, then the header response
 (destination, metadata) goes out followed by the body as streamed chunks. BUFFERED bodies get
-the header response at once and the destination on the body response. Responses pass through
-chunk by chunk. ``Scheduler.on_finished`` runs exactly once per picked request.
+the header response at once, before the headers are read (it depends on none of them: forged
+system headers are removed, and the destination named, by the body's response), and the destination
+on the body response; the headers are read after that first reply is written or when the body
+comes, and what reading them finds (a declared length over the limit: 413) answers the body.
+Responses pass through chunk by chunk. ``Scheduler.on_finished`` runs exactly once per picked request.
 
 kvgate's one-pass data path (the configuration kvgate writes: request body BUFFERED, response
 headers SEND, response body NONE, ``allow_mode_override``) sends no response chunk to Python: the
@@ -58,6 +61,7 @@ from extproc.events import (
     BodyMode,
     BodyModes,
     Event,
+    Headers,
     RequestBodyChunk,
     RequestHeaders,
     RequestTrailers,
@@ -143,6 +147,10 @@ class RequestLifecycle:
         """The response phases are skipped for this request (``skip_unread_responses``)."""
         self._skippable = False
         """The request could skip its response phases (decided with its headers: ``_can_skip_response``)."""
+        self._unread: RequestHeaders | None = None
+        """Request headers answered before they were read (a BUFFERED body follows)."""
+        self._unread_error: Exception | None = None
+        """What reading them raised, for the body's reply."""
 
     @property
     def decision(self) -> Decision | None:
@@ -164,16 +172,9 @@ class RequestLifecycle:
         self._started = self._clock.now()
         self._modes = event.modes or self._config.default_modes
         self._subset = event.subset_hint
-        read = read_request_headers(event.headers)
-        self._headers, self._strip, self._api = read.headers, read.strip, read.api
-        try:
-            self._pool = self._directory.resolve(self._pool_name)
-        except RouteNotFoundError:
-            model = model_header(event.headers)
-            if model:  # set from the body by the body-based router: no route serves this model
-                raise ModelNotFoundError.of(model) from None
-            raise
-        read.refuse_over(self._config.max_body_bytes)
+        if not event.end_of_stream and self._modes.request is BodyMode.BUFFERED:
+            return self._answer_before_reading(event)
+        self._read_headers(event)
         self._skippable = self._can_skip_response()
         if event.end_of_stream:
             return [self._header_reply(self._pick(b""), streamed_body=False)]
@@ -185,6 +186,60 @@ class RequestLifecycle:
             self._skipped = not self._observe
         return [ContinueHeaders(Phase.REQUEST, HeaderEdit(remove=self._strip), skip_response=self._skipped)]
 
+    def _answer_before_reading(self, event: RequestHeaders) -> list[Action]:
+        """A BUFFERED body follows, and the reply to the headers depends on none of them: the pool
+        comes with the stream, and the body's reply removes forged system headers and names the
+        destination while Envoy still holds the request. So the reply goes first, and the headers
+        are read once it is written (the servicer's after-reply queue), while Envoy turns the reply
+        round and sends the body, or when the body comes, whichever is first. At concurrency 1
+        this took 80-150 µs off Envoy's request-headers call and ~200 µs off the client's p50
+        (``bench/results/extproc_phases.md``)."""
+        self._pool = self._resolve_pool(event.headers)
+        self._skippable = self._can_skip_response()
+        self.state = State.REQUEST_BODY
+        if self._skippable:
+            self._observe = self._reads_response()  # the sampler is asked once, here
+            self._skipped = not self._observe
+        self._unread = event
+        if self._after_reply is not None:
+            self._after_reply.defer("reading the request headers", self._read_unread_headers)
+        return [ContinueHeaders(Phase.REQUEST, HeaderEdit(), skip_response=self._skipped)]
+
+    def _read_unread_headers(self) -> None:
+        """Read headers answered before they were read; what that raises (413 for a declared length
+        over the limit, a bug) is kept for the body, whose reply is the request's next answer."""
+        event, self._unread = self._unread, None
+        if event is None or self.state is not State.REQUEST_BODY:
+            return
+        try:
+            self._read_headers(event)
+        except Exception as error:
+            self._unread_error = error
+
+    def _headers_read(self) -> None:
+        """Before the request body is handled: its headers read, and what that found raised."""
+        self._read_unread_headers()
+        if self._unread_error is not None:
+            raise self._unread_error
+
+    def _read_headers(self, event: RequestHeaders) -> None:
+        """The headers kept (forged system headers set aside to strip), the API, the pool when it is
+        not known yet, the declared length against the body limit."""
+        read = read_request_headers(event.headers)
+        self._headers, self._strip, self._api = read.headers, read.strip, read.api
+        if self._pool is None:
+            self._pool = self._resolve_pool(event.headers)
+        read.refuse_over(self._config.max_body_bytes)
+
+    def _resolve_pool(self, headers: Headers) -> Pool:
+        try:
+            return self._directory.resolve(self._pool_name)
+        except RouteNotFoundError:
+            model = model_header(headers)
+            if model:  # set from the body by the body-based router: no route serves this model
+                raise ModelNotFoundError.of(model) from None
+            raise
+
     def _can_skip_response(self) -> bool:
         return (
             self._config.skip_unread_responses
@@ -195,6 +250,7 @@ class RequestLifecycle:
         )
 
     def _on_request_body(self, event: RequestBodyChunk) -> list[Action]:
+        self._headers_read()
         if event.subset_hint is not None:
             self._subset = event.subset_hint
         self._body.append(event.data)
@@ -220,6 +276,7 @@ class RequestLifecycle:
         return [self._header_reply(decision, streamed_body=True), *self._stream(decision.body, True)]
 
     def _on_request_trailers_in_body(self, event: RequestTrailers) -> list[Action]:
+        self._headers_read()
         if not self._full_duplex_request:
             raise ProtocolViolation("request trailers before the buffered body")
         decision = self._pick(self._body.take())

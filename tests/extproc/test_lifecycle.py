@@ -7,6 +7,7 @@ import json
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from extproc.after_reply import AfterReply
 from extproc.events import StreamClosed
 from extproc.lifecycle import TRANSITIONS, RequestLifecycle, State
 from extproc.lifecycle_config import LifecycleConfig, RequestIds
@@ -68,18 +69,19 @@ def test_full_duplex_holds_headers_until_end_of_body_then_resends_body() -> None
 def test_buffered_answers_headers_at_once_and_routes_on_the_body_response() -> None:
     pool = make_pool()
     machine = make_machine(pool)
-    first = feed(
-        machine, [request_headers(mode=BUFFERED, extra=[("x-gateway-destination-endpoint", "6.6.6.6:1")])]
-    )
+    forged = [("x-gateway-destination-endpoint", "6.6.6.6:1"), ("x-kvgate-forged", "1")]
+    first = feed(machine, [request_headers(mode=BUFFERED, extra=forged)])
     assert kinds(first) == ["request_headers"]
-    assert set_headers(first[0]) == {}
-    assert "x-gateway-destination-endpoint" in removed_headers(first[0])
+    # the reply to the headers depends on none of them: it goes before they are read, changing nothing
+    assert not first[0].request_headers.response.HasField("header_mutation")
     out = feed(machine, [request_body(completion(), eos=True)])
     assert kinds(out) == ["request_body"]
     common = out[0].request_body.response
     assert common.clear_route_cache
     assert not common.HasField("body_mutation")  # body untouched
+    # the body's reply removes the forged headers and overwrites the destination
     assert set_headers(out[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    assert removed_headers(out[0]) == ["x-kvgate-forged"]
     assert _metadata_value(out[0]) == ALL_THREE
 
 
@@ -216,6 +218,51 @@ def test_declared_content_length_over_the_limit_is_413_at_headers() -> None:
     machine = make_machine(make_pool(), config=LifecycleConfig(max_body_bytes=1000))
     status, _, _ = _error_of(feed(machine, [request_headers(extra=[("content-length", "5000")])]))
     assert status == 413
+
+
+def test_buffered_declared_length_over_the_limit_is_413_on_the_body() -> None:
+    """The reply to BUFFERED headers goes before they are read: what reading them finds answers the
+    body (Envoy holds the request until then)."""
+    machine = make_machine(make_pool(), config=LifecycleConfig(max_body_bytes=1000))
+    first = feed(machine, [request_headers(mode=BUFFERED, extra=[("content-length", "5000")])])
+    assert kinds(first) == ["request_headers"]
+    status, document, _ = _error_of(feed(machine, [request_body(b"{}", eos=True)]))
+    assert (status, document["error"]["code"]) == (413, "payload_too_large")
+    assert machine.state is State.DONE
+
+
+def test_buffered_headers_of_an_unknown_pool_are_refused_at_once() -> None:
+    directory = FakeDirectory({"p": make_pool()}, default="p")
+    machine = RequestLifecycle(directory, StepClock(), pool_name="nowhere")
+    status, document, _ = _error_of(feed(machine, [request_headers(mode=BUFFERED)]))
+    assert (status, document["error"]["code"]) == (503, "pool_not_found")
+
+
+def test_buffered_headers_are_read_after_the_reply_when_the_queue_is_flushed() -> None:
+    pool = make_pool()
+    queue = AfterReply()
+    machine = RequestLifecycle(
+        FakeDirectory({pool.name: pool}, default=pool.name), StepClock(), after_reply=queue,
+        config=LifecycleConfig(max_body_bytes=1000),
+    )
+    feed(machine, [request_headers(mode=BUFFERED, extra=[("content-length", "5000")])])
+    assert queue.pending == 1  # reading the headers waits for the reply to be written
+    queue.flush()  # what it found (413) is kept for the body, never raised into the queue
+    assert queue.pending == 0
+    status, _, _ = _error_of(feed(machine, [request_body(b"{}", eos=True)]))
+    assert status == 413
+
+
+def test_buffered_stream_closed_before_its_headers_were_read_ends_quietly() -> None:
+    pool = make_pool()
+    queue = AfterReply()
+    directory = FakeDirectory({pool.name: pool}, default=pool.name)
+    machine = RequestLifecycle(directory, StepClock(), after_reply=queue)
+    feed(machine, [request_headers(mode=BUFFERED)])
+    assert machine.handle(StreamClosed(cancelled=True)) == []
+    queue.flush()
+    assert machine.state is State.DONE
+    assert pool.scheduler.calls == []
 
 
 def test_shed_request_is_429_with_retry_after() -> None:
