@@ -15,7 +15,8 @@ protobuf serialisation, with the default profile scheduling over fresh endpoints
 gateway's Prometheus telemetry. The difference between this and a picker's CPU per request in
 the live benchmark is what grpc.aio and asyncio cost. ``--cold-mb MB`` times the request path of
 ``--lean`` alone (request headers and the pick), with warm caches and with MB of memory touched
-between requests, as the other processes do at concurrency 1.
+between requests, as the other processes do at concurrency 1, and step by step (decode, lifecycle,
+encode of each message; the work after each reply; the stream's end).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
 from bench.datapath_upstream import COMPLETION
 from extproc import codec, names
 from extproc.after_reply import DeferredMetrics
-from extproc.events import StreamClosed
+from extproc.events import RequestHeaders, StreamClosed
 from extproc.lifecycle import RequestLifecycle
 from extproc.lifecycle_config import LifecycleConfig, RequestIds
 from extproc.outcomes import OutcomeReports
@@ -248,28 +249,59 @@ def replay(
     return (time.process_time() - started) / requests, responses // requests
 
 
-def request_path_median(requests: int, size: int, endpoints: int, cold_mb: int, seed: int = 3) -> float:
-    """Median seconds of one request's path in ``kvgate up``'s default (request headers, then the
-    body and the pick; decode, lifecycle, encode and serialise; the metrics and the scheduler's
-    feedback after it, as the servicer does), touching ``cold_mb`` MB between requests (0: warm
-    caches), as Envoy, the upstream and the client do at concurrency 1."""
+STAGES = (
+    "headers: decode", "headers: lifecycle", "headers: encode", "after the headers' reply",
+    "body: decode", "body: lifecycle", "body: encode", "after the body's reply", "the stream's end",
+)
+REQUEST_PATH = "request path"
+"""Request headers and the pick, each decoded, handled, encoded and serialised: what Envoy waits for."""
+
+
+def request_path_stages(
+    requests: int, size: int, endpoints: int, cold_mb: int, seed: int = 3
+) -> dict[str, float]:
+    """Median seconds of each step of ``kvgate up``'s default request path (:data:`STAGES`; decode is
+    the protobuf parse and ``codec.decode``, encode ``codec.encode`` and serialisation, "after the
+    reply" the queue the servicer flushes once the reply is written) and of the whole
+    :data:`REQUEST_PATH`, touching ``cold_mb`` MB between requests (0: warm caches), as Envoy, the
+    upstream and the client do at concurrency 1."""
     setup = Replay.of(size, endpoints, seed, one_pass=False, lean=True, timing_every=8)
     junk = bytearray(cold_mb * 1024 * 1024)
     line = bytes(len(junk[::64]))
-    times: list[float] = []
+    times: dict[str, list[float]] = {stage: [] for stage in (*STAGES, REQUEST_PATH)}
+    clock = time.perf_counter
     for index in range(requests):
         if cold_mb:
             junk[::64] = line  # one write per cache line: evicts the picker's code and data
+        kept = index >= requests // 5
         machine = setup.lifecycle(index)
-        started = time.perf_counter()
+        path = 0.0
         for wire in setup.wires[index % len(setup.wires)]:
-            for action in machine.handle(codec.decode(pb.ProcessingRequest.FromString(wire))):
+            t0 = clock()
+            event = codec.decode(pb.ProcessingRequest.FromString(wire))
+            t1 = clock()
+            actions = machine.handle(event)
+            t2 = clock()
+            for action in actions:
                 codec.encode(action).SerializeToString()
-        times.append(time.perf_counter() - started)
-        setup.metrics.flush()
+            t3 = clock()
+            setup.metrics.flush()
+            t4 = clock()
+            part = "headers" if isinstance(event, RequestHeaders) else "body"
+            after = "after the headers' reply" if part == "headers" else "after the body's reply"
+            if kept:
+                times[f"{part}: decode"].append(t1 - t0)
+                times[f"{part}: lifecycle"].append(t2 - t1)
+                times[f"{part}: encode"].append(t3 - t2)
+                times[after].append(t4 - t3)
+            path += t3 - t0
+        t5 = clock()
         machine.handle(StreamClosed(cancelled=False))
         setup.metrics.flush()
-    return statistics.median(times[requests // 5:])
+        if kept:
+            times["the stream's end"].append(clock() - t5)
+            times[REQUEST_PATH].append(path)
+    return {stage: statistics.median(found) for stage, found in times.items() if found}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -290,11 +322,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="time plugins on 1 request in N (the picker's default: 8)")
     args = parser.parse_args(argv)
     if args.cold_mb:
+        rounds: dict[int, list[dict[str, float]]] = {0: [], args.cold_mb: []}
         for _ in range(3):
-            for mb in (0, args.cold_mb):
-                median = request_path_median(args.requests, args.size, args.endpoints, mb)
+            for mb in rounds:
+                stages = request_path_stages(args.requests, args.size, args.endpoints, mb)
+                rounds[mb].append(stages)
                 state = "warm" if mb == 0 else f"{mb} MB touched between requests"
-                print(f"request path ({args.size} B body), {state}: median {median * 1e6:.0f} µs")
+                median = stages[REQUEST_PATH] * 1e6
+                print(f"request path ({args.size} B body), {state}: median {median:.0f} µs")
+        print(f"\nmedian µs per step (median of the rounds) | warm | {args.cold_mb} MB touched")
+        for stage in (*STAGES, REQUEST_PATH):
+            cells = [statistics.median(r[stage] for r in rounds[mb]) * 1e6 for mb in rounds]
+            print(f"{stage} | " + " | ".join(f"{cell:.0f}" for cell in cells))
         return
     replay(200, args.size, args.endpoints, one_pass=args.one_pass, lean=args.lean)  # warm-up
     if args.profile:
