@@ -1,7 +1,7 @@
 """Where a request's time goes at concurrency 1, as Envoy sees it: the floor against kvgate.
 
 ``python -m bench.extproc_phases [--rounds 5] [--seconds 4] [--endpoints 8] [--baseline DIR]
-[--pause-ms MS] [--picker-args ARGS] [--output FILE]``
+[--pause-ms MS] [--picker-args ARGS] [--stream-tokens N] [--output FILE]``
 
 The same Envoy, upstream and processors as ``bench.datapath_onepass`` (``direct``, ``floor``,
 ``kvgate_lean`` and, with ``--baseline DIR``, ``baseline_lean``), each listener with a file access
@@ -15,9 +15,10 @@ log of Envoy's own per-request timings:
 - ``upstream``: first byte sent upstream to the last byte received from it;
 - ``total``: the request's first byte received to its response's last byte sent.
 
-Non-streamed 1 KB ``/v1/completions`` bodies, one wrk connection, the paths alternating within each
-of ``--rounds`` rounds (the order rotated each round: a path's place in it showed in the figures);
-every figure is the median over the round's requests, then the median of
+Non-streamed 1 KB ``/v1/completions`` bodies (``--stream-tokens N``: streamed ones of N tokens, one
+chunk per token; the client's p50 is then to the last byte), one wrk connection, the paths
+alternating within each of ``--rounds`` rounds (the order rotated each round: a path's place in it
+showed in the figures); every figure is the median over the round's requests, then the median of
 the rounds. ``envoy's own`` = before upstream − the two calls. The client's p50 (wrk) is beside
 them: what Envoy does not see is the client and the kernel.
 """
@@ -39,7 +40,7 @@ from pathlib import Path
 from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_envoy import POOL, direct_cluster, direct_listener
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from bench.datapath_onepass import FLOOR, LEAN, LEAN_ARGS, processor_listener
+from bench.datapath_onepass import FLOOR, LEAN, LEAN_ARGS, processor_listener, stream_bodies
 from bench.datapath_procs import pools_yaml, start_null_picker, start_picker, start_upstream
 from gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
@@ -166,6 +167,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
         **{f"version {k}": v for k, v in versions().items()},
         "endpoints": str(args.endpoints),
         "rounds": f"{args.rounds} × {args.seconds:g} s per path, alternating, the order rotated each round",
+        "requests": (f"streamed, {args.stream_tokens} tokens, one chunk each (client p50: to the last byte)"
+                     if args.stream_tokens else "1 KB, not streamed"),
         "pause between requests": f"{args.pause_ms} ms",
         "picker args": " ".join(extra) or "(none)",
     }
@@ -199,7 +202,10 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
             await envoy.start()
             stack.push_async_callback(envoy.stop)
             urls = {path: f"http://127.0.0.1:{port}" for path, port in ports.items()}
-            body_file = write_bodies(workdir / "b1k.jsonl", completion_bodies(1024, 64))
+            bodies = (
+                stream_bodies(args.stream_tokens, 64) if args.stream_tokens else completion_bodies(1024, 64)
+            )
+            body_file = write_bodies(workdir / "bodies.jsonl", bodies)
             for path in paths:
                 await wait_until_serving(urls[path], completion_bodies(1024, 1)[0])
                 await run_wrk(urls[path], body_file, connections=4, seconds=1)  # warm-up
@@ -302,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pause-ms", type=int, default=0,
                         help="the client waits this long between a response and its next request")
     parser.add_argument("--picker-args", default="", help="more flags for the kvgate pickers")
+    parser.add_argument("--stream-tokens", type=int, default=0,
+                        help="streamed requests of this many tokens (one SSE chunk each) instead of 1 KB")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     rounds, header = asyncio.run(run(args))
