@@ -30,7 +30,8 @@ stream's time to first byte and to the last byte), then closed-loop load at ``--
 each processor's CPU per request (its process's CPU seconds over the requests served). Prints the
 Markdown report and writes it to ``--output``. ``--paths`` runs only the paths named (``direct`` and
 ``floor`` always run: every figure is read against them); ``--latency-rounds N`` repeats the
-concurrency-1 phase N times with the paths alternating and reports the median of the rounds' p50s
+concurrency-1 phase N times with the paths alternating (in an order rotated each round) and reports
+the median of the rounds' p50s
 (this machine's speed drifts within minutes); ``--profile-dir`` records each processor
 with py-spy during its closed-loop 1 KB run (``bench.datapath_profile`` summarises the stacks).
 """
@@ -315,8 +316,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 await load(urls[path], files["stream 64"], 4, plan.warmup_s, pids, path, "warm-up")
             stream64 = stream_bodies(64, 64)
             rounds: list[Row] = []
-            for _ in range(args.latency_rounds):  # the paths alternate within each round
-                for path in latency_paths:
+            for index in range(args.latency_rounds):  # the paths alternate within each round,
+                shift = index % len(latency_paths)  # each taking each place in turn (a fixed order
+                for path in latency_paths[shift:] + latency_paths[:shift]:  # biased: extproc_phases.md)
                     for case in ("1 KB", "200 KB"):
                         row = await load(
                             urls[path], files[case], 1, plan.latency_s, pids, path, f"c=1 {case}"
