@@ -43,7 +43,6 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from extproc import names
 from extproc.actions import (
     Action,
     ContinueBody,
@@ -54,8 +53,8 @@ from extproc.actions import (
     StreamBody,
 )
 from extproc.after_reply import AfterReply, call_logged
-from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER
 from extproc.decision import Decision, decide
+from extproc.destination_reply import destination_edit, destination_metadata, header_reply, streamed_body
 from extproc.errors import immediate_response
 from extproc.events import (
     BodyMode,
@@ -265,15 +264,19 @@ class RequestLifecycle:
                 ContinueBody(
                     Phase.REQUEST,
                     body=body,
-                    edit=self._destination_edit(decision, content_length=body is not None),
+                    edit=destination_edit(
+                        decision, self._config, self._strip, self._outcome(decision),
+                        content_length=body is not None,
+                    ),
                     clear_route_cache=True,
-                    metadata=self._metadata(decision),
+                    metadata=destination_metadata(decision, self._config.fallback_count),
                 )
             ]
         if not event.end_of_stream:
             return []
         decision = self._pick(self._body.take())
-        return [self._header_reply(decision, streamed_body=True), *self._stream(decision.body, True)]
+        chunks = streamed_body(decision.body, True, self._config.stream_chunk_bytes)
+        return [self._header_reply(decision, streamed_body=True), *chunks]
 
     def _on_request_trailers_in_body(self, event: RequestTrailers) -> list[Action]:
         self._headers_read()
@@ -282,7 +285,7 @@ class RequestLifecycle:
         decision = self._pick(self._body.take())
         return [
             self._header_reply(decision, streamed_body=True),
-            *self._stream(decision.body, False),
+            *streamed_body(decision.body, False, self._config.stream_chunk_bytes),
             ContinueTrailers(Phase.REQUEST),
         ]
 
@@ -321,52 +324,13 @@ class RequestLifecycle:
         return decision
 
     def _header_reply(self, decision: Decision, *, streamed_body: bool) -> ContinueHeaders:
-        content_length = streamed_body and (decision.body_rewritten or bool(decision.body))
-        return ContinueHeaders(
-            Phase.REQUEST,
-            self._destination_edit(decision, content_length=content_length),
-            clear_route_cache=True,
-            metadata=self._metadata(decision),
+        return header_reply(
+            decision, self._config, self._strip, self._outcome(decision), streamed_body=streamed_body
         )
 
-    def _destination_edit(self, decision: Decision, *, content_length: bool) -> HeaderEdit:
-        set_headers = [(names.DESTINATION_HEADER, decision.result.pick.address)]
-        if decision.request.model:
-            set_headers.append((names.MODEL_NAME_HEADER, decision.request.model))
-        if decision.request.stream:
-            set_headers.append((names.STREAM_HEADER, "1"))
-        bound = self._config.attempt_timeout
-        if bound is not None:
-            ms = bound.milliseconds(decision.request.max_tokens, streamed=decision.request.stream)
-            if ms is not None:
-                set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms)))
-        if self._reported:
-            value = outcome_header(self._labels, streamed=decision.request.stream)
-            set_headers.append((names.OUTCOME_HEADER, value))
-        if content_length:
-            set_headers.append(("content-length", str(len(decision.body))))
-        # a client's copy of a header set here is overwritten; any other is removed (Envoy would
-        # also remove the one this reply sets)
-        set_names = {name for name, _ in set_headers}
-        remove = tuple(h for h in self._strip if h not in set_names)
-        return HeaderEdit(set=tuple(set_headers), remove=remove)
-
-    def _destination(self, decision: Decision) -> str:
-        ranked = decision.result.ranked[: max(1, self._config.fallback_count)]
-        return ",".join(endpoint.address for endpoint in ranked)
-
-    def _metadata(self, decision: Decision) -> Mapping[str, Mapping[str, str]]:
-        return {names.LB_NAMESPACE: {names.DESTINATION_HEADER: self._destination(decision)}}
-
-    def _stream(self, body: bytes, end_of_stream: bool) -> list[Action]:
-        size = self._config.stream_chunk_bytes
-        if not body:
-            return [StreamBody(Phase.REQUEST, b"", end_of_stream)]
-        last = len(body) - 1
-        return [
-            StreamBody(Phase.REQUEST, body[start : start + size], end_of_stream and start + size > last)
-            for start in range(0, len(body), size)
-        ]
+    def _outcome(self, decision: Decision) -> str | None:
+        """The outcome mark, when Envoy reports this request's outcome afterwards."""
+        return outcome_header(self._labels, streamed=decision.request.stream) if self._reported else None
 
     @property
     def _reported(self) -> bool:
