@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from extproc import names
-from extproc.actions import Action, ContinueHeaders, HeaderEdit, Phase, StreamBody
+from extproc.actions import ContinueHeaders, HeaderEdit, Phase, StreamBody
 from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER
 from extproc.decision import Decision
 from extproc.lifecycle_config import LifecycleConfig
@@ -63,7 +63,7 @@ def header_reply(
     )
 
 
-def streamed_body(body: bytes, end_of_stream: bool, chunk_bytes: int) -> list[Action]:
+def streamed_body(body: bytes, end_of_stream: bool, chunk_bytes: int) -> list[StreamBody]:
     """The body re-sent as ``streamed_response`` chunks of at most ``chunk_bytes`` (full duplex)."""
     if not body:
         return [StreamBody(Phase.REQUEST, b"", end_of_stream)]
