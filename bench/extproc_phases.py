@@ -127,7 +127,7 @@ def phase_medians(lines: Sequence[str]) -> dict[str, float]:
     return {column: statistics.median(found) for column, found in values.items() if found}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
     path: str
     client_p50_us: float
@@ -146,7 +146,7 @@ def _lines_from(log: Path, start: int) -> list[str]:
         return [line for line in handle.read().splitlines() if line.strip()]
 
 
-async def measure(url: str, body_file: Path, log: Path, seconds: float, pause_ms: int) -> Round:
+async def measure(path: str, url: str, body_file: Path, log: Path, seconds: float, pause_ms: int) -> Round:
     start = await asyncio.to_thread(_size, log)
     result = await run_wrk(url, body_file, connections=1, seconds=seconds, pause_ms=pause_ms)
     lines: list[str] = []
@@ -155,7 +155,7 @@ async def measure(url: str, body_file: Path, log: Path, seconds: float, pause_ms
         if len(lines) >= result.requests:
             break
         await asyncio.sleep(0.1)
-    return Round("", result.p50_ms * 1000, result.requests, result.errors, phase_medians(lines))
+    return Round(path, result.p50_ms * 1000, result.requests, result.errors, phase_medians(lines))
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
@@ -212,8 +212,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
             for index in range(args.rounds):
                 shift = index % len(paths)  # each path takes each place in the order in turn
                 for path in paths[shift:] + paths[:shift]:
-                    found = await measure(urls[path], body_file, logs[path], args.seconds, args.pause_ms)
-                    found.path = path
+                    found = await measure(
+                        path, urls[path], body_file, logs[path], args.seconds, args.pause_ms
+                    )
                     rounds.append(found)
                     print(f"round {index + 1} {path}: {_cells(found)}", file=sys.stderr, flush=True)
     header["load after"] = load_average()
@@ -273,12 +274,12 @@ def same_round_differences(rounds: Sequence[Round], paths: Sequence[str]) -> lis
     for first, second in pairs:
         cells = []
         for key in keys:
-            found = [
+            differences = [
                 _figure(group[first], key) - _figure(group[second], key)
                 for group in groups
                 if first in group and second in group
-                and not math.isnan(_figure(group[first], key) - _figure(group[second], key))
             ]
+            found = [value for value in differences if not math.isnan(value)]
             if not found:
                 cells.append("–")
                 continue
