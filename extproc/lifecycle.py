@@ -52,7 +52,7 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
-from extproc.after_reply import AfterReply, call_logged
+from extproc.after_reply import AfterReply
 from extproc.decision import Decision, decide
 from extproc.destination_reply import destination_edit, destination_metadata, header_reply, streamed_body
 from extproc.errors import immediate_response
@@ -73,11 +73,11 @@ from extproc.lifecycle_config import LifecycleConfig, RequestIds
 from extproc.openai_request import BodyBuffer
 from extproc.openai_response import ResponseBodyProcessor
 from extproc.outcomes import outcome_header
+from extproc.picked_request import PickedRequest
 from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
 from extproc.request_headers import model_header, read_request_headers
-from policies.contracts import Scheduler
 from policies.errors import KvgateError, ModelNotFoundError, RouteNotFoundError
-from policies.types import ApiKind, Endpoint, InferenceRequest
+from policies.types import ApiKind
 
 _log = logging.getLogger(__name__)
 
@@ -134,12 +134,10 @@ class RequestLifecycle:
         self._api = ApiKind.OTHER
         self._subset: tuple[str, ...] | None = None
         self._body = BodyBuffer(self._config.max_body_bytes)
-        self._decision: Decision | None = None
-        self._served: Endpoint | None = None
+        self._picked: PickedRequest | None = None
+        """The routed request's feedback to the scheduler and the metrics (from the pick on)."""
         self._status = 0
         self._response: ResponseBodyProcessor | None = None
-        self._first_byte_seen = False
-        self._finished = False
         self._observe = True
         """Whether the response body is read (one-pass data path: decided at the pick)."""
         self._skipped = False
@@ -153,7 +151,7 @@ class RequestLifecycle:
 
     @property
     def decision(self) -> Decision | None:
-        return self._decision
+        return self._picked.decision if self._picked is not None else None
 
     def handle(self, event: Event) -> list[Action]:
         handler = TRANSITIONS.get((self.state, type(event)))
@@ -304,16 +302,12 @@ class RequestLifecycle:
             metrics=self._metrics,
             limiter=self._config.tenant_limiter,
         )
-        self._decision = decision
-        request, served = decision.request, decision.result.pick
-        self._served = served
+        picked = PickedRequest(decision, self._pool.scheduler, pool=self._pool.name, metrics=self._metrics,
+                               clock=self._clock, started=self._started, after_reply=self._after_reply)
+        self._picked = picked
         self.state = State.UPSTREAM
-        scheduler = self._pool.scheduler
-        now = self._now()
-        self._tell("on_picked", scheduler.on_picked, request, served, now)
-        if self._skipped and request.stream:
-            # no response headers will come: the prefill ends at the scheduler's own estimate
-            self._tell("on_first_token_unseen", scheduler.on_first_token_unseen, request, served, now)
+        # no response headers will come for a skipped stream: its first token goes unseen
+        picked.picked(first_token_unseen=self._skipped and decision.request.stream)
         return decision
 
     def _header_reply(self, decision: Decision, *, streamed_body: bool) -> ContinueHeaders:
@@ -354,9 +348,10 @@ class RequestLifecycle:
 
     # response path -------------------------------------------------------------------------
     def _on_response_headers(self, event: ResponseHeaders) -> list[Action]:
-        decision = self._decision
-        assert decision is not None
-        self._note_served(event.served_endpoint)
+        picked = self._picked
+        assert picked is not None
+        picked.served_by(event.served_endpoint)
+        decision = picked.decision
         content_type = ""
         for name, value in event.headers:
             key = name.lower()
@@ -365,9 +360,8 @@ class RequestLifecycle:
             elif key == "content-type":
                 content_type = value.lower()
         request = decision.request
-        if self._status >= 500 and self._served is not None:
-            self._tell("on_endpoint_failed", self._scheduler.on_endpoint_failed, request, self._served,
-                       self._now())
+        if self._status >= 500:
+            picked.endpoint_failed()
         rename = (request.target_model, request.model) if self._config.rename_response_model else None
         self._response = ResponseBodyProcessor(
             sse="text/event-stream" in content_type,
@@ -389,28 +383,19 @@ class RequestLifecycle:
             self._modes = BodyModes(self._modes.request, BodyMode.STREAMED)
             return [ContinueHeaders(Phase.RESPONSE, edit, response_body_mode=BodyMode.STREAMED)]
         self.state = State.RESPONSE_PASSTHROUGH
-        served = self._served
-        if served is not None:
-            if "text/event-stream" in content_type:
-                self._tell("on_first_token_unseen", self._scheduler.on_first_token_unseen, request, served,
-                           self._now())
-            else:  # a whole (non-streamed) response: its headers come when it is complete
-                self._first_byte_seen = True
-                self._metrics.first_token(self._labels, self._clock.now() - self._started)
-                self._tell("on_first_token", self._scheduler.on_first_token, request, served, self._now())
+        if "text/event-stream" in content_type:
+            picked.first_token_unseen()
+        else:  # a whole (non-streamed) response: its headers come when it is complete
+            picked.first_token()
         return [ContinueHeaders(Phase.RESPONSE)]
 
     def _on_response_body(self, event: ResponseBodyChunk) -> list[Action]:
-        processor = self._response
+        processor, picked = self._response, self._picked
         assert processor is not None
-        self._note_served(event.served_endpoint)
-        if event.data and not self._first_byte_seen:
-            self._first_byte_seen = True
-            self._metrics.first_token(self._labels, self._clock.now() - self._started)
-            decision = self._decision
-            if decision is not None and self._served is not None:
-                self._tell("on_first_token", self._scheduler.on_first_token, decision.request, self._served,
-                           self._now())
+        assert picked is not None
+        picked.served_by(event.served_endpoint)
+        if event.data:
+            picked.first_token()
         out = processor.feed(event.data, event.end_of_stream)
         if event.end_of_stream:
             self._complete_response()
@@ -434,33 +419,13 @@ class RequestLifecycle:
         return [ContinueTrailers(Phase.RESPONSE)]
 
     def _complete_response(self) -> None:
-        decision = self._decision
-        assert decision is not None
+        assert self._picked is not None
         assert self._response is not None
         usage = self._response.usage
         if usage is not None:
-            self._metrics.tokens(self._labels, usage.prompt_tokens, usage.completion_tokens)
-            limiter = self._config.tenant_limiter
-            if decision.tenant is not None and limiter is not None:
-                tokens = usage.prompt_tokens + usage.completion_tokens
-                self._tell("charge_tokens", limiter.charge_tokens, decision.tenant, tokens)
-            self._tell("on_usage", self._scheduler.on_usage, decision.request, self._served_endpoint, usage,
-                       self._now())
+            self._picked.usage(usage, self._config.tenant_limiter)
         self._finish(ok=self._status_ok)
         self.state = State.RESPONSE_DONE
-
-    def _note_served(self, address: str | None) -> None:
-        decision = self._decision
-        if address is None or decision is None or self._served is None or address == self._served.address:
-            return
-        served = next((e for e in decision.result.ranked if e.address == address), None)
-        endpoint = served or Endpoint(address=address, pool=decision.request.pool)
-        failed = self._served  # the data plane went on past it: it failed this request
-        self._served = endpoint
-        self._metrics.served_by_fallback(self._labels)
-        now = self._now()
-        self._tell("on_endpoint_failed", self._scheduler.on_endpoint_failed, decision.request, failed, now)
-        self._tell("on_served", self._scheduler.on_served, decision.request, endpoint, now)
 
     # ending --------------------------------------------------------------------------------
     def _on_closed(self, event: StreamClosed) -> list[Action]:
@@ -491,34 +456,9 @@ class RequestLifecycle:
         return [reply]
 
     def _finish(self, *, ok: bool, count_outcome: bool = True) -> None:
-        """``count_outcome`` False: the scheduler is not told the request went well (its outcome
-        is reported later); the metrics still count it as ``ok``."""
-        decision = self._decision
-        if self._finished or decision is None:
-            return
-        self._finished = True
-        now = self._now()
-        self._tell("on_finished", _finished, self._scheduler, decision.request, self._served_endpoint,
-                   ok and count_outcome, now)
-        self._metrics.request_finished(self._labels, now - self._started, ok=ok)
-
-    def _tell(self, what: str, call: Callable[..., None], *args: Any) -> None:
-        """Feedback to the scheduler (and the tenant limiter): after the reply when there is an
-        ``after_reply`` queue, else at once; it never breaks a response that is already flowing."""
-        if self._after_reply is not None:
-            self._after_reply.defer(what, call, *args)
-        else:
-            call_logged(what, call, *args)
-
-    @property
-    def _scheduler(self) -> Scheduler:
-        assert self._pool is not None
-        return self._pool.scheduler
-
-    @property
-    def _served_endpoint(self) -> Endpoint:
-        assert self._served is not None
-        return self._served
+        """The request's end, once, when it was picked (``PickedRequest.finish``)."""
+        if self._picked is not None:
+            self._picked.finish(ok=ok, count_outcome=count_outcome)
 
     @property
     def _status_ok(self) -> bool:
@@ -526,20 +466,9 @@ class RequestLifecycle:
 
     @property
     def _labels(self) -> RequestLabels:
-        pool = self._pool.name if self._pool is not None else (self._pool_name or "")
-        if self._decision is None:
-            return RequestLabels(pool, "", "")
-        request = self._decision.request
-        return RequestLabels(pool, request.model, request.target_model)
-
-    def _now(self) -> float:
-        return self._clock.now()
-
-
-def _finished(
-    scheduler: Scheduler, request: InferenceRequest, endpoint: Endpoint, ok: bool, now: float
-) -> None:
-    scheduler.on_finished(request, endpoint, ok=ok, now=now)
+        if self._picked is not None:
+            return self._picked.labels
+        return RequestLabels(self._pool.name if self._pool is not None else (self._pool_name or ""), "", "")
 
 
 def _unexpected(machine: RequestLifecycle, event: Event) -> list[Action]:

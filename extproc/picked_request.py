@@ -1,0 +1,130 @@
+"""What a routed request tells the scheduler, the tenant limiter and the request metrics, from its
+pick to its end: the lifecycle (:mod:`extproc.lifecycle`) decides *when*, this says *what*, each
+exactly once where it must be (``on_picked`` at the pick, a first token once, ``on_finished`` once).
+
+Feedback goes through the process's after-reply queue when there is one (:mod:`extproc.after_reply`:
+done once the message's replies are written, and before any later pick), else at once; a failing
+hook is logged and never breaks a response that is already flowing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from extproc.after_reply import AfterReply, call_logged
+from extproc.decision import Decision
+from extproc.ports import Clock, RequestLabels, RequestMetrics, TenantLimiter
+from policies.contracts import Scheduler
+from policies.types import Endpoint, InferenceRequest, Usage
+
+
+class PickedRequest:
+    """One picked request's feedback; ``served`` follows the endpoint that really serves it."""
+
+    __slots__ = ("_after_reply", "_clock", "_finished", "_first_token_seen", "_metrics", "_scheduler",
+                 "_started", "decision", "labels", "served")
+
+    def __init__(
+        self,
+        decision: Decision,
+        scheduler: Scheduler,
+        *,
+        pool: str,
+        metrics: RequestMetrics,
+        clock: Clock,
+        started: float,
+        after_reply: AfterReply | None,
+    ) -> None:
+        """``started``: when the request's headers came (the clock's seconds), for its latencies."""
+        self.decision = decision
+        self.served: Endpoint = decision.result.pick
+        request = decision.request
+        self.labels = RequestLabels(pool, request.model, request.target_model)
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self._clock = clock
+        self._started = started
+        self._after_reply = after_reply
+        self._first_token_seen = False
+        self._finished = False
+
+    @property
+    def request(self) -> InferenceRequest:
+        return self.decision.request
+
+    def picked(self, *, first_token_unseen: bool) -> None:
+        """At the pick: the request counted in flight on its endpoint; ``first_token_unseen``: no
+        response will show its first token (a skipped stream), so its prefill ends at the
+        scheduler's own estimate."""
+        scheduler, request, served, now = self._scheduler, self.request, self.served, self._clock.now()
+        self._tell("on_picked", scheduler.on_picked, request, served, now)
+        if first_token_unseen:
+            self._tell("on_first_token_unseen", scheduler.on_first_token_unseen, request, served, now)
+
+    def served_by(self, address: str | None) -> None:
+        """The data plane names the endpoint that serves: another than the pick means the data
+        plane went on past the one before (it failed this request) to a fallback."""
+        if address is None or address == self.served.address:
+            return
+        decision = self.decision
+        known = next((e for e in decision.result.ranked if e.address == address), None)
+        endpoint = known or Endpoint(address=address, pool=decision.request.pool)
+        failed, self.served = self.served, endpoint
+        self._metrics.served_by_fallback(self.labels)
+        now = self._clock.now()
+        self._tell("on_endpoint_failed", self._scheduler.on_endpoint_failed, self.request, failed, now)
+        self._tell("on_served", self._scheduler.on_served, self.request, endpoint, now)
+
+    def endpoint_failed(self) -> None:
+        """The serving endpoint answered a server error (5xx)."""
+        self._tell("on_endpoint_failed", self._scheduler.on_endpoint_failed, self.request, self.served,
+                   self._clock.now())
+
+    def first_token(self) -> None:
+        """The response's first byte was seen (once: later calls do nothing)."""
+        if self._first_token_seen:
+            return
+        self._first_token_seen = True
+        now = self._clock.now()
+        self._metrics.first_token(self.labels, now - self._started)
+        self._tell("on_first_token", self._scheduler.on_first_token, self.request, self.served, now)
+
+    def first_token_unseen(self) -> None:
+        """A streamed response whose body the picker will not see: the prefill ends at the
+        scheduler's own estimate."""
+        self._tell("on_first_token_unseen", self._scheduler.on_first_token_unseen, self.request, self.served,
+                   self._clock.now())
+
+    def usage(self, usage: Usage, limiter: TenantLimiter | None) -> None:
+        """The token usage the response reported: counted in the metrics, charged to the tenant the
+        request was counted against (``limiter``'s), and learned by the scheduler."""
+        self._metrics.tokens(self.labels, usage.prompt_tokens, usage.completion_tokens)
+        tenant = self.decision.tenant
+        if tenant is not None and limiter is not None:
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            self._tell("charge_tokens", limiter.charge_tokens, tenant, tokens)
+        self._tell("on_usage", self._scheduler.on_usage, self.request, self.served, usage, self._clock.now())
+
+    def finish(self, *, ok: bool, count_outcome: bool = True) -> None:
+        """The request ended (once: later calls do nothing). ``count_outcome`` False: the scheduler
+        is not told it went well (its outcome is reported later); the metrics still count ``ok``."""
+        if self._finished:
+            return
+        self._finished = True
+        now = self._clock.now()
+        self._tell("on_finished", _finished, self._scheduler, self.request, self.served,
+                   ok and count_outcome, now)
+        self._metrics.request_finished(self.labels, now - self._started, ok=ok)
+
+    def _tell(self, what: str, call: Callable[..., None], *args: Any) -> None:
+        if self._after_reply is not None:
+            self._after_reply.defer(what, call, *args)
+        else:
+            call_logged(what, call, *args)
+
+
+def _finished(
+    scheduler: Scheduler, request: InferenceRequest, endpoint: Endpoint, ok: bool, now: float
+) -> None:
+    scheduler.on_finished(request, endpoint, ok=ok, now=now)

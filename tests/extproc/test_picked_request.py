@@ -1,0 +1,141 @@
+"""A picked request's feedback: each hook told once where it must be, deferred when queued."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from extproc.after_reply import AfterReply
+from extproc.decision import Decision
+from extproc.picked_request import PickedRequest
+from extproc.ports import RequestLabels, TenantKey
+from policies.contracts import SchedulingResult
+from policies.types import Endpoint, InferenceRequest, Usage
+from tests.extproc.fakes import RecordingMetrics, RecordingScheduler, StepClock
+
+PICK, FALLBACK = "10.0.0.1:8000", "10.0.0.2:8000"
+TENANT = TenantKey("llama", "team-a")
+
+
+@dataclass
+class RecordingLimiter:
+    charged: list[tuple[TenantKey, int]] = field(default_factory=list)
+
+    def check(self, pool: str, headers: Mapping[str, str]) -> TenantKey | None:
+        return None
+
+    def record_request(self, key: TenantKey) -> None:
+        pass
+
+    def counts_tokens(self, pool: str) -> bool:
+        return True
+
+    def charge_tokens(self, key: TenantKey, tokens: int) -> None:
+        self.charged.append((key, tokens))
+
+
+def decision(*, tenant: TenantKey | None = None, stream: bool = False) -> Decision:
+    request = InferenceRequest("r1", "llama", "m", "m-lora", stream=stream)
+    ranked = (Endpoint(PICK, "llama"), Endpoint(FALLBACK, "llama"))
+    return Decision(request, SchedulingResult(ranked, "test"), b"{}", False, False, tenant)
+
+
+def picked(
+    scheduler: RecordingScheduler, metrics: RecordingMetrics, *, queue: AfterReply | None = None,
+    tenant: TenantKey | None = None,
+) -> PickedRequest:
+    return PickedRequest(decision(tenant=tenant), scheduler, pool="llama", metrics=metrics, clock=StepClock(),
+                         started=100.0, after_reply=queue)
+
+
+def test_labels_name_the_pool_and_both_models() -> None:
+    p = picked(RecordingScheduler(), RecordingMetrics())
+    assert p.labels == RequestLabels("llama", "m", "m-lora")
+    assert p.served.address == PICK
+
+
+def test_finished_once_with_the_endpoint_that_served_and_the_metrics_counted_once() -> None:
+    scheduler, metrics = RecordingScheduler(), RecordingMetrics()
+    p = picked(scheduler, metrics)
+    p.picked(first_token_unseen=False)
+    p.finish(ok=True)
+    p.finish(ok=False)
+    assert scheduler.calls == [("picked", PICK), ("finished", (PICK, True))]
+    assert [e for e in metrics.events if e[0] == "finished"] == [("finished", True)]
+
+
+def test_an_outcome_reported_later_is_not_told_as_ok_but_counted_ok_in_the_metrics() -> None:
+    scheduler, metrics = RecordingScheduler(), RecordingMetrics()
+    picked(scheduler, metrics).finish(ok=True, count_outcome=False)
+    assert scheduler.calls == [("finished", (PICK, False))]
+    assert metrics.events == [("finished", True)]
+
+
+def test_a_skipped_stream_ends_its_prefill_at_the_estimate() -> None:
+    scheduler = RecordingScheduler()
+    picked(scheduler, RecordingMetrics()).picked(first_token_unseen=True)
+    assert scheduler.unseen_first_tokens == [PICK]
+
+
+def test_the_first_token_is_told_once() -> None:
+    scheduler, metrics = RecordingScheduler(), RecordingMetrics()
+    p = picked(scheduler, metrics)
+    p.first_token()
+    p.first_token()
+    assert scheduler.first_tokens == [PICK]
+    assert [kind for kind, _ in metrics.events] == ["ttft"]
+
+
+def test_a_fallback_serving_fails_the_pick_and_moves_the_request() -> None:
+    scheduler, metrics = RecordingScheduler(), RecordingMetrics()
+    p = picked(scheduler, metrics)
+    p.served_by(None)
+    p.served_by(PICK)
+    assert scheduler.calls == []
+    assert scheduler.failed_endpoints == []
+    p.served_by(FALLBACK)
+    p.served_by(FALLBACK)  # told once
+    assert scheduler.failed_endpoints == [PICK]
+    assert scheduler.calls == [("served", FALLBACK)]
+    assert metrics.events == [("fallback", "llama")]
+    p.finish(ok=True)
+    assert scheduler.calls[-1] == ("finished", (FALLBACK, True))
+
+
+def test_an_address_outside_the_ranking_is_still_followed() -> None:
+    scheduler = RecordingScheduler()
+    p = picked(scheduler, RecordingMetrics())
+    p.served_by("10.0.0.9:8000")
+    assert p.served == Endpoint("10.0.0.9:8000", "llama")
+    assert scheduler.calls == [("served", "10.0.0.9:8000")]
+
+
+def test_usage_is_counted_learned_and_charged_to_the_tenant_only_when_there_is_one() -> None:
+    scheduler, metrics, limiter = RecordingScheduler(), RecordingMetrics(), RecordingLimiter()
+    usage = Usage(prompt_tokens=30, completion_tokens=12)
+    picked(scheduler, metrics).usage(usage, limiter)
+    assert limiter.charged == []
+    picked(scheduler, metrics, tenant=TENANT).usage(usage, limiter)
+    assert limiter.charged == [(TENANT, 42)]
+    assert scheduler.calls == [("usage", usage), ("usage", usage)]
+    assert metrics.events == [("tokens", (30, 12)), ("tokens", (30, 12))]
+
+
+def test_feedback_waits_for_the_queue_and_a_failing_hook_breaks_nothing() -> None:
+    scheduler, metrics, queue = RecordingScheduler(), RecordingMetrics(), AfterReply()
+    p = picked(scheduler, metrics, queue=queue)
+    p.picked(first_token_unseen=False)
+    p.endpoint_failed()
+    assert scheduler.calls == []
+    assert scheduler.failed_endpoints == []
+    queue.flush()
+    assert scheduler.calls == [("picked", PICK)]
+    assert scheduler.failed_endpoints == [PICK]
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    setattr(scheduler, "on_finished", broken)  # noqa: B010 (a method replaced on this instance only)
+    p.finish(ok=True)
+    queue.flush()  # logged, not raised
+    assert metrics.events[-1] == ("finished", True)
