@@ -1,6 +1,6 @@
 """A null ext_proc processor: the grpc.aio + Envoy floor under any Python picker.
 
-``python -m bench.datapath_null_picker --destination IP:PORT [--port P]``
+``python -m bench.datapath_null_picker --destination IP:PORT [--port P] [--loop auto|uvloop|asyncio]``
 
 With Envoy's one-pass processing mode (request headers SEND, request body BUFFERED, response phases
 SKIP/NONE: the ``floor`` path of ``bench.datapath_onepass``) the same loop is the one-pass floor:
@@ -12,6 +12,9 @@ headers until the body's end, answer them with a fixed destination header + ``en
 re-send the body, answer response headers and echo each response chunk. No parsing, no
 scheduling, no metrics: the same number of gRPC messages as kvgate for the same request, so its
 CPU per request is what grpc.aio and asyncio cost. Prints ``null-picker ready PORT``.
+
+It runs on the event loop kvgate's picker runs on by default (``--loop auto``: uvloop, as the issue's
+floor did), so the two are compared on the same loop.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
 from extproc.names import DESTINATION_HEADER, LB_NAMESPACE
+from gateway.processes import event_loop
 
 READY_PREFIX = "null-picker ready"
 BUFFERED = 2  # ProcessingMode.BodySendMode.BUFFERED
@@ -116,8 +120,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--destination", required=True, help="ip:port every request goes to")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    event_loop.add_loop_argument(parser)
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.destination, args.host, args.port))
+    event_loop.run(lambda: serve(args.destination, args.host, args.port), args.loop)
 
 
 if __name__ == "__main__":

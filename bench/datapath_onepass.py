@@ -81,6 +81,7 @@ from gateway.controlplane.envoy_config import (
     pool_routes,
     route_configuration,
 )
+from gateway.processes import event_loop
 from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
@@ -261,6 +262,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
         "envoy concurrency": str(args.envoy_concurrency),
         "plan": str(plan),
         "latency rounds": str(args.latency_rounds),
+        "floor's event loop": args.floor_loop,
     }
     with tempfile.TemporaryDirectory(prefix="kvgate-onepass-") as tmp:
         workdir = Path(tmp)
@@ -276,7 +278,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 picker, picker_address, _ = await start_picker("picker", pools, workdir / "picker.log", extra)
                 stack.push_async_callback(picker.stop)
                 children.append(picker)
-            null_picker, null_address = await start_null_picker(endpoints[0])
+            null_picker, null_address = await start_null_picker(endpoints[0], args.floor_loop)
             stack.push_async_callback(null_picker.stop)
             children.append(null_picker)
             if "kvgate_lean" in load_paths:
@@ -439,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "(e.g. a git worktree of an earlier commit), for a same-run comparison")
     parser.add_argument("--picker-args", default="",
                         help="extra arguments for both kvgate pickers, e.g. '--scrape-interval 1'")
+    parser.add_argument("--floor-loop", choices=event_loop.CHOICES, default=event_loop.DEFAULT,
+                        help="the floor processor's event loop (default: the picker's default)")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="py-spy each processor during its closed-loop 1 KB run (needs py-spy)")
     args = parser.parse_args(argv)

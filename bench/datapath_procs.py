@@ -58,11 +58,12 @@ async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
     return child, [url.removeprefix("http://") for url in child.ready_words]
 
 
-async def start_null_picker(destination: str) -> tuple[Child, tuple[str, int]]:
-    """bench/datapath_null_picker.py routing everything to ``destination``."""
+async def start_null_picker(destination: str, loop: str = "auto") -> tuple[Child, tuple[str, int]]:
+    """bench/datapath_null_picker.py routing everything to ``destination``, on event loop ``loop``."""
     from bench.datapath_null_picker import READY_PREFIX
 
-    command = [sys.executable, "-m", "bench.datapath_null_picker", "--destination", destination]
+    command = [sys.executable, "-m", "bench.datapath_null_picker", "--destination", destination,
+               "--loop", loop]
     child = await start_child("null_picker", command, READY_PREFIX)
     return child, ("127.0.0.1", int(child.ready_words[0]))
 

@@ -50,6 +50,7 @@ from gateway.controlplane.envoy_config import (
     ext_proc_cluster,
     pool_clusters,
 )
+from gateway.processes import event_loop
 from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from policies.types import FailureMode
 
@@ -171,6 +172,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
                      if args.stream_tokens else "1 KB, not streamed"),
         "pause between requests": f"{args.pause_ms} ms",
         "picker args": " ".join(extra) or "(none)",
+        "floor's event loop": args.floor_loop,
     }
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-phases-") as tmp:
@@ -180,7 +182,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
             stack.push_async_callback(upstream.stop)
             pools = workdir / "pools.yaml"
             pools.write_text(pools_yaml(endpoints, POOL, args.profile))
-            null_picker, null_address = await start_null_picker(endpoints[0])
+            null_picker, null_address = await start_null_picker(endpoints[0], args.floor_loop)
             stack.push_async_callback(null_picker.stop)
             lean, lean_address, _ = await start_picker(
                 "picker_lean", pools, workdir / "lean.log", (*LEAN_ARGS, *extra)
@@ -309,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pause-ms", type=int, default=0,
                         help="the client waits this long between a response and its next request")
     parser.add_argument("--picker-args", default="", help="more flags for the kvgate pickers")
+    parser.add_argument("--floor-loop", choices=event_loop.CHOICES, default=event_loop.DEFAULT,
+                        help="the floor processor's event loop (default: the picker's default)")
     parser.add_argument("--stream-tokens", type=int, default=0,
                         help="streamed requests of this many tokens (one SSE chunk each) instead of 1 KB")
     parser.add_argument("--output", type=Path, default=None)

@@ -22,6 +22,7 @@ from gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
 from gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
 from gateway.picker.service import PickerService
+from gateway.processes import event_loop
 from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,10 @@ def main(argv: Sequence[str]) -> int:
     )
     warn_ignored(args)
     try:
-        return asyncio.run(serve(args))
+        return event_loop.run(lambda: serve(args), args.loop)
+    except event_loop.LoopUnavailable as exc:
+        print(f"kvgate picker: {exc}", flush=True)
+        return 2
     except ConfigError as exc:
         print(f"kvgate picker: {exc.message}", flush=True)
         return 2

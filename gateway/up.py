@@ -85,6 +85,9 @@ class UpOptions:
     """Envoy worker threads; 0 = one per core of this machine."""
     workers: int = 1
     """Picker processes: the in-process one and ``workers - 1`` more (``gateway.picker.workers``)."""
+    loop: str = "auto"
+    """The picker workers' event loop (``gateway.processes.event_loop``; this process's is chosen
+    where it starts: ``kvgate up --loop``)."""
     stream_idle_retry_s: float = 30.0
     """A streamed request whose replica sends nothing this long goes to the next endpoint (0: never)."""
     attempt_timeout_s: float = 30.0
@@ -281,7 +284,7 @@ class KvgateUp:
                 options.workers - 1, scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after, attempt_timeout=attempt_bound,
                 skip_unread_responses=options.skip_unread_responses,
-                shared_scrapes=options.shared_scrapes,
+                shared_scrapes=options.shared_scrapes, loop=options.loop,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)

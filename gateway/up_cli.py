@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.processes import event_loop
 from gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from policies.errors import ConfigError
 
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
     parser.add_argument("--log-level", default="WARNING")
+    event_loop.add_loop_argument(parser)
     return parser
 
 
@@ -146,6 +148,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         envoy_log_level=args.envoy_log_level,
         envoy_concurrency=args.envoy_concurrency,
         workers=max(1, args.workers),
+        loop=args.loop,
         stream_idle_retry_s=args.stream_idle_retry,
         attempt_timeout_s=args.attempt_timeout,
         attempt_timeout_per_token_s=args.attempt_timeout_per_token,
@@ -162,7 +165,10 @@ def main(argv: Sequence[str]) -> int:
     )
     options = options_from_args(args)
     try:
-        return asyncio.run(serve(options))
+        return event_loop.run(lambda: serve(options), args.loop)
+    except event_loop.LoopUnavailable as exc:
+        print(f"kvgate up: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"kvgate up: {exc.message}", file=sys.stderr)
         return 2

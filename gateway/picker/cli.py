@@ -19,7 +19,9 @@ from gateway.picker.pools_file import load_pools
 from gateway.picker.redis_link import RedisSettings
 from gateway.picker.service import PickerService, PickerSettings
 from gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
+from gateway.processes import event_loop
 from gateway.processes.envoy_process import free_port
+from gateway.processes.event_loop import running_loop_name
 from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         accepted.add_argument(flag, dest=f"ignored_{flag.lstrip('-').replace('-', '_')}", default=None,
                               metavar="VALUE", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO")
+    event_loop.add_loop_argument(parser)
     return parser
 
 
@@ -162,7 +165,7 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"kvgate-picker ready grpc={args.host}:{plan.grpc_port} admin={admins[0]} "
             f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)} "
             f"redis={supervisor.redis_url} health={supervisor.healths[0]} "
-            f"tls={str(args.secure_serving).lower()}",
+            f"tls={str(args.secure_serving).lower()} loop={running_loop_name()}",
             flush=True,
         )
         await supervisor.supervise(stop)
@@ -199,7 +202,8 @@ def ready_line(args: argparse.Namespace, service: PickerService) -> str:
     return (
         f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
         f"admin=http://{args.host}:{service.admin.port}{own} "
-        f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()}"
+        f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()} "
+        f"loop={running_loop_name()}"
     )
 
 
@@ -252,8 +256,11 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         if args.workers > 1:
-            return asyncio.run(_supervise(args, argv))
-        return asyncio.run(_serve(args))
+            return event_loop.run(lambda: _supervise(args, argv), args.loop)
+        return event_loop.run(lambda: _serve(args), args.loop)
+    except event_loop.LoopUnavailable as exc:
+        print(f"kvgate picker: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"kvgate picker: {exc.message}", file=sys.stderr)
         return 2

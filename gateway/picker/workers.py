@@ -222,6 +222,7 @@ class UpWorkers:
         attempt_timeout: AttemptTimeout | None = None,
         skip_unread_responses: bool = False,
         shared_scrapes: bool = True,
+        loop: str = "auto",
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -229,12 +230,12 @@ class UpWorkers:
         self.own_ports = tuple(free_port() for _ in range(count))
         self.addresses = tuple(f"127.0.0.1:{port}" for port in self.own_ports)
         """The workers' own gRPC addresses (for the ext_proc cluster)."""
-        self._plan = WorkerPlan(
+        self.plan = WorkerPlan(
             workers=count, grpc_port=free_port(), admin_port=0,
             base_command=(
                 sys.executable, "-m", "gateway.cli", "picker", "--pools", str(self.pools_path), "--watch",
                 "--host", "127.0.0.1", "--scrape-interval", f"{scrape_interval:g}",
-                "--stale-after", f"{stale_after:g}", "--log-level", "WARNING",
+                "--stale-after", f"{stale_after:g}", "--log-level", "WARNING", "--loop", loop,
                 # kvgate up's Envoy reaches its pickers over loopback, in plaintext; its own health
                 "--secure-serving=false", "--grpc-health-port", "0",
                 *_attempt_flags(attempt_timeout),
@@ -267,7 +268,7 @@ class UpWorkers:
 
     async def start(self, redis_url: str) -> None:
         """Start the workers (after the first ``write_pools``) and watch over them."""
-        self._supervisor = WorkerSupervisor(self._plan, redis_url)
+        self._supervisor = WorkerSupervisor(self.plan, redis_url)
         await self._supervisor.start()
         self._task = asyncio.create_task(self._supervisor.supervise(self._stop))
 

@@ -61,8 +61,9 @@ async def start_picker_tls(tmp_path: Path) -> AsyncIterator[StartPicker]:
         ], name="kvgate picker")
         started.append(child)
         await child.start()
-        ready = await child.wait_for_line(r"kvgate-picker ready grpc=\S+:(\d+) .*tls=(\w+)", 30)
+        ready = await child.wait_for_line(r"kvgate-picker ready grpc=\S+:(\d+) .*tls=(\w+) loop=(\w+)", 30)
         assert ready.group(2) == "true"  # the default, as the Inference Extension's picker
+        assert ready.group(3) == ("asyncio" if "asyncio" in extra else "uvloop")  # --loop auto: uvloop
         return child, int(ready.group(1))
 
     yield start
@@ -176,8 +177,8 @@ async def test_a_certificate_rotated_on_disk_is_served_without_a_restart(
 
     write(("first.example",))
     fleet = await start_fleet(2, 0.1, ["--model", MODEL])
-    child, picker_port = await start_picker_tls(
-        _pools(fleet), "--cert-path", str(certs), "--enable-cert-reload"
+    child, picker_port = await start_picker_tls(  # asyncio's own loop: --loop keeps that path served
+        _pools(fleet), "--cert-path", str(certs), "--enable-cert-reload", "--loop", "asyncio"
     )
     first = await asyncio.to_thread(_fingerprint, picker_port)
     url = await _gateway(start_envoy, picker_port, GIE_REFERENCE)

@@ -44,3 +44,20 @@ def test_up_workers_write_the_pool_table_whole_and_skip_an_empty_one() -> None:
         import shutil
 
         shutil.rmtree(workers.directory)
+
+
+def test_kvgate_ups_loop_reaches_its_picker_workers() -> None:
+    from gateway.picker.workers import UpWorkers
+    from gateway.up_cli import build_parser, options_from_args
+
+    options = options_from_args(build_parser().parse_args(["--workers", "3", "--loop", "asyncio"]))
+    assert options.loop == "asyncio"
+    assert options_from_args(build_parser().parse_args([])).loop == "auto"
+    workers = UpWorkers(2, scrape_interval=0.05, stale_after=0.2, loop=options.loop)
+    try:
+        command = workers.plan.command(0, "redis://127.0.0.1:7000/0")
+        assert command[command.index("--loop") + 1] == "asyncio"
+    finally:
+        import shutil
+
+        shutil.rmtree(workers.directory)
