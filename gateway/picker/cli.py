@@ -21,7 +21,6 @@ from gateway.picker.service import PickerService, PickerSettings
 from gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
 from gateway.processes import event_loop
 from gateway.processes.envoy_process import free_port
-from gateway.processes.event_loop import running_loop_name
 from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -165,7 +164,7 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"kvgate-picker ready grpc={args.host}:{plan.grpc_port} admin={admins[0]} "
             f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)} "
             f"redis={supervisor.redis_url} health={supervisor.healths[0]} "
-            f"tls={str(args.secure_serving).lower()} loop={running_loop_name()}",
+            f"tls={str(args.secure_serving).lower()} loop={event_loop.running_loop_name()}",
             flush=True,
         )
         await supervisor.supervise(stop)
@@ -203,7 +202,7 @@ def ready_line(args: argparse.Namespace, service: PickerService) -> str:
         f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
         f"admin=http://{args.host}:{service.admin.port}{own} "
         f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()} "
-        f"loop={running_loop_name()}"
+        f"loop={event_loop.running_loop_name()}"
     )
 
 
