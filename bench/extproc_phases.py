@@ -1,7 +1,8 @@
 """Where a request's time goes at concurrency 1, as Envoy sees it: the floor against kvgate.
 
 ``python -m bench.extproc_phases [--rounds 5] [--seconds 4] [--endpoints 8] [--baseline DIR]
-[--pause-ms MS] [--picker-args ARGS] [--stream-tokens N] [--output FILE]``
+[--pause-ms MS] [--picker-args ARGS] [--lean-args ARGS] [--floor-loop LOOP] [--stream-tokens N]
+[--output FILE]``
 
 The same Envoy, upstream and processors as ``bench.datapath_onepass`` (``direct``, ``floor``,
 ``kvgate_lean`` and, with ``--baseline DIR``, ``baseline_lean``), each listener with a file access
@@ -172,6 +173,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
                      if args.stream_tokens else "1 KB, not streamed"),
         "pause between requests": f"{args.pause_ms} ms",
         "picker args": " ".join(extra) or "(none)",
+        "kvgate_lean's own args": args.lean_args or "(none)",
         "floor's event loop": args.floor_loop,
     }
     rounds: list[Round] = []
@@ -185,7 +187,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
             null_picker, null_address = await start_null_picker(endpoints[0], args.floor_loop)
             stack.push_async_callback(null_picker.stop)
             lean, lean_address, _ = await start_picker(
-                "picker_lean", pools, workdir / "lean.log", (*LEAN_ARGS, *extra)
+                "picker_lean", pools, workdir / "lean.log", (*LEAN_ARGS, *extra, *args.lean_args.split())
             )
             stack.push_async_callback(lean.stop)
             pickers = {"floor": null_address, "kvgate_lean": lean_address}
@@ -311,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pause-ms", type=int, default=0,
                         help="the client waits this long between a response and its next request")
     parser.add_argument("--picker-args", default="", help="more flags for the kvgate pickers")
+    parser.add_argument("--lean-args", default="",
+                        help="more flags for kvgate_lean's picker only (with --baseline: compare a flag "
+                        "against the baseline's default, e.g. '--loop asyncio')")
     parser.add_argument("--floor-loop", choices=event_loop.CHOICES, default=event_loop.DEFAULT,
                         help="the floor processor's event loop (default: the picker's default)")
     parser.add_argument("--stream-tokens", type=int, default=0,

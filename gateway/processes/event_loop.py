@@ -2,9 +2,9 @@
 
 The picker's request path is mostly grpc.aio and asyncio handing each ext_proc message between
 grpc's threads and the loop; uvloop does that hand-over and its callbacks in C. Measured at
-concurrency 1 on 2 cores (``bench/results/uvloop.md``): Envoy's request-headers call to the picker
-~0.09 ms shorter on uvloop, its body call 0.03-0.05 ms, the client's p50 0.13-0.24 ms; under load the
-CPU per request is the same on either loop.
+concurrency 1 on 2 cores (``bench/results/uvloop.md``, three runs): Envoy's request-headers call to
+the picker 60-90 µs shorter on uvloop, the client's p50 0.01-0.24 ms; under load the CPU per request
+is the same on either loop.
 """
 
 from __future__ import annotations
