@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
+from gateway.processes import event_loop
 from gateway.processes.child_process import ChildProcess
 
 PICKER_READY = "kvgate-picker ready"
@@ -58,7 +59,9 @@ async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
     return child, [url.removeprefix("http://") for url in child.ready_words]
 
 
-async def start_null_picker(destination: str, loop: str = "auto") -> tuple[Child, tuple[str, int]]:
+async def start_null_picker(
+    destination: str, loop: str = event_loop.DEFAULT
+) -> tuple[Child, tuple[str, int]]:
     """bench/datapath_null_picker.py routing everything to ``destination``, on event loop ``loop``."""
     from bench.datapath_null_picker import READY_PREFIX
 

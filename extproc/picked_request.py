@@ -57,10 +57,9 @@ class PickedRequest:
         """At the pick: the request counted in flight on its endpoint; ``first_token_unseen``: no
         response will show its first token (a skipped stream), so its prefill ends at the
         scheduler's own estimate."""
-        scheduler, request, served, now = self._scheduler, self.request, self.served, self._clock.now()
-        self._tell("on_picked", scheduler.on_picked, request, served, now)
+        self._tell("on_picked", self._scheduler.on_picked, self.request, self.served, self._clock.now())
         if first_token_unseen:
-            self._tell("on_first_token_unseen", scheduler.on_first_token_unseen, request, served, now)
+            self.first_token_unseen()
 
     def served_by(self, address: str | None) -> None:
         """The data plane names the endpoint that serves: another than the pick means the data

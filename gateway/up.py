@@ -50,6 +50,7 @@ from gateway.controlplane.xds import AdsServer, SnapshotCache, XdsStatus, bootst
 from gateway.picker.redis_link import RedisSettings
 from gateway.picker.service import PickerService, PickerSettings
 from gateway.picker.workers import UpWorkers
+from gateway.processes import event_loop
 from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from gateway.processes.simulator import SimFleetProcess
 from policies.errors import ConfigError
@@ -85,7 +86,7 @@ class UpOptions:
     """Envoy worker threads; 0 = one per core of this machine."""
     workers: int = 1
     """Picker processes: the in-process one and ``workers - 1`` more (``gateway.picker.workers``)."""
-    loop: str = "auto"
+    loop: str = event_loop.DEFAULT
     """The picker workers' event loop (``gateway.processes.event_loop``; this process's is chosen
     where it starts: ``kvgate up --loop``)."""
     stream_idle_retry_s: float = 30.0

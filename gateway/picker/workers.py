@@ -51,6 +51,7 @@ from pathlib import Path
 
 from extproc.attempt_timeout import AttemptTimeout
 from gateway.picker.pools_file import PoolSpec, dump_pools
+from gateway.processes import event_loop
 from gateway.processes.child_process import ChildProcess, ChildProcessError
 from gateway.processes.envoy_process import free_port
 from policies.errors import ConfigError
@@ -222,7 +223,7 @@ class UpWorkers:
         attempt_timeout: AttemptTimeout | None = None,
         skip_unread_responses: bool = False,
         shared_scrapes: bool = True,
-        loop: str = "auto",
+        loop: str = event_loop.DEFAULT,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
