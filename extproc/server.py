@@ -21,6 +21,14 @@ probes them: ``liveness`` (the process serves), ``readiness`` and ``inference-ex
 known). kvgate answers the same, so that chart's probes work against kvgate's picker."""
 READINESS_SERVICES = ("readiness", "inference-extension")
 
+MAX_PENDING_STREAMS = 65536
+"""Streams gRPC's core may hold before Python's server loop takes them up. Its defaults (a soft limit
+of 1,000, a hard one of 3,000, random early drops in between) reset streams that a burst opens faster
+than one event loop accepts them: 2,000 clients at once through ``kvgate up`` lost 3-10 % of their
+requests as 503 ``endpoint_picker_unavailable`` (``bench/results/burst.md``). The picker is on every
+request's path, so it queues what the data plane sends instead (Envoy's circuit breakers on the
+ext_proc cluster bound that); soft = hard: no early drops."""
+
 
 class ExtProcServer:
     """A grpc.aio server serving ext_proc and health on ``address`` (``host:port``; port 0 = any free).
@@ -55,7 +63,11 @@ class ExtProcServer:
         self._health_address = health_address
         self.own_port = 0
         self.health_port = 0
-        options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
+        options: list[tuple[str, int]] = [
+            ("grpc.so_reuseport", int(reuse_port)),
+            ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+        ]
         if max_concurrent_streams is not None:
             options.append(("grpc.max_concurrent_streams", max_concurrent_streams))
         self._server = grpc.aio.server(options=options)
