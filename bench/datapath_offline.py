@@ -64,9 +64,8 @@ class StaticPool:
     scheduler_impl: ProfileScheduler
     views: tuple[EndpointView, ...]
 
-    @property
-    def served_models(self) -> frozenset[str]:
-        return frozenset()
+    def model_known(self, model: str) -> bool | None:
+        return True  # the replay's one model, served by every endpoint (as a pool that knows it)
 
     @property
     def scheduler(self) -> Scheduler:

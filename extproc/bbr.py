@@ -5,7 +5,9 @@ metadata ``x-kvgate-role: bbr``), with request headers SEND, the request body BU
 the response. This machine answers the request headers at once (continue), and on the body's end of
 stream reads the JSON ``model`` and sets ``x-gateway-model-name`` (overwriting a client's copy) with
 ``clear_route_cache``, so Envoy re-matches the route on the model. It never picks an endpoint and
-never sends dynamic metadata; a body without a usable ``model`` passes unchanged.
+never sends dynamic metadata; a body without a usable ``model`` passes unchanged, and a ``model`` the
+gateway refuses (``extproc.model_names``: control characters, 100 KB names) is answered 400 here,
+before it reaches a header.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ import json
 from collections.abc import Sequence
 
 from extproc import names
-from extproc.actions import Action, ContinueBody, ContinueHeaders, ContinueTrailers, HeaderEdit, Phase
+from extproc.actions import (
+    Action,
+    ContinueBody,
+    ContinueHeaders,
+    ContinueTrailers,
+    HeaderEdit,
+    Immediate,
+    Phase,
+)
+from extproc.errors import immediate_response
 from extproc.events import (
     Event,
     RequestBodyChunk,
@@ -25,6 +36,8 @@ from extproc.events import (
     ResponseTrailers,
     StreamClosed,
 )
+from extproc.model_names import check_model_name
+from policies.errors import KvgateError
 
 ROLE_METADATA_KEY = "x-kvgate-role"
 """gRPC initial metadata naming the role of an ext_proc stream (set by the routes that
@@ -77,7 +90,7 @@ class BodyBasedRouter:
         assert isinstance(event, StreamClosed)
         return ()
 
-    def _on_body(self, chunk: RequestBodyChunk) -> ContinueBody:
+    def _on_body(self, chunk: RequestBodyChunk) -> ContinueBody | Immediate:
         if not self._overflowed:
             self._size += len(chunk.data)
             if self._size > self._max_body_bytes:
@@ -92,5 +105,10 @@ class BodyBasedRouter:
         self.model = None if self._overflowed else model_of(body)
         if self.model is None:
             return ContinueBody(Phase.REQUEST)
+        try:
+            check_model_name(self.model)
+        except KvgateError as error:
+            self.model = None
+            return immediate_response(error)
         edit = HeaderEdit(set=((names.MODEL_NAME_HEADER, self.model),))
         return ContinueBody(Phase.REQUEST, edit=edit, clear_route_cache=True)

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from extproc import names
 from extproc.openai_request import parse_request_body, upstream_body
-from extproc.ports import Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
+from extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from policies.contracts import SchedulingResult
 from policies.errors import BadRequestError, MalformedBodyError, ModelNotFoundError, NoEligibleEndpointError
 from policies.types import ApiKind, EndpointView, InferenceRequest
@@ -23,6 +23,8 @@ class Decision:
     body: bytes
     body_rewritten: bool
     usage_injected: bool
+    labels: RequestLabels
+    """The request's metric labels: its pool, and its model names where the pool knows them."""
     tenant: TenantKey | None = None
     """The tenant the request was counted against (its tokens are charged when usage arrives)."""
 
@@ -66,10 +68,12 @@ def decide(
             parsed = None  # an API kvgate does not know, with an opaque body: route it without a model
     elif api is not ApiKind.OTHER:
         raise MalformedBodyError("request body is empty")
+    known: bool | None = None
     if parsed is not None:
         model, prompt, stream = parsed.model, parsed.prompt, parsed.stream
         cache_salt, max_tokens = parsed.cache_salt, parsed.max_tokens
-        if pool.served_models and model not in pool.served_models:
+        known = pool.model_known(model)
+        if known is False:
             raise ModelNotFoundError.of(model)
         target_model = pool.rewrite_model(model, headers)
         prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage)
@@ -109,8 +113,10 @@ def decide(
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")
     if tenant is not None and limiter is not None:
         limiter.record_request(tenant)
-    metrics.request_picked(RequestLabels(pool.name, model, target_model), len(body))
-    return Decision(request, result, upstream, rewritten, injected, tenant)
+    labels = RequestLabels(pool.name, model, target_model) if known else RequestLabels(
+        pool.name, OTHER_MODELS if model else "", OTHER_MODELS if target_model else "")
+    metrics.request_picked(labels, len(body))
+    return Decision(request, result, upstream, rewritten, injected, labels, tenant)
 
 
 def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None) -> tuple[EndpointView, ...]:

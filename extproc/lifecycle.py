@@ -302,7 +302,7 @@ class RequestLifecycle:
             metrics=self._metrics,
             limiter=self._config.tenant_limiter,
         )
-        picked = PickedRequest(decision, self._pool.scheduler, pool=self._pool.name, metrics=self._metrics,
+        picked = PickedRequest(decision, self._pool.scheduler, metrics=self._metrics,
                                clock=self._clock, started=self._started, after_reply=self._after_reply)
         self._picked = picked
         self.state = State.UPSTREAM

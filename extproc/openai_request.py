@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from extproc.model_names import check_model_name
 from policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
 from policies.types import ApiKind
 
@@ -90,7 +91,8 @@ TOO_DEEP = "request body nests JSON arrays or objects too deeply"
 
 
 def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
-    """Parse ``raw`` for routing. Raises MalformedBodyError / BadRequestError (400), nothing else.
+    """Parse ``raw`` for routing. Raises MalformedBodyError / BadRequestError (400), nothing else
+    (InvalidModelNameError for a ``model`` the gateway refuses: ``extproc.model_names``).
 
     A body nested deeper than the interpreter's recursion limit (about 1,000 levels, far beyond
     any OpenAI request) is refused as soon as the decoder reaches that depth.
@@ -108,6 +110,7 @@ def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
         raise BadRequestError("'model' is required")
     if not isinstance(model, str):
         raise BadRequestError(f"'model' must be a string, not {_json_type(model)}")
+    check_model_name(model)
     try:
         prompt = _prompt_of(api, document)
     except RecursionError:  # content parts serialised for hashing, nested near the limit

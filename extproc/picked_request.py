@@ -14,7 +14,7 @@ from typing import Any
 
 from extproc.after_reply import AfterReply, call_logged
 from extproc.decision import Decision
-from extproc.ports import Clock, RequestLabels, RequestMetrics, TenantLimiter
+from extproc.ports import Clock, RequestMetrics, TenantLimiter
 from policies.contracts import Scheduler
 from policies.types import Endpoint, InferenceRequest, Usage
 
@@ -30,7 +30,6 @@ class PickedRequest:
         decision: Decision,
         scheduler: Scheduler,
         *,
-        pool: str,
         metrics: RequestMetrics,
         clock: Clock,
         started: float,
@@ -39,8 +38,7 @@ class PickedRequest:
         """``started``: when the request's headers came (the clock's seconds), for its latencies."""
         self.decision = decision
         self.served: Endpoint = decision.result.pick
-        request = decision.request
-        self.labels = RequestLabels(pool, request.model, request.target_model)
+        self.labels = decision.labels
         self._scheduler = scheduler
         self._metrics = metrics
         self._clock = clock

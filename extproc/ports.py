@@ -27,9 +27,12 @@ class Pool(Protocol):
     @property
     def name(self) -> str: ...
 
-    @property
-    def served_models(self) -> frozenset[str]:
-        """Model (and adapter) names this pool serves; empty means any model."""
+    def model_known(self, model: str) -> bool | None:
+        """Whether ``model`` is a name this pool serves: True when its configuration (models, the
+        routes' model matches, rewrites) or its ready replicas (``/v1/models``, metrics) name it;
+        False when the pool declares its models, or every ready replica has said what it serves,
+        and none names it (the gateway answers 404); None when that cannot be told (no replica has
+        reported yet, or the pool forwards names it does not know)."""
         ...
 
     @property
@@ -105,9 +108,15 @@ class MonotonicClock:
         return time.monotonic()
 
 
+OTHER_MODELS = "__other__"
+"""The model label of requests for names the pool does not know (``Pool.model_known`` not True):
+clients choose model names, and each name a label would grow the metrics page without bound."""
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLabels:
-    """Labels of GIE's per-request metrics."""
+    """Labels of GIE's per-request metrics (``model`` and ``target_model`` are known names, else
+    :data:`OTHER_MODELS`)."""
 
     pool: str
     model: str

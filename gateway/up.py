@@ -40,7 +40,6 @@ from gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from gateway.controlplane.kubernetes.lease import LeaderElector
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
-from gateway.controlplane.models.reports import ReplicaModelsPoller
 from gateway.controlplane.models.server import ModelsServer
 from gateway.controlplane.resources import ConfigProvider, FileProvider, ResourceSet
 from gateway.controlplane.resources.core import Pod
@@ -315,11 +314,8 @@ class KvgateUp:
         self._stack.push_async_callback(ads.stop, 0.5)
         await ads.start()
 
-        poller = ReplicaModelsPoller(picker.scraper.snapshot)
-        self._stack.push_async_callback(poller.stop)
-        await poller.start()
         models = ModelsServer(lambda: self.control.config if self.control is not None else None,
-                              poller.reports)
+                              picker.replica_models.reports)
         self._stack.push_async_callback(models.stop)
         await models.start()
 

@@ -4,7 +4,8 @@
 
     KvgateError                       500 internal_error
     ├── BadRequestError               400 invalid_request_error / bad_request
-    │   └── MalformedBodyError        400 invalid_request_error / invalid_json
+    │   ├── MalformedBodyError        400 invalid_request_error / invalid_json
+    │   └── InvalidModelNameError     400 invalid_request_error / invalid_model_name
     ├── ModelNotFoundError            404 invalid_request_error / model_not_found
     │   └── RouteNotFoundError        404 invalid_request_error / route_not_found
     ├── PayloadTooLargeError          413 invalid_request_error / payload_too_large
@@ -49,6 +50,13 @@ class BadRequestError(KvgateError):
 
 class MalformedBodyError(BadRequestError):
     code = "invalid_json"
+
+
+class InvalidModelNameError(BadRequestError):
+    """A ``model`` no model server could be serving: too long, or characters outside the names
+    that models and adapters have (``extproc.model_names``)."""
+
+    code = "invalid_model_name"
 
 
 class ModelNotFoundError(KvgateError):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from gateway.controlplane.envoy_config import ONE_PASS
+from gateway.controlplane.models.catalog import declared_models
 from gateway.controlplane.resources import (
     ConfigProvider,
     ConfigSnapshot,
@@ -56,6 +57,9 @@ ENGINE_ANNOTATION = "kvgate.io/engine"
 RPM_ANNOTATION = "kvgate.io/requests-per-minute"
 TPM_ANNOTATION = "kvgate.io/tokens-per-minute"
 FAIRNESS_HEADER_ANNOTATION = "kvgate.io/fairness-header"
+MODEL_CHECK_ANNOTATION = "kvgate.io/model-check"
+"""``"false"``: forward names no replica reports (engines that load an adapter on first use, such as
+vLLM's LoRA resolvers), instead of answering them 404 ``model_not_found`` at the gateway."""
 _DIALECTS: tuple[str, ...] = get_args(Dialect)
 
 
@@ -137,6 +141,10 @@ def pool_spec(
         for rule in (table.rules if table is not None else ())
     )
     rate_limits = _rate_limits(pool, annotations, warnings)
+    check = annotations.get(MODEL_CHECK_ANNOTATION, "true").strip().lower()
+    if check not in ("true", "false"):
+        warnings.append(f"InferencePool {pool.id}: {MODEL_CHECK_ANNOTATION} {check!r} is not true or false; "
+                        "using true")
     spec = PoolSpec.model_validate(
         {
             "name": pool.id,
@@ -147,6 +155,8 @@ def pool_spec(
             "objectives": objectives,
             "model_rewrites": rewrites,
             "rate_limits": rate_limits,
+            "route_models": tuple(sorted(declared_models(config).get(pool.id, ()))),
+            "check_models": check != "false",
         }
     )
     return spec, warnings

@@ -4,7 +4,9 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
 
     pools:
       - name: llama
-        models: ["meta-llama/Llama-3.1-8B-Instruct", "sql-lora"]   # empty or absent: any model
+        models: ["meta-llama/Llama-3.1-8B-Instruct", "sql-lora"]   # empty or absent: what the replicas serve
+        checkModels: true             # false: forward names no replica reports (engines that load
+                                      #   adapters on first use, e.g. vLLM's LoRA resolvers)
         endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
         failureMode: FailClose        # FailOpen | FailClose
         profile: default              # a profile name under policies/profiles, or a path
@@ -98,6 +100,19 @@ class PoolSpec(BaseModel):
     objectives: tuple[ObjectiveSpec, ...] = ()
     rate_limits: RateLimitSpec | None = Field(default=None, alias="rateLimits")
     model_rewrites: tuple[ModelRewriteSpec, ...] = Field(default=(), alias="modelRewrites")
+    route_models: tuple[str, ...] = Field(default=(), alias="routeModels")
+    """Models an HTTPRoute sends here by an exact model match (the control plane fills it in)."""
+    check_models: bool = Field(default=True, alias="checkModels")
+    """Answer 404 for a model that no ready replica reports (when all have reported)."""
+
+    def declared_models(self) -> frozenset[str]:
+        """Every name the configuration gives this pool: its models, its routes' model matches, its
+        rewrites' sources and targets."""
+        names = {*self.models, *self.route_models}
+        for rule in self.model_rewrites:
+            names.update(rule.models)
+            names.update(target.model for target in rule.targets)
+        return frozenset(names)
 
     def rewrite_targets(self, model: str) -> tuple[RewriteTargetSpec, ...] | None:
         """The weighted targets of the first rewrite rule matching ``model``; None when none does."""

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -24,6 +24,7 @@ from extproc.server import ExtProcServer
 from gateway.picker.admin_http import AdminServer
 from gateway.picker.pools_file import PoolSpec
 from gateway.picker.redis_link import RedisSettings
+from gateway.picker.replica_models import PoolModelNames, ReplicaModels
 from gateway.picker.scraper import MetricsScraper
 from gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
 from gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
@@ -45,8 +46,17 @@ class PoolRuntime:
     spec: PoolSpec
     scheduler_impl: ProfileScheduler
     scraper: MetricsScraper
+    replica_names: Callable[[str], PoolModelNames]
+    """What a pool's ready replicas serve (``ReplicaModels.names``)."""
+    declared: frozenset[str] = frozenset()
+    """``spec.declared_models()``, once."""
     rng: random.Random = field(default_factory=random.Random, compare=False)
     """Draws the weighted model-rewrite target of each request."""
+
+    @staticmethod
+    def of(spec: PoolSpec, scheduler: ProfileScheduler, scraper: MetricsScraper,
+           replica_names: Callable[[str], PoolModelNames]) -> PoolRuntime:
+        return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models())
 
     @property
     def name(self) -> str:
@@ -56,9 +66,15 @@ class PoolRuntime:
     def rewrites_models(self) -> bool:
         return bool(self.spec.model_rewrites)
 
-    @property
-    def served_models(self) -> frozenset[str]:
-        return frozenset(self.spec.models)
+    def model_known(self, model: str) -> bool | None:
+        if model in self.declared:
+            return True
+        served = self.replica_names(self.spec.name)
+        if model in served.names:
+            return True
+        if self.spec.models:
+            return False  # a declared list is the whole list
+        return False if self.spec.check_models and served.complete else None
 
     @property
     def scheduler(self) -> Scheduler:
@@ -150,6 +166,7 @@ class PickerService:
             timeout=settings.scrape_timeout,
             stale_after=settings.stale_after,
         )
+        self.replica_models = ReplicaModels(self.scraper.snapshot)
         self.table = PoolTable(pools=MappingProxyType({}), default=None)
         self.sharing = SharingRuntime(settings.redis)
         self.scraper.delegate_to(self.sharing.share_scrapes(self.scraper, settings.stale_after))
@@ -204,7 +221,9 @@ class PickerService:
                 for address in set(previous.spec.endpoints) - kept:
                     schedulers[spec.name].forget_endpoint(address)
         self.sharing.apply(specs)
-        pools = {spec.name: PoolRuntime(spec, schedulers[spec.name], self.scraper) for spec in specs}
+        names = self.replica_models.names
+        pools = {spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names)
+                 for spec in specs}
         self.table = PoolTable(pools=MappingProxyType(pools), default=default)
         self._publish_readiness()
         log.info("serving pools: %s", ", ".join(sorted(pools)) or "(none)")
@@ -243,6 +262,7 @@ class PickerService:
 
     async def start(self) -> None:
         await self.scraper.start()
+        await self.replica_models.start()
         await self.sharing.start()
         await self.extproc.start()
         await self.admin.start()
@@ -264,6 +284,7 @@ class PickerService:
         await self.admin.stop()
         await self.extproc.stop(0.5)
         await self.sharing.stop()
+        await self.replica_models.stop()
         await self.scraper.stop()
 
     @property

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from extproc.ports import RequestLabels
+from extproc.ports import OTHER_MODELS, RequestLabels
 from policies.types import EndpointSnapshot
 
 LATENCY_BUCKETS = (
@@ -29,9 +29,10 @@ TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
 SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 
 MAX_MODEL_LABEL_SETS = 1000
-"""Distinct (model, target model) label sets kept; beyond it requests count under ``__other__``,
-so clients sending arbitrary model names cannot grow the metrics page without bound."""
-OTHER = "__other__"
+"""Distinct (model, target model) label sets kept; beyond it requests count under ``__other__``.
+A backstop: the picker already labels names its pool does not know ``__other__``
+(``extproc.ports.OTHER_MODELS``), so only configured and served names reach here."""
+OTHER = OTHER_MODELS
 
 SnapshotSource = Callable[[], EndpointSnapshot]
 ScrapeCountersSource = Callable[[], Mapping[str, tuple[int, int]]]

@@ -89,8 +89,16 @@ class FakePool:
     addresses: tuple[str, ...]
     scheduler: RecordingScheduler = field(default_factory=RecordingScheduler)
     served_models: frozenset[str] = frozenset()
+    """Declared models (with the rewrites' names): any other is unknown (404)."""
+    undeclared: bool | None = True
+    """``model_known`` of a name when nothing is declared (True: every name is known)."""
     objectives: Mapping[str, int] = field(default_factory=dict)
     rewrites: Mapping[str, str] = field(default_factory=dict)
+
+    def model_known(self, model: str) -> bool | None:
+        if model in self.served_models or model in self.rewrites or model in self.rewrites.values():
+            return True
+        return False if self.served_models else self.undeclared
 
     def endpoints(self) -> tuple[EndpointView, ...]:
         return tuple(EndpointView(Endpoint(a, self.name)) for a in self.addresses)

@@ -37,14 +37,15 @@ class RecordingLimiter:
 def decision(*, tenant: TenantKey | None = None, stream: bool = False) -> Decision:
     request = InferenceRequest("r1", "llama", "m", "m-lora", stream=stream)
     ranked = (Endpoint(PICK, "llama"), Endpoint(FALLBACK, "llama"))
-    return Decision(request, SchedulingResult(ranked, "test"), b"{}", False, False, tenant)
+    labels = RequestLabels("llama", "m", "m-lora")
+    return Decision(request, SchedulingResult(ranked, "test"), b"{}", False, False, labels, tenant)
 
 
 def picked(
     scheduler: RecordingScheduler, metrics: RecordingMetrics, *, queue: AfterReply | None = None,
     tenant: TenantKey | None = None,
 ) -> PickedRequest:
-    return PickedRequest(decision(tenant=tenant), scheduler, pool="llama", metrics=metrics, clock=StepClock(),
+    return PickedRequest(decision(tenant=tenant), scheduler, metrics=metrics, clock=StepClock(),
                          started=100.0, after_reply=queue)
 
 

@@ -27,32 +27,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from extproc.names import MODEL_NAME_HEADER
 from gateway.controlplane.resources import ValidatedConfig
 from gateway.controlplane.resources.resolved import BackendKind, ResolvedRule
+from gateway.picker.replica_models import PoolModels
 
 JsonDict = dict[str, Any]
 
 _ANY = re.compile(".*", re.DOTALL)
-
-
-@dataclass(frozen=True, slots=True)
-class ReportedModel:
-    """One entry of a replica's ``/v1/models`` (its ``card``: the object as the replica sent it)."""
-
-    id: str
-    card: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolModels:
-    """What a pool's ready replicas report: ``models`` merged over them (first seen wins)."""
-
-    ready_replicas: int = 0
-    models: tuple[ReportedModel, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +89,18 @@ def _sources(config: ValidatedConfig, port: int) -> list[_Source]:
         for rule in route.rules:
             found.extend(_rule_sources(rule))
     return found
+
+
+def declared_models(config: ValidatedConfig) -> dict[str, set[str]]:
+    """Pool id → the models routes send it by an exact model match (on any listener)."""
+    declared: dict[str, set[str]] = {}
+    for route in config.routes:
+        for rule in route.rules:
+            for source in _rule_sources(rule):
+                if source.declared is not None:
+                    for pool in source.pools:
+                        declared.setdefault(pool, set()).add(source.declared)
+    return declared
 
 
 def _rewrite_sources(config: ValidatedConfig) -> dict[str, set[str]]:

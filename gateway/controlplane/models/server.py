@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from extproc.names import LISTENER_PORT_HEADER
-from gateway.controlplane.models.catalog import ModelEntry, PoolModels, catalog, model_list, model_object
+from gateway.controlplane.models.catalog import ModelEntry, catalog, model_list, model_object
 from gateway.controlplane.resources import ValidatedConfig
+from gateway.picker.replica_models import PoolModels
 from policies.errors import KvgateError, ModelNotFoundError
 
 

@@ -134,7 +134,7 @@ async def test_weighted_rewrite_draws_in_proportion() -> None:
     config = validate(resources, ValidationOptions(require_picker_service=False))
     [spec], _ = pool_specs(resources, config, SETTINGS)
     service = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
-    runtime = PoolRuntime(spec, None, service.scraper, rng=random.Random(7))  # type: ignore[arg-type]
+    runtime = PoolRuntime(spec, None, service.scraper, service.replica_models.names, rng=random.Random(7))  # type: ignore[arg-type]
     drawn = Counter(runtime.rewrite_model("m", {}) for _ in range(5000))
     assert set(drawn) == {"m-v1", "m-v2"}
     assert 0.08 < drawn["m-v2"] / 5000 < 0.12
@@ -194,3 +194,20 @@ def test_the_bundled_example_is_valid() -> None:
     )
     assert [pool.id for pool in snapshot.config.pools] == ["default/llama"]
     assert len(snapshot.config.objectives) == 2
+
+
+def test_a_pool_knows_its_routes_model_matches_and_may_forward_unknown_names() -> None:
+    routed = REST.replace(
+        "rules: [{backendRefs:",
+        "rules: [{matches: [{headers: [{name: X-Gateway-Model-Name, value: routed-model}]}], backendRefs:",
+    )
+    pool = POOL.format(profile="default", engine="vllm").replace(
+        "kvgate.io/engine: vllm}", "kvgate.io/engine: vllm, kvgate.io/model-check: 'false'}"
+    )
+    resources = parse_manifests([("x.yaml", pool + "---" + routed)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert spec.route_models == ("routed-model",)
+    assert not spec.check_models
+    assert warnings == []
+    assert {"routed-model", "m", "m-v1", "m-v2"} <= spec.declared_models()

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.controlplane.models.catalog import (
-    ModelEntry,
-    PoolModels,
-    ReportedModel,
-    catalog,
-    model_list,
-    model_object,
-)
-from gateway.controlplane.models.reports import pool_models
+from gateway.controlplane.models.catalog import ModelEntry, catalog, model_list, model_object
 from gateway.controlplane.resources import load_directory, validate
-from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
+from gateway.picker.replica_models import PoolModels, ReportedModel
 from tests.gateway.controlplane.resources.manifests import (
     EPP_SERVICE,
     GATEWAY,
@@ -78,24 +70,3 @@ def test_a_pool_routed_without_a_model_match_lists_its_replicas_models_and_rewri
     body = model_list(catalog(config, 8080, reported), created=1)
     assert [item["id"] for item in body["data"]] == ["base", "chat"]
     assert [item["owned_by"] for item in body["data"]] == ["vllm", "kvgate"]
-
-
-def test_reports_merge_polled_and_scraped_models_of_ready_replicas_only() -> None:
-    def view(address: str, healthy: bool, loras: frozenset[str] = frozenset()) -> EndpointView:
-        metrics = EndpointMetrics(served_models=frozenset({"base"}), active_loras=loras, updated_at=1.0)
-        return EndpointView(Endpoint(address, "p"), metrics, healthy)
-
-    snapshot = EndpointSnapshot.of({"p": (
-        view("10.0.0.1:8000", True, frozenset({"fresh-lora"})),
-        view("10.0.0.2:8000", False, frozenset({"gone-lora"})),
-    )})
-    polled = {
-        "10.0.0.1:8000": (ReportedModel("base", {"root": "/models/base"}),),
-        "10.0.0.2:8000": (ReportedModel("stale", {}),),
-    }
-    report = pool_models(snapshot, polled)["p"]
-    assert report.ready_replicas == 1
-    assert [(m.id, dict(m.card)) for m in report.models] == [
-        ("base", {"root": "/models/base"}),  # polled wins over scraped
-        ("fresh-lora", {"parent": "base"}),  # loaded since the last poll: from the metrics page
-    ]

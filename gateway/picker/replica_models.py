@@ -4,7 +4,10 @@ A replica is ready when its metrics scrape succeeds (the picker's view). Each re
 ``GET /v1/models`` is fetched when it is first seen and then every ``interval`` seconds (a replica
 loads and unloads LoRA adapters at run time); between polls the scraped metrics fill in (the base
 model a page labels its gauges with, the adapters it runs), so a new adapter shows within a scrape.
-Nothing here is on a request's path: ``GET /v1/models`` through the gateway reads the latest.
+
+Two readers, neither on the network: ``GET /v1/models`` through the gateway lists the latest
+(:meth:`ReplicaModels.reports`), and the picker asks per request whether a name is one the pool's
+replicas serve (:meth:`ReplicaModels.names`: a set kept per snapshot, so a request costs a lookup).
 """
 
 from __future__ import annotations
@@ -14,14 +17,39 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from gateway.controlplane.models.catalog import PoolModels, ReportedModel
 from policies.types import EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedModel:
+    """One entry of a replica's ``/v1/models`` (its ``card``: the object as the replica sent it)."""
+
+    id: str
+    card: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolModels:
+    """What a pool's ready replicas report: ``models`` merged over them (first seen wins)."""
+
+    ready_replicas: int = 0
+    models: tuple[ReportedModel, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolModelNames:
+    """The names a pool's ready replicas serve, and whether every one of them has said (its
+    ``/v1/models`` polled): only then can a name missing here be called unserved."""
+
+    names: frozenset[str] = frozenset()
+    complete: bool = False
 
 
 def _parse(body: Any) -> tuple[ReportedModel, ...]:
@@ -49,13 +77,17 @@ def _from_metrics(view: EndpointView) -> list[ReportedModel]:
     return found
 
 
+def _ready(views: tuple[EndpointView, ...]) -> list[EndpointView]:
+    return [view for view in views if view.healthy and view.metrics is not None]
+
+
 def pool_models(
     snapshot: EndpointSnapshot, polled: Mapping[str, tuple[ReportedModel, ...]]
 ) -> dict[str, PoolModels]:
     """Each pool's ready replicas and the models they report (polled first, then scraped)."""
     out: dict[str, PoolModels] = {}
     for pool, views in snapshot.pools.items():
-        ready = [view for view in views if view.healthy and view.metrics is not None]
+        ready = _ready(views)
         merged: dict[str, ReportedModel] = {}
         for view in ready:
             for model in polled.get(view.address, ()):
@@ -67,7 +99,23 @@ def pool_models(
     return out
 
 
-class ReplicaModelsPoller:
+def pool_model_names(
+    snapshot: EndpointSnapshot, polled: Mapping[str, tuple[ReportedModel, ...]]
+) -> dict[str, PoolModelNames]:
+    """Each pool's served names (:func:`pool_models`' ids), complete when every ready replica was
+    polled (a pool with no ready replica is never complete: nothing says what it will serve)."""
+    out: dict[str, PoolModelNames] = {}
+    for pool, report in pool_models(snapshot, polled).items():
+        ready = _ready(snapshot.endpoints(pool))
+        complete = bool(ready) and all(view.address in polled for view in ready)
+        out[pool] = PoolModelNames(frozenset(model.id for model in report.models), complete)
+    return out
+
+
+class ReplicaModels:
+    """Polls the ready replicas' ``/v1/models`` (:meth:`start` / :meth:`stop`) and answers what they
+    serve from the latest polls and the live snapshot."""
+
     def __init__(
         self, snapshot: Callable[[], EndpointSnapshot], *, interval: float = 5.0, timeout: float = 1.0
     ) -> None:
@@ -78,12 +126,24 @@ class ReplicaModelsPoller:
         self._polled_at: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._names: dict[str, PoolModelNames] = {}
+        self._names_of: tuple[EndpointSnapshot, int] | None = None
+        """What ``_names`` was computed from: the snapshot and the polls' version."""
+        self._version = 0
 
     def reports(self) -> dict[str, PoolModels]:
         return pool_models(self._snapshot(), self._polled)
 
+    def names(self, pool: str) -> PoolModelNames:
+        """What ``pool``'s ready replicas serve; computed again only when the snapshot or a poll changed."""
+        snapshot = self._snapshot()
+        cached = self._names_of
+        if cached is None or cached[0] is not snapshot or cached[1] != self._version:
+            self._names = pool_model_names(snapshot, self._polled)
+            self._names_of = (snapshot, self._version)
+        return self._names.get(pool, PoolModelNames())
+
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -91,8 +151,10 @@ class ReplicaModelsPoller:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     async def _run(self) -> None:
         while True:
@@ -106,17 +168,23 @@ class ReplicaModelsPoller:
         for gone in set(self._polled) - present:
             self._polled.pop(gone, None)
             self._polled_at.pop(gone, None)
+            self._version += 1
         due = [a for a in sorted(present) if now - self._polled_at.get(a, -1e18) >= self._interval]
         if due:
             await asyncio.gather(*(self._poll(address, now) for address in due))
 
     async def _poll(self, address: str, now: float) -> None:
-        assert self._session is not None
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
         self._polled_at[address] = now
         try:
             async with self._session.get(f"http://{address}/v1/models") as response:
                 if response.status != 200:
                     return
-                self._polled[address] = _parse(await response.json(content_type=None))
+                models = _parse(await response.json(content_type=None))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.debug("GET http://%s/v1/models failed: %s", address, exc)
+            return
+        if self._polled.get(address) != models:
+            self._polled[address] = models
+            self._version += 1

@@ -1,0 +1,151 @@
+"""What a client can send ``kvgate up`` by mistake or on purpose, through real Envoy: every bad input
+gets an OpenAI-style JSON error with the right status, and none of them hurts the gateway.
+
+:data:`BAD_INPUTS` is the table ``docs/bad-input.md`` shows (``test_the_docs_table_is_this_table``
+keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.processes.child_process import ChildProcess
+from gateway.processes.envoy_process import free_port
+from gateway.up import EXAMPLE_MODEL
+from tests.e2e.picker_harness import KVGATE, wait_until
+
+pytestmark = pytest.mark.e2e
+IN_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")  # the module's one kvgate up
+
+DOCS_TABLE = Path(__file__).parents[2] / "docs" / "bad-input.md"
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """One row of the table: what is sent, and the status and error code that come back."""
+
+    what: str
+    status: int
+    code: str
+    body: bytes = b""
+    path: str = "/v1/completions"
+    method: str = "POST"
+    headers: tuple[tuple[str, str], ...] = field(default=(("content-type", "application/json"),))
+
+
+def completion(**fields: object) -> bytes:
+    return json.dumps({"model": EXAMPLE_MODEL, "prompt": "hi", "max_tokens": 2, **fields}).encode()
+
+
+BAD_INPUTS = (
+    BadInput("a model name with a NUL and a CR", 400, "invalid_model_name", completion(model="a\u0000b\r")),
+    BadInput("a model name with a newline", 400, "invalid_model_name", completion(model="a\nb")),
+    BadInput("a 100 KB model name", 400, "invalid_model_name", completion(model="m" * 100_000)),
+    BadInput("a model no replica serves", 404, "model_not_found", completion(model="no-such-model")),
+)
+
+
+@dataclass(frozen=True)
+class Gateway:
+    url: str
+    admin: str
+    process: ChildProcess
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gateway() -> AsyncIterator[Gateway]:
+    port = free_port()
+    process = ChildProcess([
+        *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2",
+        "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.31",
+    ], name="kvgate up")
+    await process.start()
+    try:
+        await process.wait_for_line("kvgate ready:", 60.0)
+        admin = (await process.wait_for_line(r"\s+kvgate status --admin (\S+)$", 10.0)).group(1)
+        up = Gateway(f"http://127.0.0.1:{port}", admin, process)
+        async with aiohttp.ClientSession() as http:
+
+            async def replicas_polled() -> bool:
+                async with http.post(f"{up.url}/v1/completions", data=completion(model="no-such-model"),
+                                     headers={"content-type": "application/json"}) as response:
+                    return response.status == 404 and b"model_not_found" in await response.read()
+
+            await wait_until(replicas_polled, "the picker knows what the replicas serve", timeout_s=20.0)
+        yield up
+    finally:
+        await process.stop()
+
+
+async def send(http: aiohttp.ClientSession, url: str, case: BadInput) -> tuple[int, str, bytes]:
+    async with http.request(case.method, f"{url}{case.path}", data=case.body, headers=list(case.headers),
+                            timeout=aiohttp.ClientTimeout(total=30)) as response:
+        return response.status, response.headers.get("content-type", ""), await response.read()
+
+
+@IN_MODULE_LOOP
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[case.what for case in BAD_INPUTS])
+async def test_bad_input_gets_an_openai_error_with_the_right_status(gateway: Gateway, case: BadInput) -> None:
+    async with aiohttp.ClientSession() as http:
+        status, content_type, body = await send(http, gateway.url, case)
+        assert (status, content_type.split(";")[0]) == (case.status, "application/json"), body[:300]
+        error = json.loads(body)["error"]
+        assert error["code"] == case.code, error
+        assert error["message"], error
+        assert error["type"], error
+        # and the gateway still serves
+        async with http.post(f"{gateway.url}/v1/completions", data=completion(),
+                             headers={"content-type": "application/json"}) as response:
+            assert response.status == 200, await response.text()
+
+
+def _random_name(rng: random.Random) -> str:
+    kind = rng.randrange(4)
+    if kind == 0:  # plausible but unknown
+        return f"model-{rng.getrandbits(48):x}"
+    if kind == 1:  # control characters
+        return "".join(rng.choice("ab\u0000\r\n\t\u007f\u0085") for _ in range(rng.randrange(1, 30)))
+    if kind == 2:  # long
+        return "x" * rng.randrange(257, 5000)
+    return "".join(chr(rng.randrange(1, 0x3000)) for _ in range(rng.randrange(1, 40)))
+
+
+@IN_MODULE_LOOP
+async def test_metrics_stay_parseable_and_small_after_10000_random_model_names(gateway: Gateway) -> None:
+    rng = random.Random(31)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gateway.admin}/metrics") as response:
+            before = len(await response.read())
+        names = [_random_name(rng) for _ in range(10_000)]
+        statuses: dict[int, int] = {}
+        limit = asyncio.Semaphore(64)
+
+        async def one(name: str) -> None:
+            async with limit, http.post(f"{gateway.url}/v1/completions", data=completion(model=name),
+                                        headers={"content-type": "application/json"}) as response:
+                await response.read()
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+
+        await asyncio.gather(*(one(name) for name in names))
+        assert set(statuses) <= {400, 404}, statuses
+        async with http.get(f"{gateway.admin}/metrics") as response:
+            page = (await response.read()).decode()
+    families = list(text_string_to_metric_families(page))  # raises on a page Prometheus cannot read
+    assert families
+    assert len(page.encode()) - before < 100_000, (before, len(page.encode()))
+
+
+def test_the_docs_table_is_this_table() -> None:
+    rows = re.findall(r"^\| (.+?) \| (\d{3}) \| `(\w+)` \|$", DOCS_TABLE.read_text(), re.MULTILINE)
+    assert rows == [(case.what, str(case.status), case.code) for case in BAD_INPUTS]

@@ -1,0 +1,49 @@
+"""A pool as the picker sees it: which model names it knows, serves, or cannot tell."""
+
+from __future__ import annotations
+
+from gateway.picker.pools_file import PoolSpec
+from gateway.picker.replica_models import PoolModelNames
+from gateway.picker.service import PoolRuntime
+
+
+def runtime(reported: PoolModelNames, **spec: object) -> PoolRuntime:
+    pool = PoolSpec.model_validate({"name": "p", **spec})
+    return PoolRuntime.of(pool, None, None, lambda name: reported)  # type: ignore[arg-type]
+
+
+SERVED = PoolModelNames(frozenset({"base", "sql-lora"}), complete=True)
+PARTIAL = PoolModelNames(frozenset({"base"}), complete=False)
+
+
+def test_what_the_replicas_serve_is_known_and_the_rest_is_not_once_all_have_said() -> None:
+    pool = runtime(SERVED)
+    assert pool.model_known("sql-lora") is True
+    assert pool.model_known("other") is False
+
+
+def test_a_pool_cannot_tell_until_every_ready_replica_has_said() -> None:
+    assert runtime(PARTIAL).model_known("other") is None
+    assert runtime(PoolModelNames()).model_known("other") is None  # no ready replica
+
+
+def test_configured_names_are_known_before_any_replica_reports() -> None:
+    pool = runtime(
+        PoolModelNames(),
+        routeModels=["routed"],
+        modelRewrites=[{"models": ["alias"], "targets": [{"model": "target"}]}],
+    )
+    for name in ("routed", "alias", "target"):
+        assert pool.model_known(name) is True, name
+
+
+def test_a_declared_model_list_is_the_whole_list() -> None:
+    pool = runtime(PoolModelNames(), models=["m"])
+    assert pool.model_known("m") is True
+    assert pool.model_known("x") is False
+
+
+def test_a_pool_that_forwards_unknown_names_never_refuses_one() -> None:
+    pool = runtime(SERVED, checkModels=False)
+    assert pool.model_known("base") is True
+    assert pool.model_known("loaded-on-first-use") is None
