@@ -64,6 +64,8 @@ class StaticPool:
     scheduler_impl: ProfileScheduler
     views: tuple[EndpointView, ...]
 
+    extra_paths: frozenset[str] = frozenset()
+
     def model_known(self, model: str) -> bool | None:
         return True  # the replay's one model, served by every endpoint (as a pool that knows it)
 

@@ -214,12 +214,12 @@ class RequestLifecycle:
 
     def _read_headers(self, event: RequestHeaders) -> None:
         """The headers kept (forged system headers set aside to strip), the API, the pool when it is
-        not known yet, the declared length against the body limit."""
+        not known yet; a path outside the inference API, a declared length over the limit refused."""
         read = read_request_headers(event.headers)
         self._headers, self._strip, self._api = read.headers, read.strip, read.api
         if self._pool is None:
             self._pool = self._resolve_pool(event.headers)
-        read.refuse_over(self._config.max_body_bytes)
+        read.refuse(self._config.max_body_bytes, self._pool.extra_paths)
 
     def _resolve_pool(self, headers: Headers) -> Pool:
         try:

@@ -55,6 +55,11 @@ class Pool(Protocol):
         """Whether any model rewrite is configured (a response may then need its model renamed)."""
         ...
 
+    @property
+    def extra_paths(self) -> frozenset[str]:
+        """Paths this pool serves beyond the inference API (``extproc.inference_paths``)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TenantKey:

@@ -1,5 +1,6 @@
 """A request's headers as the picker reads them: the ones it keeps, the forged system headers to
-strip, the API the path names, and the declared length against the gateway's body limit."""
+strip, the API the path names, and what it refuses: a path outside the inference API, a declared
+length over the gateway's body limit."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import MappingProxyType
 
 from extproc import names
 from extproc.events import Headers
+from extproc.inference_paths import check_path
 from extproc.openai_request import api_kind
 from policies.errors import PayloadTooLargeError
 from policies.types import ApiKind
@@ -21,9 +23,13 @@ class ReadHeaders:
     """System-owned headers a client sent (``names.is_system_owned``): each once, in arrival order."""
     api: ApiKind
 
-    def refuse_over(self, limit: int) -> None:
-        """413 when the declared ``content-length`` is over ``limit`` bytes."""
-        length = self.headers.get("content-length", "")
+    def refuse(self, limit: int, extra_paths: frozenset[str]) -> None:
+        """404 for a path the picker does not serve (``extproc.inference_paths``: the pool's
+        ``extra_paths`` besides the inference API), 413 when the declared ``content-length`` is over
+        ``limit`` bytes."""
+        headers = self.headers
+        check_path(headers.get(":method", ""), headers.get(":path", ""), extra_paths)
+        length = headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             raise PayloadTooLargeError(f"request body exceeds the gateway limit of {limit} bytes")
 

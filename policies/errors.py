@@ -8,6 +8,7 @@
     │   └── InvalidModelNameError     400 invalid_request_error / invalid_model_name
     ├── ModelNotFoundError            404 invalid_request_error / model_not_found
     │   └── RouteNotFoundError        404 invalid_request_error / route_not_found
+    ├── UnknownPathError              404 invalid_request_error / unknown_url
     ├── PayloadTooLargeError          413 invalid_request_error / payload_too_large
     ├── TooManyRequestsError          429 (abstract: carries retry_after)
     │   ├── RequestShedError          429 rate_limit_error / request_shed
@@ -74,6 +75,15 @@ class RouteNotFoundError(ModelNotFoundError):
     """No route (so no pool) matched the request: with model routing, a model nobody serves."""
 
     code = "route_not_found"
+
+
+class UnknownPathError(KvgateError):
+    """A path outside the inference API (a model server's admin API, a typo): OpenAI answers these
+    ``Invalid URL (METHOD /path)``."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "unknown_url"
 
 
 class PayloadTooLargeError(KvgateError):

@@ -57,6 +57,9 @@ ENGINE_ANNOTATION = "kvgate.io/engine"
 RPM_ANNOTATION = "kvgate.io/requests-per-minute"
 TPM_ANNOTATION = "kvgate.io/tokens-per-minute"
 FAIRNESS_HEADER_ANNOTATION = "kvgate.io/fairness-header"
+EXTRA_PATHS_ANNOTATION = "kvgate.io/extra-paths"
+"""Comma-separated paths the picker serves for this pool besides the inference API
+(``extproc.inference_paths``): e.g. ``/v1/load_lora_adapter`` for a gateway only operators reach."""
 MODEL_CHECK_ANNOTATION = "kvgate.io/model-check"
 """``"false"``: forward names no replica reports (engines that load an adapter on first use, such as
 vLLM's LoRA resolvers), instead of answering them 404 ``model_not_found`` at the gateway."""
@@ -157,9 +160,26 @@ def pool_spec(
             "rate_limits": rate_limits,
             "route_models": tuple(sorted(declared_models(config).get(pool.id, ()))),
             "check_models": check != "false",
+            "extra_paths": _extra_paths(pool, annotations, warnings),
         }
     )
     return spec, warnings
+
+
+def _extra_paths(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> tuple[str, ...]:
+    """The pool's ``kvgate.io/extra-paths``; a path that is not one is warned about and left out."""
+    paths = []
+    for text in annotations.get(EXTRA_PATHS_ANNOTATION, "").split(","):
+        path = text.strip()
+        if not path:
+            continue
+        try:
+            PoolSpec.check_extra_path(path)
+        except ValueError as exc:
+            warnings.append(f"InferencePool {pool.id}: {EXTRA_PATHS_ANNOTATION}: {exc}; ignored")
+            continue
+        paths.append(path)
+    return tuple(paths)
 
 
 def _rate_limits(

@@ -7,6 +7,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
         models: ["meta-llama/Llama-3.1-8B-Instruct", "sql-lora"]   # empty or absent: what the replicas serve
         checkModels: true             # false: forward names no replica reports (engines that load
                                       #   adapters on first use, e.g. vLLM's LoRA resolvers)
+        extraPaths: ["/v1/load_lora_adapter"]   # served besides the inference API (default: none)
         endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
         failureMode: FailClose        # FailOpen | FailClose
         profile: default              # a profile name under policies/profiles, or a path
@@ -104,6 +105,21 @@ class PoolSpec(BaseModel):
     """Models an HTTPRoute sends here by an exact model match (the control plane fills it in)."""
     check_models: bool = Field(default=True, alias="checkModels")
     """Answer 404 for a model that no ready replica reports (when all have reported)."""
+    extra_paths: tuple[str, ...] = Field(default=(), alias="extraPaths")
+    """Paths served besides the inference API (``extproc.inference_paths``), e.g. a model server's
+    admin API for a trusted gateway."""
+
+    @staticmethod
+    def check_extra_path(value: str) -> str:
+        """``value`` as an extra path (its trailing slash dropped); ValueError when it is not one."""
+        if not value.startswith("/") or "?" in value or any(c.isspace() for c in value):
+            raise ValueError(f"extra path {value!r} must start with / and have no query or spaces")
+        return value.rstrip("/") or "/"
+
+    @field_validator("extra_paths")
+    @classmethod
+    def _paths(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(cls.check_extra_path(value) for value in values)
 
     def declared_models(self) -> frozenset[str]:
         """Every name the configuration gives this pool: its models, its routes' model matches, its

@@ -50,13 +50,15 @@ class PoolRuntime:
     """What a pool's ready replicas serve (``ReplicaModels.names``)."""
     declared: frozenset[str] = frozenset()
     """``spec.declared_models()``, once."""
+    extra_paths: frozenset[str] = frozenset()
     rng: random.Random = field(default_factory=random.Random, compare=False)
     """Draws the weighted model-rewrite target of each request."""
 
     @staticmethod
     def of(spec: PoolSpec, scheduler: ProfileScheduler, scraper: MetricsScraper,
            replica_names: Callable[[str], PoolModelNames]) -> PoolRuntime:
-        return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models())
+        return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models(),
+                           frozenset(spec.extra_paths))
 
     @property
     def name(self) -> str:

@@ -53,6 +53,10 @@ BAD_INPUTS = (
     BadInput("a model name with a newline", 400, "invalid_model_name", completion(model="a\nb")),
     BadInput("a 100 KB model name", 400, "invalid_model_name", completion(model="m" * 100_000)),
     BadInput("a model no replica serves", 404, "model_not_found", completion(model="no-such-model")),
+    BadInput("a model server's admin API: POST /v1/load_lora_adapter", 404, "unknown_url",
+             json.dumps({"lora_name": "evil", "lora_path": "/tmp"}).encode(), path="/v1/load_lora_adapter"),
+    BadInput("a path outside the inference API: GET /v1/foo", 404, "unknown_url",
+             method="GET", path="/v1/foo", headers=()),
 )
 
 
@@ -149,3 +153,13 @@ async def test_metrics_stay_parseable_and_small_after_10000_random_model_names(g
 def test_the_docs_table_is_this_table() -> None:
     rows = re.findall(r"^\| (.+?) \| (\d{3}) \| `(\w+)` \|$", DOCS_TABLE.read_text(), re.MULTILINE)
     assert rows == [(case.what, str(case.status), case.code) for case in BAD_INPUTS]
+
+
+@IN_MODULE_LOOP
+async def test_the_admin_api_loads_no_adapter_through_the_gateway(gateway: Gateway) -> None:
+    load = next(case for case in BAD_INPUTS if case.path == "/v1/load_lora_adapter")
+    async with aiohttp.ClientSession() as http:
+        await send(http, gateway.url, load)
+        async with http.get("http://127.0.8.31:8000/v1/models") as response:  # the first replica
+            served = [model["id"] for model in (await response.json())["data"]]
+    assert "evil" not in served

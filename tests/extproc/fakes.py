@@ -94,6 +94,7 @@ class FakePool:
     """``model_known`` of a name when nothing is declared (True: every name is known)."""
     objectives: Mapping[str, int] = field(default_factory=dict)
     rewrites: Mapping[str, str] = field(default_factory=dict)
+    extra_paths: frozenset[str] = frozenset()
 
     def model_known(self, model: str) -> bool | None:
         if model in self.served_models or model in self.rewrites or model in self.rewrites.values():

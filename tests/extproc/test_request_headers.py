@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from extproc.request_headers import model_header, read_request_headers
-from policies.errors import PayloadTooLargeError
+from policies.errors import PayloadTooLargeError, UnknownPathError
 from policies.types import ApiKind
 
 
@@ -31,13 +31,21 @@ def test_system_owned_headers_are_set_aside_once_each_in_order_and_the_rest_kept
 
 def test_the_declared_length_is_refused_only_over_the_limit() -> None:
     read = read_request_headers(((":path", "/v1/completions"), ("content-length", "1000")))
-    read.refuse_over(1000)
+    read.refuse(1000, frozenset())
     with pytest.raises(PayloadTooLargeError, match="limit of 999 bytes"):
-        read.refuse_over(999)
-    read_request_headers((("content-length", "not a number"),)).refuse_over(0)
+        read.refuse(999, frozenset())
+    read_request_headers(((":path", "/v1/completions"), ("content-length", "not a number"))).refuse(
+        0, frozenset())
     assert read_request_headers(()).api is ApiKind.OTHER
 
 
 def test_the_model_header_is_found_by_any_case_or_is_empty() -> None:
     assert model_header((("X-Gateway-Model-Name", "llama"),)) == "llama"
     assert model_header((("x-other", "1"),)) == ""
+
+
+def test_a_path_outside_the_inference_api_is_refused_unless_the_pool_opts_it_in() -> None:
+    read = read_request_headers(((":method", "POST"), (":path", "/v1/load_lora_adapter")))
+    with pytest.raises(UnknownPathError, match=r"Invalid URL \(POST /v1/load_lora_adapter\)"):
+        read.refuse(1000, frozenset())
+    read.refuse(1000, frozenset({"/v1/load_lora_adapter"}))

@@ -196,18 +196,22 @@ def test_the_bundled_example_is_valid() -> None:
     assert len(snapshot.config.objectives) == 2
 
 
-def test_a_pool_knows_its_routes_model_matches_and_may_forward_unknown_names() -> None:
+def test_a_pools_annotations_forward_unknown_names_and_opt_paths_in_and_it_knows_its_routes_models() -> None:
     routed = REST.replace(
         "rules: [{backendRefs:",
         "rules: [{matches: [{headers: [{name: X-Gateway-Model-Name, value: routed-model}]}], backendRefs:",
     )
     pool = POOL.format(profile="default", engine="vllm").replace(
-        "kvgate.io/engine: vllm}", "kvgate.io/engine: vllm, kvgate.io/model-check: 'false'}"
+        "kvgate.io/engine: vllm}",
+        "kvgate.io/engine: vllm, kvgate.io/model-check: 'false', "
+        "kvgate.io/extra-paths: '/v1/load_lora_adapter/, no-slash'}",
     )
     resources = parse_manifests([("x.yaml", pool + "---" + routed)])
     config = validate(resources, ValidationOptions(require_picker_service=False))
     [spec], warnings = pool_specs(resources, config, SETTINGS)
     assert spec.route_models == ("routed-model",)
     assert not spec.check_models
-    assert warnings == []
+    assert spec.extra_paths == ("/v1/load_lora_adapter",)
+    assert len(warnings) == 1
+    assert "kvgate.io/extra-paths" in warnings[0]
     assert {"routed-model", "m", "m-v1", "m-v2"} <= spec.declared_models()

@@ -1,0 +1,69 @@
+"""The paths the picker serves: the inference API, not the model servers' admin API.
+
+A route that sends ``/v1/`` to a pool would otherwise carry everything a model server exposes there
+to anyone who reaches the gateway, vLLM's ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter`` among them (and ``/sleep``, ``/wake_up``, ``/reset_prefix_cache``,
+``/collective_rpc``, ``/start_profile`` elsewhere). So the picker answers 404 in OpenAI's format
+(``Invalid URL (POST /v1/load_lora_adapter)``) for any path outside :data:`INFERENCE_PATHS` unless
+the request's pool opts it in (``kvgate.io/extra-paths``; pools file ``extraPaths``).
+
+A path is served when, without its query and trailing slash, it is one of the list or ends with one
+at a segment boundary (a route may match a prefix such as ``/llama/v1/completions`` that Envoy
+rewrites after the picker has seen it), or lies under ``/v1/models/`` (retrieving one model). A path
+with a ``.`` or ``..`` segment is never served: a server that resolves them could reach what the
+list leaves out.
+"""
+
+from __future__ import annotations
+
+from policies.errors import UnknownPathError
+
+INFERENCE_PATHS: tuple[str, ...] = (
+    # OpenAI's API (vLLM, SGLang, TensorRT-LLM's trtllm-serve, Triton's OpenAI front end)
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/models",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    # Anthropic's Messages API (vLLM serves it)
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    # vLLM's pooling, scoring and reranking APIs (Jina's and Cohere's shapes)
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    # vLLM's tokenizer endpoints (read-only)
+    "/tokenize",
+    "/detokenize",
+)
+MODEL_PATH_PREFIX = "/v1/models/"
+_EXACT = frozenset(INFERENCE_PATHS)
+
+
+def route_of(path: str) -> str:
+    """A request's ``:path`` without its query string and trailing slash."""
+    return path.split("?", 1)[0].rstrip("/")
+
+
+def served(route: str, extra: frozenset[str] = frozenset()) -> bool:
+    """Whether the picker serves ``route`` (a :func:`route_of`), with a pool's ``extra`` paths."""
+    if route in _EXACT or route in extra:
+        return True
+    if "/." in route and any(segment in (".", "..") for segment in route.split("/")):
+        return False
+    if MODEL_PATH_PREFIX in route:
+        return True
+    return any(route.endswith(path) for path in INFERENCE_PATHS) or any(route.endswith(p) for p in extra)
+
+
+def check_path(method: str, path: str, extra: frozenset[str] = frozenset()) -> None:
+    """Raise :class:`UnknownPathError` (404) unless the picker serves ``path``."""
+    if not served(route_of(path), extra):
+        shown = path if len(path) <= 200 else path[:200] + "..."
+        raise UnknownPathError(f"Invalid URL ({method} {shown})")

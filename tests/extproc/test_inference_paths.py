@@ -1,0 +1,48 @@
+"""Which paths the picker serves (``extproc.inference_paths``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.inference_paths import INFERENCE_PATHS, check_path, route_of, served
+from policies.errors import UnknownPathError
+
+ADMIN = [
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/sleep",
+    "/wake_up",
+    "/reset_prefix_cache",
+    "/collective_rpc",
+    "/start_profile",
+    "/metrics",
+    "/server_info",
+    "/v1/load_lora_adapter?then=/v1/completions",
+    "/v1/completions/../load_lora_adapter",
+    "/v1/models/../load_lora_adapter",
+    "/v1/completions/./../../v1/load_lora_adapter",
+    "/v1/load%5Flora_adapter",
+    "/",
+    "",
+]
+
+
+@pytest.mark.parametrize("path", [*INFERENCE_PATHS, "/v1/chat/completions/", "/v1/completions?stream=1",
+                                  "/llama/v1/chat/completions", "/v1/models/meta-llama/Llama-3.1-8B"])
+def test_the_inference_api_is_served(path: str) -> None:
+    assert served(route_of(path))
+
+
+@pytest.mark.parametrize("path", ADMIN)
+def test_the_admin_api_and_dot_segments_are_not(path: str) -> None:
+    assert not served(route_of(path))
+    with pytest.raises(UnknownPathError) as caught:
+        check_path("POST", path)
+    assert caught.value.status == 404
+
+
+def test_a_pool_opts_paths_in_and_a_long_path_is_cut_in_the_message() -> None:
+    assert served("/v1/load_lora_adapter", frozenset({"/v1/load_lora_adapter"}))
+    with pytest.raises(UnknownPathError) as caught:
+        check_path("GET", "/x" * 1000)
+    assert len(caught.value.message) < 250
