@@ -37,6 +37,7 @@ from extproc.events import (
     StreamClosed,
 )
 from extproc.model_names import check_model_name
+from extproc.request_headers import check_header_limits
 from policies.errors import KvgateError
 
 ROLE_METADATA_KEY = "x-kvgate-role"
@@ -75,6 +76,10 @@ class BodyBasedRouter:
 
     def handle(self, event: Event) -> Sequence[Action]:
         if isinstance(event, RequestHeaders):
+            try:
+                check_header_limits(event.headers)  # no room for the model header: 431, not 503
+            except KvgateError as error:
+                return (immediate_response(error),)
             return (ContinueHeaders(Phase.REQUEST),)
         if isinstance(event, RequestBodyChunk):
             return (self._on_body(event),)

@@ -6,6 +6,7 @@ Its transition table (:data:`TRANSITIONS`, state × event type → handler) is t
     START ──RequestHeaders──▶ REQUEST_BODY ──body eos / trailers─▶ UPSTREAM   (pick on the whole body)
     UPSTREAM ──ResponseHeaders──▶ RESPONSE_BODY ──body eos / trailers──▶ RESPONSE_DONE
     UPSTREAM ──ResponseHeaders (body not sent)──▶ RESPONSE_PASSTHROUGH ──StreamClosed──▶ DONE
+    START / REQUEST_BODY ──ResponseHeaders──▶ DONE   (Envoy's own local reply: passes unchanged)
     any ──error──▶ DONE (ImmediateResponse)        any ──StreamClosed──▶ DONE
 
 FULL_DUPLEX_STREAMED request bodies are held until end of stream, then the header response
@@ -415,6 +416,13 @@ class RequestLifecycle:
         actions.append(ContinueTrailers(Phase.RESPONSE))
         return actions
 
+    def _on_local_reply(self, event: ResponseHeaders) -> list[Action]:
+        """Response headers before the request was picked: Envoy answered it itself (its 413 for a
+        body over the listener's buffer limit, sent while the body was still arriving). Nothing was
+        routed; the reply passes as it is (Envoy's local reply configuration gives it its JSON)."""
+        self.state = State.DONE
+        return [ContinueHeaders(Phase.RESPONSE)]
+
     def _on_response_trailers_passing(self, event: ResponseTrailers) -> list[Action]:
         return [ContinueTrailers(Phase.RESPONSE)]
 
@@ -481,6 +489,8 @@ TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
     {
         (State.START, RequestHeaders): RequestLifecycle._on_request_headers,
         (State.START, StreamClosed): RequestLifecycle._on_closed,
+        (State.START, ResponseHeaders): RequestLifecycle._on_local_reply,
+        (State.REQUEST_BODY, ResponseHeaders): RequestLifecycle._on_local_reply,
         (State.REQUEST_BODY, RequestBodyChunk): RequestLifecycle._on_request_body,
         (State.REQUEST_BODY, RequestTrailers): RequestLifecycle._on_request_trailers_in_body,
         (State.REQUEST_BODY, StreamClosed): RequestLifecycle._on_closed,

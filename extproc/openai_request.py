@@ -10,6 +10,7 @@ model rewrite replaces ``model``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,8 @@ def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
         raise MalformedBodyError(TOO_DEEP) from None
     if not isinstance(document, dict):
         raise BadRequestError("request body must be a JSON object")
+    if b"\\ud" in raw or b"\\uD" in raw:  # a surrogate escape: rare outside emoji from ASCII clients
+        _refuse_lone_surrogates(raw, document)
     model = document.get("model")
     if model is None or model == "":
         raise BadRequestError("'model' is required")
@@ -150,6 +153,27 @@ def upstream_body(
     except RecursionError:
         raise MalformedBodyError(TOO_DEEP) from None
     return UpstreamBody(data, rewritten=True, usage_injected=inject)
+
+
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"  # high, no low after it
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # low, no high before it
+)
+
+
+def _refuse_lone_surrogates(raw: bytes, document: dict[str, Any]) -> None:
+    """400 for a string with an unpaired UTF-16 surrogate (``"\\ud800"``): valid JSON that no UTF-8
+    text holds, so a model server cannot tokenize it (vLLM-like servers answered 500, which Envoy
+    retried on two more replicas and counted against them). The escapes are found in the raw body;
+    a hit (or an escaped backslash that looks like one) is confirmed on the parsed document."""
+    if _LONE_SURROGATE.search(raw) is None:
+        return
+    try:
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequestError(
+            "request body holds a string with an unpaired UTF-16 surrogate (not valid Unicode text)"
+        ) from None
 
 
 def _json_type(value: object) -> str:

@@ -1,6 +1,13 @@
 """A request's headers as the picker reads them: the ones it keeps, the forged system headers to
 strip, the API the path names, and what it refuses: a path outside the inference API, a declared
-length over the gateway's body limit."""
+length over the gateway's body limit, more headers than leave room for the gateway's own.
+
+Envoy refuses a header mutation that would take a request past its header limits (100 fields,
+60 KiB by default: ``max_headers_count``, ``max_request_headers_kb``) and answers the request 503
+with an empty body: a client's fault (87-99 headers) looked like the gateway's. The picker and the
+body-based router add headers (the destination, the model name, the stream and outcome marks, an
+attempt timeout), so they refuse a request that leaves no room for them, 431 in OpenAI's format.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +18,32 @@ from extproc import names
 from extproc.events import Headers
 from extproc.inference_paths import check_path
 from extproc.openai_request import api_kind
-from policies.errors import PayloadTooLargeError
+from policies.errors import HeadersTooLargeError, PayloadTooLargeError
 from policies.types import ApiKind
+
+ENVOY_MAX_HEADERS = 100
+ENVOY_MAX_HEADER_BYTES = 60 * 1024
+"""Envoy's default request-header limits (the HCM's ``max_headers_count`` and
+``max_request_headers_kb``), which kvgate's own configuration writes explicitly."""
+HEADERS_RESERVED = 8
+HEADER_BYTES_RESERVED = 4 * 1024
+"""Room kept for the headers the gateway adds (the picker's at most six, the body-based router's one)."""
+MAX_HEADERS = ENVOY_MAX_HEADERS - HEADERS_RESERVED
+MAX_HEADER_BYTES = ENVOY_MAX_HEADER_BYTES - HEADER_BYTES_RESERVED
+
+
+def check_header_limits(pairs: Headers) -> None:
+    """431 when a request's headers (as Envoy sends them: its own included) leave no room for the
+    gateway's: more than :data:`MAX_HEADERS` fields or :data:`MAX_HEADER_BYTES` of names and values."""
+    if len(pairs) > MAX_HEADERS:
+        raise HeadersTooLargeError(
+            f"the request has {len(pairs)} header fields; the gateway accepts at most {MAX_HEADERS}"
+        )
+    size = sum(len(name) + len(value) for name, value in pairs)
+    if size > MAX_HEADER_BYTES:
+        raise HeadersTooLargeError(
+            f"the request's headers hold {size} bytes; the gateway accepts at most {MAX_HEADER_BYTES}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +53,16 @@ class ReadHeaders:
     strip: tuple[str, ...]
     """System-owned headers a client sent (``names.is_system_owned``): each once, in arrival order."""
     api: ApiKind
+    pairs: Headers
+    """The headers as they came (for their limits)."""
 
     def refuse(self, limit: int, extra_paths: frozenset[str]) -> None:
         """404 for a path the picker does not serve (``extproc.inference_paths``: the pool's
-        ``extra_paths`` besides the inference API), 413 when the declared ``content-length`` is over
-        ``limit`` bytes."""
+        ``extra_paths`` besides the inference API), 431 past :func:`check_header_limits`, 413 when
+        the declared ``content-length`` is over ``limit`` bytes."""
         headers = self.headers
         check_path(headers.get(":method", ""), headers.get(":path", ""), extra_paths)
+        check_header_limits(self.pairs)
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             raise PayloadTooLargeError(f"request body exceeds the gateway limit of {limit} bytes")
@@ -45,7 +79,7 @@ def read_request_headers(pairs: Headers) -> ReadHeaders:
         else:
             headers[key] = value
     api = api_kind(headers.get(":path", ""))
-    return ReadHeaders(MappingProxyType(headers), tuple(dict.fromkeys(strip)), api)
+    return ReadHeaders(MappingProxyType(headers), tuple(dict.fromkeys(strip)), api, pairs)
 
 
 def model_header(pairs: Headers) -> str:

@@ -21,6 +21,10 @@ probes them: ``liveness`` (the process serves), ``readiness`` and ``inference-ex
 known). kvgate answers the same, so that chart's probes work against kvgate's picker."""
 READINESS_SERVICES = ("readiness", "inference-extension")
 
+MESSAGE_HEADROOM_BYTES = 1024 * 1024
+"""Room in one gRPC message beyond the body limit: the request's headers (Envoy caps them at 60 KiB
+by default), metadata and protobuf framing."""
+
 MAX_PENDING_STREAMS = 65536
 """Streams gRPC's core may hold before Python's server loop takes them up. Its defaults (a soft limit
 of 1,000, a hard one of 3,000, random early drops in between) reset streams that a burst opens faster
@@ -63,10 +67,15 @@ class ExtProcServer:
         self._health_address = health_address
         self.own_port = 0
         self.health_port = 0
+        message_limit = (config or LifecycleConfig()).max_body_bytes + MESSAGE_HEADROOM_BYTES
         options: list[tuple[str, int]] = [
             ("grpc.so_reuseport", int(reuse_port)),
             ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
             ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+            # A BUFFERED body comes in one message and a rewritten one goes back in one: gRPC's
+            # default 4 MiB refused 4-8 MiB bodies that Envoy's buffer had accepted (503).
+            ("grpc.max_receive_message_length", message_limit),
+            ("grpc.max_send_message_length", message_limit),
         ]
         if max_concurrent_streams is not None:
             options.append(("grpc.max_concurrent_streams", max_concurrent_streams))

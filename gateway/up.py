@@ -29,13 +29,14 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
 
 from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle_config import LifecycleConfig
 from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
+from gateway.controlplane.downstream import DownstreamLimits
 from gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from gateway.controlplane.kubernetes.lease import LeaderElector
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
@@ -95,6 +96,9 @@ class UpOptions:
     """A non-streamed request with ``max_tokens`` whose replica has not answered within
     ``attempt_timeout_s + attempt_timeout_per_token_s × max_tokens`` goes to the next endpoint
     (``extproc.attempt_timeout``; a base of 0: never)."""
+    downstream: DownstreamLimits = field(default_factory=DownstreamLimits)
+    """The clients' timeouts and limits (``--request-timeout``, ``--request-headers-timeout``,
+    ``--max-connections``)."""
     redis_url: str | None = None
     scrape_interval: float = 0.05
     stale_after: float = 0.2
@@ -329,6 +333,7 @@ class KvgateUp:
             outcome_reports=options.skip_unread_responses,
             listen_host=options.host,
             listen_ports=listen_ports,
+            downstream=options.downstream,
         )
         on_pools = workers.write_pools if workers is not None else None
         publisher = await self._status_publisher(cluster) if cluster is not None else None
@@ -344,7 +349,8 @@ class KvgateUp:
 
         admin_port = options.envoy_admin_port or free_port()
         envoy = EnvoyProcess(
-            bootstrap_for_ads(NODE_ID, ads.address, admin_port),
+            bootstrap_for_ads(NODE_ID, ads.address, admin_port,
+                              overload_manager=options.downstream.overload_manager()),
             EnvoyOptions(
                 log_level=options.envoy_log_level,
                 concurrency=options.envoy_concurrency or os.cpu_count() or 1,

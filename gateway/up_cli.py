@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.controlplane.downstream import DownstreamLimits
 from gateway.processes import event_loop
 from gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from policies.errors import ConfigError
@@ -108,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "endpoint (0: never; default 30)")
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds each requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="a client must send its whole request within SECONDS, else 408 (the "
+                        "response is not bounded by it; default 60)")
+    parser.add_argument("--request-headers-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a client must send a request's headers within SECONDS, else 408 (default 10)")
+    parser.add_argument("--max-connections", type=int, default=50_000, metavar="N",
+                        help="open client connections Envoy accepts over all listeners (default 50000)")
     parser.add_argument("--skip-unread-responses", action=argparse.BooleanOptionalAction, default=True,
                         help="a request whose response nothing needs (no rewrite, no token limit, not "
                         "sampled) skips the response-headers round trip: less picker CPU; Envoy reports "
@@ -153,6 +161,11 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         attempt_timeout_s=args.attempt_timeout,
         attempt_timeout_per_token_s=args.attempt_timeout_per_token,
         skip_unread_responses=args.skip_unread_responses,
+        downstream=DownstreamLimits(
+            request_timeout_s=args.request_timeout,
+            request_headers_timeout_s=args.request_headers_timeout,
+            max_connections=args.max_connections,
+        ),
         redis_url=args.redis,
         shared_scrapes=args.shared_scrapes,
     )

@@ -10,6 +10,7 @@
     │   └── RouteNotFoundError        404 invalid_request_error / route_not_found
     ├── UnknownPathError              404 invalid_request_error / unknown_url
     ├── PayloadTooLargeError          413 invalid_request_error / payload_too_large
+    ├── HeadersTooLargeError          431 invalid_request_error / request_header_fields_too_large
     ├── TooManyRequestsError          429 (abstract: carries retry_after)
     │   ├── RequestShedError          429 rate_limit_error / request_shed
     │   └── RateLimitedError          429 rate_limit_error / rate_limit_exceeded
@@ -90,6 +91,12 @@ class PayloadTooLargeError(KvgateError):
     status = 413
     error_type = "invalid_request_error"
     code = "payload_too_large"
+
+
+class HeadersTooLargeError(KvgateError):
+    status = 431
+    error_type = "invalid_request_error"
+    code = "request_header_fields_too_large"
 
 
 class TooManyRequestsError(KvgateError):

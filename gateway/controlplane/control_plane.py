@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from gateway.controlplane.downstream import DownstreamLimits
 from gateway.controlplane.envoy_config import ONE_PASS
 from gateway.controlplane.models.catalog import declared_models
 from gateway.controlplane.resources import (
@@ -87,6 +88,8 @@ class ControlPlaneSettings:
     outcome_reports: bool = False
     """Envoy reports the outcomes of the requests whose response the picker skips
     (``kvgate up --skip-unread-responses``): ``ExtProcSettings.outcome_reports``."""
+    downstream: DownstreamLimits = field(default_factory=DownstreamLimits)
+    """The clients' timeouts and limits (``gateway.controlplane.downstream``)."""
     validation: ValidationOptions = field(
         default_factory=lambda: ValidationOptions(require_picker_service=False)
     )
@@ -100,6 +103,7 @@ class ControlPlaneSettings:
             stream_idle_retry_s=self.stream_idle_retry_s,
             models_address=self.models_address,
             ext_proc=dataclasses.replace(ONE_PASS, outcome_reports=self.outcome_reports),
+            downstream=self.downstream,
         )
 
 

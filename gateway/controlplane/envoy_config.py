@@ -29,6 +29,9 @@ from extproc.names import (
     SUBSET_KEY,
     SUBSET_NAMESPACE,
 )
+from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import duration as duration  # re-exported: every builder uses it
+from gateway.controlplane.local_replies import openai_local_replies
 from policies.types import FailureMode
 
 JsonDict = dict[str, Any]
@@ -38,9 +41,9 @@ EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 EXT_PROC_CLUSTER = "kvgate_ext_proc"
 _TYPE = "type.googleapis.com/"
 _HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-_CEL_FILTER_TYPE = _TYPE + "envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 _EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _PER_ROUTE_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+FILTER_CONFIG_TYPE = _TYPE + "envoy.config.route.v3.FilterConfig"
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _STRIPPED_HEADERS = (DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY, STREAM_HEADER, OUTCOME_HEADER)
 _LOOSE_LIMIT = 1_000_000  # circuit-breaker ceiling: Envoy's default 1,024 throttles benchmarks
@@ -120,11 +123,6 @@ class GatewayConfig:
     settings: ExtProcSettings = field(default_factory=ExtProcSettings)
     subset_hint: tuple[str, ...] | None = None
     """If set, every request carries this ``envoy.lb.subset_hint`` (tests, fixed deployments)."""
-
-
-def duration(seconds: float) -> str:
-    """A protobuf Duration in JSON form."""
-    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 def socket_address(host: str, port: int) -> JsonDict:
@@ -316,7 +314,7 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
             "timeout": duration(settings.grpc_timeout_s),
         },
         "failure_mode_allow": False,
-        # A FailClose pool whose picker is unreachable: 503 (openai_local_replies gives it a body).
+        # A FailClose pool whose picker is unreachable: 503 (local_replies gives it a body).
         "status_on_error": {"code": 503},
         "processing_mode": processing_mode(
             settings.request_body_mode, settings.response_body_mode, settings.response_header_mode
@@ -336,7 +334,18 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
         config["allow_mode_override"] = True
     if settings.send_served_endpoint:
         config["response_attributes"] = ["upstream.address"]
-    return {"name": EXT_PROC_FILTER, "typed_config": config}
+    # Off unless a route turns it on (ext_proc_enabled): Envoy's own reply to a request it could not
+    # read (too many or too large headers) runs through every encoder filter, and an ext_proc filter
+    # there opened a stream to the picker while the codec closed the connection: the client got an
+    # empty reply instead of the 431 (measured on Envoy 1.40). Such a request matches no route.
+    return {"name": EXT_PROC_FILTER, "typed_config": config, "disabled": True}
+
+
+def ext_proc_enabled(per_route: JsonDict) -> JsonDict:
+    """A route's ``typed_per_filter_config`` entry turning the ext_proc filter on (a
+    ``FilterConfig``; the filter is off by default, :func:`ext_proc_filter`) with its
+    ``ExtProcPerRoute``."""
+    return {"@type": FILTER_CONFIG_TYPE, "config": per_route}
 
 
 def ext_proc_per_route(pool: PoolBackend, settings: ExtProcSettings) -> JsonDict:
@@ -397,7 +406,7 @@ def pool_routes(route: RouteSpec, pool: PoolBackend, settings: ExtProcSettings) 
         match["headers"] = [
             {"name": name, "string_match": {"exact": value}} for name, value in route.headers
         ]
-    per_filter = {EXT_PROC_FILTER: ext_proc_per_route(pool, settings)}
+    per_filter = {EXT_PROC_FILTER: ext_proc_enabled(ext_proc_per_route(pool, settings))}
 
     def entry(name: str, route_match: JsonDict, cluster: str) -> JsonDict:
         return {
@@ -419,52 +428,6 @@ def route_configuration(name: str, routes: Sequence[JsonDict], domains: Sequence
     return {
         "name": name,
         "virtual_hosts": [{"name": f"{name}_vh", "domains": list(domains), "routes": list(routes)}],
-    }
-
-
-def openai_local_replies() -> JsonDict:
-    """HCM ``local_reply_config``: Envoy's own upstream failures as OpenAI-style JSON errors.
-
-    Replies that carry a response flag (upstream connect failure ``UF``, no healthy upstream ``UH``,
-    upstream reset or timeout, overflow, ...) get ``{"error": {"message", "type", "code"}}`` with
-    Envoy's text as the message and its response-code details as the code. The picker's own
-    ImmediateResponses carry no response flag, so their JSON bodies are left alone. A failed
-    ext_proc stream (a FailClose pool with the picker down or timing out) carries no flag either; it
-    is recognised by its response code details (``ext_proc_error_…``, set by Envoy) and answered 503
-    ``endpoint_picker_unavailable``.
-    """
-    picker_down = {
-        "error": {
-            "message": "the endpoint picker is unavailable (%RESPONSE_CODE_DETAILS%)",
-            "type": "service_unavailable",
-            "code": "endpoint_picker_unavailable",
-        }
-    }
-    body = {
-        "error": {
-            "message": "%LOCAL_REPLY_BODY%",
-            "type": "upstream_error",
-            "code": "%RESPONSE_CODE_DETAILS%",
-        }
-    }
-    ext_proc_failed = {
-        "extension_filter": {
-            "name": "envoy.access_loggers.extension_filters.cel",
-            "typed_config": {
-                "@type": _CEL_FILTER_TYPE,
-                "expression": "response.code_details.startsWith('ext_proc_error')",
-            },
-        }
-    }
-    return {
-        "mappers": [
-            {
-                "filter": ext_proc_failed,
-                "status_code": 503,
-                "body_format_override": {"json_format": picker_down},
-            },
-            {"filter": {"response_flag_filter": {}}, "body_format_override": {"json_format": body}},
-        ]
     }
 
 
@@ -498,7 +461,7 @@ def http_connection_manager(
     route_config: JsonDict,
     settings: ExtProcSettings,
     extra_filters: Sequence[JsonDict] = (),
-    stream_idle_timeout_s: float = 300.0,
+    limits: DownstreamLimits | None = None,
 ) -> JsonDict:
     """HCM: strip system headers → ``extra_filters`` → ext_proc → router."""
     filters = [strip_system_headers_filter(), *extra_filters, ext_proc_filter(settings), router_filter()]
@@ -506,8 +469,8 @@ def http_connection_manager(
         "@type": _HCM_TYPE,
         "stat_prefix": stat_prefix,
         "codec_type": "AUTO",
-        "stream_idle_timeout": duration(stream_idle_timeout_s),
-        "local_reply_config": openai_local_replies(),
+        **(limits or DownstreamLimits()).http_connection_manager_fields(),
+        "local_reply_config": openai_local_replies(settings.max_body_bytes),
         "route_config": route_config,
         "http_filters": filters,
     }

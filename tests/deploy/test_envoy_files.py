@@ -84,7 +84,8 @@ def test_static_bootstrap_routes_through_the_picker_of_a_pool_of_the_pools_file(
     named: set[str] = set()
     clusters = _clusters(boot)
     for route in routes:
-        override = route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"]
+        enabled = route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]  # a FilterConfig
+        override = enabled["config"]["overrides"]
         [metadata] = [m for m in override["grpc_initial_metadata"] if m["key"] == POOL_METADATA_KEY]
         named.add(metadata["value"])
         cluster = clusters[route["route"]["cluster"]]

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.e2e
 IN_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")  # the module's one kvgate up
 
 DOCS_TABLE = Path(__file__).parents[2] / "docs" / "bad-input.md"
+REQUEST_TIMEOUT_S = 3
+HEADERS_TIMEOUT_S = 2
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,13 @@ def completion(**fields: object) -> bytes:
     return json.dumps({"model": EXAMPLE_MODEL, "prompt": "hi", "max_tokens": 2, **fields}).encode()
 
 
+JSON = (("content-type", "application/json"),)
+
+
+def extra_headers(count: int) -> tuple[tuple[str, str], ...]:
+    return (*JSON, *((f"x-extra-{index}", "v") for index in range(count)))
+
+
 BAD_INPUTS = (
     BadInput("a model name with a NUL and a CR", 400, "invalid_model_name", completion(model="a\u0000b\r")),
     BadInput("a model name with a newline", 400, "invalid_model_name", completion(model="a\nb")),
@@ -57,6 +66,17 @@ BAD_INPUTS = (
              json.dumps({"lora_name": "evil", "lora_path": "/tmp"}).encode(), path="/v1/load_lora_adapter"),
     BadInput("a path outside the inference API: GET /v1/foo", 404, "unknown_url",
              method="GET", path="/v1/foo", headers=()),
+    BadInput("95 extra headers (no room left for the gateway's own)", 431, "request_header_fields_too_large",
+             completion(), headers=extra_headers(95)),
+    BadInput("120 extra headers (over Envoy's limit of 100)", 431, "request_header_fields_too_large",
+             completion(), headers=extra_headers(120)),
+    BadInput("a 70 KB header (over Envoy's 60 KiB)", 431, "request_header_fields_too_large",
+             completion(), headers=(*JSON, ("x-big", "b" * 70_000))),
+    BadInput("a prompt with an unpaired UTF-16 surrogate", 400, "bad_request",
+             b'{"model": "%s", "prompt": "\\ud800", "max_tokens": 2}' % EXAMPLE_MODEL.encode()),
+    BadInput("a 9 MB body (over the 8 MiB limit)", 413, "payload_too_large",
+             completion(prompt="p" * 9 * 1024 * 1024)),
+    BadInput("a 6 MB body that is not JSON", 400, "invalid_json", b"x" * 6 * 1024 * 1024),
 )
 
 
@@ -73,6 +93,7 @@ async def gateway() -> AsyncIterator[Gateway]:
     process = ChildProcess([
         *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2",
         "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.31",
+        "--request-timeout", str(REQUEST_TIMEOUT_S), "--request-headers-timeout", str(HEADERS_TIMEOUT_S),
     ], name="kvgate up")
     await process.start()
     try:
@@ -163,3 +184,34 @@ async def test_the_admin_api_loads_no_adapter_through_the_gateway(gateway: Gatew
         async with http.get("http://127.0.8.31:8000/v1/models") as response:  # the first replica
             served = [model["id"] for model in (await response.json())["data"]]
     assert "evil" not in served
+
+
+async def _stall(port: int, head: bytes) -> tuple[float, bytes]:
+    """Send ``head`` and nothing more; the seconds until the gateway answers or closes, and what came."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = asyncio.get_running_loop().time()
+    writer.write(head)
+    await writer.drain()
+    try:
+        answer = await asyncio.wait_for(reader.read(), REQUEST_TIMEOUT_S * 5)
+    finally:
+        writer.close()
+    return asyncio.get_running_loop().time() - started, answer
+
+
+@IN_MODULE_LOOP
+async def test_clients_that_stall_are_answered_408_and_let_go(gateway: Gateway) -> None:
+    port = int(gateway.url.rpartition(":")[2])
+    body_stalls = [
+        _stall(port, b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100000\r\n\r\n{\"model\": ")
+        for _ in range(20)
+    ]
+    header_stalls = [_stall(port, b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\n") for _ in range(5)]
+    results = await asyncio.gather(*body_stalls, *header_stalls)
+    for seconds, answer in results[:20]:  # the body never came: the whole-request timeout
+        assert seconds < REQUEST_TIMEOUT_S + 3, seconds
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b'"code":"request_timeout"' in answer, answer
+    for seconds, _answer in results[20:]:  # the headers never ended: closed by the headers timeout
+        assert seconds < HEADERS_TIMEOUT_S + 3, seconds

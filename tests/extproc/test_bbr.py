@@ -10,7 +10,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from extproc import codec
-from extproc.actions import ContinueBody, ContinueHeaders, ContinueTrailers, HeaderEdit, Phase
+from extproc.actions import ContinueBody, ContinueHeaders, ContinueTrailers, HeaderEdit, Immediate, Phase
 from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter, model_of
 from extproc.events import (
     RequestBodyChunk,
@@ -124,3 +124,10 @@ async def test_servicer_dispatches_bbr_streams_and_never_picks() -> None:
         assert pool.scheduler.calls == []
     finally:
         await server.stop(0)
+
+
+def test_a_request_with_no_room_for_the_model_header_is_answered_431() -> None:
+    router = BodyBasedRouter()
+    [reply] = router.handle(RequestHeaders(tuple((f"x-{i}", "v") for i in range(120))))
+    assert isinstance(reply, Immediate)
+    assert reply.status == 431

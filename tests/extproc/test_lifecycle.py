@@ -436,9 +436,25 @@ def test_objective_priority_and_fairness_reach_the_request() -> None:
 
 def test_unexpected_message_is_a_500_and_table_is_data() -> None:
     machine = make_machine(make_pool())
-    status, _, _ = _error_of(feed(machine, [response_headers()]))
+    status, _, _ = _error_of(feed(machine, [request_body(b"{}", eos=True)]))
     assert status == 500
     assert all(isinstance(state, State) for state, _ in TRANSITIONS)
+
+
+def test_envoys_own_reply_before_the_pick_passes_unchanged_and_routes_nothing() -> None:
+    """Envoy's 413 for a body over its buffer limit comes while the body is still arriving."""
+    pool = make_pool()
+    machine = make_machine(pool)
+    [headers_reply] = feed(machine, [request_headers(mode=BUFFERED)])
+    assert headers_reply.WhichOneof("response") == "request_headers"
+    [reply] = feed(machine, [response_headers(413, "text/plain")])
+    assert reply.WhichOneof("response") == "response_headers"
+    assert not reply.response_headers.response.HasField("header_mutation")
+    assert machine.state is State.DONE
+    machine = make_machine(pool)  # before any request message (Envoy answered the headers itself)
+    [reply] = feed(machine, [response_headers(431, "text/plain")])
+    assert reply.WhichOneof("response") == "response_headers"
+    assert pool.scheduler.seen == []
 
 
 def test_request_ids_are_unique_within_a_process_and_across_processes() -> None:

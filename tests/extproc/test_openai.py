@@ -177,3 +177,24 @@ def test_a_model_that_is_not_a_string_says_so(model: object, message: str) -> No
         parse_request_body(ApiKind.COMPLETIONS, json.dumps({"model": model, "prompt": "hi"}).encode())
     assert raised.value.message == message
     assert raised.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [
+        (b'{"model":"m","prompt":"\\ud800"}', True),  # a high surrogate alone
+        (b'{"model":"m","prompt":"x\\udc00y"}', True),  # a low one alone
+        (b'{"model":"m","prompt":"\\ud83d\\ud83d\\ude00"}', True),  # a pair after a lone high one
+        (b'{"model":"m","prompt":"p","user":"\\uDFFF"}', True),  # anywhere in the body
+        (b'{"model":"m","prompt":"\\ud83d\\ude00"}', False),  # an emoji as an ASCII client sends it
+        (b'{"model":"m","prompt":"\\uD83D\\uDE00"}', False),
+        (b'{"model":"m","prompt":"\\\\ud800"}', False),  # a backslash, then the text "ud800"
+    ],
+)
+def test_unpaired_surrogates_are_refused_400(body: bytes, refused: bool) -> None:
+    if not refused:
+        parse_request_body(ApiKind.COMPLETIONS, body)
+        return
+    with pytest.raises(BadRequestError, match="unpaired UTF-16 surrogate") as caught:
+        parse_request_body(ApiKind.COMPLETIONS, body)
+    assert caught.value.status == 400

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.request_headers import model_header, read_request_headers
-from policies.errors import PayloadTooLargeError, UnknownPathError
+from extproc.request_headers import MAX_HEADER_BYTES, MAX_HEADERS, model_header, read_request_headers
+from policies.errors import HeadersTooLargeError, PayloadTooLargeError, UnknownPathError
 from policies.types import ApiKind
 
 
@@ -49,3 +49,14 @@ def test_a_path_outside_the_inference_api_is_refused_unless_the_pool_opts_it_in(
     with pytest.raises(UnknownPathError, match=r"Invalid URL \(POST /v1/load_lora_adapter\)"):
         read.refuse(1000, frozenset())
     read.refuse(1000, frozenset({"/v1/load_lora_adapter"}))
+
+
+def test_headers_that_leave_no_room_for_the_gateways_own_are_refused_431() -> None:
+    base = ((":method", "POST"), (":path", "/v1/completions"))
+    many = base + tuple((f"x-{i}", "v") for i in range(MAX_HEADERS - len(base)))
+    read_request_headers(many).refuse(1000, frozenset())
+    with pytest.raises(HeadersTooLargeError, match="at most 92") as caught:
+        read_request_headers((*many, ("x-one-more", "v"))).refuse(1000, frozenset())
+    assert caught.value.status == 431
+    with pytest.raises(HeadersTooLargeError, match="bytes"):
+        read_request_headers((*base, ("x-big", "b" * MAX_HEADER_BYTES))).refuse(1000, frozenset())

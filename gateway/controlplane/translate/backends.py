@@ -31,6 +31,11 @@ JsonDict = dict[str, Any]
 
 PER_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 EXT_PROC_DISABLED: Mapping[str, JsonDict] = {ec.EXT_PROC_FILTER: {"@type": PER_ROUTE_TYPE, "disabled": True}}
+EXT_PROC_ENABLED: Mapping[str, JsonDict] = {
+    ec.EXT_PROC_FILTER: ec.ext_proc_enabled({"@type": PER_ROUTE_TYPE, "overrides": {}}),
+}
+"""The filter turned on for a route whose weighted clusters name their pools (Envoy refuses a
+``FilterConfig`` with no config)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,10 @@ class Target:
     cluster: str
     fallback_cluster: str
     per_filter: Mapping[str, JsonDict]
+    """Per-filter configs of the target as a weighted cluster of a route."""
+    route_filter: Mapping[str, JsonDict]
+    """The same as a route's own (a pool's ``ExtProcPerRoute`` in the ``FilterConfig`` that turns
+    the filter on: ``ec.ext_proc_filter``)."""
     headers: JsonDict = field(default_factory=dict)
     """``request_headers_to_add`` / ``request_headers_to_remove`` / ``host_rewrite_literal`` of the
     backendRef's own filters."""
@@ -54,8 +63,9 @@ class ClusterSet:
     """Clusters collected during one translation, by name (the same name always has the same config)."""
 
     by_name: dict[str, JsonDict] = field(default_factory=dict)
-    per_filter: dict[str, Mapping[str, JsonDict]] = field(default_factory=dict)
-    """Per-filter configs by pool id: one shared object per pool (parsed once into protobuf)."""
+    per_filter: dict[str, tuple[Mapping[str, JsonDict], Mapping[str, JsonDict]]] = field(default_factory=dict)
+    """Per-filter configs by pool id (a weighted cluster's, a route's): one shared object per pool
+    (parsed once into protobuf)."""
 
     def add(self, cluster: JsonDict) -> str:
         name: str = cluster["name"]
@@ -189,17 +199,20 @@ def _target(
         pool = backend.pool
         names = [clusters.add(cluster) for cluster in pool_clusters(pool, settings)]
         fail_open = pool.picker.failure_mode is FailureMode.FAIL_OPEN
-        per_filter = clusters.per_filter.get(pool.id)
-        if per_filter is None:
-            per_filter = clusters.per_filter[pool.id] = {ec.EXT_PROC_FILTER: pool_per_route(pool, settings)}
+        configs = clusters.per_filter.get(pool.id)
+        if configs is None:
+            per_route = pool_per_route(pool, settings)
+            configs = clusters.per_filter[pool.id] = (
+                {ec.EXT_PROC_FILTER: per_route}, {ec.EXT_PROC_FILTER: ec.ext_proc_enabled(per_route)},
+            )
         return Target(
-            backend.weight, names[0], names[1] if fail_open else names[0], per_filter, headers,
+            backend.weight, names[0], names[1] if fail_open else names[0], *configs, headers,
             follows_fallbacks(pool, settings),
         )
     if backend.valid and backend.kind is BackendKind.SERVICE:
         name = service_cluster_name(backend.key, backend.port)
         clusters.add(static_cluster(name, backend.addresses))
-        return Target(backend.weight, name, name, EXT_PROC_DISABLED, headers)
+        return Target(backend.weight, name, name, EXT_PROC_DISABLED, EXT_PROC_DISABLED, headers)
     clusters.add(static_cluster(INVALID_BACKEND_CLUSTER))
     tag = {
         "header": {"key": INVALID_BACKEND_HEADER, "value": "1"},
@@ -209,6 +222,7 @@ def _target(
         backend.weight,
         INVALID_BACKEND_CLUSTER,
         INVALID_BACKEND_CLUSTER,
+        EXT_PROC_DISABLED,
         EXT_PROC_DISABLED,
         {"request_headers_to_add": [tag]},
     )
@@ -231,7 +245,7 @@ def cluster_action(targets: tuple[Target, ...], picked: bool) -> tuple[JsonDict,
     if len(targets) == 1:
         target = targets[0]
         action: JsonDict = {"cluster": target.cluster if picked else target.fallback_cluster}
-        route_fields: JsonDict = {"typed_per_filter_config": dict(target.per_filter)}
+        route_fields: JsonDict = {"typed_per_filter_config": dict(target.route_filter)}
         for key, value in target.headers.items():
             (action if key == "host_rewrite_literal" else route_fields)[key] = value
         return action, route_fields
@@ -244,4 +258,9 @@ def cluster_action(targets: tuple[Target, ...], picked: bool) -> tuple[JsonDict,
             "typed_per_filter_config": dict(target.per_filter),
         }
         entries.append(entry)
-    return {"weighted_clusters": {"clusters": entries}}, {}
+    # The ext_proc filter is off unless the route turns it on (ec.ext_proc_filter); each weighted
+    # cluster then names its pool, or turns it off again (a Service backend).
+    weighted = {"weighted_clusters": {"clusters": entries}}
+    if any(target.per_filter is not EXT_PROC_DISABLED for target in targets):
+        return weighted, {"typed_per_filter_config": dict(EXT_PROC_ENABLED)}
+    return weighted, {}

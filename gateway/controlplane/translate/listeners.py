@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.controlplane import envoy_config as ec
+from gateway.controlplane.local_replies import openai_local_replies
 from gateway.controlplane.translate.names import (
     BBR_FILTER,
     BBR_ROLE,
@@ -91,16 +92,19 @@ def envoy_listener(port: int, settings: TranslationSettings, body_routing: bool)
     """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``)."""
     extra = [bbr_filter(settings)] if body_routing else []
     hcm = ec.http_connection_manager(
-        listener_name(port), {}, settings.ext_proc, extra, settings.stream_idle_timeout_s
+        listener_name(port), {}, settings.ext_proc, extra, settings.downstream
     )
     config = hcm["typed_config"]
     del config["route_config"]
     config["rds"] = {"route_config_name": route_config_name(port), "config_source": ads_config_source()}
     config["strip_any_host_port"] = True
-    # Mappers apply first-match: the invalid-backend 500 first, then Envoy's own upstream failures
-    # as OpenAI JSON (the picker's ImmediateResponses carry no response flag and stay as they are).
+    # Mappers apply first-match: the invalid-backend 500 first, then Envoy's own replies as OpenAI
+    # JSON (gateway.controlplane.local_replies; the picker's ImmediateResponses stay as they are).
     config["local_reply_config"] = {
-        "mappers": [*invalid_backend_reply()["mappers"], *ec.openai_local_replies()["mappers"]]
+        "mappers": [
+            *invalid_backend_reply()["mappers"],
+            *openai_local_replies(settings.ext_proc.max_body_bytes)["mappers"],
+        ]
     }
     return ec.listener(
         listener_name(port),

@@ -47,12 +47,14 @@ def bootstrap_for_ads(
     admin_host: str = "127.0.0.1",
     connect_timeout_s: float = 1.0,
     static_clusters: Iterable[Mapping[str, Any]] = (),
+    overload_manager: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Envoy's bootstrap (as a JSON/YAML-ready dict) taking listeners and clusters from kvgate's ADS.
 
     ``xds_address``: ``"host:port"`` or ``(host, port)`` of the ADS server. ``static_clusters``: extra
     clusters Envoy should have from the start (Envoy JSON dicts); name them to the snapshot cache
-    (``SnapshotCache(static_clusters=...)``) when snapshots refer to them.
+    (``SnapshotCache(static_clusters=...)``) when snapshots refer to them. ``overload_manager``: its
+    configuration, e.g. a limit on downstream connections (``gateway.controlplane.downstream``).
     """
     host, port = _parse_address(xds_address)
     xds_cluster: dict[str, Any] = {
@@ -71,7 +73,7 @@ def bootstrap_for_ads(
             ],
         },
     }
-    return {
+    bootstrap: dict[str, Any] = {
         "node": {"id": node_id, "cluster": node_cluster},
         "admin": {"address": {"socket_address": {"address": admin_host, "port_value": admin_port}}},
         "dynamic_resources": {
@@ -86,3 +88,6 @@ def bootstrap_for_ads(
         },
         "static_resources": {"clusters": [xds_cluster, *(dict(c) for c in static_clusters)]},
     }
+    if overload_manager is not None:
+        bootstrap["overload_manager"] = dict(overload_manager)
+    return bootstrap

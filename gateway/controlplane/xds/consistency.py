@@ -21,6 +21,7 @@ from gateway.controlplane.xds.resource_types import (
     ENDPOINT,
     EXT_PROC,
     EXT_PROC_PER_ROUTE,
+    FILTER_CONFIG,
     HCM,
     LISTENER,
     ROUTE,
@@ -53,6 +54,10 @@ def _ext_proc_cluster(config: any_pb2.Any) -> str | None:
         per_route = ext_proc_pb2.ExtProcPerRoute()
         config.Unpack(per_route)
         grpc_service = per_route.overrides.grpc_service
+    elif config.type_url == FILTER_CONFIG:  # a route turning a filter on, with its config inside
+        wrapper = route_components_pb2.FilterConfig()
+        config.Unpack(wrapper)
+        return _ext_proc_cluster(wrapper.config) if wrapper.HasField("config") else None
     else:
         return None
     return grpc_service.envoy_grpc.cluster_name or None

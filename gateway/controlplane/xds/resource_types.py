@@ -48,6 +48,7 @@ HCM: Final = (
 )
 EXT_PROC: Final = TYPE_URL_PREFIX + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 EXT_PROC_PER_ROUTE: Final = TYPE_URL_PREFIX + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+FILTER_CONFIG: Final = TYPE_URL_PREFIX + "envoy.config.route.v3.FilterConfig"
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,9 +121,10 @@ def test_fail_close_pool_has_one_route_to_its_original_dst_cluster() -> None:
         "headers": [{"name": "x-tier", "string_match": {"exact": "gold"}}],
     }
     assert route["route"] == {"cluster": "kvgate_pool_llama", "timeout": "0s"}
-    assert route["typed_per_filter_config"][EXT_PROC_FILTER]["overrides"]["grpc_initial_metadata"] == [
-        {"key": "x-kvgate-pool", "value": "llama"}
-    ]
+    enabled = route["typed_per_filter_config"][EXT_PROC_FILTER]  # turns the filter on (off by default)
+    assert enabled["@type"].endswith("envoy.config.route.v3.FilterConfig")
+    metadata = enabled["config"]["overrides"]["grpc_initial_metadata"]
+    assert metadata == [{"key": "x-kvgate-pool", "value": "llama"}]
 
 
 def test_fail_open_pool_routes_picked_requests_first_then_falls_back() -> None:

@@ -1,0 +1,74 @@
+"""What kvgate's listeners allow their clients: timeouts and limits on connections and requests.
+
+Envoy's defaults suit a proxy inside a trusted network, not a gateway facing clients: no timeout on
+receiving a request's headers or body (50 clients that declared a 100 KB body and stalled held their
+connections for good) and no limit on connections. These follow Envoy's guidance for an edge proxy,
+kept safe for LLM traffic: the request timeouts cover only receiving the request (a response may
+stream for minutes; ``stream_idle_timeout`` bounds silence, not length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from extproc.request_headers import ENVOY_MAX_HEADER_BYTES, ENVOY_MAX_HEADERS
+
+JsonDict = dict[str, Any]
+
+
+def duration(seconds: float) -> str:
+    """A protobuf Duration in JSON form."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
+
+
+@dataclass(frozen=True, slots=True)
+class DownstreamLimits:
+    request_headers_timeout_s: float = 10.0
+    """A client must send a request's headers within this (Envoy: 408)."""
+    request_timeout_s: float = 60.0
+    """A client must send the whole request within this (Envoy: 408); the response is not bounded."""
+    stream_idle_timeout_s: float = 300.0
+    """A request on which nothing moves either way for this long is reset."""
+    connection_idle_timeout_s: float = 3600.0
+    """A connection with no request for this long is closed."""
+    max_connections: int = 50_000
+    """Open downstream connections, over all listeners (Envoy's overload manager refuses more)."""
+    max_concurrent_streams: int = 100
+    """HTTP/2 requests at once on one client connection (Envoy's edge guidance)."""
+
+    def http_connection_manager_fields(self) -> JsonDict:
+        """The HttpConnectionManager fields these limits set (header limits written as Envoy's
+        defaults, which the picker's own header check counts on: ``extproc.request_headers``)."""
+        fields: JsonDict = {
+            "stream_idle_timeout": duration(self.stream_idle_timeout_s),
+            "request_headers_timeout": duration(self.request_headers_timeout_s),
+            "request_timeout": duration(self.request_timeout_s),
+            "max_request_headers_kb": ENVOY_MAX_HEADER_BYTES // 1024,
+            "common_http_protocol_options": {
+                "idle_timeout": duration(self.connection_idle_timeout_s),
+                "max_headers_count": ENVOY_MAX_HEADERS,
+            },
+            "http2_protocol_options": {
+                "max_concurrent_streams": self.max_concurrent_streams,
+                "initial_stream_window_size": 65536,
+                "initial_connection_window_size": 1048576,
+            },
+            # one spelling of each path before the picker checks it (extproc.inference_paths)
+            "normalize_path": True,
+            "merge_slashes": True,
+        }
+        return fields
+
+    def overload_manager(self) -> JsonDict:
+        """The bootstrap's ``overload_manager``: the global downstream connection limit."""
+        monitor = "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+        return {
+            "resource_monitors": [{
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": f"type.googleapis.com/{monitor}",
+                    "max_active_downstream_connections": self.max_connections,
+                },
+            }]
+        }

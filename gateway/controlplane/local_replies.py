@@ -1,0 +1,94 @@
+"""Envoy's own replies in OpenAI's error format: HCM ``local_reply_config`` mappers (first match wins).
+
+What Envoy answers by itself otherwise reaches a client as plain text or an empty body, which
+OpenAI's SDKs cannot read:
+
+- the client's own mistakes Envoy catches before the picker sees them: a body over the listener's
+  buffer limit (413), too many or too large headers (431), a request not received in time (408), a
+  request the HTTP codec cannot read (400);
+- a request no route matches: 404 ``model_not_found`` in vLLM's words when it names a model (the
+  body-based router copied it into ``x-gateway-model-name``: no route serves that model), else 404
+  ``route_not_found``;
+- a failed ext_proc stream (a FailClose pool with the picker down or timing out), recognised by its
+  response code details (``ext_proc_error_…``, set by Envoy): 503 ``endpoint_picker_unavailable``;
+- Envoy's upstream failures, which carry a response flag (upstream connect failure ``UF``, no healthy
+  upstream ``UH``, upstream reset or timeout, overflow, ...): Envoy's text as the message and its
+  response-code details as the code.
+
+The picker's own ImmediateResponses carry their JSON already, no response flag, and code details
+that start with ``kvgate_`` (``extproc.errors``): no mapper touches them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extproc.names import MODEL_NAME_HEADER
+
+JsonDict = dict[str, Any]
+
+_CEL_FILTER_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
+
+
+def _cel(expression: str) -> JsonDict:
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {"@type": _CEL_FILTER_TYPE, "expression": expression},
+        }
+    }
+
+
+def _error(message: str, error_type: str, code: str) -> JsonDict:
+    return {"error": {"message": message, "type": error_type, "code": code}}
+
+
+def _client_mistake(status: int, message: str, code: str) -> JsonDict:
+    """Envoy's own reply of ``status`` (not the picker's) as an ``invalid_request_error``."""
+    return {
+        "filter": _cel(f"response.code == {status} && !response.code_details.startsWith('kvgate_')"),
+        "body_format_override": {"json_format": _error(message, "invalid_request_error", code)},
+    }
+
+
+def openai_local_replies(max_body_bytes: int) -> JsonDict:
+    """The mappers, for a listener whose buffer limit is ``max_body_bytes``."""
+    return {
+        "mappers": [
+            {
+                "filter": _cel("response.code_details.startsWith('ext_proc_error')"),
+                "status_code": 503,
+                "body_format_override": {"json_format": _error(
+                    "the endpoint picker is unavailable (%RESPONSE_CODE_DETAILS%)",
+                    "service_unavailable", "endpoint_picker_unavailable",
+                )},
+            },
+            {
+                "filter": _cel(f"response.code_details == 'route_not_found' && "
+                               f"'{MODEL_NAME_HEADER}' in request.headers"),
+                "body_format_override": {"json_format": _error(
+                    f"The model `%REQ({MODEL_NAME_HEADER})%` does not exist.",
+                    "invalid_request_error", "model_not_found",
+                )},
+            },
+            {
+                "filter": _cel("response.code_details == 'route_not_found'"),
+                "body_format_override": {"json_format": _error(
+                    "no route matches this request", "invalid_request_error", "route_not_found",
+                )},
+            },
+            _client_mistake(413, f"request body exceeds the gateway limit of {max_body_bytes} bytes",
+                            "payload_too_large"),
+            _client_mistake(431, "request headers exceed the gateway's limits (%RESPONSE_CODE_DETAILS%)",
+                            "request_header_fields_too_large"),
+            _client_mistake(408, "the request was not received in time (%RESPONSE_CODE_DETAILS%)",
+                            "request_timeout"),
+            _client_mistake(400, "the request is not valid HTTP (%RESPONSE_CODE_DETAILS%)", "bad_request"),
+            {
+                "filter": {"response_flag_filter": {}},
+                "body_format_override": {"json_format": _error(
+                    "%LOCAL_REPLY_BODY%", "upstream_error", "%RESPONSE_CODE_DETAILS%",
+                )},
+            },
+        ]
+    }
