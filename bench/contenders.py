@@ -168,8 +168,9 @@ class Contender:
             self.metrics_urls = [url + "/metrics" for url in extra["admins"].split(",")]
         if "grpc_workers" in extra:
             pickers = tuple(split_host_port(a) for a in extra["grpc_workers"].split(","))
+        outcomes = tuple(split_host_port(a) for a in extra.get("outcomes", "").split(",") if a)
         config = GatewayConfig(listen_port=port, admin_port=free_port(),
-                               picker_addresses=pickers,
+                               picker_addresses=pickers, outcome_addresses=outcomes,
                                pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),),
                                settings=ExtProcSettings() if full_duplex else REPORTED_ONE_PASS)
         self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions(concurrency=workers))

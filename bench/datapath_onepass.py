@@ -61,6 +61,7 @@ from bench.datapath_load import completion_bodies, run_wrk, write_bodies
 from bench.datapath_procs import (
     Child,
     cpu_snapshot,
+    outcome_address,
     pools_yaml,
     start_null_picker,
     start_picker,
@@ -130,7 +131,8 @@ class Row:
 def processor_listener(
     name: str, port: int, cluster: str, settings: ExtProcSettings, pool_name: str = POOL
 ) -> JsonDict:
-    settings = dataclasses.replace(settings, cluster_name=cluster, max_body_bytes=BODY_LIMIT)
+    settings = dataclasses.replace(settings, cluster_name=cluster, outcome_cluster_name=f"{cluster}_outcomes",
+                                   max_body_bytes=BODY_LIMIT)
     pool = PoolBackend(pool_name, FailureMode.FAIL_CLOSE)
     routes = pool_routes(RouteSpec(name=name, pool=pool_name), pool, settings)
     hcm = http_connection_manager(name, route_configuration(name, routes), settings)
@@ -141,10 +143,19 @@ def processor_listener(
     return listener(name, "127.0.0.1", port, hcm, BODY_LIMIT)
 
 
+def picker_clusters(
+    cluster: str, picker: tuple[str, int], outcomes: tuple[str, int] | None = None
+) -> list[JsonDict]:
+    """A :func:`processor_listener`'s clusters: the picker's ext_proc port, and where it takes
+    outcome reports (``outcomes``; unused by a listener without them)."""
+    return [ext_proc_cluster([picker], name=cluster),
+            ext_proc_cluster([outcomes or picker], name=f"{cluster}_outcomes")]
+
+
 def onepass_bootstrap(
     admin: int, ports: dict[str, int], endpoints: Sequence[str], picker: tuple[str, int],
-    null_picker: tuple[str, int], lean_picker: tuple[str, int],
-    baseline_picker: tuple[str, int] | None = None,
+    null_picker: tuple[str, int], lean_picker: tuple[str, int], lean_outcomes: tuple[str, int] | None,
+    baseline_picker: tuple[str, int] | None = None, baseline_outcomes: tuple[str, int] | None = None,
 ) -> JsonDict:
     listeners = [
         direct_listener(ports["direct"]),
@@ -158,7 +169,7 @@ def onepass_bootstrap(
         direct_cluster(endpoints),
         ext_proc_cluster([null_picker], name="ext_proc_null"),
         ext_proc_cluster([picker], name="ext_proc_kvgate"),
-        ext_proc_cluster([lean_picker], name="ext_proc_lean"),
+        *picker_clusters("ext_proc_lean", lean_picker, lean_outcomes),
         *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
         *pool_clusters(PoolBackend(TPM_POOL, FailureMode.FAIL_CLOSE)),
     ]
@@ -166,7 +177,7 @@ def onepass_bootstrap(
         listeners.append(
             processor_listener("baseline_lean", ports["baseline_lean"], "ext_proc_baseline", LEAN)
         )
-        clusters.append(ext_proc_cluster([baseline_picker], name="ext_proc_baseline"))
+        clusters.extend(picker_clusters("ext_proc_baseline", baseline_picker, baseline_outcomes))
     return bootstrap(admin, listeners, clusters, node_id="kvgate-bench-onepass")
 
 
@@ -274,6 +285,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
             extra = tuple(args.picker_args.split())
             children: list[Child] = [upstream]
             picker_address = lean_address = ("127.0.0.1", 1)  # a path not run: nothing listens
+            lean_outcomes = baseline_outcomes = None
             if {"kvgate", "kvgate_gie", "kvgate_tpm"} & set(load_paths):
                 picker, picker_address, _ = await start_picker("picker", pools, workdir / "picker.log", extra)
                 stack.push_async_callback(picker.stop)
@@ -287,6 +299,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 )
                 stack.push_async_callback(lean.stop)
                 children.append(lean)
+                lean_outcomes = outcome_address(lean, lean_address)
             baseline_address = None
             if args.baseline is not None:
                 baseline, baseline_address, _ = await start_picker(
@@ -295,10 +308,11 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 )
                 stack.push_async_callback(baseline.stop)
                 children.append(baseline)
+                baseline_outcomes = outcome_address(baseline, baseline_address)
             ports = {path: free_port() for path in LOAD_PATHS}
             envoy = EnvoyProcess(
                 onepass_bootstrap(free_port(), ports, endpoints, picker_address, null_address, lean_address,
-                                  baseline_address),
+                                  lean_outcomes, baseline_address, baseline_outcomes),
                 EnvoyOptions(concurrency=args.envoy_concurrency),
             )
             await envoy.start()

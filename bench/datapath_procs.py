@@ -106,6 +106,16 @@ async def start_picker(
     return child, (host, int(port)), words["admin"]
 
 
+def outcome_address(child: Child, grpc: tuple[str, int]) -> tuple[str, int]:
+    """Where a ``kvgate picker --outcome-reports`` takes Envoy's reports (its ready line's
+    ``outcomes=``; a picker of an earlier checkout took them on its gRPC port)."""
+    words = dict(word.split("=", 1) for word in child.ready_words if "=" in word)
+    if "outcomes" not in words:
+        return grpc
+    host, _, port = words["outcomes"].rpartition(":")
+    return host, int(port)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a live process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

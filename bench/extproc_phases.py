@@ -41,14 +41,13 @@ from pathlib import Path
 from bench.datapath import load_average, machine, versions, wait_until_serving
 from bench.datapath_envoy import POOL, direct_cluster, direct_listener
 from bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from bench.datapath_onepass import FLOOR, LEAN, LEAN_ARGS, processor_listener, stream_bodies
-from bench.datapath_procs import pools_yaml, start_null_picker, start_picker, start_upstream
+from bench.datapath_onepass import FLOOR, LEAN, LEAN_ARGS, picker_clusters, processor_listener, stream_bodies
+from bench.datapath_procs import outcome_address, pools_yaml, start_null_picker, start_picker, start_upstream
 from gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     JsonDict,
     PoolBackend,
     bootstrap,
-    ext_proc_cluster,
     pool_clusters,
 )
 from gateway.processes import event_loop
@@ -91,16 +90,17 @@ def with_log(listener: JsonDict, path: Path) -> JsonDict:
 
 def phases_bootstrap(
     admin: int, ports: Mapping[str, int], logs: Mapping[str, Path], endpoints: Sequence[str],
-    pickers: Mapping[str, tuple[str, int]],
+    pickers: Mapping[str, tuple[str, int]], outcomes: Mapping[str, tuple[str, int]],
 ) -> JsonDict:
-    """Envoy with one logged listener per path; ``pickers``: processor address per ext_proc path."""
+    """Envoy with one logged listener per path; ``pickers``: processor address per ext_proc path
+    (``outcomes``: where a lean one takes its outcome reports)."""
     settings = {"floor": FLOOR, "kvgate_lean": LEAN, "baseline_lean": LEAN}
     listeners = [with_log(direct_listener(ports["direct"]), logs["direct"])]
     clusters = [direct_cluster(endpoints), *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE))]
     for path, address in pickers.items():
         cluster = f"ext_proc_{path}"
         listeners.append(with_log(processor_listener(path, ports[path], cluster, settings[path]), logs[path]))
-        clusters.append(ext_proc_cluster([address], name=cluster))
+        clusters.extend(picker_clusters(cluster, address, outcomes.get(path)))
     return bootstrap(admin, listeners, clusters, node_id="kvgate-bench-phases")
 
 
@@ -191,6 +191,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
             )
             stack.push_async_callback(lean.stop)
             pickers = {"floor": null_address, "kvgate_lean": lean_address}
+            outcomes = {"kvgate_lean": outcome_address(lean, lean_address)}
             if args.baseline is not None:
                 baseline, baseline_address, _ = await start_picker(
                     "picker_baseline", pools, workdir / "baseline.log", (*LEAN_ARGS, *extra),
@@ -198,10 +199,12 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
                 )
                 stack.push_async_callback(baseline.stop)
                 pickers["baseline_lean"] = baseline_address
+                outcomes["baseline_lean"] = outcome_address(baseline, baseline_address)
             ports = {path: free_port() for path in paths}
             logs = {path: workdir / f"{path}.log" for path in paths}
             envoy = EnvoyProcess(
-                phases_bootstrap(free_port(), ports, logs, endpoints, pickers), EnvoyOptions(concurrency=1)
+                phases_bootstrap(free_port(), ports, logs, endpoints, pickers, outcomes),
+                EnvoyOptions(concurrency=1)
             )
             await envoy.start()
             stack.push_async_callback(envoy.stop)

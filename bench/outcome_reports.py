@@ -34,11 +34,12 @@ from bench.datapath_onepass import (
     LEAN_ARGS,
     Row,
     load,
+    picker_clusters,
     pools_with_token_limit,
     processor_listener,
     stream_bodies,
 )
-from bench.datapath_procs import start_null_picker, start_picker, start_upstream
+from bench.datapath_procs import outcome_address, start_null_picker, start_picker, start_upstream
 from gateway.controlplane.envoy_config import ONE_PASS, bootstrap, ext_proc_cluster, pool_clusters
 from gateway.controlplane.envoy_config import PoolBackend as Pool
 from gateway.processes.envoy_process import EnvoyProcess, free_port
@@ -88,7 +89,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
                 ext_proc_cluster([null_address], name="ext_proc_null"),
                 ext_proc_cluster([roundtrip_address], name="ext_proc_roundtrip"),
                 ext_proc_cluster([bare_address], name="ext_proc_bare"),
-                ext_proc_cluster([reports_address], name="ext_proc_reports"),
+                *picker_clusters("ext_proc_reports", reports_address,
+                                 outcome_address(reports, reports_address)),
                 *pool_clusters(Pool(POOL)),
             ]
             envoy = EnvoyProcess(bootstrap(free_port(), listeners, clusters, node_id="kvgate-bench-reports"))

@@ -54,19 +54,25 @@ class ExtProcServer:
         own_address: str | None = None,
         credentials: grpc.ServerCredentials | None = None,
         health_address: str | None = None,
+        outcome_address: str | None = None,
     ) -> None:
         """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT).
         ``own_address`` (``host:port``, port 0 = any free) is a second port of this process alone,
         for a data plane that balances over the workers itself (``own_port`` once started).
         ``credentials``: serve ext_proc over TLS (None: plaintext). ``health_address``: a separate
         plaintext port serving only the gRPC health service (probes; ``health_port`` once started),
-        as the Inference Extension's picker does on 9003."""
+        as the Inference Extension's picker does on 9003. ``outcome_address``: where Envoy's outcome
+        reports are taken (``extproc.outcomes``; ``outcome_port`` once started): a loopback port of
+        its own, never the ext_proc port that other gateways reach, because a report moves routing
+        (forged 500s took a replica out of picking); None: no reports are taken."""
         self._address = address
         self._own_address = own_address
         self._credentials = credentials
         self._health_address = health_address
+        self._outcome_address = outcome_address
         self.own_port = 0
         self.health_port = 0
+        self.outcome_port = 0
         message_limit = (config or LifecycleConfig()).max_body_bytes + MESSAGE_HEADROOM_BYTES
         options: list[tuple[str, int]] = [
             ("grpc.so_reuseport", int(reuse_port)),
@@ -85,7 +91,12 @@ class ExtProcServer:
         self.outcomes = OutcomeReports(
             directory, clock=clock or MonotonicClock(), metrics=metrics or NoMetrics()
         )
-        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogServicer(self.outcomes), self._server)
+        self._outcome_server: grpc.aio.Server | None = None
+        if outcome_address is not None:
+            self._outcome_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            als_pb2_grpc.add_AccessLogServiceServicer_to_server(
+                AccessLogServicer(self.outcomes), self._outcome_server
+            )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._health_server: grpc.aio.Server | None = None
@@ -108,6 +119,10 @@ class ExtProcServer:
             assert self._health_address is not None
             self.health_port = self._health_server.add_insecure_port(self._health_address)
             await self._health_server.start()
+        if self._outcome_server is not None:
+            assert self._outcome_address is not None
+            self.outcome_port = self._outcome_server.add_insecure_port(self._outcome_address)
+            await self._outcome_server.start()
         for service in ("", EXT_PROC_SERVICE, LIVENESS_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         await self.set_ready(False)
@@ -125,6 +140,8 @@ class ExtProcServer:
         await self._server.stop(grace)
         if self._health_server is not None:
             await self._health_server.stop(grace)
+        if self._outcome_server is not None:
+            await self._outcome_server.stop(grace)
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()

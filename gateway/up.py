@@ -307,6 +307,7 @@ class KvgateUp:
                     attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses,
                     outcome_reports=options.skip_unread_responses,  # kvgate's Envoy reports them
                 ),
+                outcome_address="127.0.0.1:0" if options.skip_unread_responses else None,
             )
         )
         self.picker = picker
@@ -331,6 +332,10 @@ class KvgateUp:
             extra_picker_addresses=workers.addresses if workers is not None else (),
             stream_idle_retry_s=options.stream_idle_retry_s,
             outcome_reports=options.skip_unread_responses,
+            outcome_addresses=(
+                (f"127.0.0.1:{picker.extproc.outcome_port}", *(workers.outcome_addresses if workers else ()))
+                if options.skip_unread_responses else ()
+            ),
             listen_host=options.host,
             listen_ports=listen_ports,
             downstream=options.downstream,

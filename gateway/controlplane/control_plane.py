@@ -88,6 +88,8 @@ class ControlPlaneSettings:
     outcome_reports: bool = False
     """Envoy reports the outcomes of the requests whose response the picker skips
     (``kvgate up --skip-unread-responses``): ``ExtProcSettings.outcome_reports``."""
+    outcome_addresses: tuple[str, ...] = ()
+    """Where the pickers take those reports (loopback ports apart from their ext_proc ports)."""
     downstream: DownstreamLimits = field(default_factory=DownstreamLimits)
     """The clients' timeouts and limits (``gateway.controlplane.downstream``)."""
     validation: ValidationOptions = field(
@@ -103,6 +105,7 @@ class ControlPlaneSettings:
             stream_idle_retry_s=self.stream_idle_retry_s,
             models_address=self.models_address,
             ext_proc=dataclasses.replace(ONE_PASS, outcome_reports=self.outcome_reports),
+            outcome_addresses=self.outcome_addresses,
             downstream=self.downstream,
         )
 

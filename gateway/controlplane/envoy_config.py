@@ -39,6 +39,8 @@ BodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED", "NONE"]
 
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 EXT_PROC_CLUSTER = "kvgate_ext_proc"
+OUTCOME_CLUSTER = "kvgate_outcomes"
+"""The pickers' outcome-report ports: loopback, apart from the ext_proc port (``extproc.server``)."""
 _TYPE = "type.googleapis.com/"
 _HCM_TYPE = _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC_TYPE = _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
@@ -75,8 +77,10 @@ class ExtProcSettings:
     with BUFFERED requests); the served endpoint and the end of the response are then unknown to it."""
     outcome_reports: bool = False
     """Envoy reports the outcome of each request the picker marked (``x-kvgate-outcome``: those
-    whose response it skips) to the picker's gRPC access-log service, in batches off the request
-    path (:func:`outcome_access_log`, ``extproc.outcomes``)."""
+    whose response it skips) to the pickers' gRPC access-log service, in batches off the request
+    path (:func:`outcome_access_log`, ``extproc.outcomes``), through the cluster
+    ``outcome_cluster_name`` (the pickers' outcome ports, never their ext_proc port)."""
+    outcome_cluster_name: str = OUTCOME_CLUSTER
 
 
 ONE_PASS = ExtProcSettings(request_body_mode="BUFFERED", response_body_mode="NONE", allow_mode_override=True)
@@ -123,6 +127,8 @@ class GatewayConfig:
     settings: ExtProcSettings = field(default_factory=ExtProcSettings)
     subset_hint: tuple[str, ...] | None = None
     """If set, every request carries this ``envoy.lb.subset_hint`` (tests, fixed deployments)."""
+    outcome_addresses: tuple[tuple[str, int], ...] = ()
+    """The pickers' outcome-report ports (with ``settings.outcome_reports``)."""
 
 
 def socket_address(host: str, port: int) -> JsonDict:
@@ -437,8 +443,9 @@ OUTCOME_FLUSH_S = 0.05
 
 def outcome_access_log(cluster_name: str) -> JsonDict:
     """An HTTP gRPC access log of the requests the picker marked with ``x-kvgate-outcome``, to the
-    picker cluster's ``AccessLogService`` (``extproc.access_log``): with that header and the
-    destination header, batched every :data:`OUTCOME_FLUSH_S` or 16 KiB."""
+    ``AccessLogService`` of the pickers' outcome ports (``extproc.access_log``; the cluster
+    ``cluster_name``): with that header and the destination header, batched every
+    :data:`OUTCOME_FLUSH_S` or 16 KiB."""
     return {
         "name": "envoy.access_loggers.http_grpc",
         "filter": {"header_filter": {"header": {"name": OUTCOME_HEADER, "present_match": True}}},
@@ -475,7 +482,7 @@ def http_connection_manager(
         "http_filters": filters,
     }
     if settings.outcome_reports:
-        config["access_log"] = [outcome_access_log(settings.cluster_name)]
+        config["access_log"] = [outcome_access_log(settings.outcome_cluster_name)]
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": config}
 
 
@@ -526,6 +533,10 @@ def static_bootstrap(config: GatewayConfig) -> JsonDict:
     main = listener("kvgate", config.listen_host, config.listen_port, hcm, config.settings.max_body_bytes)
     settings = config.settings
     clusters = [ext_proc_cluster(config.picker_addresses, settings.cluster_name, tls=settings.tls)]
+    if settings.outcome_reports:
+        if not config.outcome_addresses:
+            raise ValueError("outcome reports need the pickers' outcome addresses")
+        clusters.append(ext_proc_cluster(config.outcome_addresses, settings.outcome_cluster_name))
     for pool in config.pools:
         clusters.extend(pool_clusters(pool))
     return bootstrap(config.admin_port, [main], clusters)

@@ -85,9 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "needs skips the response-headers round trip (less CPU; its status and served "
                         "endpoint are then not seen)")
     parser.add_argument("--outcome-reports", action="store_true",
-                        help="with --skip-unread-responses, behind an Envoy whose gRPC access log reports "
-                        "outcomes to this picker (as kvgate up configures it): skipped requests are marked "
-                        "for it, and their status and served endpoint count when the report comes")
+                        help="with --skip-unread-responses, behind an Envoy on this host whose gRPC access "
+                        "log reports outcomes to this picker's --outcome-port (as kvgate up configures it): "
+                        "skipped requests are marked for it, and their status and served endpoint count "
+                        "when the report comes")
+    parser.add_argument("--outcome-port", type=int, default=0,
+                        help="loopback port (127.0.0.1) taking the outcome reports, apart from the ext_proc "
+                        "port (with --outcome-reports; default 0: any free, named in the ready line)")
     tls = parser.add_argument_group(
         "serving, as the Inference Extension's endpoint picker (its flag names and defaults)"
     )
@@ -160,9 +164,10 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         await supervisor.start()
         admins, owns = supervisor.admin_urls, supervisor.own_addresses
+        outcomes = f" outcomes={','.join(supervisor.outcome_addresses)}" if args.outcome_reports else ""
         print(
             f"kvgate-picker ready grpc={args.host}:{plan.grpc_port} admin={admins[0]} "
-            f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)} "
+            f"workers={plan.workers} admins={','.join(admins)} grpc_workers={','.join(owns)}{outcomes} "
             f"redis={supervisor.redis_url} health={supervisor.healths[0]} "
             f"tls={str(args.secure_serving).lower()} loop={event_loop.running_loop_name()}",
             flush=True,
@@ -193,14 +198,16 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         cert_path=args.cert_path,
         cert_reload=args.enable_cert_reload,
         health_address=f"{args.host}:{args.grpc_health_port}",
+        outcome_address=f"127.0.0.1:{args.outcome_port}" if args.outcome_reports else None,
     )
 
 
 def ready_line(args: argparse.Namespace, service: PickerService) -> str:
     own = f" own={args.host}:{service.extproc.own_port}" if args.worker_index is not None else ""
+    outcomes = f" outcomes=127.0.0.1:{service.extproc.outcome_port}" if args.outcome_reports else ""
     return (
         f"kvgate-picker ready grpc={args.host}:{service.grpc_port} "
-        f"admin=http://{args.host}:{service.admin.port}{own} "
+        f"admin=http://{args.host}:{service.admin.port}{own}{outcomes} "
         f"health={args.host}:{service.extproc.health_port} tls={str(args.secure_serving).lower()} "
         f"loop={event_loop.running_loop_name()}"
     )

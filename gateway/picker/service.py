@@ -154,6 +154,8 @@ class PickerSettings:
     cert_reload: bool = False
     health_address: str | None = None
     """A plaintext port for the gRPC health service alone (``kvgate picker``: 9003); None: none."""
+    outcome_address: str | None = None
+    """A loopback port taking Envoy's outcome reports (``extproc.outcomes``); None: none taken."""
 
 
 class PickerService:
@@ -188,6 +190,7 @@ class PickerService:
                 if settings.secure_serving else None
             ),
             health_address=settings.health_address,
+            outcome_address=settings.outcome_address,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         outcomes = self.extproc.outcomes

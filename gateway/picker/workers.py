@@ -74,14 +74,17 @@ class WorkerPlan:
     """The worker's argv without ``--grpc-port``, ``--admin-port``, ``--redis`` and ``--workers``."""
     own_ports: tuple[int, ...] = ()
     """Each worker's own gRPC port, when the caller must know it in advance (else any free)."""
+    outcome_ports: tuple[int, ...] = ()
+    """Each worker's outcome-report port, likewise (used with ``--outcome-reports``)."""
 
     def command(self, index: int, redis_url: str) -> list[str]:
         admin = self.admin_port + index if self.admin_port else 0
         own = self.own_ports[index] if index < len(self.own_ports) else 0
+        outcome = self.outcome_ports[index] if index < len(self.outcome_ports) else 0
         return [
             *self.base_command, "--workers", "1", "--reuse-port", "--worker-index", str(index),
             "--grpc-port", str(self.grpc_port), "--admin-port", str(admin), "--redis", redis_url,
-            "--own-port", str(own),
+            "--own-port", str(own), "--outcome-port", str(outcome),
         ]
 
 
@@ -129,9 +132,11 @@ class WorkerSupervisor:
         self._processes: list[ChildProcess | None] = [None] * plan.workers
         self.admin_urls: list[str] = [""] * plan.workers
         self.own_addresses: list[str] = [""] * plan.workers
+        """Each worker's own gRPC ``host:port`` (besides the shared one), as it last reported."""
         self.healths: list[str] = [""] * plan.workers
         """Each worker's gRPC health ``host:port``, as it last reported."""
-        """Each worker's own gRPC ``host:port`` (besides the shared one), as it last reported."""
+        self.outcome_addresses: list[str] = [""] * plan.workers
+        """Each worker's outcome-report ``host:port`` (with ``--outcome-reports``)."""
 
     @property
     def redis_url(self) -> str:
@@ -162,6 +167,7 @@ class WorkerSupervisor:
         self.admin_urls[index] = words.get("admin", "")
         self.own_addresses[index] = words.get("own", "")
         self.healths[index] = words.get("health", "")
+        self.outcome_addresses[index] = words.get("outcomes", "")
         child.echo = sys.stdout  # what it prints from now on (its ready line is this supervisor's to say)
 
     async def supervise(self, stop: asyncio.Event) -> None:
@@ -198,7 +204,8 @@ class WorkerSupervisor:
 
 def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
     """This process's ``kvgate picker`` argv without the options the supervisor sets per worker."""
-    drop_with_value = {"--grpc-port", "--admin-port", "--redis", "--workers", "--worker-index", "--own-port"}
+    drop_with_value = {"--grpc-port", "--admin-port", "--redis", "--workers", "--worker-index", "--own-port",
+                       "--outcome-port"}
     out: list[str] = [sys.executable, "-m", "gateway.cli", "picker"]
     skip = False
     for arg in argv:
@@ -231,6 +238,9 @@ class UpWorkers:
         self.own_ports = tuple(free_port() for _ in range(count))
         self.addresses = tuple(f"127.0.0.1:{port}" for port in self.own_ports)
         """The workers' own gRPC addresses (for the ext_proc cluster)."""
+        self.outcome_ports = tuple(free_port() for _ in range(count)) if skip_unread_responses else ()
+        self.outcome_addresses = tuple(f"127.0.0.1:{port}" for port in self.outcome_ports)
+        """Where the workers take Envoy's outcome reports (for the outcome cluster)."""
         self.plan = WorkerPlan(
             workers=count, grpc_port=free_port(), admin_port=0,
             base_command=(
@@ -244,6 +254,7 @@ class UpWorkers:
                 *(() if shared_scrapes else ("--no-shared-scrapes",)),
             ),
             own_ports=self.own_ports,
+            outcome_ports=self.outcome_ports,
         )
         self._private: PrivateRedis | None = None
         self._supervisor: WorkerSupervisor | None = None

@@ -69,7 +69,8 @@ def test_real_envoy_accepts_the_logged_listeners(tmp_path: Path) -> None:
     ports = {path: 20000 + index for index, path in enumerate(paths)}
     logs = {path: tmp_path / f"{path}.log" for path in paths}
     pickers = {"floor": ("127.0.0.1", 21000), "kvgate_lean": ("127.0.0.1", 21001)}
-    config = phases_bootstrap(19999, ports, logs, ["127.0.0.1:22000"], pickers)
+    outcomes = {"kvgate_lean": ("127.0.0.1", 21002)}
+    config = phases_bootstrap(19999, ports, logs, ["127.0.0.1:22000"], pickers, outcomes)
     path = tmp_path / "bootstrap.json"
     path.write_text(json.dumps(config))
     result = subprocess.run(

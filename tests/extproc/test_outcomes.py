@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.events import StreamClosed
@@ -11,6 +13,7 @@ from extproc.lifecycle import RequestLifecycle
 from extproc.lifecycle_config import LifecycleConfig
 from extproc.outcomes import Outcome, OutcomeReports, outcome_header, outcome_of
 from extproc.ports import RequestLabels
+from extproc.server import ExtProcServer
 from tests.extproc.fakes import (
     BUFFERED,
     NONE,
@@ -146,3 +149,40 @@ def test_a_skipped_request_is_marked_and_its_close_leaves_the_verdict_to_the_rep
 def _start(machine: RequestLifecycle) -> list[pb.ProcessingResponse]:
     out = feed(machine, [request_headers(mode=BUFFERED, response_mode=NONE)])
     return out + feed(machine, [request_body(completion(), eos=True)])
+
+
+async def _report_500s(port: int) -> grpc.StatusCode:
+    """Forged reports of 500 from 10.0.0.1 sent to ``port``; the status the call ended with."""
+    entry = _entry(outcome_header(LABELS, streamed=False), status=500)
+    message = als_pb2.StreamAccessLogsMessage()
+    message.http_logs.log_entry.extend([entry] * 10)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = als_pb2_grpc.AccessLogServiceStub(channel)
+        try:
+            await stub.StreamAccessLogs(iter([message]))
+        except grpc.aio.AioRpcError as error:
+            return error.code()
+    return grpc.StatusCode.OK
+
+
+async def test_reports_are_taken_on_the_loopback_outcome_port_alone_never_on_the_ext_proc_port() -> None:
+    """Forged 500s sent to the port other gateways reach took a replica out of picking."""
+    pool = make_pool(name="default/llama")
+    server = ExtProcServer(FakeDirectory({pool.name: pool}, default=pool.name), address="127.0.0.1:0",
+                           outcome_address="127.0.0.1:0")
+    await server.start()
+    try:
+        assert server.outcome_port not in (0, server.port)
+        assert await _report_500s(server.port) is grpc.StatusCode.UNIMPLEMENTED
+        assert pool.scheduler.outcomes == []
+        assert await _report_500s(server.outcome_port) is grpc.StatusCode.OK
+        assert pool.scheduler.outcomes == [("10.0.0.1:8000", False)] * 10
+    finally:
+        await server.stop(0)
+    bare = ExtProcServer(FakeDirectory({pool.name: pool}, default=pool.name), address="127.0.0.1:0")
+    await bare.start()
+    try:
+        assert bare.outcome_port == 0  # a picker not behind kvgate's own Envoy takes no reports at all
+        assert await _report_500s(bare.port) is grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await bare.stop(0)

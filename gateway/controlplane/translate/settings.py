@@ -44,6 +44,9 @@ class TranslationSettings:
     """A streamed request (the picker marks it) whose replica sends nothing for this long is retried
     on the next endpoint (``envoy_config.stream_retry_policy``); 0: no such bound."""
 
+    outcome_addresses: tuple[str, ...] = ()
+    """``ip:port`` of the pickers' outcome-report ports (with ``ext_proc.outcome_reports``)."""
+
     models_address: str | None = None
     """``ip:port`` of kvgate's models server: every virtual host answers ``GET /v1/models`` from it
     (``gateway.controlplane.translate.models``); None: no such routes."""

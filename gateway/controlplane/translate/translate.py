@@ -52,6 +52,9 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     warnings: list[str] = []
     pickers = [ec.split_host_port(address) for address in settings.picker_addresses]
     clusters.add(ec.ext_proc_cluster(pickers, settings.ext_proc.cluster_name))
+    if settings.ext_proc.outcome_reports and settings.outcome_addresses:
+        outcomes = [ec.split_host_port(address) for address in settings.outcome_addresses]
+        clusters.add(ec.ext_proc_cluster(outcomes, settings.ext_proc.outcome_cluster_name))
     for pool in config.pools:
         for cluster in pool_clusters(pool, settings):
             clusters.add(cluster)

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
+    OUTCOME_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
     PoolBackend,
@@ -208,13 +209,22 @@ def _hcm(boot: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def test_outcome_reports_log_only_marked_requests_to_the_picker_cluster() -> None:
+REPORTS = {"settings": ExtProcSettings(outcome_reports=True), "outcome_addresses": (("127.0.0.1", 9004),)}
+
+
+def test_outcome_reports_log_only_marked_requests_to_the_pickers_outcome_ports() -> None:
     assert "access_log" not in _hcm(static_bootstrap(_config()))
-    hcm = _hcm(static_bootstrap(_config(settings=ExtProcSettings(outcome_reports=True))))
+    boot = static_bootstrap(_config(**REPORTS))
+    hcm = _hcm(boot)
     [log] = hcm["access_log"]
     assert log["filter"] == {"header_filter": {"header": {"name": "x-kvgate-outcome", "present_match": True}}}
     common = log["typed_config"]["common_config"]
-    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": ExtProcSettings().cluster_name}}
+    assert common["grpc_service"] == {"envoy_grpc": {"cluster_name": OUTCOME_CLUSTER}}
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    [outcome_port] = clusters[OUTCOME_CLUSTER]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert outcome_port["endpoint"]["address"]["socket_address"]["port_value"] == 9004  # not ext_proc
+    with pytest.raises(ValueError, match="outcome addresses"):
+        static_bootstrap(_config(settings=ExtProcSettings(outcome_reports=True)))
     assert log["typed_config"]["additional_request_headers_to_log"] == [
         "x-kvgate-outcome", "x-gateway-destination-endpoint"]
     # a client cannot forge a report: the header is stripped before anything reads it
@@ -226,8 +236,8 @@ def test_outcome_reports_log_only_marked_requests_to_the_picker_cluster() -> Non
 @pytest.mark.parametrize("reports", [False, True], ids=["plain", "outcome-reports"])
 def test_real_envoy_accepts_the_bootstrap(tmp_path: Path, reports: bool) -> None:
     path = tmp_path / "bootstrap.json"
-    settings = ExtProcSettings(outcome_reports=reports)
-    path.write_text(json.dumps(static_bootstrap(_config(subset_hint=("127.0.0.1:8001",), settings=settings))))
+    changes: dict[str, Any] = REPORTS if reports else {}
+    path.write_text(json.dumps(static_bootstrap(_config(subset_hint=("127.0.0.1:8001",), **changes))))
     result = subprocess.run(
         [str(find_envoy_binary()), "--mode", "validate", "-c", str(path), "--log-level", "error"],
         capture_output=True, text=True, timeout=60, check=False,
