@@ -11,6 +11,7 @@ declared in pyproject.toml), so the product never imports them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -76,6 +77,10 @@ def _commands() -> dict[str, tuple[str, SubcommandMain]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # kvgate starts child processes (Envoy, the simulator, workers) by fork and exec while gRPC's
+    # threads run; gRPC's fork handlers then print "Other threads are currently calling into gRPC,
+    # skipping fork() handlers" at every start. No child uses its parent's gRPC, so they are off.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     args = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()
     parser = argparse.ArgumentParser(

@@ -23,7 +23,6 @@ reverse order; no child process outlives ``kvgate up``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -46,12 +45,13 @@ from gateway.controlplane.resources import ConfigProvider, FileProvider, Resourc
 from gateway.controlplane.resources.core import Pod
 from gateway.controlplane.resources.inference import InferencePool
 from gateway.controlplane.resources.validate import ValidationOptions
-from gateway.controlplane.xds import AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
+from gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from gateway.picker.redis_link import RedisSettings
 from gateway.picker.service import PickerService, PickerSettings
 from gateway.picker.workers import UpWorkers
 from gateway.processes import event_loop
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port, port_in_use
+from gateway.processes.envoy_supervisor import EnvoySupervisor
 from gateway.processes.simulator import SimFleetProcess
 from policies.errors import ConfigError
 
@@ -187,19 +187,18 @@ def _host_of(url: str) -> str:
     return url.removeprefix("http://").rstrip("/").rpartition(":")[0].strip("[]")
 
 
-async def _wait_listening(host: str, port: int, envoy: EnvoyProcess, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            _, writer = await asyncio.open_connection(host, port)
-        except OSError:
-            await asyncio.sleep(0.02)
-            continue
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return
-    raise ConfigError(f"Envoy does not listen on {host}:{port} after {timeout_s} s:\n{envoy.log_tail()}")
+def check_ports_free(options: UpOptions) -> None:
+    """Fail at once, in one line, when a port ``kvgate up`` must bind is taken (Envoy would only
+    warn, and the printed curl would reach the other process)."""
+    wanted = [("--port", options.port), ("--admin-port", options.admin_port),
+              ("--picker-port", options.picker_port), ("--xds-port", options.xds_port),
+              ("--envoy-admin-port", options.envoy_admin_port)]
+    for flag, port in wanted:
+        if port and port_in_use(options.host if flag in ("--port", "--admin-port") else "127.0.0.1", port):
+            raise ConfigError(
+                f"port {port} ({flag}) is in use by another process: choose another, e.g. {flag} "
+                f"{port + 1}" + (" or 0 for any free one" if flag != "--port" else "")
+            )
 
 
 class KvgateUp:
@@ -217,6 +216,8 @@ class KvgateUp:
         self.picker: PickerService | None = None
         self.ads: AdsServer | None = None
         self.envoy: EnvoyProcess | None = None
+        self.supervisor: EnvoySupervisor | None = None
+        """Keeps Envoy running once started; its ``failed`` future ends ``kvgate up``."""
         self.control: ControlPlane | None = None
         self.status_identity: str | None = None
         """This replica's name in the status Lease (``--kubernetes``)."""
@@ -225,6 +226,8 @@ class KvgateUp:
         self.listen_port = options.port
         self._stack = AsyncExitStack()
         self._stop_watch = asyncio.Event()
+        self._listens = False
+        """A Gateway listener binds ``--port`` (a configuration may have none yet)."""
 
     @property
     def url(self) -> str:
@@ -252,6 +255,7 @@ class KvgateUp:
 
     async def start(self) -> None:
         options = self.options
+        check_ports_free(options)
         cluster: KubernetesProvider | None = None
         if options.kubernetes:
             client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
@@ -326,6 +330,7 @@ class KvgateUp:
 
         listener_ports = sorted({ls.port for gw in first.config.gateways for ls in gw.listeners})
         listen_ports = ((listener_ports[0], options.port),) if listener_ports else ()
+        self._listens = bool(listen_ports)
         settings = ControlPlaneSettings(
             models_address=models.address,
             picker_address=f"127.0.0.1:{picker.grpc_port}",
@@ -364,11 +369,32 @@ class KvgateUp:
         self.envoy = envoy
         self._stack.push_async_callback(envoy.stop)
         await envoy.start()
-        if listen_ports:
-            await _wait_listening(options.host, options.port, envoy)
+        await self._envoy_listening()
+        supervisor = EnvoySupervisor(envoy, ready=self._envoy_listening)
+        self.supervisor = supervisor
+        picker.admin.readiness_checks.append(supervisor.not_ready)
+        self._stack.push_async_callback(supervisor.stop)  # before Envoy is stopped on purpose
+        supervisor.start()
 
         watch = asyncio.create_task(control.run(self._stop_watch))
         self._stack.push_async_callback(self._stop_watching, watch)
+
+    async def _envoy_listening(self) -> None:
+        """Until Envoy's listener is bound to ``--port``; a refused listener configuration (the port
+        taken since the check at start) fails with Envoy's reason."""
+        envoy = self.envoy
+        if envoy is None or not self._listens:
+            return
+        since = time.time()
+
+        def refused() -> str | None:
+            rejection = self.xds_status.last_rejection(NODE_ID, LISTENER)
+            if rejection is None or rejection.at < since:
+                return None
+            where = f"{self.options.host}:{self.options.port}"
+            return f"Envoy refused its listener on {where}: {rejection.message}"
+
+        await envoy.wait_listening(self.options.port, rejected=refused)
 
     async def _stop_watching(self, watch: asyncio.Task[None]) -> None:
         self._stop_watch.set()

@@ -8,8 +8,9 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.controlplane.downstream import DownstreamLimits
 from gateway.processes import event_loop
@@ -17,16 +18,62 @@ from gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from policies.errors import ConfigError
 
 
-def ready_lines(up: KvgateUp, model: str) -> list[str]:
+def ready_lines(up: KvgateUp, options: UpOptions) -> list[str]:
+    """What ``kvgate up`` prints once Envoy listens: where, a request to try, and what is missing."""
+    pools = up.picker.table.pools if up.picker is not None else {}
+    declared = [model for pool in pools.values() for model in (*pool.spec.models, *pool.spec.route_models)]
+    if up.fleet is not None:
+        model = options.sim_model or EXAMPLE_MODEL
+    else:
+        model = declared[0] if declared else "MODEL"
     body = f'{{"model": "{model}", "prompt": "Say hello", "max_tokens": 16}}'
-    return [
+    lines = [
         f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_source})",
         f"  curl {up.url}/v1/completions -H 'content-type: application/json' -d '{body}'",
         f"  kvgate status --admin {up.admin_url}",
     ]
+    for name, pool in sorted(pools.items()):
+        if not pool.spec.endpoints:
+            lines.append(f"  note: pool {name} has no endpoints, so its requests answer 503: add its model "
+                         "servers as Pods to the manifests, or start simulated ones with --sim N")
+    return lines
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (up to 65535)")
+    return value
+
+
+def listen_port(text: str) -> int:
+    """The gateway's port: 1 to 65535."""
+    value = port_number(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not a port the gateway can listen on (1-65535)")
+    return value
+
+
+def count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+
+    return parse
 
 
 async def serve(options: UpOptions) -> int:
+    """Start, print the ready lines, serve until a signal (0) or until Envoy cannot be kept running
+    (1, the reason on stderr)."""
     up = KvgateUp(options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -34,23 +81,31 @@ async def serve(options: UpOptions) -> int:
         loop.add_signal_handler(sig, stop.set)
     starting = asyncio.create_task(up.start())
     stopping = asyncio.create_task(stop.wait())
+    served = False
     try:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
-            starting.result()  # raises a startup failure
-            model = (options.sim_model or EXAMPLE_MODEL) if up.fleet is not None else "MODEL"
-            for line in ready_lines(up, model):
-                print(line, flush=True)
-            await stop.wait()
-        else:
+        if not starting.done():
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
+            return 0
+        starting.result()  # raises a startup failure
+        served = True
+        for line in ready_lines(up, options):
+            print(line, flush=True)
+        assert up.supervisor is not None
+        failed: asyncio.Future[str] = up.supervisor.failed
+        ends: set[asyncio.Future[Any]] = {stopping, failed}
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        if failed.done() and not stop.is_set():
+            print(f"kvgate up: {failed.result()}", file=sys.stderr, flush=True)
+            return 1
         return 0
     finally:
         stopping.cancel()
         await up.stop()
-        print("kvgate stopped", flush=True)
+        if served:
+            print("kvgate stopped", flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,15 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an address (IP or hostname) Gateways' status reports, e.g. the Service "
                         "in front of kvgate (with --kubernetes; repeatable; default: --host unless "
                         "it is a wildcard)")
-    parser.add_argument("--port", type=int, default=8080, help="port Envoy listens on (default 8080)")
+    parser.add_argument("--port", type=listen_port, default=8080, help="port Envoy listens on (default 8080)")
     parser.add_argument("--host", default="127.0.0.1", help="address Envoy and the admin server bind")
-    parser.add_argument("--admin-port", type=int, default=9090,
+    parser.add_argument("--admin-port", type=port_number, default=9090,
                         help="admin HTTP port: /status, /metrics, /readyz (0 = any free; default 9090)")
-    parser.add_argument("--picker-port", type=int, default=0, help="ext_proc gRPC port (default: any free)")
-    parser.add_argument("--xds-port", type=int, default=0, help="ADS gRPC port (default: any free)")
-    parser.add_argument("--envoy-admin-port", type=int, default=0,
+    parser.add_argument("--picker-port", type=port_number, default=0,
+                        help="ext_proc gRPC port (default: any free)")
+    parser.add_argument("--xds-port", type=port_number, default=0, help="ADS gRPC port (default: any free)")
+    parser.add_argument("--envoy-admin-port", type=port_number, default=0,
                         help="Envoy admin port (default: any free)")
-    parser.add_argument("--sim", type=int, default=None, metavar="N",
+    parser.add_argument("--sim", type=count(0), default=None, metavar="N",
                         help=f"simulated replicas (default {DEFAULT_SIM_REPLICAS} without -f, 0 with -f)")
     parser.add_argument("--sim-pool", default=None, metavar="NAME",
                         help="InferencePool the simulated replicas join (needed when there are several)")
@@ -114,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "response is not bounded by it; default 60)")
     parser.add_argument("--request-headers-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a client must send a request's headers within SECONDS, else 408 (default 10)")
-    parser.add_argument("--max-connections", type=int, default=50_000, metavar="N",
+    parser.add_argument("--max-connections", type=count(1), default=50_000, metavar="N",
                         help="open client connections Envoy accepts over all listeners (default 50000)")
     parser.add_argument("--skip-unread-responses", action=argparse.BooleanOptionalAction, default=True,
                         help="a request whose response nothing needs (no rewrite, no token limit, not "
@@ -124,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared-scrapes", action=argparse.BooleanOptionalAction, default=True,
                         help="with Redis (--redis or --workers): one picker per pool scrapes the model "
                         "servers for all (default on); --no-shared-scrapes: each scrapes them itself")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
+    parser.add_argument("--workers", type=count(1), default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
     parser.add_argument("--log-level", default="WARNING")
@@ -155,7 +211,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         sim_model=args.sim_model,
         envoy_log_level=args.envoy_log_level,
         envoy_concurrency=args.envoy_concurrency,
-        workers=max(1, args.workers),
+        workers=args.workers,
         loop=args.loop,
         stream_idle_retry_s=args.stream_idle_retry,
         attempt_timeout_s=args.attempt_timeout,

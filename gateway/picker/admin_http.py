@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.picker.telemetry import GatewayTelemetry
+from policies.errors import ConfigError
 
 
 class AdminSource(Protocol):
@@ -49,6 +50,9 @@ class AdminServer:
         self.port = 0
         self.status_provider: Callable[[], Mapping[str, Any]] | None = None
         """Set by the composition root when a control plane runs (``kvgate up``)."""
+        self.readiness_checks: list[Callable[[], str | None]] = []
+        """More reasons not to be ready, asked on each ``/readyz`` (the composition root's: e.g.
+        ``kvgate up``'s Envoy not running); each answers None when all is well."""
         self.metrics_auth: Callable[[str | None], Awaitable[bool]] | None = None
         """Set to require a bearer token on ``/metrics`` (``--metrics-endpoint-auth``): called with
         the token (None: no Authorization header); False answers 401 (no token) or 403."""
@@ -84,6 +88,7 @@ class AdminServer:
     async def _readyz(self, _: web.Request) -> web.Response:
         problems = [] if self._source.grpc_port else ["ext_proc server not started"]
         problems += readiness_problems(self._source.pool_report())
+        problems += [problem for check in self.readiness_checks if (problem := check()) is not None]
         if problems:
             return web.json_response({"status": "not ready", "problems": problems}, status=503)
         return web.json_response({"status": "ready"})
@@ -95,7 +100,15 @@ class AdminServer:
         self._runner = web.AppRunner(self._app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(
+                f"the admin port {self._host}:{self._port} cannot be bound ({exc.strerror}): "
+                "choose another (--admin-port; 0: any free)"
+            ) from None
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port

