@@ -24,9 +24,11 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -265,6 +267,19 @@ def scaled_profile(name_or_path: str, time_scale: float, out: Path) -> Path:
         text = resources.files("policies").joinpath("profiles", f"{name_or_path}.yaml").read_text()
     out.write_text(yaml.safe_dump(_scale_times(yaml.safe_load(text), time_scale), sort_keys=False))
     return out
+
+
+def missing_tools(contenders: Sequence[str]) -> list[str]:
+    """What the ``bench`` extra installs that a run of ``contenders`` needs and this environment
+    lacks (checked before anything starts: a run that lacked one failed after its first contender)."""
+    missing = [] if importlib.util.find_spec("matplotlib") is not None else ["matplotlib"]
+    for router in ("vllm-router", "sglang-router"):
+        if any(name.startswith(router) for name in contenders):
+            try:
+                _router_binary(router)
+            except FileNotFoundError:
+                missing.append(router)
+    return missing
 
 
 def _router_binary(name: str) -> str:

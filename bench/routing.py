@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.contenders import Contender, contender_for_profile_path, make_contender
+from bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
 from bench.datapath_procs import TreeCpu, picker_processes
 from bench.loadgen import run_open_loop
 from bench.routing_report import goals, plot, summary, tables
@@ -267,11 +267,30 @@ def report_command(given: Sequence[str], fractions: Sequence[float], time_scale:
     return "python -m bench.routing " + shlex.join([*given, *resolved])
 
 
+USER_RESULTS = Path("kvgate-bench-results")
+"""Where ``kvgate bench`` writes unless told (``--results``): a directory of the user's, never the
+checked-in ``bench/results`` of a checkout."""
+
+
+def kvgate_bench(argv: Sequence[str]) -> int:
+    """``kvgate bench``: this benchmark for users, writing to :data:`USER_RESULTS` by default."""
+    given = list(argv)
+    if not any(arg == "--results" or arg.startswith("--results=") for arg in given):
+        given += ["--results", str(USER_RESULTS)]
+    return main(given)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.report_only:
         return _report_only(args.results)
+    chosen = args.contenders or list(QUICK_CONTENDERS if args.quick else FULL_CONTENDERS)
+    missing = missing_tools(chosen)
+    if missing:
+        print(f"kvgate bench: {', '.join(missing)} missing: pip install 'kvgate[bench]' "
+              "(in a checkout: pip install -e '.[bench]')", file=sys.stderr)
+        return 2
     quick = bool(args.quick)
     names = args.workloads or list(QUICK_WORKLOADS if quick else sorted(WORKLOADS))
     contenders = args.contenders or list(QUICK_CONTENDERS if quick else FULL_CONTENDERS)

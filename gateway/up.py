@@ -26,7 +26,6 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources as package_resources
@@ -35,24 +34,25 @@ from pathlib import Path
 from extproc.attempt_timeout import AttemptTimeout
 from extproc.lifecycle_config import LifecycleConfig
 from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
-from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import DownstreamSettings
 from gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from gateway.controlplane.kubernetes.lease import LeaderElector
 from gateway.controlplane.kubernetes.provider import KubernetesProvider
 from gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
 from gateway.controlplane.models.server import ModelsServer
-from gateway.controlplane.resources import ConfigProvider, FileProvider, ResourceSet
+from gateway.controlplane.resources import ConfigProvider, FileProvider
 from gateway.controlplane.resources.core import Pod
-from gateway.controlplane.resources.inference import InferencePool
 from gateway.controlplane.resources.validate import ValidationOptions
 from gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from gateway.picker.redis_link import RedisSettings
 from gateway.picker.service import PickerService, PickerSettings
 from gateway.picker.workers import UpWorkers
 from gateway.processes import event_loop
+from gateway.processes.envoy_events import EnvoyEvents
 from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port, port_in_use
 from gateway.processes.envoy_supervisor import EnvoySupervisor
 from gateway.processes.simulator import SimFleetProcess
+from gateway.up_sim import check_sim_addresses_free, find_pool, host_of, sim_pods
 from policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class UpOptions:
     directory: Path | None = None
     port: int = 8080
     host: str = "127.0.0.1"
+    admin_host: str = "127.0.0.1"
+    """Where the admin server (metrics, readiness, status) binds: loopback unless told, whatever
+    ``host`` the gateway listens on."""
     admin_port: int = 9090
     picker_port: int = 0
     xds_port: int = 0
@@ -96,7 +99,7 @@ class UpOptions:
     """A non-streamed request with ``max_tokens`` whose replica has not answered within
     ``attempt_timeout_s + attempt_timeout_per_token_s × max_tokens`` goes to the next endpoint
     (``extproc.attempt_timeout``; a base of 0: never)."""
-    downstream: DownstreamLimits = field(default_factory=DownstreamLimits)
+    downstream: DownstreamSettings = field(default_factory=DownstreamSettings)
     """The clients' timeouts and limits (``--request-timeout``, ``--request-headers-timeout``,
     ``--max-connections``)."""
     redis_url: str | None = None
@@ -150,43 +153,6 @@ class UpOptions:
         return DEFAULT_SIM_REPLICAS if self.directory is None and not self.kubernetes else 0
 
 
-def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
-    """The InferencePool named ``name`` (``name`` or ``namespace/name``), or the only one."""
-    pools = resources.inference_pools
-    if name is None:
-        if len(pools) != 1:
-            found = ", ".join(str(pool.key) for pool in pools) or "none"
-            raise ConfigError(f"--sim needs --sim-pool: the configuration has these pools: {found}")
-        return pools[0]
-    for pool in pools:
-        if name in (str(pool.key), pool.metadata.name):
-            return pool
-    raise ConfigError(f"--sim-pool {name!r}: no such InferencePool")
-
-
-def sim_pods(pool: InferencePool, hosts: Sequence[str]) -> tuple[Pod, ...]:
-    """One ready Pod per simulated replica, labelled to match ``pool``'s selector."""
-    return tuple(
-        Pod.model_validate(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"kvgate-sim-{pool.metadata.name}-{index}",
-                    "namespace": pool.metadata.namespace,
-                    "labels": dict(pool.spec.selector.match_labels),
-                },
-                "status": {"phase": "Running", "podIP": host},
-            }
-        )
-        for index, host in enumerate(hosts)
-    )
-
-
-def _host_of(url: str) -> str:
-    return url.removeprefix("http://").rstrip("/").rpartition(":")[0].strip("[]")
-
-
 def check_ports_free(options: UpOptions) -> None:
     """Fail at once, in one line, when a port ``kvgate up`` must bind is taken (Envoy would only
     warn, and the printed curl would reach the other process)."""
@@ -194,10 +160,14 @@ def check_ports_free(options: UpOptions) -> None:
               ("--picker-port", options.picker_port), ("--xds-port", options.xds_port),
               ("--envoy-admin-port", options.envoy_admin_port)]
     for flag, port in wanted:
-        if port and port_in_use(options.host if flag in ("--port", "--admin-port") else "127.0.0.1", port):
+        host = {"--port": options.host, "--admin-port": options.admin_host}.get(flag, "127.0.0.1")
+        if port and port_in_use(host, port):
             raise ConfigError(
                 f"port {port} ({flag}) is in use by another process: choose another, e.g. {flag} "
                 f"{port + 1}" + (" or 0 for any free one" if flag != "--port" else "")
+                + (" (a second kvgate up needs --port, --admin-port and --sim-hosts-from of its own: "
+                   "--port 8081 --admin-port 9091 --sim-hosts-from 127.0.2.1)"
+                   if (flag, port) in (("--port", 8080), ("--admin-port", 9090)) else "")
             )
 
 
@@ -236,7 +206,7 @@ class KvgateUp:
     @property
     def admin_url(self) -> str:
         assert self.picker is not None
-        return f"http://{self.options.host}:{self.picker.admin.port}"
+        return f"http://{self.options.admin_host}:{self.picker.admin.port}"
 
     async def _status_publisher(self, cluster: KubernetesProvider) -> StatusPublisher:
         """Status back to ``cluster``, by whichever kvgate replica holds the status Lease."""
@@ -269,6 +239,8 @@ class KvgateUp:
         extra: tuple[Pod, ...] = ()
         if options.sim_replicas > 0:
             pool = find_pool(first.resources, options.sim_pool)
+            check_sim_addresses_free(options.sim_hosts_from, options.sim_replicas,
+                                     pool.spec.target_ports[0].number)
             fleet = SimFleetProcess(
                 replicas=options.sim_replicas,
                 port=pool.spec.target_ports[0].number,
@@ -279,7 +251,7 @@ class KvgateUp:
             self.fleet = fleet
             self._stack.push_async_callback(fleet.stop)
             await fleet.start()
-            extra = sim_pods(pool, [_host_of(url) for url in fleet.urls])
+            extra = sim_pods(pool, [host_of(url) for url in fleet.urls])
 
         attempt_bound = (
             AttemptTimeout(options.attempt_timeout_s, options.attempt_timeout_per_token_s)
@@ -299,7 +271,7 @@ class KvgateUp:
         picker = PickerService(
             PickerSettings(
                 grpc_address=f"127.0.0.1:{options.picker_port}",
-                admin_host=options.host,
+                admin_host=options.admin_host,
                 admin_port=options.admin_port,
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
@@ -375,6 +347,9 @@ class KvgateUp:
         picker.admin.readiness_checks.append(supervisor.not_ready)
         self._stack.push_async_callback(supervisor.stop)  # before Envoy is stopped on purpose
         supervisor.start()
+        events = EnvoyEvents(envoy.admin_url)
+        self._stack.push_async_callback(events.stop)
+        events.start()
 
         watch = asyncio.create_task(control.run(self._stop_watch))
         self._stack.push_async_callback(self._stop_watching, watch)

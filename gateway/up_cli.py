@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import DownstreamSettings
 from gateway.processes import event_loop
 from gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from policies.errors import ConfigError
@@ -131,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "in front of kvgate (with --kubernetes; repeatable; default: --host unless "
                         "it is a wildcard)")
     parser.add_argument("--port", type=listen_port, default=8080, help="port Envoy listens on (default 8080)")
-    parser.add_argument("--host", default="127.0.0.1", help="address Envoy and the admin server bind")
+    parser.add_argument("--host", default="127.0.0.1", help="address Envoy listens on (default 127.0.0.1)")
+    parser.add_argument("--admin-host", default="127.0.0.1",
+                        help="address the admin server (metrics, readiness, status) binds "
+                        "(default 127.0.0.1)")
     parser.add_argument("--admin-port", type=port_number, default=9090,
                         help="admin HTTP port: /status, /metrics, /readyz (0 = any free; default 9090)")
     parser.add_argument("--picker-port", type=port_number, default=0,
@@ -170,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "response is not bounded by it; default 60)")
     parser.add_argument("--request-headers-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a client must send a request's headers within SECONDS, else 408 (default 10)")
+    parser.add_argument("--access-log", type=Path, default=None, metavar="FILE",
+                        help="Envoy writes one JSON line per request to FILE (client, model, status, "
+                        "Envoy's response flags, the picked and the serving endpoint, durations)")
     parser.add_argument("--max-connections", type=count(1), default=50_000, metavar="N",
                         help="open client connections Envoy accepts over all listeners (default 50000)")
     parser.add_argument("--skip-unread-responses", action=argparse.BooleanOptionalAction, default=True,
@@ -200,6 +206,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         gateway_addresses=tuple(args.gateway_address),
         port=args.port,
         host=args.host,
+        admin_host=args.admin_host,
         admin_port=args.admin_port,
         picker_port=args.picker_port,
         xds_port=args.xds_port,
@@ -217,10 +224,11 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         attempt_timeout_s=args.attempt_timeout,
         attempt_timeout_per_token_s=args.attempt_timeout_per_token,
         skip_unread_responses=args.skip_unread_responses,
-        downstream=DownstreamLimits(
+        downstream=DownstreamSettings(
             request_timeout_s=args.request_timeout,
             request_headers_timeout_s=args.request_headers_timeout,
             max_connections=args.max_connections,
+            access_log_path=str(args.access_log.resolve()) if args.access_log is not None else None,
         ),
         redis_url=args.redis,
         shared_scrapes=args.shared_scrapes,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import DownstreamSettings
 from gateway.controlplane.envoy_config import ONE_PASS
 from gateway.controlplane.models.catalog import declared_models
 from gateway.controlplane.resources import (
@@ -90,7 +90,7 @@ class ControlPlaneSettings:
     (``kvgate up --skip-unread-responses``): ``ExtProcSettings.outcome_reports``."""
     outcome_addresses: tuple[str, ...] = ()
     """Where the pickers take those reports (loopback ports apart from their ext_proc ports)."""
-    downstream: DownstreamLimits = field(default_factory=DownstreamLimits)
+    downstream: DownstreamSettings = field(default_factory=DownstreamSettings)
     """The clients' timeouts and limits (``gateway.controlplane.downstream``)."""
     validation: ValidationOptions = field(
         default_factory=lambda: ValidationOptions(require_picker_service=False)

@@ -1,4 +1,5 @@
-"""What kvgate's listeners allow their clients: timeouts and limits on connections and requests.
+"""What kvgate's listeners allow their clients (timeouts and limits on connections and requests), and
+the access log of what they sent.
 
 Envoy's defaults suit a proxy inside a trusted network, not a gateway facing clients: no timeout on
 receiving a request's headers or body (50 clients that declared a 100 KB body and stalled held their
@@ -17,13 +18,38 @@ from extproc.request_headers import ENVOY_MAX_HEADER_BYTES, ENVOY_MAX_HEADERS
 JsonDict = dict[str, Any]
 
 
+ACCESS_LOG_FIELDS: JsonDict = {
+    "start_time": "%START_TIME%",
+    "request_id": "%REQ(X-REQUEST-ID)%",
+    "client": "%DOWNSTREAM_REMOTE_ADDRESS%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+    "protocol": "%PROTOCOL%",
+    "model": "%REQ(X-GATEWAY-MODEL-NAME)%",
+    "status": "%RESPONSE_CODE%",
+    "details": "%RESPONSE_CODE_DETAILS%",
+    "flags": "%RESPONSE_FLAGS%",
+    "bytes_received": "%BYTES_RECEIVED%",
+    "bytes_sent": "%BYTES_SENT%",
+    "duration_ms": "%DURATION%",
+    "upstream_ms": "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%",
+    "picked": "%REQ(X-GATEWAY-DESTINATION-ENDPOINT)%",
+    "upstream": "%UPSTREAM_HOST%",
+    "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+    "route": "%ROUTE_NAME%",
+    "user_agent": "%REQ(USER-AGENT)%",
+}
+"""One access-log line: who asked what, which endpoint the picker chose and which one served, how
+it ended (Envoy's response flags and details name its own failures)."""
+
+
 def duration(seconds: float) -> str:
     """A protobuf Duration in JSON form."""
     return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 @dataclass(frozen=True, slots=True)
-class DownstreamLimits:
+class DownstreamSettings:
     request_headers_timeout_s: float = 10.0
     """A client must send a request's headers within this (Envoy: 408)."""
     request_timeout_s: float = 60.0
@@ -36,6 +62,8 @@ class DownstreamLimits:
     """Open downstream connections, over all listeners (Envoy's overload manager refuses more)."""
     max_concurrent_streams: int = 100
     """HTTP/2 requests at once on one client connection (Envoy's edge guidance)."""
+    access_log_path: str | None = None
+    """Where Envoy writes one JSON line per request (None: no access log)."""
 
     def http_connection_manager_fields(self) -> JsonDict:
         """The HttpConnectionManager fields these limits set (header limits written as Envoy's
@@ -59,6 +87,19 @@ class DownstreamLimits:
             "merge_slashes": True,
         }
         return fields
+
+    def access_logs(self) -> list[JsonDict]:
+        """The HCM's file access log of every request, JSON lines (none without a path)."""
+        if self.access_log_path is None:
+            return []
+        return [{
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": self.access_log_path,
+                "log_format": {"json_format": ACCESS_LOG_FIELDS},
+            },
+        }]
 
     def overload_manager(self) -> JsonDict:
         """The bootstrap's ``overload_manager``: the global downstream connection limit."""

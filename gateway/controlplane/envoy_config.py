@@ -29,7 +29,7 @@ from extproc.names import (
     SUBSET_KEY,
     SUBSET_NAMESPACE,
 )
-from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import DownstreamSettings
 from gateway.controlplane.downstream import duration as duration  # re-exported: every builder uses it
 from gateway.controlplane.local_replies import openai_local_replies
 from policies.types import FailureMode
@@ -468,7 +468,7 @@ def http_connection_manager(
     route_config: JsonDict,
     settings: ExtProcSettings,
     extra_filters: Sequence[JsonDict] = (),
-    limits: DownstreamLimits | None = None,
+    limits: DownstreamSettings | None = None,
 ) -> JsonDict:
     """HCM: strip system headers → ``extra_filters`` → ext_proc → router."""
     filters = [strip_system_headers_filter(), *extra_filters, ext_proc_filter(settings), router_filter()]
@@ -476,13 +476,16 @@ def http_connection_manager(
         "@type": _HCM_TYPE,
         "stat_prefix": stat_prefix,
         "codec_type": "AUTO",
-        **(limits or DownstreamLimits()).http_connection_manager_fields(),
+        **(limits or DownstreamSettings()).http_connection_manager_fields(),
         "local_reply_config": openai_local_replies(settings.max_body_bytes),
         "route_config": route_config,
         "http_filters": filters,
     }
+    logs = (limits or DownstreamSettings()).access_logs()
     if settings.outcome_reports:
-        config["access_log"] = [outcome_access_log(settings.outcome_cluster_name)]
+        logs.append(outcome_access_log(settings.outcome_cluster_name))
+    if logs:
+        config["access_log"] = logs
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": config}
 
 

@@ -76,7 +76,12 @@ def format_status(status: Mapping[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate status", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvgate status",
+        description="What a running kvgate up reports at GET /status: the configuration in use (and any "
+        "load or apply error), one line per resource condition, and Envoy's xDS state per type "
+        "(version sent, version acknowledged, last rejection).",
+    )
     parser.add_argument(
         "--admin", default=DEFAULT_ADMIN, help=f"admin URL of kvgate up (default {DEFAULT_ADMIN})"
     )

@@ -27,7 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate picker", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvgate picker",
+        description="Run the endpoint picker alone, for any gateway that speaks the endpoint-picker "
+        "protocol (Envoy configured by hand or by another control plane). The pools file's format is "
+        "in the README (kvgate picker --pools).",
+    )
     parser.add_argument("--pools", type=Path, default=None,
                         help="YAML file of pools and endpoints (or --kubernetes)")
     cluster = parser.add_argument_group(

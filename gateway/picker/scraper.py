@@ -325,6 +325,9 @@ class MetricsScraper:
             self._failed(target, "internal", repr(exc))
             return
         target.successes += 1
+        if not target.view.healthy:
+            log.warning("endpoint %s/%s answers its metrics again after %d failed scrapes",
+                        target.endpoint.pool, target.endpoint.address, target.consecutive_failures)
         target.consecutive_failures = 0
         target.view = EndpointView(target.endpoint, metrics, healthy=True)
         target.adopted = False
@@ -351,7 +354,9 @@ class MetricsScraper:
         view = target.view
         stale = view.metrics is None or view.age(self._clock()) >= self._stale_after
         if view.healthy and stale:
-            log.info("endpoint %s/%s unhealthy: %s", target.endpoint.pool, target.endpoint.address, detail)
+            # once per change of state: the replica is left out of picking until it answers again
+            log.warning("endpoint %s/%s unhealthy, left out of picking: %s", target.endpoint.pool,
+                        target.endpoint.address, detail)
             target.view = EndpointView(target.endpoint, view.metrics, healthy=False)
             target.adopted = False
             self._publish(target.endpoint.pool, target)

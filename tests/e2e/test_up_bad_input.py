@@ -85,21 +85,24 @@ class Gateway:
     url: str
     admin: str
     process: ChildProcess
+    access_log: Path
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gateway() -> AsyncIterator[Gateway]:
+async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]:
     port = free_port()
+    access_log = tmp_path_factory.mktemp("access") / "access.log"
     process = ChildProcess([
         *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2",
         "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.31",
         "--request-timeout", str(REQUEST_TIMEOUT_S), "--request-headers-timeout", str(HEADERS_TIMEOUT_S),
+        "--access-log", str(access_log),
     ], name="kvgate up")
     await process.start()
     try:
         await process.wait_for_line("kvgate ready:", 60.0)
         admin = (await process.wait_for_line(r"\s+kvgate status --admin (\S+)$", 10.0)).group(1)
-        up = Gateway(f"http://127.0.0.1:{port}", admin, process)
+        up = Gateway(f"http://127.0.0.1:{port}", admin, process, access_log)
         async with aiohttp.ClientSession() as http:
 
             async def replicas_polled() -> bool:
@@ -215,3 +218,21 @@ async def test_clients_that_stall_are_answered_408_and_let_go(gateway: Gateway) 
         assert b'"code":"request_timeout"' in answer, answer
     for seconds, _answer in results[20:]:  # the headers never ended: closed by the headers timeout
         assert seconds < HEADERS_TIMEOUT_S + 3, seconds
+
+
+@IN_MODULE_LOOP
+async def test_the_access_log_has_a_json_line_per_request_with_its_endpoints(gateway: Gateway) -> None:
+    async with aiohttp.ClientSession() as http:
+        headers = {"content-type": "application/json", "x-request-id": "logged-1"}
+        async with http.post(f"{gateway.url}/v1/completions", data=completion(), headers=headers) as reply:
+            assert reply.status == 200
+
+        async def logged() -> bool:
+            return "logged-1" in gateway.access_log.read_text()
+
+        await wait_until(logged, "the request is in the access log", timeout_s=10.0)
+    [line] = [json.loads(text) for text in gateway.access_log.read_text().splitlines() if "logged-1" in text]
+    assert (line["method"], line["path"], line["status"]) == ("POST", "/v1/completions", 200)
+    assert line["model"] == EXAMPLE_MODEL
+    assert line["upstream"] == line["picked"].split(",")[0]
+    assert line["upstream"].startswith("127.0.8.")

@@ -4,8 +4,11 @@ gateway that says it is ready."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from gateway.processes.child_process import ChildProcess
 from gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import KVGATE, wait_until
+from tests.e2e.test_up_cli import children_of
 
 pytestmark = pytest.mark.e2e
 
@@ -111,3 +115,28 @@ async def test_envoy_exiting_is_logged_unready_meanwhile_restarted_and_the_third
         assert "kvgate up: Envoy exited 3 times within 60 s" in output
     finally:
         await process.stop()
+
+
+async def test_replicas_going_away_and_the_5xx_that_follow_are_logged() -> None:
+    port = free_port()
+    process = _up("--port", str(port), "--admin-port", "0", "--sim-hosts-from", "127.0.8.44")
+    await process.start()
+    try:
+        await process.wait_for_line("kvgate ready:", 60.0)
+        [simulator] = [pid for pid in children_of(process.pid or 0) if b"simulator" in _cmdline(pid)]
+        os.kill(simulator, signal.SIGKILL)
+        await process.wait_for_line(r".*WARNING .*endpoint default/llama/127\.0\.8\.44:8000 unhealthy", 10.0)
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 2}
+            async with http.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as response:
+                assert response.status == 503
+        await process.wait_for_line(r".*WARNING .*\d+ requests answered 5xx in the last 5 s", 15.0)
+    finally:
+        await process.stop()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

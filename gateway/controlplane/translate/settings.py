@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import DownstreamSettings
 from gateway.controlplane.envoy_config import ONE_PASS, ExtProcSettings
 
 BodyRouting = Literal["auto", "on", "off"]
@@ -32,7 +32,7 @@ class TranslationSettings:
     bbr_failure_mode_allow: bool = True
     bbr_message_timeout_s: float = 5.0
     default_route_timeout_s: float = 0.0
-    downstream: DownstreamLimits = field(default_factory=DownstreamLimits)
+    downstream: DownstreamSettings = field(default_factory=DownstreamSettings)
     """Timeouts and limits of the clients' connections and requests (``gateway.controlplane.downstream``)."""
     endpoint_fallbacks: bool = True
     """Pools of kvgate's own picker: clusters of their replicas that follow the picker's ranked list

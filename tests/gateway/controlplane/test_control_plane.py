@@ -13,7 +13,8 @@ from gateway.controlplane.resources import FileProvider, ValidationOptions, pars
 from gateway.controlplane.status_cli import format_status
 from gateway.controlplane.xds import ANY_NODE, SnapshotCache
 from gateway.picker.service import PickerService, PickerSettings, PoolRuntime
-from gateway.up import bundled_example, find_pool, sim_pods
+from gateway.up import bundled_example
+from gateway.up_sim import find_pool, sim_pods
 from policies.errors import ConfigError
 
 POOL = """

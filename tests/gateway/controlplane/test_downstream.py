@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from extproc.request_headers import ENVOY_MAX_HEADERS
-from gateway.controlplane.downstream import DownstreamLimits
+from gateway.controlplane.downstream import DownstreamSettings
 
 
 def test_the_request_is_bounded_while_it_is_received_and_the_header_limits_are_the_pickers() -> None:
-    limits = DownstreamLimits(request_timeout_s=7.5, request_headers_timeout_s=2)
+    limits = DownstreamSettings(request_timeout_s=7.5, request_headers_timeout_s=2)
     fields = limits.http_connection_manager_fields()
     assert (fields["request_timeout"], fields["request_headers_timeout"]) == ("7.5s", "2s")
     assert fields["common_http_protocol_options"]["max_headers_count"] == ENVOY_MAX_HEADERS
@@ -15,6 +15,6 @@ def test_the_request_is_bounded_while_it_is_received_and_the_header_limits_are_t
 
 
 def test_the_connection_limit_is_an_overload_manager_monitor() -> None:
-    [monitor] = DownstreamLimits(max_connections=123).overload_manager()["resource_monitors"]
+    [monitor] = DownstreamSettings(max_connections=123).overload_manager()["resource_monitors"]
     assert monitor["name"] == "envoy.resource_monitors.global_downstream_max_connections"
     assert monitor["typed_config"]["max_active_downstream_connections"] == 123

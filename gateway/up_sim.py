@@ -1,0 +1,68 @@
+"""``kvgate up --sim N``'s fleet as the configuration sees it: the pool it joins, a Pod per replica,
+and its addresses checked free before anything starts."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+from gateway.controlplane.resources import ResourceSet
+from gateway.controlplane.resources.core import Pod
+from gateway.controlplane.resources.inference import InferencePool
+from gateway.processes.envoy_process import port_in_use
+from policies.errors import ConfigError
+
+
+def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
+    """The InferencePool named ``name`` (``name`` or ``namespace/name``), or the only one."""
+    pools = resources.inference_pools
+    if name is None:
+        if len(pools) != 1:
+            found = ", ".join(str(pool.key) for pool in pools) or "none"
+            raise ConfigError(f"--sim needs --sim-pool: the configuration has these pools: {found}")
+        return pools[0]
+    for pool in pools:
+        if name in (str(pool.key), pool.metadata.name):
+            return pool
+    raise ConfigError(f"--sim-pool {name!r}: no such InferencePool")
+
+
+def sim_pods(pool: InferencePool, hosts: Sequence[str]) -> tuple[Pod, ...]:
+    """One ready Pod per simulated replica, labelled to match ``pool``'s selector."""
+    return tuple(
+        Pod.model_validate(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"kvgate-sim-{pool.metadata.name}-{index}",
+                    "namespace": pool.metadata.namespace,
+                    "labels": dict(pool.spec.selector.match_labels),
+                },
+                "status": {"phase": "Running", "podIP": host},
+            }
+        )
+        for index, host in enumerate(hosts)
+    )
+
+
+def host_of(url: str) -> str:
+    return url.removeprefix("http://").rstrip("/").rpartition(":")[0].strip("[]")
+
+
+def sim_hosts(hosts_from: str, replicas: int) -> list[str]:
+    """The addresses the simulator gives its replicas: ``hosts_from``, then the next ones."""
+    first = ipaddress.ip_address(hosts_from)
+    return [str(first + index) for index in range(replicas)]
+
+
+def check_sim_addresses_free(hosts_from: str, replicas: int, port: int) -> None:
+    """One line, at start, when a simulated replica's address is taken (another kvgate up's
+    replicas, most likely)."""
+    taken = [host for host in sim_hosts(hosts_from, replicas) if port_in_use(host, port)]
+    if taken:
+        next_block = ipaddress.ip_address(hosts_from) + 256
+        raise ConfigError(
+            f"the simulated replicas' address {taken[0]}:{port} is in use by another process (another "
+            f"kvgate up?): give this one --sim-hosts-from {next_block}"
+        )
