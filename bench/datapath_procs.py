@@ -99,7 +99,8 @@ async def start_picker(
         command = [*kvgate_command(), *args]
     else:  # -P: the working directory does not go first on sys.path; the checkout does
         command = [sys.executable, "-P", "-m", "gateway.cli", *args]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "proto")]))
+        inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "proto"), *inherited]))
     child = await start_child(name, command, PICKER_READY, log_path, env=env)
     words = dict(word.split("=", 1) for word in child.ready_words)
     host, _, port = words["grpc"].rpartition(":")
