@@ -35,7 +35,8 @@ for command in "" up picker sim bench status; do
 done
 echo "== wheel: kvgate up serves a completion"
 PORT="$("$WORK/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$WORK/venv/bin/kvgate" up --port "$PORT" --admin-port 0 --sim 2 --sim-time-scale 0.01 >"$WORK/up.log" 2>&1 &
+"$WORK/venv/bin/kvgate" up --port "$PORT" --admin-port 0 --sim 2 --sim-time-scale 0.01 \
+  --sim-hosts-from 127.0.9.1 >"$WORK/up.log" 2>&1 &
 UP_PID=$!
 for _ in $(seq 1 600); do
   grep -q "kvgate ready" "$WORK/up.log" && break
