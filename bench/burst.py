@@ -1,6 +1,6 @@
 """A burst of concurrent connections through ``kvgate up``: does any request fail, and whose fault?
 
-``python -m bench.burst [--connections 2000] [--rounds 3] [--sim 4] [--output FILE]``
+``python -m kvgate.bench.burst [--connections 2000] [--rounds 3] [--sim 4] [--output FILE]``
 
 Starts ``kvgate up --sim N`` (the simulator at ``--sim-time-scale``, fast enough that 2,000 requests
 fit in the replicas' queues) and fires ``--connections`` requests at once, each on its own TCP
@@ -32,11 +32,11 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from bench.datapath import machine
-from bench.datapath_procs import cpu_snapshot, kvgate_command, start_child
-from bench.datapath_up import child_pids
-from gateway.processes.envoy_process import free_port
-from gateway.up import EXAMPLE_MODEL
+from kvgate.bench.datapath import machine
+from kvgate.bench.datapath_procs import cpu_snapshot, kvgate_command, start_child
+from kvgate.bench.datapath_up import child_pids
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import EXAMPLE_MODEL
 
 READY = "kvgate ready:"
 ENVOY_COUNTERS = (
@@ -127,7 +127,7 @@ def report(args: argparse.Namespace, results: Sequence[BurstResult], counters: M
     lines = [
         "# Burst: concurrent connections through `kvgate up`",
         "",
-        f"Command: `python -m bench.burst --connections {args.connections} --rounds {args.rounds} "
+        f"Command: `python -m kvgate.bench.burst --connections {args.connections} --rounds {args.rounds} "
         f"--sim {args.sim}`",
         f"`kvgate up` ran as: `{command}`",
         "",
@@ -200,7 +200,8 @@ async def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.burst",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sim", type=int, default=4)

@@ -1,7 +1,7 @@
 """How fast a configuration change reaches traffic through ``kvgate up``: YAML edit → applied by the
 control plane → Envoy's ACK of the new routes → the first request served by the new pool.
 
-``python -m bench.config_latency [--repetitions 5] [--output bench/results/config_latency.md]``
+``python -m kvgate.bench.config_latency [--repetitions 5] [--output bench/results/config_latency.md]``
 
 Two pools of two simulated replicas each (time scale 0.01): pool A's serve only ``base-a``, pool B's
 only ``base-b``. One HTTPRoute sends everything to one pool; each repetition rewrites it to the other
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.processes import ManagedProcess
-from gateway.controlplane.xds import ROUTE
-from gateway.processes.envoy_process import free_port
-from gateway.up import KvgateUp, UpOptions
+from kvgate.bench.processes import ManagedProcess
+from kvgate.gateway.controlplane.xds import ROUTE
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import KvgateUp, UpOptions
 
 GATEWAY = """
 apiVersion: gateway.networking.k8s.io/v1
@@ -99,7 +99,7 @@ async def run(repetitions: int) -> list[tuple[float, float, float]]:
         work = Path(tmp)
         fleets = {
             pool: ManagedProcess(pool, [
-                sys.executable, "-m", "simulator", "--replicas", "2", "--port", str(port),
+                sys.executable, "-m", "kvgate.simulator", "--replicas", "2", "--port", str(port),
                 "--hosts-from", first_ip, "--admin-port", "0", "--time-scale", "0.01", "--model", model,
             ], work / f"{pool}.log")
             for pool, first_ip, model in (
@@ -154,7 +154,7 @@ async def run(repetitions: int) -> list[tuple[float, float, float]]:
 def report(rows: list[tuple[float, float, float]]) -> str:
     lines = [
         "# Configuration change → traffic, through `kvgate up`", "",
-        f"- command: `python -m bench.config_latency {' '.join(sys.argv[1:])}`",
+        f"- command: `python -m kvgate.bench.config_latency {' '.join(sys.argv[1:])}`",
         f"- machine: {platform.machine()}, Python {platform.python_version()}; 2 pools of 2 simulated "
         f"replicas; {len(rows)} route edits, one run", "",
         "| edit → applied (s) | applied → Envoy ACK (s) | edit → first request served (s) |",
@@ -167,7 +167,7 @@ def report(rows: list[tuple[float, float, float]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.config_latency", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.config_latency", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--output", type=Path, default=None)

@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from bench.processes import ManagedProcess, http_get_text, metric_sum
-from gateway.controlplane.envoy_config import (
+from kvgate.bench.processes import ManagedProcess, http_get_text, metric_sum
+from kvgate.gateway.controlplane.envoy_config import (
     ONE_PASS,
     ExtProcSettings,
     GatewayConfig,
@@ -45,8 +45,8 @@ from gateway.controlplane.envoy_config import (
     split_host_port,
     static_bootstrap,
 )
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
-from policies.types import FailureMode
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.policies.types import FailureMode
 
 JsonDict = dict[str, Any]
 REPORTED_ONE_PASS = dataclasses.replace(ONE_PASS, outcome_reports=True)
@@ -129,7 +129,7 @@ class Contender:
             self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
         elif self.kind == "oracle":
             proc = await self._spawn(workdir, [
-                sys.executable, "-m", "bench.oracle_router", "--port", str(port), "--max-loras",
+                sys.executable, "-m", "kvgate.bench.oracle_router", "--port", str(port), "--max-loras",
                 str(self.max_loras), "--miss-penalty-factor", self.option or "0", "--replicas", *replicas,
             ])
             await proc.wait_for_log(r"^kvgate-oracle ready")
@@ -153,7 +153,8 @@ class Contender:
         pools_path = workdir / f"{self.name}.pools.json"
         pools_path.write_text(json.dumps(pools))
         proc = await self._spawn(workdir, [
-            sys.executable, "-m", "gateway.cli", "picker", "--pools", str(pools_path), "--grpc-port", "0",
+            sys.executable, "-m", "kvgate.gateway.cli", "picker", "--pools", str(pools_path),
+            "--grpc-port", "0",
             "--secure-serving=false", "--grpc-health-port", "0",
             "--admin-port", "0", "--scrape-interval", f"{0.05 * self.time_scale:g}",
             "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
@@ -264,7 +265,7 @@ def scaled_profile(name_or_path: str, time_scale: float, out: Path) -> Path:
     if path.suffix in (".yaml", ".yml") and path.exists():
         text = path.read_text()
     else:
-        text = resources.files("policies").joinpath("profiles", f"{name_or_path}.yaml").read_text()
+        text = resources.files("kvgate.policies").joinpath("profiles", f"{name_or_path}.yaml").read_text()
     out.write_text(yaml.safe_dump(_scale_times(yaml.safe_load(text), time_scale), sort_keys=False))
     return out
 

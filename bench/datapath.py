@@ -1,6 +1,6 @@
 """Data-path overhead: Envoy direct to a fast upstream vs Envoy + kvgate picker, in one run.
 
-``python -m bench.datapath [--quick] [--output bench/results/datapath.md]``
+``python -m kvgate.bench.datapath [--quick] [--output bench/results/datapath.md]``
 
 One Envoy (``--envoy-concurrency`` workers) with three listeners (bench/datapath_envoy.py):
 ``direct`` (router → STATIC cluster of the upstream endpoints, no ext_proc), ``kvgate`` (kvgate's
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import datapath_profile as profiling
-from bench.datapath_envoy import POOL, DatapathPorts, datapath_bootstrap
-from bench.datapath_load import WrkResult, completion_bodies, run_wrk, write_bodies, wrk_binary
-from bench.datapath_procs import (
+from kvgate.bench import datapath_profile as profiling
+from kvgate.bench.datapath_envoy import POOL, DatapathPorts, datapath_bootstrap
+from kvgate.bench.datapath_load import WrkResult, completion_bodies, run_wrk, write_bodies, wrk_binary
+from kvgate.bench.datapath_procs import (
     Child,
     cpu_share,
     cpu_snapshot,
@@ -50,8 +50,8 @@ from bench.datapath_procs import (
     start_picker,
     start_upstream,
 )
-from bench.datapath_report import Measurement, Report, kept_analysis, render
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, find_envoy_binary, free_port
+from kvgate.bench.datapath_report import Measurement, Report, kept_analysis, render
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, find_envoy_binary, free_port
 
 LATENCY_PATHS = ("direct", "null_extproc", "kvgate")
 SIZES = {"1 KB": 1024, "200 KB": 200 * 1024}
@@ -186,7 +186,7 @@ def load_average() -> str:
 async def run(args: argparse.Namespace) -> Report:
     plan = QUICK if args.quick else FULL
     report = Report(
-        command=" ".join(["python -m bench.datapath", *sys.argv[1:]]),
+        command=" ".join(["python -m kvgate.bench.datapath", *sys.argv[1:]]),
         machine=machine(),
         versions=versions(),
         settings={
@@ -247,7 +247,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.datapath", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs (about 2 minutes)")
     parser.add_argument("--endpoints", type=int, default=4, help="upstream endpoints in the pool")

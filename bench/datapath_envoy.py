@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     JsonDict,
     PoolBackend,
@@ -33,7 +33,7 @@ from gateway.controlplane.envoy_config import (
     socket_address,
     split_host_port,
 )
-from policies.types import FailureMode
+from kvgate.policies.types import FailureMode
 
 DIRECT_CLUSTER = "bench_direct"
 POOL = "bench"

@@ -1,6 +1,6 @@
 """A null ext_proc processor: the grpc.aio + Envoy floor under any Python picker.
 
-``python -m bench.datapath_null_picker --destination IP:PORT [--port P] [--loop auto|uvloop|asyncio]``
+``python -m kvgate.bench.datapath_null_picker --destination IP:PORT [--port P] [--loop auto|uvloop|asyncio]``
 
 With Envoy's one-pass processing mode (request headers SEND, request body BUFFERED, response phases
 SKIP/NONE: the ``floor`` path of ``bench.datapath_onepass``) the same loop is the one-pass floor:
@@ -32,8 +32,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
-from extproc.names import DESTINATION_HEADER, LB_NAMESPACE
-from gateway.processes import event_loop
+from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE
+from kvgate.gateway.processes import event_loop
 
 READY_PREFIX = "null-picker ready"
 BUFFERED = 2  # ProcessingMode.BodySendMode.BUFFERED
@@ -115,7 +115,7 @@ async def serve(destination: str, host: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.datapath_null_picker", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_null_picker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--destination", required=True, help="ip:port every request goes to")
     parser.add_argument("--host", default="127.0.0.1")

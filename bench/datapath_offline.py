@@ -1,6 +1,6 @@
 """kvgate's own CPU per request on the ext_proc path, without gRPC or Envoy.
 
-``python -m bench.datapath_offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]
+``python -m kvgate.bench.datapath_offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]
 [--cold-mb MB]``
 
 Replays the full-duplex message sequence Envoy sends for one completion (request headers with
@@ -35,20 +35,20 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
-from bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
-from bench.datapath_upstream import COMPLETION
-from extproc import codec, names
-from extproc.after_reply import DeferredMetrics
-from extproc.events import RequestHeaders, StreamClosed
-from extproc.lifecycle import RequestLifecycle
-from extproc.lifecycle_config import LifecycleConfig, RequestIds
-from extproc.outcomes import OutcomeReports
-from extproc.ports import MonotonicClock, Pool
-from gateway.picker.telemetry import GatewayTelemetry
-from policies.contracts import Scheduler
-from policies.profile import load_profile
-from policies.scheduler import ProfileScheduler
-from policies.types import Endpoint, EndpointMetrics, EndpointView
+from kvgate.bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
+from kvgate.bench.datapath_upstream import COMPLETION
+from kvgate.extproc import codec, names
+from kvgate.extproc.after_reply import DeferredMetrics
+from kvgate.extproc.events import RequestHeaders, StreamClosed
+from kvgate.extproc.lifecycle import RequestLifecycle
+from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
+from kvgate.extproc.outcomes import OutcomeReports
+from kvgate.extproc.ports import MonotonicClock, Pool
+from kvgate.gateway.picker.telemetry import GatewayTelemetry
+from kvgate.policies.contracts import Scheduler
+from kvgate.policies.profile import load_profile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView
 
 POOL = "bench"
 FULL_DUPLEX = 4
@@ -306,7 +306,7 @@ def request_path_stages(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.datapath_offline", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_offline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--size", type=int, default=1024, help="request body bytes")

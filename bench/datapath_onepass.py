@@ -1,8 +1,9 @@
 """Data-path cost of one pick, in one run: Envoy straight to the upstream, the one-pass floor
 processor, kvgate's one-pass data path and kvgate in GIE's full-duplex mode.
 
-``python -m bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...] [--latency-rounds N]
-[--picker-args ARGS] [--baseline DIR] [--profile-dir DIR] [--output bench/results/datapath.md]``
+``python -m kvgate.bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...]
+[--latency-rounds N] [--picker-args ARGS] [--baseline DIR] [--profile-dir DIR]
+[--output bench/results/datapath.md]``
 
 One Envoy (``--envoy-concurrency`` workers) with one listener per path, all to the same fast
 upstream (bench/datapath_upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
@@ -54,11 +55,11 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import datapath_profile
-from bench.datapath import load_average, machine, versions, wait_until_serving
-from bench.datapath_envoy import BODY_LIMIT, POOL, direct_cluster, direct_listener
-from bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from bench.datapath_procs import (
+from kvgate.bench import datapath_profile
+from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath_envoy import BODY_LIMIT, POOL, direct_cluster, direct_listener
+from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath_procs import (
     Child,
     cpu_snapshot,
     outcome_address,
@@ -67,7 +68,7 @@ from bench.datapath_procs import (
     start_picker,
     start_upstream,
 )
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     ONE_PASS,
     ExtProcSettings,
@@ -82,9 +83,9 @@ from gateway.controlplane.envoy_config import (
     pool_routes,
     route_configuration,
 )
-from gateway.processes import event_loop
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
-from policies.types import FailureMode
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate", "kvgate_gie")
 LATENCY_PATHS = (*PATHS, "kvgate_lean", "baseline_lean")
@@ -266,7 +267,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     load_paths = tuple(p for p in chosen(LOAD_PATHS, wanted) if p not in unwanted)
     rows: list[Row] = []
     header = {
-        "command": " ".join(["python -m bench.datapath_onepass", *sys.argv[1:]]),
+        "command": " ".join(["python -m kvgate.bench.datapath_onepass", *sys.argv[1:]]),
         **{f"machine {k}": v for k, v in machine().items()},
         **{f"version {k}": v for k, v in versions().items()},
         "endpoints": str(args.endpoints),
@@ -439,7 +440,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.datapath_onepass", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_onepass", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs (about 3 minutes)")
     parser.add_argument("--endpoints", type=int, default=8, help="upstream endpoints in the pool")

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
-from gateway.processes import event_loop
-from gateway.processes.child_process import ChildProcess
+from kvgate.bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes.child_process import ChildProcess
 
 PICKER_READY = "kvgate-picker ready"
 READY_TIMEOUT_S = 30.0
@@ -54,7 +54,7 @@ async def start_child(
 
 async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
     """The fast upstream (one process, ``endpoints`` ports); returns it and its ``ip:port`` list."""
-    command = [sys.executable, "-m", "bench.datapath_upstream", "--endpoints", str(endpoints)]
+    command = [sys.executable, "-m", "kvgate.bench.datapath_upstream", "--endpoints", str(endpoints)]
     child = await start_child("upstream", command, UPSTREAM_READY)
     return child, [url.removeprefix("http://") for url in child.ready_words]
 
@@ -63,9 +63,9 @@ async def start_null_picker(
     destination: str, loop: str = event_loop.DEFAULT
 ) -> tuple[Child, tuple[str, int]]:
     """bench/datapath_null_picker.py routing everything to ``destination``, on event loop ``loop``."""
-    from bench.datapath_null_picker import READY_PREFIX
+    from kvgate.bench.datapath_null_picker import READY_PREFIX
 
-    command = [sys.executable, "-m", "bench.datapath_null_picker", "--destination", destination,
+    command = [sys.executable, "-m", "kvgate.bench.datapath_null_picker", "--destination", destination,
                "--loop", loop]
     child = await start_child("null_picker", command, READY_PREFIX)
     return child, ("127.0.0.1", int(child.ready_words[0]))
@@ -80,7 +80,7 @@ def pools_yaml(endpoints: Sequence[str], pool: str, profile: str) -> str:
 def kvgate_command() -> list[str]:
     """``kvgate`` from the running environment (its console script, else ``-m gateway.cli``)."""
     script = Path(sys.executable).with_name("kvgate")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kvgate.gateway.cli"]
 
 
 async def start_picker(
@@ -98,7 +98,7 @@ async def start_picker(
     if root is None:
         command = [*kvgate_command(), *args]
     else:  # -P: the working directory does not go first on sys.path; the checkout does
-        command = [sys.executable, "-P", "-m", "gateway.cli", *args]
+        command = [sys.executable, "-P", "-m", "kvgate.gateway.cli", *args]
         inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "proto"), *inherited]))
     child = await start_child(name, command, PICKER_READY, log_path, env=env)

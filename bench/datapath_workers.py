@@ -1,6 +1,6 @@
 """Throughput and CPU per request of ``kvgate picker --workers N`` for several N, in one run.
 
-``python -m bench.datapath_workers [--workers 1 2 4] [--load-cores K] [--output FILE]``
+``python -m kvgate.bench.datapath_workers [--workers 1 2 4] [--load-cores K] [--output FILE]``
 
 One fast upstream (bench/datapath_upstream.py, ``--endpoints`` ports with live vLLM metrics pages);
 for each N a fresh ``kvgate picker --workers N`` (its workers share state through a private Redis)
@@ -34,11 +34,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench.datapath import load_average, machine, versions, wait_until_serving
-from bench.datapath_envoy import POOL
-from bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from bench.datapath_onepass import processor_listener, stream_bodies
-from bench.datapath_procs import (
+from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath_envoy import POOL
+from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath_onepass import processor_listener, stream_bodies
+from kvgate.bench.datapath_procs import (
     Child,
     TreeCpu,
     kvgate_command,
@@ -47,7 +47,7 @@ from bench.datapath_procs import (
     start_child,
     start_upstream,
 )
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     ONE_PASS,
     PoolBackend,
     bootstrap,
@@ -55,8 +55,8 @@ from gateway.controlplane.envoy_config import (
     pool_clusters,
     split_host_port,
 )
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
-from policies.types import FailureMode
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.policies.types import FailureMode
 
 IDLE = "at rest"
 Row = tuple[float, float, float, int, dict[str, float]]
@@ -137,7 +137,7 @@ async def run(args: argparse.Namespace) -> str:
     lines = [
         "# `kvgate picker --workers N`: throughput and CPU per request",
         "",
-        f"- command: python -m bench.datapath_workers {' '.join(sys.argv[1:])}",
+        f"- command: python -m kvgate.bench.datapath_workers {' '.join(sys.argv[1:])}",
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- load generator: wrk -t{args.threads} -c{args.connections}, "
@@ -296,7 +296,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.datapath_workers",
+        prog="python -m kvgate.bench.datapath_workers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """Where a request's time goes at concurrency 1, as Envoy sees it: the floor against kvgate.
 
-``python -m bench.extproc_phases [--rounds 5] [--seconds 4] [--endpoints 8] [--baseline DIR]
+``python -m kvgate.bench.extproc_phases [--rounds 5] [--seconds 4] [--endpoints 8] [--baseline DIR]
 [--pause-ms MS] [--picker-args ARGS] [--lean-args ARGS] [--floor-loop LOOP] [--stream-tokens N]
 [--output FILE]``
 
@@ -38,21 +38,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.datapath import load_average, machine, versions, wait_until_serving
-from bench.datapath_envoy import POOL, direct_cluster, direct_listener
-from bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from bench.datapath_onepass import FLOOR, LEAN, LEAN_ARGS, picker_clusters, processor_listener, stream_bodies
-from bench.datapath_procs import outcome_address, pools_yaml, start_null_picker, start_picker, start_upstream
-from gateway.controlplane.envoy_config import (
+from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath_envoy import POOL, direct_cluster, direct_listener
+from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath_onepass import (
+    FLOOR,
+    LEAN,
+    LEAN_ARGS,
+    picker_clusters,
+    processor_listener,
+    stream_bodies,
+)
+from kvgate.bench.datapath_procs import (
+    outcome_address,
+    pools_yaml,
+    start_null_picker,
+    start_picker,
+    start_upstream,
+)
+from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     JsonDict,
     PoolBackend,
     bootstrap,
     pool_clusters,
 )
-from gateway.processes import event_loop
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
-from policies.types import FailureMode
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.policies.types import FailureMode
 
 PATHS = ("direct", "floor", "kvgate_lean", "baseline_lean")
 _STATE = f"%FILTER_STATE({EXT_PROC_FILTER}:FIELD:"
@@ -164,7 +177,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Round], dict[str, str]]:
     paths = [p for p in PATHS if p != "baseline_lean" or args.baseline is not None]
     extra = tuple(args.picker_args.split())
     header = {
-        "command": " ".join(["python -m bench.extproc_phases", *sys.argv[1:]]),
+        "command": " ".join(["python -m kvgate.bench.extproc_phases", *sys.argv[1:]]),
         **{f"machine {k}": v for k, v in machine().items()},
         **{f"version {k}": v for k, v in versions().items()},
         "endpoints": str(args.endpoints),
@@ -304,7 +317,7 @@ def _figure(found: Round, key: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.extproc_phases", description=__doc__,
+        prog="python -m kvgate.bench.extproc_phases", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rounds", type=int, default=5)

@@ -1,6 +1,6 @@
 """Faults under load through ``kvgate up``: what a client sees when a replica dies or fails.
 
-``python -m bench.faults [--rate 50] [--seconds 30] [--output bench/results/faults.md]``
+``python -m kvgate.bench.faults [--rate 50] [--seconds 30] [--output bench/results/faults.md]``
 
 A simulated fleet of 4 replicas (one address each, as Pods; time scale 0.01) behind the composition
 ``kvgate up`` runs (real Envoy, kvgate's pool clusters and retries, the in-process picker), an
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.processes import ManagedProcess, http_get_text, metric_sum
-from gateway.processes.envoy_process import free_port
-from gateway.up import KvgateUp, UpOptions
+from kvgate.bench.processes import ManagedProcess, http_get_text, metric_sum
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import KvgateUp, UpOptions
 
 MODEL = "base"
 FIRST_IP = "127.0.6.1"
@@ -169,7 +169,7 @@ async def run(args: argparse.Namespace) -> str:
         workdir = Path(tmp)
         port = free_port()
         sim = ManagedProcess("simulator", [
-            sys.executable, "-m", "simulator", "--replicas", str(REPLICAS), "--port", str(port),
+            sys.executable, "-m", "kvgate.simulator", "--replicas", str(REPLICAS), "--port", str(port),
             "--hosts-from", FIRST_IP, "--admin-port", "0", "--model", MODEL, "--time-scale", "0.01",
         ], workdir / "sim.log")
         await sim.start()
@@ -249,7 +249,7 @@ def report(args: argparse.Namespace, outcomes: Sequence[Outcome], timeline: Time
     ]
     lines = [
         "# Faults under load through `kvgate up` (issue 14)", "",
-        f"- command: `python -m bench.faults {' '.join(sys.argv[1:])}`",
+        f"- command: `python -m kvgate.bench.faults {' '.join(sys.argv[1:])}`",
         f"- machine: {platform.machine()}, Python {platform.python_version()}; {REPLICAS} simulated replicas "
         f"(time scale 0.01), open loop {args.rate} req/s for {args.seconds} s, half streamed (24 tokens); "
         f"`kvgate up` with a stream idle bound of {STREAM_IDLE_S:g} s and an attempt bound of "
@@ -295,7 +295,7 @@ def report(args: argparse.Namespace, outcomes: Sequence[Outcome], timeline: Time
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.faults", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--seconds", type=float, default=30.0)

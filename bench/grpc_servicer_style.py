@@ -1,6 +1,6 @@
 """What grpc.aio costs per ext_proc stream in the two styles a servicer can take, in one run.
 
-``python -m bench.grpc_servicer_style [--seconds 5] [--rounds 3] [--streams 8] [--env NAME=VALUE ...]``
+``python -m kvgate.bench.grpc_servicer_style [--seconds 5] [--rounds 3] [--streams 8] [--env NAME=VALUE ...]``
 
 - ``generator``: ``async def Process(request_iterator, context)`` that ``async for``-s over the
   request iterator and ``yield``-s its replies (grpc.aio writes each): what ``extproc.servicer``
@@ -33,12 +33,12 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from bench.datapath import machine
-from bench.datapath_load import completion_bodies
-from bench.datapath_offline import envoy_messages
-from bench.datapath_procs import cpu_seconds, start_child
-from extproc import codec, names
-from extproc.actions import ContinueBody, ContinueHeaders, HeaderEdit, Phase
+from kvgate.bench.datapath import machine
+from kvgate.bench.datapath_load import completion_bodies
+from kvgate.bench.datapath_offline import envoy_messages
+from kvgate.bench.datapath_procs import cpu_seconds, start_child
+from kvgate.extproc import codec, names
+from kvgate.extproc.actions import ContinueBody, ContinueHeaders, HeaderEdit, Phase
 
 READY = "servicer-style ready"
 STYLES = ("generator", "read_write")
@@ -130,7 +130,7 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
     per_stream: dict[str, list[float]] = {name: [] for name in chosen}
     for round_index in range(args.rounds):
         for style, (servicer, extra) in chosen.items():
-            command = [sys.executable, "-m", "bench.grpc_servicer_style", "--serve", servicer]
+            command = [sys.executable, "-m", "kvgate.bench.grpc_servicer_style", "--serve", servicer]
             child = await start_child(style, command, READY, env={**os.environ, **extra})
             try:
                 port = int(child.ready_words[0])
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.grpc_servicer_style", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.grpc_servicer_style", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(serve(args.serve))
         return
     per_stream = asyncio.run(run(args))
-    print(f"- command: python -m bench.grpc_servicer_style {' '.join(sys.argv[1:])}".rstrip())
+    print(f"- command: python -m kvgate.bench.grpc_servicer_style {' '.join(sys.argv[1:])}".rstrip())
     for key, value in machine().items():
         print(f"- machine {key}: {value}")
     print(f"- python {sys.version.split()[0]}, grpcio {grpc.__version__}\n")

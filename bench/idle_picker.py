@@ -1,6 +1,6 @@
 """What an idle picker costs: one ``kvgate picker`` scraping live endpoints, no traffic, CPU per second.
 
-``python -m bench.idle_picker [--endpoints 8] [--seconds 8] [--rounds 3] [--baseline DIR]
+``python -m kvgate.bench.idle_picker [--endpoints 8] [--seconds 8] [--rounds 3] [--baseline DIR]
 [--output FILE]``
 
 One upstream process (``bench.datapath_upstream``: ``--endpoints`` ports with the data-path
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.datapath import load_average, machine
-from bench.datapath_procs import Child, cpu_seconds, pools_yaml, start_picker, start_upstream
+from kvgate.bench.datapath import load_average, machine
+from kvgate.bench.datapath_procs import Child, cpu_seconds, pools_yaml, start_picker, start_upstream
 
 SETTLE_S = 2.0
 HERE = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Variant], dict[str, str]]:
     if args.baseline is not None:
         variants.insert(0, Variant(f"baseline ({args.baseline})", args.baseline))
     header = {
-        "command": " ".join(["python -m bench.idle_picker", *sys.argv[1:]]),
+        "command": " ".join(["python -m kvgate.bench.idle_picker", *sys.argv[1:]]),
         **{f"machine {k}": v for k, v in machine().items()},
         "python": sys.version.split()[0],
     }
@@ -104,7 +104,7 @@ def render(variants: Sequence[Variant], header: dict[str, str], endpoints: int) 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.idle_picker", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.idle_picker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoints", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per picker")

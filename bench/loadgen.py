@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from bench.workloads import PlannedRequest
+from kvgate.bench.workloads import PlannedRequest
 
 
 @dataclass(frozen=True, slots=True)

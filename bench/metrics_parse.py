@@ -1,6 +1,6 @@
 """What reading one model-server ``/metrics`` page costs: prometheus_client's parser vs kvgate's.
 
-``python -m bench.metrics_parse [--repeat N] [--repeat-reference N] [--engines 1,4,8]``
+``python -m kvgate.bench.metrics_parse [--repeat N] [--repeat-reference N] [--engines 1,4,8]``
 
 Both contenders turn the same page into the same :class:`EndpointMetrics` with the same vLLM
 dialect logic; only the parser differs:
@@ -32,10 +32,10 @@ from functools import partial
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.metrics_pages import vllm_page
-from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import LineMemo, Sample
-from policies.types import EndpointMetrics
+from kvgate.bench.metrics_pages import vllm_page
+from kvgate.gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
+from kvgate.gateway.picker.scrape.exposition import LineMemo, Sample
+from kvgate.policies.types import EndpointMetrics
 
 SPEC = DIALECTS[MetricsDialect.VLLM]
 

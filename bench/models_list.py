@@ -1,7 +1,7 @@
 """``GET /v1/models`` through the gateway next to a completion (issue 20: listing costs no replica
 round trip).
 
-``python -m bench.models_list [--requests 400] [--output bench/results/models.md]``
+``python -m kvgate.bench.models_list [--requests 400] [--output bench/results/models.md]``
 
 ``kvgate up --sim 2 --sim-time-scale 0.001`` (the simulator nearly free) in a child process; one
 client connection sends, alternately, ``GET /v1/models``, ``GET /v1/models/{id}`` and a
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.processes import ManagedProcess
-from gateway.processes.envoy_process import free_port
+from kvgate.bench.processes import ManagedProcess
+from kvgate.gateway.processes.envoy_process import free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -47,7 +47,7 @@ async def run(args: argparse.Namespace) -> str:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvgate-models-") as tmp:
         up = ManagedProcess("kvgate up", [
-            sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--admin-port", "0",
+            sys.executable, "-m", "kvgate.gateway.cli", "up", "--port", str(port), "--admin-port", "0",
             "--sim", "2", "--sim-time-scale", "0.001",
         ], Path(tmp) / "up.log")
         await up.start()
@@ -76,7 +76,7 @@ async def run(args: argparse.Namespace) -> str:
             await up.stop()
     lines = [
         "# `GET /v1/models` through the gateway, next to a completion (issue 20)", "",
-        f"- command: `python -m bench.models_list {' '.join(sys.argv[1:])}`",
+        f"- command: `python -m kvgate.bench.models_list {' '.join(sys.argv[1:])}`",
         f"- machine: {platform.machine()}, Python {platform.python_version()}; `kvgate up --sim 2 "
         f"--sim-time-scale 0.001`; one client connection, the three kinds interleaved, "
         f"{args.requests} of each after 20 warm-up rounds; one run", "",
@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.models_list", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.models_list", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--output", type=Path, default=None)

@@ -24,7 +24,7 @@ is synchronous, so a peek-based scorer would need an asynchronous peek cache in 
 a standalone router gets fresh peeks per request at the cost of one extra Python hop (comparable to
 Envoy + the picker's streamed response path).
 
-Run: ``python -m bench.oracle_router --port P --replicas http://127.0.0.1:8000 …``; prints
+Run: ``python -m kvgate.bench.oracle_router --port P --replicas http://127.0.0.1:8000 …``; prints
 ``kvgate-oracle ready http://127.0.0.1:P`` when serving.
 """
 
@@ -214,7 +214,7 @@ async def _serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.oracle_router", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.oracle_router", description=__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--replicas", nargs="+", required=True, help="replica base URLs")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,6 @@
 """What skipping unread responses saves, and what the outcome reports cost, in one run.
 
-``python -m bench.outcome_reports [--rounds 3] [--seconds 8] [--latency] [--output FILE]``
+``python -m kvgate.bench.outcome_reports [--rounds 3] [--seconds 8] [--latency] [--output FILE]``
 
 One Envoy, one upstream of 8 endpoints with live metrics pages (bench/datapath_upstream.py), and
 the processors behind it, each on a listener of its own: ``direct`` (no processor), the one-pass
@@ -25,10 +25,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.datapath import load_average, machine, versions, wait_until_serving
-from bench.datapath_envoy import POOL, direct_cluster, direct_listener
-from bench.datapath_load import completion_bodies, write_bodies
-from bench.datapath_onepass import (
+from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath_envoy import POOL, direct_cluster, direct_listener
+from kvgate.bench.datapath_load import completion_bodies, write_bodies
+from kvgate.bench.datapath_onepass import (
     FLOOR,
     LEAN,
     LEAN_ARGS,
@@ -39,10 +39,10 @@ from bench.datapath_onepass import (
     processor_listener,
     stream_bodies,
 )
-from bench.datapath_procs import outcome_address, start_null_picker, start_picker, start_upstream
-from gateway.controlplane.envoy_config import ONE_PASS, bootstrap, ext_proc_cluster, pool_clusters
-from gateway.controlplane.envoy_config import PoolBackend as Pool
-from gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.bench.datapath_procs import outcome_address, start_null_picker, start_picker, start_upstream
+from kvgate.gateway.controlplane.envoy_config import ONE_PASS, bootstrap, ext_proc_cluster, pool_clusters
+from kvgate.gateway.controlplane.envoy_config import PoolBackend as Pool
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 
 PATHS = ("floor", "roundtrip", "bare", "reports")
 PROCESSOR = {"floor": "null_picker", "roundtrip": "picker_roundtrip", "bare": "picker_bare",
@@ -51,7 +51,7 @@ PROCESSOR = {"floor": "null_picker", "roundtrip": "picker_roundtrip", "bare": "p
 
 async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     header = {
-        "command": " ".join(["python -m bench.outcome_reports", *sys.argv[1:]]),
+        "command": " ".join(["python -m kvgate.bench.outcome_reports", *sys.argv[1:]]),
         **{f"machine {k}": v for k, v in machine().items()},
         **{f"version {k}": v for k, v in versions().items()},
         "load": f"wrk, {args.connections} connections, {args.seconds:g} s a run, "
@@ -156,7 +156,7 @@ def render(rows: Sequence[Row], header: dict[str, str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.outcome_reports", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.outcome_reports", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)

@@ -1,6 +1,6 @@
 """Pick cost per request: µs per ``ProfileScheduler.schedule()`` call, prefix hashing included.
 
-``python -m bench.pick_cost [--requests N] [--endpoints 8,64,512] [--profiles default,gie-default]
+``python -m kvgate.bench.pick_cost [--requests N] [--endpoints 8,64,512] [--profiles default,gie-default]
 [--churn] [--timer]``
 
 Setup per (profile, fleet size): endpoints with varied scraped metrics (fresh), handed to the
@@ -28,10 +28,10 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from policies.framework import PluginTimer
-from policies.profile import load_profile
-from policies.scheduler import ProfileScheduler
-from policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
+from kvgate.policies.framework import PluginTimer
+from kvgate.policies.profile import load_profile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
 
 PROMPT_CHARS = 32_768
 SYSTEM_CHARS = 20_000

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.processes.child_process import ChildProcess, ChildProcessError
+from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
 
 
 class ProcessError(RuntimeError):

@@ -6,7 +6,7 @@ each, interleaved, sent one at a time (after each response the pickers are given
 what they learned, as a steady stream of requests would). The fleet's prefix-cache hit rate
 (``/sim/stats``: hit tokens / queried tokens) is measured per configuration on fresh prompts.
 
-    python -m bench.redis_sharing [--replicas 4] [--groups 6] [--per-group 6] [--out FILE]
+    python -m kvgate.bench.redis_sharing [--replicas 4] [--groups 6] [--per-group 6] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from typing import Any
 
 import aiohttp
 
-from bench.processes import ManagedProcess
-from gateway.controlplane.envoy_config import (
+from kvgate.bench.processes import ManagedProcess
+from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
     PoolBackend,
     static_bootstrap,
 )
-from gateway.picker.pools_file import parse_pools
-from gateway.picker.redis_link import RedisSettings
-from gateway.picker.service import PickerService, PickerSettings
-from gateway.picker.workers import PrivateRedis
-from gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.gateway.picker.pools_file import parse_pools
+from kvgate.gateway.picker.redis_link import RedisSettings
+from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.workers import PrivateRedis
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "lambda", "zeta"]
@@ -164,7 +164,7 @@ async def measure(
 async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-redis-sharing-"))
     fleet = ManagedProcess("simulator", [
-        sys.executable, "-m", "simulator", "--replicas", str(args.replicas), "--port", "0",
+        sys.executable, "-m", "kvgate.simulator", "--replicas", str(args.replicas), "--port", "0",
         "--admin-port", "0", "--time-scale", "0.1",
     ], workdir / "sim.log")
     await fleet.start()
@@ -198,7 +198,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         "# Prefix-hit rate: pickers sharing state through Redis (issue 6, acceptance 1)",
         "",
-        f"`python -m bench.redis_sharing --replicas {args.replicas} --groups {args.groups} "
+        f"`python -m kvgate.bench.redis_sharing --replicas {args.replicas} --groups {args.groups} "
         f"--per-group {args.per_group} --repeats {args.repeats}`: real Envoy (ext_proc cluster round robin "
         "over the pickers), simulator fleet (time scale 0.1), real redis-server, profile `default`. "
         f"{args.groups} system prompts of ~2k tokens × {args.per_group} requests, interleaved, "
@@ -217,7 +217,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.redis_sharing", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate.bench.redis_sharing", description=__doc__)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--groups", type=int, default=5, help="odd, so each group alternates pickers")
     parser.add_argument("--per-group", type=int, default=6)

@@ -1,6 +1,6 @@
 """Replay a routing benchmark's plan through kvgate's scheduler and the simulator's engines, in virtual time.
 
-What ``python -m bench.routing`` measures over HTTP in ~2.5 real minutes per run, this plays in
+What ``python -m kvgate.bench.routing`` measures over HTTP in ~2.5 real minutes per run, this plays in
 seconds without sockets, Envoy or a clock: the same plan (``bench.workloads.plan``), the same
 engines (``simulator.engine.Engine`` with the fleet's settings and latency profile), and kvgate's
 ``ProfileScheduler`` with the profile under test, fed the way the picker is fed in production:
@@ -17,7 +17,7 @@ that leave the replica their prefix was last sent to (a long document, a chat hi
 system prompt), every replica's estimated TTFT and the inputs behind it, which is what the HTTP run
 cannot show.
 
-Run: ``python -m bench.replay --workload long-prompts --fraction 0.9 --requests 600 [--explain 10]``.
+Run: ``python -m kvgate.bench.replay --workload long-prompts --fraction 0.9 --requests 600 [--explain 10]``.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.run_stats import percentile
-from bench.workloads import WORKLOADS, WorkloadSpec, offered_rate, run_plan
-from extproc.openai_request import parse_request_body
-from policies.profile import load_profile
-from policies.scheduler import ProfileScheduler
-from policies.types import ApiKind, Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Usage
-from simulator import cli as sim_cli
-from simulator import tokenizer
-from simulator.engine import Engine, Finished, FirstToken, SimRequest
-from simulator.profiles import load_profile as load_latency_profile
+from kvgate.bench.run_stats import percentile
+from kvgate.bench.workloads import WORKLOADS, WorkloadSpec, offered_rate, run_plan
+from kvgate.extproc.openai_request import parse_request_body
+from kvgate.policies.profile import load_profile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import ApiKind, Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Usage
+from kvgate.simulator import cli as sim_cli
+from kvgate.simulator import tokenizer
+from kvgate.simulator.engine import Engine, Finished, FirstToken, SimRequest
+from kvgate.simulator.profiles import load_profile as load_latency_profile
 
 
 @dataclass
@@ -249,7 +249,7 @@ def timeline(records: Sequence[RequestRecord], bucket_s: float) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m kvgate.bench.replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="long-prompts")
     p.add_argument("--hetero", action="store_true")

@@ -1,6 +1,6 @@
 """Routing-quality benchmark: kvgate against Envoy, real peer routers and an oracle on the simulated fleet.
 
-Run: ``python -m bench.routing --quick`` (or ``kvgate bench --quick``); see ``--help`` and
+Run: ``python -m kvgate.bench.routing --quick`` (or ``kvgate bench --quick``); see ``--help`` and
 bench/results/README.md. For every workload, offered rate and contender it starts a fresh simulated
 fleet (cold, equal caches), starts the contender in front of it, plays the same open-loop Poisson plan
 (same seed) through it with a streaming client, reads the fleet's prefix-cache counters and event-loop
@@ -31,13 +31,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
-from bench.datapath_procs import TreeCpu, picker_processes
-from bench.loadgen import run_open_loop
-from bench.routing_report import goals, plot, summary, tables
-from bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize
-from bench.sim_fleet import SimFleet
-from bench.workloads import (
+from kvgate.bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
+from kvgate.bench.datapath_procs import TreeCpu, picker_processes
+from kvgate.bench.loadgen import run_open_loop
+from kvgate.bench.routing_report import goals, plot, summary, tables
+from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize
+from kvgate.bench.sim_fleet import SimFleet
+from kvgate.bench.workloads import (
     WARMUP_FRACTION,
     WORKLOADS,
     WorkloadSpec,
@@ -153,7 +153,7 @@ def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFig
         f"{meta['description']}",
         "",
         f"- Command: `{meta['command']}` ({meta['mode']} mode), {meta['date']}, {meta['machine']}.",
-        f"- Fleet: `python -m simulator {meta['fleet_args']}` (BLIS Llama-3.1-8B/H100 step model), "
+        f"- Fleet: `python -m kvgate.simulator {meta['fleet_args']}` (BLIS Llama-3.1-8B/H100 step model), "
         f"restarted cold for every contender and rate.",
         f"- Time scale {meta['time_scale']} real s per simulated s; all figures are simulated time. "
         f"Capacity estimate {meta['capacity']:.0f} req/s; arrival window {meta['requests']} / capacity "
@@ -235,8 +235,8 @@ def write_summary(results_dir: Path) -> None:
         "from different commands are not comparable with each other. The last four columns are "
         "kvgate-default's ratios against the issue's goals: the best peer is the lowest valid p90 among "
         "Envoy, vllm-router and sglang-router, the oracle the better of `oracle` and `oracle-spill`. An "
-        "empty cell: the contender was not in that run. Written by `python -m bench.routing` after every "
-        "run and by `--report-only`.",
+        "empty cell: the contender was not in that run. Written by `python -m kvgate.bench.routing` after "
+        "every run and by `--report-only`.",
         "",
         summary([(meta["workload"], figures) for _, meta, figures in reports]),
         "Commands (each report's `.md` has its fleet, plan, wall time and every figure):",
@@ -264,7 +264,7 @@ def report_command(given: Sequence[str], fractions: Sequence[float], time_scale:
     args = build_parser().parse_args(list(given))
     resolved = ([] if args.fractions else ["--fractions", *(f"{f:g}" for f in fractions)]) + (
         [] if args.time_scale else ["--time-scale", f"{time_scale:g}"])
-    return "python -m bench.routing " + shlex.join([*given, *resolved])
+    return "python -m kvgate.bench.routing " + shlex.join([*given, *resolved])
 
 
 USER_RESULTS = Path("kvgate-bench-results")

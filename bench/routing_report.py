@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.run_stats import RunFigures
+from kvgate.bench.run_stats import RunFigures
 
 _COLUMNS = ("contender", "ok", "err", "shed", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TPOT p50 ms",
             "TPOT p90 ms", "e2e p50 s", "e2e p90 s", "e2e p99 s", "out tok/s", "prefix hit %",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.loadgen import RequestResult
+from kvgate.bench.loadgen import RequestResult
 
 LAG_LIMIT_SIM_MS = 1.0
 """Lag p99 (simulated ms) a valid run stays under: ~17 % of one 5.75 ms engine step. (The capacity

@@ -1,6 +1,6 @@
 """The scraper's HTTP client: aiohttp against kvgate's own keep-alive GET, CPU per request, one run.
 
-``python -m bench.scrape_client [--requests 3000] [--rounds 3] [--output FILE]``
+``python -m kvgate.bench.scrape_client [--requests 3000] [--rounds 3] [--output FILE]``
 
 A loopback aiohttp server (its own process) serves two pages: the small page of the data-path
 benchmark's upstream (what a picker scrapes in ``bench.datapath_onepass``) and a vLLM 0.11 page of
@@ -25,9 +25,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from bench.datapath import machine
-from bench.metrics_pages import vllm_page
-from gateway.picker.scrape.http_get import MetricsConnection
+from kvgate.bench.datapath import machine
+from kvgate.bench.metrics_pages import vllm_page
+from kvgate.gateway.picker.scrape.http_get import MetricsConnection
 
 SMALL = "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n" + "".join(
     f'vllm:{name}{{model_name="m"}} {value}\n'
@@ -100,14 +100,15 @@ def _server_main(page_name: str) -> None:
 
 async def run(args: argparse.Namespace) -> str:
     lines = ["# The scraper's HTTP client: CPU per GET (issue 19)", "",
-             f"- command: python -m bench.scrape_client {' '.join(sys.argv[1:])}".rstrip(),
+             f"- command: python -m kvgate.bench.scrape_client {' '.join(sys.argv[1:])}".rstrip(),
              *(f"- machine {k}: {v}" for k, v in machine().items()),
              f"- aiohttp: {aiohttp.__version__}", "",
              "| page | bytes | client | µs CPU per GET (median) | rounds | × aiohttp |",
              "|---|---|---|---|---|---|"]
     for name, page in PAGES.items():
         server = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.scrape_client", "--serve", name, stdout=asyncio.subprocess.PIPE)
+            sys.executable, "-m", "kvgate.bench.scrape_client", "--serve", name,
+            stdout=asyncio.subprocess.PIPE)
         assert server.stdout is not None
         port = int((await server.stdout.readline()).decode())
         try:
@@ -128,7 +129,7 @@ async def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.scrape_client", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.scrape_client", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)

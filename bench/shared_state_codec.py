@@ -1,7 +1,7 @@
 """Cost of the shared-state wire format: format 1 (protobuf, proto/kvgate_proto/shared_state.proto) against
 format 0 (the hand-packed ``struct`` layout kvgate wrote before, still read).
 
-``python -m bench.shared_state_codec [--batches 2000] [--output bench/results/shared_state_codec.md]``
+``python -m kvgate.bench.shared_state_codec [--batches 2000] [--output bench/results/shared_state_codec.md]``
 
 A batch as a busy picker flushes it: 64 prefix insertions of 32 block hashes each (a 2,000-token
 prompt at 64 tokens a block) and 8 session pins. Encoding runs on the picker's flush (off the
@@ -20,7 +20,7 @@ import timeit
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gateway.picker.shared_state.codec import (
+from kvgate.gateway.picker.shared_state.codec import (
     PrefixInsert,
     SessionPin,
     SharedEvent,
@@ -69,7 +69,7 @@ def run(batches: int) -> str:
     }
     lines = [
         "# Shared-state wire format: protobuf (format 1) against struct (format 0)", "",
-        f"- command: `python -m bench.shared_state_codec {' '.join(sys.argv[1:])}`",
+        f"- command: `python -m kvgate.bench.shared_state_codec {' '.join(sys.argv[1:])}`",
         f"- machine: {platform.machine()}, Python {platform.python_version()}; one batch = 64 prefix "
         f"insertions of 32 hashes + 8 session pins; {batches} batches each way, one run", "",
         "| | format 0 (struct) | format 1 (protobuf) | 1 / 0 |", "|---|---|---|---|",
@@ -84,7 +84,7 @@ def run(batches: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.shared_state_codec", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.shared_state_codec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--output", type=Path, default=None)

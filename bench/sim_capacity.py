@@ -1,7 +1,7 @@
 """How many requests/s one simulator process sustains across 8 replicas with event-loop lag p99 < 5 ms.
 
-Run: ``python -m bench.sim_capacity`` (options: ``--rates``, ``--step-s``, ``--time-scale``,
-``--max-tokens``, ``--no-stream``). It starts ``python -m simulator --replicas 8 --port 0
+Run: ``python -m kvgate.bench.sim_capacity`` (options: ``--rates``, ``--step-s``, ``--time-scale``,
+``--max-tokens``, ``--no-stream``). It starts ``python -m kvgate.simulator --replicas 8 --port 0
 --admin-port 0`` as a subprocess, then this process (the load generator, aiohttp) offers open-loop
 Poisson arrivals at each rate of a ladder for ``--step-s`` seconds, round-robin over the replicas, and
 reads the simulator's own loop-lag percentiles (``GET /stats?window_s=…`` on the admin server: a task
@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.child_process import ChildProcess
 
 LAG_LIMIT_MS = 5.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -64,7 +64,7 @@ class StepResult:
 async def start_simulator(time_scale: float, loop: str) -> tuple[ChildProcess, list[str], str]:
     """Eight replicas on free ports; the process, the replica URLs and the fleet admin URL."""
     proc = ChildProcess([
-        sys.executable, "-m", "simulator", "--replicas", "8", "--port", "0", "--admin-port", "0",
+        sys.executable, "-m", "kvgate.simulator", "--replicas", "8", "--port", "0", "--admin-port", "0",
         "--time-scale", str(time_scale), "--loop", loop,
     ], name="the simulator")
     await proc.start()
@@ -187,7 +187,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim_capacity", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.sim_capacity",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[25, 50, 100, 150, 200, 300, 400])
     parser.add_argument("--step-s", type=float, default=15.0)
     parser.add_argument("--time-scale", type=float, default=1.0)

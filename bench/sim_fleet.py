@@ -1,4 +1,4 @@
-"""The simulated fleet as child processes (``python -m simulator``), each with its admin server.
+"""The simulated fleet as child processes (``python -m kvgate.simulator``), each with its admin server.
 
 One simulator process plays every replica on one event loop; at real time (time scale 1) a large
 fleet outruns one core (16 replicas at ~300 req/s, one SSE chunk per token: 130-160 ms of loop lag
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.processes import ManagedProcess, http_get_text
-from bench.workloads import FleetSpec
+from kvgate.bench.processes import ManagedProcess, http_get_text
+from kvgate.bench.workloads import FleetSpec
 
 
 def split_fleet(spec: FleetSpec, processes: int) -> list[list[str]]:
-    """The ``python -m simulator`` fleet arguments of each process (replicas and overrides split)."""
+    """The ``python -m kvgate.simulator`` fleet arguments of each process (replicas and overrides split)."""
     processes = max(1, min(processes, spec.replicas))
     per = math.ceil(spec.replicas / processes)
     out: list[list[str]] = []
@@ -47,7 +47,7 @@ class SimFleet:
         self.processes = [
             ManagedProcess(
                 f"simulator-{k}",
-                [sys.executable, "-m", "simulator", "--port", "0", "--admin-port", "0",
+                [sys.executable, "-m", "kvgate.simulator", "--port", "0", "--admin-port", "0",
                  "--time-scale", str(time_scale), "--seed", str(seed + k), *args],
                 log_path.with_name(f"{log_path.stem}-{k}{log_path.suffix}") if k else log_path,
             )

@@ -1,6 +1,6 @@
 """Benchmark: validate and translate 1,000 HTTPRoutes (not a test; results in bench/results/translate.md).
 
-``python -m bench.translate [--routes 1000] [--runs 7]``. Each route has three rules (a model-header
+``python -m kvgate.bench.translate [--routes 1000] [--runs 7]``. Each route has three rules (a model-header
 match, a canary header match with a 90/10 split, a path prefix), across eight InferencePools with
 four pods each and a few hostnames. Times are medians over ``--runs``; parsing YAML is reported apart.
 """
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from gateway.controlplane.resources import ResourceSet, ValidatedConfig, parse_manifests, validate
-from gateway.controlplane.translate import EnvoyResources, TranslationSettings, translate
+from kvgate.gateway.controlplane.resources import ResourceSet, ValidatedConfig, parse_manifests, validate
+from kvgate.gateway.controlplane.translate import EnvoyResources, TranslationSettings, translate
 
 T = TypeVar("T")
 POOLS = 8

@@ -30,7 +30,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from simulator.tokenizer import output_text
+from kvgate.simulator.tokenizer import output_text
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CHARS_PER_TOKEN = 4
@@ -43,7 +43,7 @@ REFERENCE_BATCH = 16  # decode batch assumed by the capacity estimate
 
 @dataclass(frozen=True, slots=True)
 class FleetSpec:
-    """How the simulated fleet is started for a workload (``python -m simulator`` flags)."""
+    """How the simulated fleet is started for a workload (``python -m kvgate.simulator`` flags)."""
 
     replicas: int = 8
     num_gpu_blocks: int = 27_000

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from extproc.outcomes import OutcomeReports
+from kvgate.extproc.outcomes import OutcomeReports
 
 
 class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]

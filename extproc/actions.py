@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from extproc.events import BodyMode, Headers
+from kvgate.extproc.events import BodyMode, Headers
 
 
 class Phase(Enum):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from extproc import names
-from extproc.actions import (
+from kvgate.extproc import names
+from kvgate.extproc.actions import (
     Action,
     ContinueBody,
     ContinueHeaders,
@@ -25,8 +25,8 @@ from extproc.actions import (
     Immediate,
     Phase,
 )
-from extproc.errors import immediate_response
-from extproc.events import (
+from kvgate.extproc.errors import immediate_response
+from kvgate.extproc.events import (
     Event,
     RequestBodyChunk,
     RequestHeaders,
@@ -36,9 +36,9 @@ from extproc.events import (
     ResponseTrailers,
     StreamClosed,
 )
-from extproc.model_names import check_model_name
-from extproc.request_headers import check_header_limits
-from policies.errors import KvgateError
+from kvgate.extproc.model_names import check_model_name
+from kvgate.extproc.request_headers import check_header_limits
+from kvgate.policies.errors import KvgateError
 
 ROLE_METADATA_KEY = "x-kvgate-role"
 """gRPC initial metadata naming the role of an ext_proc stream (set by the routes that

@@ -11,8 +11,8 @@ from types import MappingProxyType
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc import names
-from extproc.actions import (
+from kvgate.extproc import names
+from kvgate.extproc.actions import (
     Action,
     ContinueBody,
     ContinueHeaders,
@@ -22,7 +22,7 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
-from extproc.events import (
+from kvgate.extproc.events import (
     BodyMode,
     BodyModes,
     Event,
@@ -146,7 +146,7 @@ def _served(message: pb.ProcessingRequest) -> str | None:
 
 def encode(action: Action) -> pb.ProcessingResponse:
     """The reply for one action, built in place (a third of the CPU of nesting built messages, each
-    of which protobuf copies into its parent: ``python -m bench.datapath_offline --lean``)."""
+    of which protobuf copies into its parent: ``python -m kvgate.bench.datapath_offline --lean``)."""
     response = pb.ProcessingResponse()
     if isinstance(action, ContinueHeaders):
         headers = response.request_headers if action.phase is Phase.REQUEST else response.response_headers

@@ -6,12 +6,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from extproc import names
-from extproc.openai_request import parse_request_body, upstream_body
-from extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
-from policies.contracts import SchedulingResult
-from policies.errors import BadRequestError, MalformedBodyError, ModelNotFoundError, NoEligibleEndpointError
-from policies.types import ApiKind, EndpointView, InferenceRequest
+from kvgate.extproc import names
+from kvgate.extproc.openai_request import parse_request_body, upstream_body
+from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
+from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.errors import (
+    BadRequestError,
+    MalformedBodyError,
+    ModelNotFoundError,
+    NoEligibleEndpointError,
+)
+from kvgate.policies.types import ApiKind, EndpointView, InferenceRequest
 
 
 @dataclass(frozen=True, slots=True)

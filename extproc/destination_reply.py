@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from extproc import names
-from extproc.actions import ContinueHeaders, HeaderEdit, Phase, StreamBody
-from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER
-from extproc.decision import Decision
-from extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc import names
+from kvgate.extproc.actions import ContinueHeaders, HeaderEdit, Phase, StreamBody
+from kvgate.extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER
+from kvgate.extproc.decision import Decision
+from kvgate.extproc.lifecycle_config import LifecycleConfig
 
 
 def destination_edit(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-from extproc.actions import Immediate
-from policies.errors import KvgateError
+from kvgate.extproc.actions import Immediate
+from kvgate.policies.errors import KvgateError
 
 _log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ list leaves out.
 
 from __future__ import annotations
 
-from policies.errors import UnknownPathError
+from kvgate.policies.errors import UnknownPathError
 
 INFERENCE_PATHS: tuple[str, ...] = (
     # OpenAI's API (vLLM, SGLang, TensorRT-LLM's trtllm-serve, Triton's OpenAI front end)

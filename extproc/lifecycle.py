@@ -44,7 +44,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from extproc.actions import (
+from kvgate.extproc.actions import (
     Action,
     ContinueBody,
     ContinueHeaders,
@@ -53,11 +53,16 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
-from extproc.after_reply import AfterReply
-from extproc.decision import Decision, decide
-from extproc.destination_reply import destination_edit, destination_metadata, header_reply, streamed_body
-from extproc.errors import immediate_response
-from extproc.events import (
+from kvgate.extproc.after_reply import AfterReply
+from kvgate.extproc.decision import Decision, decide
+from kvgate.extproc.destination_reply import (
+    destination_edit,
+    destination_metadata,
+    header_reply,
+    streamed_body,
+)
+from kvgate.extproc.errors import immediate_response
+from kvgate.extproc.events import (
     BodyMode,
     BodyModes,
     Event,
@@ -70,15 +75,15 @@ from extproc.events import (
     ResponseTrailers,
     StreamClosed,
 )
-from extproc.lifecycle_config import LifecycleConfig, RequestIds
-from extproc.openai_request import BodyBuffer
-from extproc.openai_response import ResponseBodyProcessor
-from extproc.outcomes import outcome_header
-from extproc.picked_request import PickedRequest
-from extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
-from extproc.request_headers import model_header, read_request_headers
-from policies.errors import KvgateError, ModelNotFoundError, RouteNotFoundError
-from policies.types import ApiKind
+from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
+from kvgate.extproc.openai_request import BodyBuffer
+from kvgate.extproc.openai_response import ResponseBodyProcessor
+from kvgate.extproc.outcomes import outcome_header
+from kvgate.extproc.picked_request import PickedRequest
+from kvgate.extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
+from kvgate.extproc.request_headers import model_header, read_request_headers
+from kvgate.policies.errors import KvgateError, ModelNotFoundError, RouteNotFoundError
+from kvgate.policies.types import ApiKind
 
 _log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from extproc.attempt_timeout import AttemptTimeout
-from extproc.events import BodyMode, BodyModes
-from extproc.ports import TenantLimiter
+from kvgate.extproc.attempt_timeout import AttemptTimeout
+from kvgate.extproc.events import BodyMode, BodyModes
+from kvgate.extproc.ports import TenantLimiter
 
 STREAM_CHUNK_BYTES = 62_000
 """Largest streamed body chunk sent back to Envoy (GIE's margin under a 64 KiB per-chunk limit)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from policies.errors import InvalidModelNameError
+from kvgate.policies.errors import InvalidModelNameError
 
 MAX_MODEL_NAME_CHARS = 256
 ALLOWED_PUNCTUATION = "_.-:/@+=~"

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.model_names import check_model_name
-from policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
-from policies.types import ApiKind
+from kvgate.extproc.model_names import check_model_name
+from kvgate.policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
+from kvgate.policies.types import ApiKind
 
 _API_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
     ("/v1/chat/completions", ApiKind.CHAT_COMPLETIONS),

@@ -15,7 +15,7 @@ import logging
 import re
 from typing import Any
 
-from policies.types import Usage
+from kvgate.policies.types import Usage
 
 _log = logging.getLogger(__name__)
 

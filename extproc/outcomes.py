@@ -24,9 +24,9 @@ from urllib.parse import quote, unquote
 
 from envoy.data.accesslog.v3 import accesslog_pb2
 
-from extproc import names
-from extproc.ports import Clock, PoolDirectory, RequestLabels, RequestMetrics
-from policies.errors import KvgateError
+from kvgate.extproc import names
+from kvgate.extproc.ports import Clock, PoolDirectory, RequestLabels, RequestMetrics
+from kvgate.policies.errors import KvgateError
 
 _log = logging.getLogger(__name__)
 REPORT_RESULTS = ("applied", "unknown_pool", "unreadable")

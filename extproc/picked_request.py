@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from extproc.after_reply import AfterReply, call_logged
-from extproc.decision import Decision
-from extproc.ports import Clock, RequestMetrics, TenantLimiter
-from policies.contracts import Scheduler
-from policies.types import Endpoint, InferenceRequest, Usage
+from kvgate.extproc.after_reply import AfterReply, call_logged
+from kvgate.extproc.decision import Decision
+from kvgate.extproc.ports import Clock, RequestMetrics, TenantLimiter
+from kvgate.policies.contracts import Scheduler
+from kvgate.policies.types import Endpoint, InferenceRequest, Usage
 
 
 class PickedRequest:

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.contracts import Scheduler
-from policies.types import EndpointView
+from kvgate.policies.contracts import Scheduler
+from kvgate.policies.types import EndpointView
 
 
 class Pool(Protocol):

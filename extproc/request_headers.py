@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from extproc import names
-from extproc.events import Headers
-from extproc.inference_paths import check_path
-from extproc.openai_request import api_kind
-from policies.errors import HeadersTooLargeError, PayloadTooLargeError
-from policies.types import ApiKind
+from kvgate.extproc import names
+from kvgate.extproc.events import Headers
+from kvgate.extproc.inference_paths import check_path
+from kvgate.extproc.openai_request import api_kind
+from kvgate.policies.errors import HeadersTooLargeError, PayloadTooLargeError
+from kvgate.policies.types import ApiKind
 
 ENVOY_MAX_HEADERS = 100
 ENVOY_MAX_HEADER_BYTES = 60 * 1024

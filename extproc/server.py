@@ -8,11 +8,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from extproc.access_log import AccessLogServicer
-from extproc.lifecycle_config import LifecycleConfig
-from extproc.outcomes import OutcomeReports
-from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
-from extproc.servicer import ExtProcServicer
+from kvgate.extproc.access_log import AccessLogServicer
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.outcomes import OutcomeReports
+from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
+from kvgate.extproc.servicer import ExtProcServicer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS_SERVICE = "liveness"

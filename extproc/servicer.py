@@ -10,14 +10,14 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc import codec, names
-from extproc.actions import Action
-from extproc.after_reply import AfterReply, DeferredMetrics
-from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
-from extproc.events import Event, StreamClosed
-from extproc.lifecycle import RequestLifecycle
-from extproc.lifecycle_config import LifecycleConfig, RequestIds
-from extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
+from kvgate.extproc import codec, names
+from kvgate.extproc.actions import Action
+from kvgate.extproc.after_reply import AfterReply, DeferredMetrics
+from kvgate.extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
+from kvgate.extproc.events import Event, StreamClosed
+from kvgate.extproc.lifecycle import RequestLifecycle
+from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
+from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 
 _log = logging.getLogger(__name__)
 

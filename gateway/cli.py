@@ -23,29 +23,29 @@ _PLUGIN_HELP = {"bench": "run the routing-quality benchmark (its routers: pip in
 
 
 def _run_sim(argv: Sequence[str]) -> int:
-    from simulator.cli import main as sim_main
+    from kvgate.simulator.cli import main as sim_main
 
     return sim_main(argv)
 
 
 def _run_picker(argv: Sequence[str]) -> int:
     if "--kubernetes" in argv:  # the picker following a cluster: a composition of both floors
-        from gateway.picker_kubernetes import main as cluster_main
+        from kvgate.gateway.picker_kubernetes import main as cluster_main
 
         return cluster_main(argv)
-    from gateway.picker.cli import main as picker_main
+    from kvgate.gateway.picker.cli import main as picker_main
 
     return picker_main(argv)
 
 
 def _run_up(argv: Sequence[str]) -> int:
-    from gateway.up_cli import main as up_main
+    from kvgate.gateway.up_cli import main as up_main
 
     return up_main(argv)
 
 
 def _run_status(argv: Sequence[str]) -> int:
-    from gateway.controlplane.status_cli import main as status_main
+    from kvgate.gateway.controlplane.status_cli import main as status_main
 
     return status_main(argv)
 

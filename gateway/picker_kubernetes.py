@@ -15,15 +15,15 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
-from gateway.controlplane.kubernetes.client import KubeClient
-from gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
-from gateway.controlplane.kubernetes.review import MetricsAuthorizer
-from gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
-from gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
-from gateway.picker.service import PickerService
-from gateway.processes import event_loop
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
+from kvgate.gateway.controlplane.kubernetes.client import KubeClient
+from kvgate.gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
+from kvgate.gateway.controlplane.kubernetes.review import MetricsAuthorizer
+from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
+from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
+from kvgate.gateway.picker.service import PickerService
+from kvgate.gateway.processes import event_loop
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
   updated over xDS, never restarted). Without it, the bundled example (``gateway/examples/default``).
 * ``--port``: where Envoy listens. The lowest Gateway listener port is bound here; any other
   listener port binds as written.
-* ``--sim N``: start N simulated vLLM replicas (``python -m simulator``), replica i on the address
+* ``--sim N``: start N simulated vLLM replicas (``python -m kvgate.simulator``), replica i on the address
   127.0.1.(1+i) (``--sim-hosts-from``) and the pool's first targetPort, and add one synthetic Pod per
   replica (the pool's selector labels, ``status.podIP``) for the pool ``--sim-pool`` (name or
   ``namespace/name``; needed only when the configuration has several pools). Without ``-f`` it
@@ -31,29 +31,29 @@ from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
 
-from extproc.attempt_timeout import AttemptTimeout
-from extproc.lifecycle_config import LifecycleConfig
-from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
-from gateway.controlplane.downstream import DownstreamSettings
-from gateway.controlplane.kubernetes.client import KubeClient, own_namespace
-from gateway.controlplane.kubernetes.lease import LeaderElector
-from gateway.controlplane.kubernetes.provider import KubernetesProvider
-from gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
-from gateway.controlplane.models.server import ModelsServer
-from gateway.controlplane.resources import ConfigProvider, FileProvider
-from gateway.controlplane.resources.core import Pod
-from gateway.controlplane.resources.validate import ValidationOptions
-from gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
-from gateway.picker.redis_link import RedisSettings
-from gateway.picker.service import PickerService, PickerSettings
-from gateway.picker.workers import UpWorkers
-from gateway.processes import event_loop
-from gateway.processes.envoy_events import EnvoyEvents
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port, port_in_use
-from gateway.processes.envoy_supervisor import EnvoySupervisor
-from gateway.processes.simulator import SimFleetProcess
-from gateway.up_sim import check_sim_addresses_free, find_pool, host_of, sim_pods
-from policies.errors import ConfigError
+from kvgate.extproc.attempt_timeout import AttemptTimeout
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
+from kvgate.gateway.controlplane.downstream import DownstreamSettings
+from kvgate.gateway.controlplane.kubernetes.client import KubeClient, own_namespace
+from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
+from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
+from kvgate.gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
+from kvgate.gateway.controlplane.models.server import ModelsServer
+from kvgate.gateway.controlplane.resources import ConfigProvider, FileProvider
+from kvgate.gateway.controlplane.resources.core import Pod
+from kvgate.gateway.controlplane.resources.validate import ValidationOptions
+from kvgate.gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
+from kvgate.gateway.picker.redis_link import RedisSettings
+from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.workers import UpWorkers
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes.envoy_events import EnvoyEvents
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port, port_in_use
+from kvgate.gateway.processes.envoy_supervisor import EnvoySupervisor
+from kvgate.gateway.processes.simulator import SimFleetProcess
+from kvgate.gateway.up_sim import check_sim_addresses_free, find_pool, host_of, sim_pods
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ EXAMPLE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 def bundled_example() -> Path:
     """The example configuration shipped with kvgate (package data)."""
-    return Path(str(package_resources.files("gateway") / "examples" / "default"))
+    return Path(str(package_resources.files("kvgate.gateway") / "examples" / "default"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.controlplane.downstream import DownstreamSettings
-from gateway.processes import event_loop
-from gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.downstream import DownstreamSettings
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.policies.errors import ConfigError
 
 
 def ready_lines(up: KvgateUp, options: UpOptions) -> list[str]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
-from gateway.controlplane.resources import ResourceSet
-from gateway.controlplane.resources.core import Pod
-from gateway.controlplane.resources.inference import InferencePool
-from gateway.processes.envoy_process import port_in_use
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.resources import ResourceSet
+from kvgate.gateway.controlplane.resources.core import Pod
+from kvgate.gateway.controlplane.resources.inference import InferencePool
+from kvgate.gateway.processes.envoy_process import port_in_use
+from kvgate.policies.errors import ConfigError
 
 
 def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
 
 @dataclass(frozen=True, slots=True)

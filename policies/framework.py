@@ -24,9 +24,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, overload, runtime_checkable
 
-from policies.hashing import PromptHasher
-from policies.state import SchedulerState
-from policies.types import EndpointView, InferenceRequest
+from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.state import SchedulerState
+from kvgate.policies.types import EndpointView, InferenceRequest
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from policies.types import EndpointView
+from kvgate.policies.types import EndpointView
 
 V = TypeVar("V")
 R = TypeVar("R")

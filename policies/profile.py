@@ -30,12 +30,12 @@ from typing import Annotated, Any, Generic, TypeVar
 import yaml
 from pydantic import Field, ValidationError
 
-from policies.errors import ConfigError
-from policies.framework import Filter, Picker, Scorer, uses_prefix_index
-from policies.hashing import HashScheme
-from policies.plugins.params import Params
-from policies.registry import PluginRegistry, builtin_registry
-from policies.saturation import SaturationThresholds
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.framework import Filter, Picker, Scorer, uses_prefix_index
+from kvgate.policies.hashing import HashScheme
+from kvgate.policies.plugins.params import Params
+from kvgate.policies.registry import PluginRegistry, builtin_registry
+from kvgate.policies.saturation import SaturationThresholds
 
 T = TypeVar("T")
 
@@ -187,7 +187,7 @@ def build_profile(data: Mapping[str, Any], registry: PluginRegistry | None = Non
 
 def available_profiles() -> tuple[str, ...]:
     """Names of the profiles shipped under ``policies/profiles/``."""
-    folder = resources.files("policies").joinpath("profiles")
+    folder = resources.files("kvgate.policies").joinpath("profiles")
     return tuple(sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml")))
 
 
@@ -213,4 +213,5 @@ def _read(name_or_path: str | Path) -> str:
     if as_text not in available_profiles():
         shipped = ", ".join(available_profiles())
         raise ConfigError(f"unknown scheduling profile {as_text!r} (shipped: {shipped})")
-    return resources.files("policies").joinpath("profiles", f"{as_text}.yaml").read_text(encoding="utf-8")
+    profiles = resources.files("kvgate.policies").joinpath("profiles")
+    return profiles.joinpath(f"{as_text}.yaml").read_text(encoding="utf-8")

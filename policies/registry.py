@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from policies.errors import ConfigError
-from policies.plugins.estimated_ttft import EstimatedTtftScorer
-from policies.plugins.filters import HealthyFilter, LoraFilter, SaturationFilter, SubsetHintFilter
-from policies.plugins.params import Params, parse_params
-from policies.plugins.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker, WeightedRandomPicker
-from policies.plugins.scorers import (
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
+from kvgate.policies.plugins.filters import HealthyFilter, LoraFilter, SaturationFilter, SubsetHintFilter
+from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.plugins.pickers import (
+    MaxScorePicker,
+    RandomPicker,
+    RoundRobinPicker,
+    WeightedRandomPicker,
+)
+from kvgate.policies.plugins.scorers import (
     InFlightRequestsScorer,
     InFlightTokensScorer,
     KvCacheUtilizationScorer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.types import EndpointView
+from kvgate.policies.types import EndpointView
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,18 +43,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.contracts import SchedulingResult
-from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.framework import PluginTimer, SchedulingContext, ScoredEndpoints
-from policies.hashing import PromptHasher
-from policies.inflight_models import InflightModels
-from policies.memo import TupleMemo
-from policies.outliers import OutlierSettings, OutlierTracker
-from policies.plugins.filters import SubsetHintFilter
-from policies.profile import SchedulingProfile
-from policies.scoring import Addresses, BoundScorer, ScoresView, total_scores
-from policies.state import InProcessState, SchedulerState
-from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
+from kvgate.policies.framework import PluginTimer, SchedulingContext, ScoredEndpoints
+from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.inflight_models import InflightModels
+from kvgate.policies.memo import TupleMemo
+from kvgate.policies.outliers import OutlierSettings, OutlierTracker
+from kvgate.policies.plugins.filters import SubsetHintFilter
+from kvgate.policies.profile import SchedulingProfile
+from kvgate.policies.scoring import Addresses, BoundScorer, ScoresView, total_scores
+from kvgate.policies.state import InProcessState, SchedulerState
+from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
 SHRINK = 0.8
 GROW = 0.02

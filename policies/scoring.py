@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.framework import DenseScorer, PluginTimer, SchedulingContext
-from policies.profile import WeightedScorer
-from policies.types import EndpointView
+from kvgate.policies.framework import DenseScorer, PluginTimer, SchedulingContext
+from kvgate.policies.profile import WeightedScorer
+from kvgate.policies.types import EndpointView
 
 
 class Addresses:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.prefix_index import DEFAULT_MAX_ENTRIES, PrefixIndex
+from kvgate.policies.prefix_index import DEFAULT_MAX_ENTRIES, PrefixIndex
 
 
 @dataclass(frozen=True, slots=True)

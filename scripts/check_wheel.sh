@@ -30,6 +30,17 @@ quietly "$WORK/venv/bin/python" -m pip install -q --upgrade pip
 quietly "$WORK/venv/bin/python" -m pip install -q "$WORK"/dist/kvgate-*.whl
 mkdir "$WORK/elsewhere"
 cd "$WORK/elsewhere"
+echo "== wheel: one import namespace (kvgate.*), no generic top-level names"
+"$WORK/venv/bin/python" - <<'PYCODE'
+import importlib, importlib.util
+for name in ("kvgate", "kvgate.gateway", "kvgate.extproc", "kvgate.policies", "kvgate.simulator",
+             "kvgate.bench", "kvgate.proto.shared_state_pb2", "kvgate.gateway.cli"):
+    importlib.import_module(name)
+claimed = [name for name in ("gateway", "extproc", "policies", "simulator", "bench", "kvgate_proto")
+           if importlib.util.find_spec(name) is not None]
+assert not claimed, f"the wheel claims top-level names: {claimed}"
+print("wheel: imports kvgate.* only")
+PYCODE
 for command in "" up picker sim bench status; do
   "$WORK/venv/bin/kvgate" $command --help >/dev/null
 done

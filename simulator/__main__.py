@@ -1,10 +1,10 @@
-"""``python -m simulator …`` is ``kvgate sim …``."""
+"""``python -m kvgate.simulator …`` is ``kvgate sim …``."""
 
 from __future__ import annotations
 
 import sys
 
-from simulator.cli import main
+from kvgate.simulator.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from simulator.openai_api import ApiError, decode_json_object
-from simulator.server import json_response
+from kvgate.simulator.openai_api import ApiError, decode_json_object
+from kvgate.simulator.server import json_response
 
 if TYPE_CHECKING:
-    from simulator.fleet import Fleet, ReplicaListener
+    from kvgate.simulator.fleet import Fleet, ReplicaListener
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,4 +1,4 @@
-"""``kvgate sim`` / ``python -m simulator``: serve a simulated vLLM fleet until SIGINT or SIGTERM.
+"""``kvgate sim`` / ``python -m kvgate.simulator``: serve a simulated vLLM fleet until SIGINT or SIGTERM.
 
 Example: ``kvgate sim --replicas 4 --port 8000 --loras sql,chat --max-loras 1 --time-scale 0.1
 --replica 3:num_gpu_blocks=2048,slowdown=1.5 --admin-port 8100``.
@@ -23,11 +23,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from simulator.engine import EngineConfig
-from simulator.faults import FAULT_FIELDS, Faults
-from simulator.fleet import Fleet, FleetConfig, run_until
-from simulator.metrics import DIALECTS
-from simulator.server import ReplicaConfig
+from kvgate.simulator.engine import EngineConfig
+from kvgate.simulator.faults import FAULT_FIELDS, Faults
+from kvgate.simulator.fleet import Fleet, FleetConfig, run_until
+from kvgate.simulator.metrics import DIALECTS
+from kvgate.simulator.server import ReplicaConfig
 
 DEFAULT_PROFILE = "blis-llama-3.1-8b-h100"
 _ENGINE_INT_KEYS = ("max_loras", "max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks", "block_size")
@@ -179,7 +179,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         config = fleet_config(args)
         # fail fast on an unknown profile, before any listener starts
-        from simulator.profiles import load_profile
+        from kvgate.simulator.profiles import load_profile
 
         for replica in config.replicas:
             load_profile(replica.profile)

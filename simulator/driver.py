@@ -19,7 +19,7 @@ import collections
 import contextlib
 from collections.abc import Callable
 
-from simulator.engine import Engine, Finished, FirstToken, SimRequest, TokenOut
+from kvgate.simulator.engine import Engine, Finished, FirstToken, SimRequest, TokenOut
 
 
 class ReplicaStopped(Exception):

@@ -18,7 +18,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable
 
-from simulator import tokenizer
+from kvgate.simulator import tokenizer
 
 Encode = Callable[[str], tuple[int, ...]]
 

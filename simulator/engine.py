@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from simulator.engine_types import (
+from kvgate.simulator.engine_types import (
     EngineConfig,
     EngineEvent,
     EngineMetrics,
@@ -44,10 +44,10 @@ from simulator.engine_types import (
     StepPlan,
     TokenOut,
 )
-from simulator.engine_wait import estimate_wait
-from simulator.kv_cache import KVCache, prompt_block_hashes
-from simulator.lora_slots import LoraSlots
-from simulator.profiles import LatencyProfile
+from kvgate.simulator.engine_wait import estimate_wait
+from kvgate.simulator.kv_cache import KVCache, prompt_block_hashes
+from kvgate.simulator.lora_slots import LoraSlots
+from kvgate.simulator.profiles import LatencyProfile
 
 __all__ = [
     "Engine",

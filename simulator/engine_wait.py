@@ -9,8 +9,8 @@ meant for a benchmark's oracle router, not for scheduling.
 
 from __future__ import annotations
 
-from simulator.engine_types import EngineConfig
-from simulator.profiles import LatencyProfile
+from kvgate.simulator.engine_types import EngineConfig
+from kvgate.simulator.profiles import LatencyProfile
 
 
 def estimate_wait(

@@ -29,10 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator.admin import make_admin_app
-from simulator.driver import LagMonitor
-from simulator.encode_memo import EncodeMemo
-from simulator.server import Replica, ReplicaConfig
+from kvgate.simulator.admin import make_admin_app
+from kvgate.simulator.driver import LagMonitor
+from kvgate.simulator.encode_memo import EncodeMemo
+from kvgate.simulator.server import Replica, ReplicaConfig
 
 READY_PREFIX = "kvgate-sim ready"
 SHUTDOWN_TIMEOUT_S = 1.0

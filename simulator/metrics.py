@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from simulator.engine import EngineMetrics, Finished
+from kvgate.simulator.engine import EngineMetrics, Finished
 
 Dialect = Literal["vllm", "sglang", "trtllm"]
 DIALECTS: tuple[Dialect, ...] = ("vllm", "sglang", "trtllm")

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from simulator import tokenizer
-from simulator.encode_memo import Encode, encode_direct
+from kvgate.simulator import tokenizer
+from kvgate.simulator.encode_memo import Encode, encode_direct
 
 DEFAULT_COMPLETION_TOKENS = 16
 DEFAULT_CHAT_TOKENS = 128

@@ -21,13 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from simulator import openai_api as api
-from simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
-from simulator.encode_memo import EncodeMemo
-from simulator.engine import Engine, EngineConfig, Finished, SimRequest
-from simulator.faults import ErrorInjector, Faults
-from simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
-from simulator.profiles import load_profile
+from kvgate.simulator import openai_api as api
+from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
+from kvgate.simulator.encode_memo import EncodeMemo
+from kvgate.simulator.engine import Engine, EngineConfig, Finished, SimRequest
+from kvgate.simulator.faults import ErrorInjector, Faults
+from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
+from kvgate.simulator.profiles import load_profile
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
 

@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from simulator.engine import Engine, EngineEvent, EngineMetrics, Finished, SimRequest, StepPlan
+from kvgate.simulator.engine import Engine, EngineEvent, EngineMetrics, Finished, SimRequest, StepPlan
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import free_port
 
 REDIS_BINARY = shutil.which("redis-server") or "/usr/bin/redis-server"
 READY_LINE = r".*Ready to accept connections"

@@ -1,19 +1,26 @@
 """No two sibling folders (or modules) import each other, at any depth; imports that exist only for
-type checking aside. The layers themselves are the import-linter contract in pyproject.toml."""
+type checking aside; and every import of ours goes through the one namespace, ``kvgate.*``. The
+layers themselves are the import-linter contract in pyproject.toml."""
 
 from __future__ import annotations
 
 import itertools
+import re
+import subprocess
+from pathlib import Path
 
 import grimp
 import pytest
 
-PACKAGES = ("gateway", "extproc", "policies", "simulator", "bench", "tests")
+FOLDERS = ("gateway", "extproc", "policies", "simulator", "bench", "proto")
+"""The root's folders, installed as ``kvgate.<folder>``."""
+PACKAGES = (*(f"kvgate.{folder}" for folder in FOLDERS), "tests")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
-    return grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
+    return grimp.build_graph("kvgate", "tests", exclude_type_checking_imports=True)
 
 
 def _imports(graph: grimp.ImportGraph, importer: str, imported: str) -> bool:
@@ -56,3 +63,13 @@ def test_the_check_sees_a_cycle_when_there_is_one() -> None:
     assert _mutual_siblings(graph, "pkg") == []
     graph.add_import(importer="pkg.b", imported="pkg.a", line_number=1, line_contents="import pkg.a")
     assert _mutual_siblings(graph, "pkg") == [("pkg.a", "pkg.b")]
+
+
+def test_every_import_of_ours_names_the_kvgate_namespace() -> None:
+    """``import gateway`` works only inside a checkout (its folder is on the path there): an
+    installed kvgate has ``kvgate.gateway`` alone, so code that used the bare name would break."""
+    bare = re.compile(rf"^\s*(from|import) ({'|'.join((*FOLDERS, 'kvgate_proto'))})(\.|\s|$)", re.MULTILINE)
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    found = [name for name in files if bare.search((ROOT / name).read_text(encoding="utf-8"))]
+    assert found == []

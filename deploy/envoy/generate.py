@@ -25,14 +25,14 @@ from typing import Any, Final
 
 import yaml
 
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     GatewayConfig,
     PoolBackend,
     RouteSpec,
     static_bootstrap,
 )
-from gateway.controlplane.xds import bootstrap_for_ads
+from kvgate.gateway.controlplane.xds import bootstrap_for_ads
 
 HERE: Final = Path(__file__).resolve().parent
 

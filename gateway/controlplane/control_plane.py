@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from gateway.controlplane.downstream import DownstreamSettings
-from gateway.controlplane.envoy_config import ONE_PASS
-from gateway.controlplane.models.catalog import declared_models
-from gateway.controlplane.resources import (
+from kvgate.gateway.controlplane.downstream import DownstreamSettings
+from kvgate.gateway.controlplane.envoy_config import ONE_PASS
+from kvgate.gateway.controlplane.models.catalog import declared_models
+from kvgate.gateway.controlplane.resources import (
     ConfigProvider,
     ConfigSnapshot,
     ResolvedPool,
@@ -34,11 +34,11 @@ from gateway.controlplane.resources import (
     ValidatedConfig,
     validate,
 )
-from gateway.controlplane.resources.core import Pod
-from gateway.controlplane.resources.validate import ValidationOptions
-from gateway.controlplane.translate import BodyRouting, TranslationSettings, translate
-from gateway.controlplane.xds import ANY_NODE, SnapshotCache, XdsStatus
-from gateway.picker.pools_file import (
+from kvgate.gateway.controlplane.resources.core import Pod
+from kvgate.gateway.controlplane.resources.validate import ValidationOptions
+from kvgate.gateway.controlplane.translate import BodyRouting, TranslationSettings, translate
+from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache, XdsStatus
+from kvgate.gateway.picker.pools_file import (
     Dialect,
     ModelRewriteSpec,
     ObjectiveSpec,
@@ -46,8 +46,8 @@ from gateway.picker.pools_file import (
     RateLimitSpec,
     RewriteTargetSpec,
 )
-from gateway.picker.service import PickerService
-from policies.errors import ConfigError
+from kvgate.gateway.picker.service import PickerService
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.request_headers import ENVOY_MAX_HEADER_BYTES, ENVOY_MAX_HEADERS
+from kvgate.extproc.request_headers import ENVOY_MAX_HEADER_BYTES, ENVOY_MAX_HEADERS
 
 JsonDict = dict[str, Any]
 

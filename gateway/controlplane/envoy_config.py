@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from extproc.names import (
+from kvgate.extproc.names import (
     DESTINATION_HEADER,
     LB_NAMESPACE,
     OUTCOME_HEADER,
@@ -29,10 +29,10 @@ from extproc.names import (
     SUBSET_KEY,
     SUBSET_NAMESPACE,
 )
-from gateway.controlplane.downstream import DownstreamSettings
-from gateway.controlplane.downstream import duration as duration  # re-exported: every builder uses it
-from gateway.controlplane.local_replies import openai_local_replies
-from policies.types import FailureMode
+from kvgate.gateway.controlplane.downstream import DownstreamSettings
+from kvgate.gateway.controlplane.downstream import duration as duration  # re-exported: every builder uses it
+from kvgate.gateway.controlplane.local_replies import openai_local_replies
+from kvgate.policies.types import FailureMode
 
 JsonDict = dict[str, Any]
 BodyMode = Literal["FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED", "NONE"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from extproc.names import MODEL_NAME_HEADER
+from kvgate.extproc.names import MODEL_NAME_HEADER
 
 JsonDict = dict[str, Any]
 

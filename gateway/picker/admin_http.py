@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.picker.telemetry import GatewayTelemetry
-from policies.errors import ConfigError
+from kvgate.gateway.picker.telemetry import GatewayTelemetry
+from kvgate.policies.errors import ConfigError
 
 
 class AdminSource(Protocol):

@@ -13,15 +13,15 @@ from pathlib import Path
 
 from watchfiles import awatch
 
-from extproc.attempt_timeout import AttemptTimeout
-from extproc.lifecycle_config import LifecycleConfig
-from gateway.picker.pools_file import load_pools
-from gateway.picker.redis_link import RedisSettings
-from gateway.picker.service import PickerService, PickerSettings
-from gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
-from gateway.processes import event_loop
-from gateway.processes.envoy_process import free_port
-from policies.errors import ConfigError
+from kvgate.extproc.attempt_timeout import AttemptTimeout
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.gateway.picker.pools_file import load_pools
+from kvgate.gateway.picker.redis_link import RedisSettings
+from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from policies.errors import ConfigError
-from policies.types import FailureMode
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.types import FailureMode
 
 Dialect = Literal["vllm", "sglang", "trtllm", "triton"]
 

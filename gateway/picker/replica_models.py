@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from policies.types import EndpointSnapshot, EndpointView
+from kvgate.policies.types import EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Protocol
 
-from gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import LineMemo, MetricsPageError
-from gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
-from gateway.picker.scrape.target import ScrapeCounters, ScrapeTarget, checked_endpoint, metrics_url
-from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
+from kvgate.gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
+from kvgate.gateway.picker.scrape.exposition import LineMemo, MetricsPageError
+from kvgate.gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
+from kvgate.gateway.picker.scrape.target import ScrapeCounters, ScrapeTarget, checked_endpoint, metrics_url
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
 

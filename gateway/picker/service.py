@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from extproc.lifecycle_config import LifecycleConfig
-from extproc.ports import Pool
-from extproc.server import ExtProcServer
-from gateway.picker.admin_http import AdminServer
-from gateway.picker.pools_file import PoolSpec
-from gateway.picker.redis_link import RedisSettings
-from gateway.picker.replica_models import PoolModelNames, ReplicaModels
-from gateway.picker.scraper import MetricsScraper
-from gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
-from gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
-from gateway.picker.tls import server_credentials
-from policies.contracts import Scheduler
-from policies.errors import PoolNotFoundError, RouteNotFoundError
-from policies.profile import load_profile
-from policies.registry import PluginRegistry, builtin_registry
-from policies.scheduler import ProfileScheduler
-from policies.types import EndpointView
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.ports import Pool
+from kvgate.extproc.server import ExtProcServer
+from kvgate.gateway.picker.admin_http import AdminServer
+from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.redis_link import RedisSettings
+from kvgate.gateway.picker.replica_models import PoolModelNames, ReplicaModels
+from kvgate.gateway.picker.scraper import MetricsScraper
+from kvgate.gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
+from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
+from kvgate.gateway.picker.tls import server_credentials
+from kvgate.policies.contracts import Scheduler
+from kvgate.policies.errors import PoolNotFoundError, RouteNotFoundError
+from kvgate.policies.profile import load_profile
+from kvgate.policies.registry import PluginRegistry, builtin_registry
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import EndpointView
 
 log = logging.getLogger(__name__)
 

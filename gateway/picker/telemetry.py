@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from extproc.ports import OTHER_MODELS, RequestLabels
-from policies.types import EndpointSnapshot
+from kvgate.extproc.ports import OTHER_MODELS, RequestLabels
+from kvgate.policies.types import EndpointSnapshot
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,

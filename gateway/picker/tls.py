@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from policies.errors import ConfigError
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -49,12 +49,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from extproc.attempt_timeout import AttemptTimeout
-from gateway.picker.pools_file import PoolSpec, dump_pools
-from gateway.processes import event_loop
-from gateway.processes.child_process import ChildProcess, ChildProcessError
-from gateway.processes.envoy_process import free_port
-from policies.errors import ConfigError
+from kvgate.extproc.attempt_timeout import AttemptTimeout
+from kvgate.gateway.picker.pools_file import PoolSpec, dump_pools
+from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def worker_base_command(argv: Sequence[str]) -> tuple[str, ...]:
     """This process's ``kvgate picker`` argv without the options the supervisor sets per worker."""
     drop_with_value = {"--grpc-port", "--admin-port", "--redis", "--workers", "--worker-index", "--own-port",
                        "--outcome-port"}
-    out: list[str] = [sys.executable, "-m", "gateway.cli", "picker"]
+    out: list[str] = [sys.executable, "-m", "kvgate.gateway.cli", "picker"]
     skip = False
     for arg in argv:
         if skip:
@@ -244,7 +244,8 @@ class UpWorkers:
         self.plan = WorkerPlan(
             workers=count, grpc_port=free_port(), admin_port=0,
             base_command=(
-                sys.executable, "-m", "gateway.cli", "picker", "--pools", str(self.pools_path), "--watch",
+                sys.executable, "-m", "kvgate.gateway.cli", "picker", "--pools", str(self.pools_path),
+                "--watch",
                 "--host", "127.0.0.1", "--scrape-interval", f"{scrape_interval:g}",
                 "--stale-after", f"{stale_after:g}", "--log-level", "WARNING", "--loop", loop,
                 # kvgate up's Envoy reaches its pickers over loopback, in plaintext; its own health

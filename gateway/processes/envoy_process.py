@@ -21,8 +21,8 @@ from typing import Any, Self
 
 import aiohttp
 
-from gateway.processes.child_process import ChildProcess
-from policies.errors import ConfigError
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.policies.errors import ConfigError
 
 _STDERR_LINES = 200
 

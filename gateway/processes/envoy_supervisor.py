@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from gateway.processes.envoy_process import EnvoyProcess
+from kvgate.gateway.processes.envoy_process import EnvoyProcess
 
 log = logging.getLogger(__name__)
 

@@ -1,25 +1,25 @@
-"""The simulated fleet ``kvgate up --sim N`` runs: ``python -m simulator`` as a child process."""
+"""The simulated fleet ``kvgate up --sim N`` runs: ``python -m kvgate.simulator`` as a child process."""
 
 from __future__ import annotations
 
 import sys
 
-from gateway.processes.child_process import ChildProcess, ChildProcessError
-from policies.errors import ConfigError
+from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
+from kvgate.policies.errors import ConfigError
 
 SIM_READY_PREFIX = "kvgate-sim ready"
 SIM_READY_TIMEOUT_S = 30.0
 
 
 class SimFleetProcess:
-    """``python -m simulator`` as a child process (``gateway.processes.child_process``); ``urls``
+    """``python -m kvgate.simulator`` as a child process (``gateway.processes.child_process``); ``urls``
     once started."""
 
     def __init__(
         self, *, replicas: int, port: int, hosts_from: str, time_scale: float, model: str | None
     ) -> None:
         self.command = [
-            sys.executable, "-m", "simulator", "--replicas", str(replicas), "--port", str(port),
+            sys.executable, "-m", "kvgate.simulator", "--replicas", str(replicas), "--port", str(port),
             "--hosts-from", hosts_from, "--time-scale", str(time_scale),
             *(("--model", model) if model else ()),
         ]

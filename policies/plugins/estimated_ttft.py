@@ -73,11 +73,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from policies.arrival_rate import ArrivalRate
-from policies.framework import SchedulingContext
-from policies.memo import ViewRecords
-from policies.plugins.params import Params, parse_params
-from policies.types import EndpointMetrics, EndpointView
+from kvgate.policies.arrival_rate import ArrivalRate
+from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.memo import ViewRecords
+from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.types import EndpointMetrics, EndpointView
 
 ARRIVAL_WINDOW = 64  # requests the arrival rate λ is measured over
 MAX_KNOWN_ADAPTERS = 4096

@@ -16,12 +16,12 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from policies.errors import NoEligibleEndpointError
-from policies.framework import SchedulingContext
-from policies.memo import TupleMemo
-from policies.plugins.params import Params, parse_params
-from policies.saturation import SaturationThresholds
-from policies.types import EndpointView
+from kvgate.policies.errors import NoEligibleEndpointError
+from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.memo import TupleMemo
+from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.saturation import SaturationThresholds
+from kvgate.policies.types import EndpointView
 
 
 class HealthyFilter:

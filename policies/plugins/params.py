@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from policies.errors import ConfigError
+from kvgate.policies.errors import ConfigError
 
 
 class Params(BaseModel):

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from policies.framework import SchedulingContext, ScoredEndpoints
-from policies.plugins.params import Params, parse_params
-from policies.types import EndpointView
+from kvgate.policies.framework import SchedulingContext, ScoredEndpoints
+from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.types import EndpointView
 
 
 class MaxScoreParams(Params):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from policies.framework import SchedulingContext
-from policies.memo import TupleMemo
-from policies.types import EndpointView
+from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.memo import TupleMemo
+from kvgate.policies.types import EndpointView
 
 
 def spread(values: Sequence[float]) -> list[float]:

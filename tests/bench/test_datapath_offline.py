@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.datapath_offline import REQUEST_PATH, STAGES, replay, request_path_stages
+from kvgate.bench.datapath_offline import REQUEST_PATH, STAGES, replay, request_path_stages
 
 
 def test_each_sequence_gets_its_replies() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.datapath_onepass import LATENCY_PATHS, LOAD_PATHS, Row, chosen, median_rows, render
+from kvgate.bench.datapath_onepass import LATENCY_PATHS, LOAD_PATHS, Row, chosen, median_rows, render
 
 
 def test_chosen_keeps_direct_and_floor_and_the_named_paths_in_order() -> None:

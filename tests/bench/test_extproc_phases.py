@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.extproc_phases import Round, median_of_rounds, phase_medians, phases_bootstrap, render
-from gateway.processes.envoy_process import find_envoy_binary
+from kvgate.bench.extproc_phases import Round, median_of_rounds, phase_medians, phases_bootstrap, render
+from kvgate.gateway.processes.envoy_process import find_envoy_binary
 
 
 def _line(status: int, **fields: object) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.replay import Replay, ReplayResult, timeline
-from bench.workloads import WORKLOADS, PlannedRequest, offered_rate, run_plan
+from kvgate.bench.replay import Replay, ReplayResult, timeline
+from kvgate.bench.workloads import WORKLOADS, PlannedRequest, offered_rate, run_plan
 
 PROFILES = Path(__file__).parents[2] / "policies" / "profiles"
 

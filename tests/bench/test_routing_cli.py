@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from bench import routing
+from kvgate.bench import routing
 
 
 def test_kvgate_bench_writes_to_a_user_directory_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:

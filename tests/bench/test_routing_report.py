@@ -6,9 +6,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from bench.routing import report_command, write_summary
-from bench.routing_report import compare, goals, summary
-from bench.run_stats import RunFigures
+from kvgate.bench.routing import report_command, write_summary
+from kvgate.bench.routing_report import compare, goals, summary
+from kvgate.bench.run_stats import RunFigures
 
 
 def run(contender: str, p90: float, tok_s: float = 1000.0, *, rate: float = 100.0, valid: bool = True,
@@ -67,7 +67,7 @@ def test_write_summary_reads_every_report_and_skips_other_json(tmp_path: Path) -
     for name, figures in (("fit", [run("envoy-rr", 600.0), run("kvgate-default", 50.0)]),
                           ("lora", [run("envoy-rr", 900.0, workload="lora"),
                                     run("kvgate-default", 30.0, workload="lora")])):
-        meta = {"workload": name, "command": f"python -m bench.routing --workloads {name}"}
+        meta = {"workload": name, "command": f"python -m kvgate.bench.routing --workloads {name}"}
         report = {"meta": meta, "runs": [f.to_json() for f in figures]}
         (tmp_path / f"{name}.json").write_text(json.dumps(report))
     (tmp_path / "other.json").write_text(json.dumps({"not": "a report"}))
@@ -75,20 +75,20 @@ def test_write_summary_reads_every_report_and_skips_other_json(tmp_path: Path) -
     text = (tmp_path / "SUMMARY.md").read_text()
     assert "| fit | 100 (0.5) |" in text
     assert "| lora | 100 (0.5) |" in text
-    assert "- [lora](lora.md): `python -m bench.routing --workloads lora`" in text
+    assert "- [lora](lora.md): `python -m kvgate.bench.routing --workloads lora`" in text
     assert "other.md" not in text
 
 
 def test_report_command_names_the_rates_and_time_scale_defaults_chose() -> None:
     assert report_command(["--quick", "--workloads", "lora-mix"], [0.9], 20.0) == (
-        "python -m bench.routing --quick --workloads lora-mix --fractions 0.9 --time-scale 20")
+        "python -m kvgate.bench.routing --quick --workloads lora-mix --fractions 0.9 --time-scale 20")
     given = ["--quick", "--fractions", "0.5", "0.9", "--time-scale", "40"]
-    assert report_command(given, [0.5, 0.9], 40.0) == "python -m bench.routing " + " ".join(given)
+    assert report_command(given, [0.5, 0.9], 40.0) == "python -m kvgate.bench.routing " + " ".join(given)
 
 
 def test_the_cpu_table_lists_runs_that_measured_it_with_cost_per_request_and_per_worker() -> None:
-    from bench.routing_report import tables
-    from bench.run_stats import RouterCpu
+    from kvgate.bench.routing_report import tables
+    from kvgate.bench.run_stats import RouterCpu
 
     cpu = RouterCpu(router_s=3.0, router_processes=4, envoy_s=1.0).figures(requests=2000, wall_s=10.0)
     kvgate = dataclasses.replace(run("kvgate-default-w4", 20.0), **cpu)
@@ -107,7 +107,7 @@ def test_the_cpu_meter_counts_a_router_tree_s_serving_processes_and_their_cpu() 
     import sys
     import time
 
-    from bench.routing import CpuMeter
+    from kvgate.bench.routing import CpuMeter
 
     busy = (
         "import time\nend = time.process_time() + 0.3\n"

@@ -19,26 +19,26 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from extproc.server import LIVENESS_SERVICE, READINESS_SERVICES
-from gateway.controlplane.kubernetes.lease import LEASE
-from gateway.controlplane.kubernetes.provider import (
+from kvgate.extproc.server import LIVENESS_SERVICE, READINESS_SERVICES
+from kvgate.gateway.controlplane.kubernetes.lease import LEASE
+from kvgate.gateway.controlplane.kubernetes.provider import (
     CONTROLLER_NAME,
     GATEWAY_CLASSES,
     KINDS,
     NAMESPACES,
     PICKER_KINDS,
 )
-from gateway.controlplane.kubernetes.status import WRITTEN_KINDS
-from gateway.controlplane.resources import (
+from kvgate.gateway.controlplane.kubernetes.status import WRITTEN_KINDS
+from kvgate.gateway.controlplane.resources import (
     ConditionType,
     ResourceRef,
     ValidationOptions,
     parse_manifests,
     validate,
 )
-from gateway.picker.cli import build_parser as picker_parser
-from gateway.up_cli import build_parser as up_parser
-from policies.profile import build_profile
+from kvgate.gateway.picker.cli import build_parser as picker_parser
+from kvgate.gateway.up_cli import build_parser as up_parser
+from kvgate.policies.profile import build_profile
 from tests.deploy.charts import CHARTS, NAMESPACE, Doc, container, one, render, render_error
 
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the charts' kubeVersion floor, and the newest schemas here

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from extproc.names import DESTINATION_HEADER, POOL_METADATA_KEY
-from gateway.picker.pools_file import load_pools
-from gateway.processes.envoy_process import find_envoy_binary
+from kvgate.extproc.names import DESTINATION_HEADER, POOL_METADATA_KEY
+from kvgate.gateway.picker.pools_file import load_pools
+from kvgate.gateway.processes.envoy_process import find_envoy_binary
 
 REPO = Path(__file__).resolve().parents[2]
 ENVOY_DIR = REPO / "deploy" / "envoy"

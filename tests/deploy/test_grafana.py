@@ -14,9 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.picker.pools_file import PoolSpec
-from gateway.picker.redis_link import RedisSettings
-from gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.redis_link import RedisSettings
+from kvgate.gateway.picker.service import PickerService, PickerSettings
 from tests.redis_server import RedisServer
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kvgate-dashboard.json"

@@ -9,15 +9,15 @@ from typing import Any
 
 import yaml
 
-from gateway.controlplane.kubernetes.provider import PICKER_KINDS
-from gateway.controlplane.resources import (
+from kvgate.gateway.controlplane.kubernetes.provider import PICKER_KINDS
+from kvgate.gateway.controlplane.resources import (
     ConditionType,
     ResourceRef,
     ValidationOptions,
     parse_manifests,
     validate,
 )
-from gateway.picker.cli import build_parser
+from kvgate.gateway.picker.cli import build_parser
 from tests.deploy.charts import container as container_of
 from tests.deploy.charts import one
 

@@ -3,7 +3,7 @@
 Fixtures (all function-scoped, all stop what they started):
 
 - ``start_envoy(bootstrap, options=None) -> EnvoyProcess``: starts Envoy, waits until ready.
-- ``start_fleet(replicas=2, time_scale=..., extra_args=()) -> SimFleet``: ``python -m simulator`` as a
+- ``start_fleet(replicas=2, time_scale=..., extra_args=()) -> SimFleet``: ``python -m kvgate.simulator`` as a
   subprocess on ephemeral ports; returns once its ``kvgate-sim ready`` line arrives.
 - ``start_echo_upstream() -> EchoUpstream``: an aiohttp server answering JSON with its own port,
   the request's headers and body length (``?sse=N`` streams N SSE events).
@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from tests.kube_api_fake import FakeApiServer
 
 __all__ = ["EchoUpstream", "SimFleet", "free_port"]
@@ -36,7 +36,7 @@ SIM_READY_TIMEOUT_S = 30.0
 
 @dataclass
 class SimFleet:
-    """A running simulator fleet (``python -m simulator`` as a ``ChildProcess``)."""
+    """A running simulator fleet (``python -m kvgate.simulator`` as a ``ChildProcess``)."""
 
     child: ChildProcess
     urls: list[str]
@@ -58,9 +58,9 @@ class SimFleet:
 async def launch_fleet(
     replicas: int = 2, time_scale: float = 1.0, extra_args: Sequence[str] = ()
 ) -> SimFleet:
-    """Starts ``python -m simulator`` on ephemeral loopback ports (stderr merged into ``output``)."""
+    """Starts ``python -m kvgate.simulator`` on ephemeral loopback ports (stderr merged into ``output``)."""
     child = ChildProcess([
-        sys.executable, "-m", "simulator",
+        sys.executable, "-m", "kvgate.simulator",
         "--replicas", str(replicas), "--port", "0", "--time-scale", str(time_scale), *extra_args,
     ], name="the simulator")
     await child.start()

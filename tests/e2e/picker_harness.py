@@ -33,23 +33,23 @@ import pytest
 import yaml
 from aiohttp import web
 
-from extproc.lifecycle_config import LifecycleConfig
-from gateway.controlplane.envoy_config import (
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     GatewayConfig,
     PoolBackend,
     RouteSpec,
     static_bootstrap,
 )
-from gateway.picker.pools_file import parse_pools
-from gateway.picker.service import PickerService, PickerSettings
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.gateway.picker.pools_file import parse_pools
+from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.conftest import SimFleet
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PICKER_READY_PREFIX = "kvgate-picker ready"
-KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+KVGATE = [sys.executable, "-c", "import sys; from kvgate.gateway.cli import main; sys.exit(main())"]
 """``kvgate`` as a child process, from this checkout."""
 GIE_REFERENCE = ExtProcSettings(
     tls=True, request_body_mode="BUFFERED", response_body_mode="NONE", response_header_mode="SKIP",
@@ -204,7 +204,7 @@ async def start_picker_process(tmp_path: Path) -> AsyncIterator[Callable[..., Aw
         pools_file = tmp_path / f"pools-{len(started)}.yaml"
         pools_file.write_text(yaml.safe_dump({"pools": list(pools)}))
         child = ChildProcess([
-            sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())",
+            sys.executable, "-c", "import sys; from kvgate.gateway.cli import main; sys.exit(main())",
             "picker", "--pools", str(pools_file), "--grpc-port", "0", "--admin-port", "0",
             "--secure-serving=false", "--grpc-health-port", "0",
             "--log-level", "WARNING",

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
@@ -23,10 +23,10 @@ from gateway.controlplane.envoy_config import (
     RouteSpec,
     static_bootstrap,
 )
-from gateway.picker.pools_file import parse_pools
-from gateway.picker.redis_link import RedisSettings
-from gateway.picker.service import PickerService, PickerSettings
-from gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.gateway.picker.pools_file import parse_pools
+from kvgate.gateway.picker.redis_link import RedisSettings
+from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.picker_harness import JsonDict, wait_scraped
 
 StartPickers = Callable[..., Awaitable[list[PickerService]]]

@@ -18,8 +18,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
-from extproc.names import DESTINATION_HEADER, LB_NAMESPACE, POOL_METADATA_KEY
-from gateway.processes.envoy_process import free_port
+from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE, POOL_METADATA_KEY
+from kvgate.gateway.processes.envoy_process import free_port
 
 CHUNK = 62_000
 

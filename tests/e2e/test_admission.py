@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from bench.redis_sharing import settle
-from gateway.controlplane.envoy_config import PoolBackend
-from gateway.picker.service import PickerService
+from kvgate.bench.redis_sharing import settle
+from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.picker.service import PickerService
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     StartGateway,

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.processes.envoy_process import free_port
-from gateway.up import KvgateUp
-from gateway.up_cli import build_parser, options_from_args
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_cli import build_parser, options_from_args
 from tests.deploy.charts import NAMESPACE, container, one, render
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_stats, post_json, wait_until

@@ -18,9 +18,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.controlplane.envoy_config import PoolBackend
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.deploy.charts import NAMESPACE, container, one, render
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import GIE_REFERENCE, KVGATE, MODEL, envoy_in_front, post_json, wait_until

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from gateway.controlplane.envoy_config import GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
-from gateway.processes.envoy_process import EnvoyProcess, free_port
-from policies.types import FailureMode
+from kvgate.gateway.controlplane.envoy_config import GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.policies.types import FailureMode
 from tests.e2e.conftest import EchoUpstream, SimFleet
 from tests.e2e.standin_picker import RunningPicker, start_standin_picker
 

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
-from extproc.lifecycle_config import LifecycleConfig
-from gateway.controlplane.envoy_config import PoolBackend, RouteSpec
-from gateway.picker.service import PoolRuntime
-from gateway.processes.envoy_process import free_port
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.gateway.controlplane.envoy_config import PoolBackend, RouteSpec
+from kvgate.gateway.picker.service import PoolRuntime
+from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     MODEL,

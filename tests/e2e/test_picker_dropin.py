@@ -20,14 +20,14 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     PoolBackend,
     RouteSpec,
 )
-from gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import EnvoyProcess, free_port
+from kvgate.gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     GIE_REFERENCE,

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import aiohttp
 import pytest
 
-from gateway.controlplane.envoy_config import PoolBackend, RouteSpec
+from kvgate.gateway.controlplane.envoy_config import PoolBackend, RouteSpec
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     JsonDict,

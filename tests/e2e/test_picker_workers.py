@@ -18,15 +18,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 from tests.e2e.test_up_cli import alive, children_of
 from tests.gateway.picker.metrics_server import MetricsServer, vllm_text
 
 pytestmark = pytest.mark.e2e
 
-KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+KVGATE = [sys.executable, "-c", "import sys; from kvgate.gateway.cli import main; sys.exit(main())"]
 POOLS = 'pools:\n  - name: p\n    endpoints: ["127.0.0.1:1"]\n'
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.burst import burst, raise_open_files
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import free_port
+from kvgate.bench.burst import burst, raise_open_files
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.test_up_cli import KVGATE
 
 pytestmark = pytest.mark.e2e

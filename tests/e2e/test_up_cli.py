@@ -13,13 +13,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import post_json, wait_until
 
 pytestmark = pytest.mark.e2e
 
-KVGATE = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+KVGATE = [sys.executable, "-c", "import sys; from kvgate.gateway.cli import main; sys.exit(main())"]
 
 
 def children_of(pid: int) -> set[int]:

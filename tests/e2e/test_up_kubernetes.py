@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.processes.envoy_process import free_port
-from gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_stats, post_json, wait_until
 from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, GATEWAY_CLASS, POOL, ROUTE

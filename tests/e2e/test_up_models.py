@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_stats, post_json, wait_until
 from tests.e2e.test_up_routing import StartUp, gateway_yaml, pods_yaml, pool_ref, pool_yaml, start_up

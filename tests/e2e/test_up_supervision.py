@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.processes.child_process import ChildProcess
-from gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.child_process import ChildProcess
+from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import KVGATE, wait_until
 from tests.e2e.test_up_cli import children_of
 
@@ -100,7 +100,8 @@ async def test_envoy_exiting_is_logged_unready_meanwhile_restarted_and_the_third
             for quits in (1, 2):
                 async with http.post(f"http://127.0.0.1:{envoy_admin}/quitquitquit") as response:
                     assert response.status == 200
-                exited = _lines(process, "ERROR gateway.processes.envoy_supervisor: Envoy exited", quits)
+                logged = "ERROR kvgate.gateway.processes.envoy_supervisor: Envoy exited"
+                exited = _lines(process, logged, quits)
                 await wait_until(exited, f"exit {quits} logged", timeout_s=10.0)
                 async with http.get(f"{admin}/readyz") as response:
                     status = (response.status, await response.json())

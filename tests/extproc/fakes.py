@@ -10,13 +10,13 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
-from extproc import codec
-from extproc.lifecycle import RequestLifecycle
-from extproc.lifecycle_config import LifecycleConfig
-from extproc.ports import RequestLabels
-from policies.contracts import SchedulingResult
-from policies.errors import PoolNotFoundError
-from policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+from kvgate.extproc import codec
+from kvgate.extproc.lifecycle import RequestLifecycle
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.ports import RequestLabels
+from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.errors import PoolNotFoundError
+from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
 FULL_DUPLEX = 4
 BUFFERED = 2

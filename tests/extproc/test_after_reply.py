@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from extproc.after_reply import AfterReply, DeferredMetrics
-from extproc.events import StreamClosed
-from extproc.lifecycle import RequestLifecycle
-from extproc.ports import RequestLabels
+from kvgate.extproc.after_reply import AfterReply, DeferredMetrics
+from kvgate.extproc.events import StreamClosed
+from kvgate.extproc.lifecycle import RequestLifecycle
+from kvgate.extproc.ports import RequestLabels
 from tests.extproc.fakes import (
     BUFFERED,
     NONE,
@@ -80,7 +80,7 @@ def test_a_failing_call_is_logged_and_the_rest_are_made(caplog: pytest.LogCaptur
     deferred = DeferredMetrics(target)
     deferred.request_error(LABELS, "bad_request")
     deferred.request_picked(LABELS, 1)
-    with caplog.at_level(logging.ERROR, logger="extproc.after_reply"):
+    with caplog.at_level(logging.ERROR, logger="kvgate.extproc.after_reply"):
         deferred.flush()
     assert target.calls == [("picked", LABELS, 1)]
     assert "request metrics failed" in caplog.text
@@ -149,6 +149,6 @@ def test_a_failing_scheduler_call_is_logged_after_the_reply(caplog: pytest.LogCa
     queue = AfterReply()
     machine = _one_pass_machine(pool, queue)
     assert _pick(machine) == "10.0.0.1:8000"  # the request is routed; the bug cannot fail it
-    with caplog.at_level(logging.ERROR, logger="extproc.after_reply"):
+    with caplog.at_level(logging.ERROR, logger="kvgate.extproc.after_reply"):
         queue.flush()
     assert "on_picked failed" in caplog.text

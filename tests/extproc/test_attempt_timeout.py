@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER, AttemptTimeout
-from extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER, AttemptTimeout
+from kvgate.extproc.lifecycle_config import LifecycleConfig
 from tests.extproc.fakes import (
     completion,
     feed,

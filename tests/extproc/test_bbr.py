@@ -9,10 +9,17 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from extproc import codec
-from extproc.actions import ContinueBody, ContinueHeaders, ContinueTrailers, HeaderEdit, Immediate, Phase
-from extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter, model_of
-from extproc.events import (
+from kvgate.extproc import codec
+from kvgate.extproc.actions import (
+    ContinueBody,
+    ContinueHeaders,
+    ContinueTrailers,
+    HeaderEdit,
+    Immediate,
+    Phase,
+)
+from kvgate.extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter, model_of
+from kvgate.extproc.events import (
     RequestBodyChunk,
     RequestHeaders,
     RequestTrailers,
@@ -20,8 +27,8 @@ from extproc.events import (
     ResponseHeaders,
     StreamClosed,
 )
-from extproc.server import ExtProcServer
-from gateway.controlplane.translate import names as translate_names
+from kvgate.extproc.server import ExtProcServer
+from kvgate.gateway.controlplane.translate import names as translate_names
 from tests.extproc.fakes import FakeDirectory, completion, make_pool, request_body, request_headers
 
 BUFFERED = 2

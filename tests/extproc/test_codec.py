@@ -5,8 +5,8 @@ from __future__ import annotations
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import text_format
 
-from extproc import codec
-from extproc.actions import (
+from kvgate.extproc import codec
+from kvgate.extproc.actions import (
     ContinueBody,
     ContinueHeaders,
     ContinueTrailers,
@@ -15,7 +15,7 @@ from extproc.actions import (
     Phase,
     StreamBody,
 )
-from extproc.events import BodyMode
+from kvgate.extproc.events import BodyMode
 
 
 def expect(text: str) -> pb.ProcessingResponse:

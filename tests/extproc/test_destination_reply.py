@@ -3,8 +3,8 @@ checked through the lifecycle: tests/extproc/test_lifecycle.py, test_one_pass.py
 
 from __future__ import annotations
 
-from extproc.actions import Phase, StreamBody
-from extproc.destination_reply import streamed_body
+from kvgate.extproc.actions import Phase, StreamBody
+from kvgate.extproc.destination_reply import streamed_body
 
 
 def test_the_body_goes_in_chunks_and_only_the_last_ends_the_stream() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extproc.events import StreamClosed
+from kvgate.extproc.events import StreamClosed
 from tests.extproc.fakes import (
     completion,
     feed,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.inference_paths import INFERENCE_PATHS, check_path, route_of, served
-from policies.errors import UnknownPathError
+from kvgate.extproc.inference_paths import INFERENCE_PATHS, check_path, route_of, served
+from kvgate.policies.errors import UnknownPathError
 
 ADMIN = [
     "/v1/load_lora_adapter",

@@ -7,12 +7,12 @@ import json
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc.after_reply import AfterReply
-from extproc.events import StreamClosed
-from extproc.lifecycle import TRANSITIONS, RequestLifecycle, State
-from extproc.lifecycle_config import LifecycleConfig, RequestIds
-from policies.errors import RequestShedError
-from policies.types import Usage
+from kvgate.extproc.after_reply import AfterReply
+from kvgate.extproc.events import StreamClosed
+from kvgate.extproc.lifecycle import TRANSITIONS, RequestLifecycle, State
+from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
+from kvgate.policies.errors import RequestShedError
+from kvgate.policies.types import Usage
 from tests.extproc.fakes import (
     BUFFERED,
     FakeDirectory,

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from extproc.actions import Immediate
-from extproc.bbr import BodyBasedRouter
-from extproc.events import RequestBodyChunk, RequestHeaders
-from extproc.model_names import MAX_MODEL_NAME_CHARS, check_model_name
-from extproc.openai_request import parse_request_body
-from extproc.ports import OTHER_MODELS, RequestLabels
-from policies.errors import InvalidModelNameError
-from policies.types import ApiKind
+from kvgate.extproc.actions import Immediate
+from kvgate.extproc.bbr import BodyBasedRouter
+from kvgate.extproc.events import RequestBodyChunk, RequestHeaders
+from kvgate.extproc.model_names import MAX_MODEL_NAME_CHARS, check_model_name
+from kvgate.extproc.openai_request import parse_request_body
+from kvgate.extproc.ports import OTHER_MODELS, RequestLabels
+from kvgate.policies.errors import InvalidModelNameError
+from kvgate.policies.types import ApiKind
 from tests.extproc.fakes import (
     RecordingMetrics,
     completion,

@@ -12,11 +12,11 @@ import json
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc.events import StreamClosed
-from extproc.lifecycle import RequestLifecycle, State
-from extproc.lifecycle_config import EveryNth, LifecycleConfig
-from gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
-from gateway.picker.ratelimit.stores import InProcessCounters
+from kvgate.extproc.events import StreamClosed
+from kvgate.extproc.lifecycle import RequestLifecycle, State
+from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
+from kvgate.gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
+from kvgate.gateway.picker.ratelimit.stores import InProcessCounters
 from tests.extproc.fakes import (
     BUFFERED,
     NONE,

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from extproc.openai_request import BodyBuffer, api_kind, parse_request_body, upstream_body
-from extproc.openai_response import ResponseBodyProcessor, usage_from_document
-from policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
-from policies.types import ApiKind
+from kvgate.extproc.openai_request import BodyBuffer, api_kind, parse_request_body, upstream_body
+from kvgate.extproc.openai_response import ResponseBodyProcessor, usage_from_document
+from kvgate.policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
+from kvgate.policies.types import ApiKind
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extproc.bbr import model_of
-from extproc.openai_request import TOO_DEEP, parse_request_body, upstream_body
-from policies.errors import KvgateError, MalformedBodyError
-from policies.types import ApiKind
+from kvgate.extproc.bbr import model_of
+from kvgate.extproc.openai_request import TOO_DEEP, parse_request_body, upstream_body
+from kvgate.policies.errors import KvgateError, MalformedBodyError
+from kvgate.policies.types import ApiKind
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
 json_values = st.recursive(

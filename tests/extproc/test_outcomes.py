@@ -8,12 +8,12 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc.events import StreamClosed
-from extproc.lifecycle import RequestLifecycle
-from extproc.lifecycle_config import LifecycleConfig
-from extproc.outcomes import Outcome, OutcomeReports, outcome_header, outcome_of
-from extproc.ports import RequestLabels
-from extproc.server import ExtProcServer
+from kvgate.extproc.events import StreamClosed
+from kvgate.extproc.lifecycle import RequestLifecycle
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.outcomes import Outcome, OutcomeReports, outcome_header, outcome_of
+from kvgate.extproc.ports import RequestLabels
+from kvgate.extproc.server import ExtProcServer
 from tests.extproc.fakes import (
     BUFFERED,
     NONE,

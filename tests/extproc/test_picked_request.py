@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from extproc.after_reply import AfterReply
-from extproc.decision import Decision
-from extproc.picked_request import PickedRequest
-from extproc.ports import RequestLabels, TenantKey
-from policies.contracts import SchedulingResult
-from policies.types import Endpoint, InferenceRequest, Usage
+from kvgate.extproc.after_reply import AfterReply
+from kvgate.extproc.decision import Decision
+from kvgate.extproc.picked_request import PickedRequest
+from kvgate.extproc.ports import RequestLabels, TenantKey
+from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.types import Endpoint, InferenceRequest, Usage
 from tests.extproc.fakes import RecordingMetrics, RecordingScheduler, StepClock
 
 PICK, FALLBACK = "10.0.0.1:8000", "10.0.0.2:8000"

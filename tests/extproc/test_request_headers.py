@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.request_headers import MAX_HEADER_BYTES, MAX_HEADERS, model_header, read_request_headers
-from policies.errors import HeadersTooLargeError, PayloadTooLargeError, UnknownPathError
-from policies.types import ApiKind
+from kvgate.extproc.request_headers import MAX_HEADER_BYTES, MAX_HEADERS, model_header, read_request_headers
+from kvgate.policies.errors import HeadersTooLargeError, PayloadTooLargeError, UnknownPathError
+from kvgate.policies.types import ApiKind
 
 
 def test_system_owned_headers_are_set_aside_once_each_in_order_and_the_rest_kept() -> None:

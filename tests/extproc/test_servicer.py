@@ -11,7 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from extproc.server import EXT_PROC_SERVICE, ExtProcServer
+from kvgate.extproc.server import EXT_PROC_SERVICE, ExtProcServer
 from tests.extproc.fakes import (
     FakeDirectory,
     RecordingMetrics,

@@ -7,10 +7,10 @@ import json
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc.lifecycle_config import LifecycleConfig
-from extproc.ports import TenantKey
-from gateway.picker.ratelimit import InProcessCounters, TenantLimits, TenantRateLimiter
-from policies.errors import RequestShedError
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.ports import TenantKey
+from kvgate.gateway.picker.ratelimit import InProcessCounters, TenantLimits, TenantRateLimiter
+from kvgate.policies.errors import RequestShedError
 from tests.extproc.fakes import (
     FakePool,
     completion,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
-from policies.framework import SchedulingContext
-from policies.hashing import PromptHasher
-from policies.state import InProcessState, SchedulerState
-from policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
+from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.state import InProcessState, SchedulerState
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
 
 NOW = 1000.0
 

@@ -12,12 +12,12 @@ import heapq
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from policies.contracts import SchedulingResult
-from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.plugins.estimated_ttft import ARRIVAL_WINDOW, EstimatedTtftParams
-from policies.profile import SchedulingProfile
-from policies.scheduler import ProfileScheduler
-from policies.types import EndpointView, InferenceRequest
+from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
+from kvgate.policies.plugins.estimated_ttft import ARRIVAL_WINDOW, EstimatedTtftParams
+from kvgate.policies.profile import SchedulingProfile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import EndpointView, InferenceRequest
 
 Views = list[EndpointView]
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.arrival_rate import ArrivalRate
+from kvgate.policies.arrival_rate import ArrivalRate
 
 
 def test_rate_over_the_window_counts_each_request_once() -> None:

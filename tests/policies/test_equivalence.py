@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.profile import build_profile, load_profile
-from policies.scheduler import ProfileScheduler
-from policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Usage
+from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
+from kvgate.policies.profile import build_profile, load_profile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Usage
 from tests.policies.helpers import text
 from tests.policies.reference import Reference
 

@@ -5,7 +5,7 @@ import struct
 import pytest
 import xxhash
 
-from policies.hashing import PromptHasher
+from kvgate.policies.hashing import PromptHasher
 from tests.policies.helpers import text
 
 

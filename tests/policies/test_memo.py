@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.memo import TupleMemo, ViewRecords
-from policies.types import EndpointView
+from kvgate.policies.memo import TupleMemo, ViewRecords
+from kvgate.policies.types import EndpointView
 from tests.policies.helpers import view
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from policies.outliers import OutlierSettings, OutlierTracker
-from policies.profile import load_profile
-from policies.scheduler import ProfileScheduler
+from kvgate.policies.outliers import OutlierSettings, OutlierTracker
+from kvgate.policies.profile import load_profile
+from kvgate.policies.scheduler import ProfileScheduler
 from tests.policies.helpers import NOW, request, view
 
 SETTINGS = OutlierSettings(consecutive=3, base_ejection_s=5.0, max_ejection_s=12.0)

@@ -2,11 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from policies.errors import NoEligibleEndpointError
-from policies.plugins.estimated_ttft import EstimatedTtftScorer
-from policies.plugins.filters import HealthyFilter, LoraFilter, SaturationFilter, SubsetHintFilter
-from policies.plugins.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker, WeightedRandomPicker
-from policies.plugins.scorers import (
+from kvgate.policies.errors import NoEligibleEndpointError
+from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
+from kvgate.policies.plugins.filters import HealthyFilter, LoraFilter, SaturationFilter, SubsetHintFilter
+from kvgate.policies.plugins.pickers import (
+    MaxScorePicker,
+    RandomPicker,
+    RoundRobinPicker,
+    WeightedRandomPicker,
+)
+from kvgate.policies.plugins.scorers import (
     InFlightRequestsScorer,
     InFlightTokensScorer,
     KvCacheUtilizationScorer,
@@ -16,7 +21,7 @@ from policies.plugins.scorers import (
     RunningRequestsScorer,
     SessionAffinityScorer,
 )
-from policies.state import InProcessState
+from kvgate.policies.state import InProcessState
 from tests.policies.helpers import context, request, text, view
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import tracemalloc
 
-from policies.hashing import PromptHasher
-from policies.prefix_index import BYTES_PER_ENTRY, PrefixIndex
+from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.prefix_index import BYTES_PER_ENTRY, PrefixIndex
 from tests.policies.helpers import text
 
 

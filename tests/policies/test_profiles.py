@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from policies.errors import ConfigError
-from policies.plugins.filters import HealthyFilter
-from policies.plugins.pickers import MaxScorePicker
-from policies.profile import available_profiles, build_profile, load_profile
-from policies.registry import PluginRegistry, builtin_registry
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.plugins.filters import HealthyFilter
+from kvgate.policies.plugins.pickers import MaxScorePicker
+from kvgate.policies.profile import available_profiles, build_profile, load_profile
+from kvgate.policies.registry import PluginRegistry, builtin_registry
 
 
 def test_all_shipped_profiles_build() -> None:

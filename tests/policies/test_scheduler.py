@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 
-from policies.contracts import Scheduler
-from policies.errors import NoEligibleEndpointError, RequestShedError
-from policies.plugins.estimated_ttft import EstimatedTtftScorer
-from policies.profile import load_profile
-from policies.scheduler import ProfileScheduler
-from policies.state import InProcessState
-from policies.types import EndpointView, InferenceRequest, Usage
+from kvgate.policies.contracts import Scheduler
+from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
+from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
+from kvgate.policies.profile import load_profile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.state import InProcessState
+from kvgate.policies.types import EndpointView, InferenceRequest, Usage
 from tests.policies.helpers import NOW, index_of, request, text, view
 
 

@@ -9,11 +9,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from simulator.engine import EngineConfig
-from simulator.faults import Faults
-from simulator.fleet import Fleet, FleetConfig
-from simulator.metrics import Dialect
-from simulator.server import ReplicaConfig
+from kvgate.simulator.engine import EngineConfig
+from kvgate.simulator.faults import Faults
+from kvgate.simulator.fleet import Fleet, FleetConfig
+from kvgate.simulator.metrics import Dialect
+from kvgate.simulator.server import ReplicaConfig
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TIME_SCALE = 0.01  # 100x faster than real time: a 6 ms step sleeps 60 us

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from simulator.cli import build_parser, fleet_config, main
-from simulator.fleet import parse_ready_line
+from kvgate.simulator.cli import build_parser, fleet_config, main
+from kvgate.simulator.fleet import parse_ready_line
 
 pytestmark = pytest.mark.e2e  # starts processes (Envoy / the simulator)
 
@@ -23,9 +23,9 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 @contextmanager
 def running_sim(args: Sequence[str]) -> Iterator[tuple[subprocess.Popen[str], list[str], list[str]]]:
-    """Starts ``python -m gateway.cli sim ARGS``; yields (process, urls, lines before ready)."""
+    """Starts ``python -m kvgate.gateway.cli sim ARGS``; yields (process, urls, lines before ready)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "sim", *args],
+        [sys.executable, "-m", "kvgate.gateway.cli", "sim", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,7 +111,7 @@ def test_port_in_use_exits_1() -> None:
         sock.listen()
         port = sock.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "simulator", "--port", str(port)],
+            [sys.executable, "-m", "kvgate.simulator", "--port", str(port)],
             capture_output=True,
             text=True,
             timeout=30,

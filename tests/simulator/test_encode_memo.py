@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from simulator import openai_api as api
-from simulator import tokenizer
-from simulator.encode_memo import MIN_CHARS, EncodeMemo
+from kvgate.simulator import openai_api as api
+from kvgate.simulator import tokenizer
+from kvgate.simulator.encode_memo import MIN_CHARS, EncodeMemo
 
 
 def long_text(seed: int, chars: int = 3 * MIN_CHARS) -> str:

@@ -6,9 +6,9 @@ from typing import TypeVar
 
 import pytest
 
-from simulator.engine import Engine, EngineEvent, Finished, FirstToken, SimRequest, TokenOut
-from simulator.tokenizer import encode
-from simulator.virtual_time import Arrival, run_virtual
+from kvgate.simulator.engine import Engine, EngineEvent, Finished, FirstToken, SimRequest, TokenOut
+from kvgate.simulator.tokenizer import encode
+from kvgate.simulator.virtual_time import Arrival, run_virtual
 from tests.simulator.test_engine_support import formula, make_engine, prompt, request
 
 E = TypeVar("E", FirstToken, Finished)

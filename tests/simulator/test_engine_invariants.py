@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from simulator.engine import FirstToken, SimRequest, TokenOut
-from simulator.virtual_time import Arrival, run_virtual
+from kvgate.simulator.engine import FirstToken, SimRequest, TokenOut
+from kvgate.simulator.virtual_time import Arrival, run_virtual
 from tests.simulator.test_engine_support import make_engine, prompt
 
 

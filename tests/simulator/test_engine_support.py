@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from simulator.engine import Engine, EngineConfig, SimRequest
-from simulator.profiles import load_profile
+from kvgate.simulator.engine import Engine, EngineConfig, SimRequest
+from kvgate.simulator.profiles import load_profile
 
 BASE_US = 5752.7
 PREFILL_US = 17.25

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from simulator.faults import ErrorInjector, Faults
+from kvgate.simulator.faults import ErrorInjector, Faults
 from tests.simulator.conftest import MODEL, FleetFactory
 
 

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from simulator.fleet import FleetConfig, parse_ready_line, ready_lines
+from kvgate.simulator.fleet import FleetConfig, parse_ready_line, ready_lines
 from tests.simulator.conftest import MODEL, FleetFactory, fleet_config
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.kv_cache import KVCache, prompt_block_hashes
+from kvgate.simulator.kv_cache import KVCache, prompt_block_hashes
 
 
 def test_hashes_are_chained_and_seeded() -> None:

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from simulator.metrics import Dialect
+from kvgate.simulator.metrics import Dialect
 from tests.simulator.conftest import MODEL, FleetFactory
 
 VLLM_NAMES = (

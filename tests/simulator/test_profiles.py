@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.profiles import DEFAULT_PROFILE, MeasuredCost, load_profile, profile_names
+from kvgate.simulator.profiles import DEFAULT_PROFILE, MeasuredCost, load_profile, profile_names
 from tests.simulator.test_engine_support import formula
 
 CALIBRATION = Path(__file__).parent / "data" / "llama8b_nvidia_h100_80gb_hbm3.json"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulator.tokenizer import (
+from kvgate.simulator.tokenizer import (
     CHARS_PER_TOKEN,
     VOCAB_SIZE,
     count_tokens,

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from simulator.engine import Engine, FirstToken, SimRequest, StepPlan, TokenOut
-from simulator.virtual_time import Abort, Arrival, run_fleet_virtual, run_virtual
+from kvgate.simulator.engine import Engine, FirstToken, SimRequest, StepPlan, TokenOut
+from kvgate.simulator.virtual_time import Abort, Arrival, run_fleet_virtual, run_virtual
 from tests.simulator.test_engine_support import formula, make_engine, request
 
 

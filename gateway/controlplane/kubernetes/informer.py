@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.controlplane.kubernetes.client import ApiError, Expired, KindSpec, KubeClient
+from kvgate.gateway.controlplane.kubernetes.client import ApiError, Expired, KindSpec, KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
+from kvgate.gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
 
 log = logging.getLogger(__name__)
 

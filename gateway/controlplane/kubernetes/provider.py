@@ -22,11 +22,11 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 
-from gateway.controlplane.kubernetes.client import KindSpec, KubeClient
-from gateway.controlplane.kubernetes.informer import ObjectCache, follow
-from gateway.controlplane.resources import ConfigSnapshot, ProviderStatus, ValidationOptions, validate
-from gateway.controlplane.resources.loader import parse_manifests
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.kubernetes.client import KindSpec, KubeClient
+from kvgate.gateway.controlplane.kubernetes.informer import ObjectCache, follow
+from kvgate.gateway.controlplane.resources import ConfigSnapshot, ProviderStatus, ValidationOptions, validate
+from kvgate.gateway.controlplane.resources.loader import parse_manifests
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

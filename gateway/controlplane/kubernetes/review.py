@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
+from kvgate.gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
-from gateway.controlplane.kubernetes.lease import LeaderElector
-from gateway.controlplane.resources.conditions import ResourceStatus, StatusReport
-from gateway.controlplane.resources.meta import ResourceRef
-from gateway.controlplane.resources.resolved import ValidatedConfig
+from kvgate.gateway.controlplane.kubernetes.client import ApiError, KindSpec, KubeClient
+from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
+from kvgate.gateway.controlplane.resources.conditions import ResourceStatus, StatusReport
+from kvgate.gateway.controlplane.resources.meta import ResourceRef
+from kvgate.gateway.controlplane.resources.resolved import ValidatedConfig
 
 log = logging.getLogger(__name__)
 

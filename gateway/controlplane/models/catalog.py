@@ -30,10 +30,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.names import MODEL_NAME_HEADER
-from gateway.controlplane.resources import ValidatedConfig
-from gateway.controlplane.resources.resolved import BackendKind, ResolvedRule
-from gateway.picker.replica_models import PoolModels
+from kvgate.extproc.names import MODEL_NAME_HEADER
+from kvgate.gateway.controlplane.resources import ValidatedConfig
+from kvgate.gateway.controlplane.resources.resolved import BackendKind, ResolvedRule
+from kvgate.gateway.picker.replica_models import PoolModels
 
 JsonDict = dict[str, Any]
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from extproc.names import LISTENER_PORT_HEADER
-from gateway.controlplane.models.catalog import ModelEntry, catalog, model_list, model_object
-from gateway.controlplane.resources import ValidatedConfig
-from gateway.picker.replica_models import PoolModels
-from policies.errors import KvgateError, ModelNotFoundError
+from kvgate.extproc.names import LISTENER_PORT_HEADER
+from kvgate.gateway.controlplane.models.catalog import ModelEntry, catalog, model_list, model_object
+from kvgate.gateway.controlplane.resources import ValidatedConfig
+from kvgate.gateway.picker.replica_models import PoolModels
+from kvgate.policies.errors import KvgateError, ModelNotFoundError
 
 
 def _json(body: object, status: int = 200) -> web.Response:

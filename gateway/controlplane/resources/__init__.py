@@ -6,7 +6,7 @@ usable parts plus a :class:`StatusReport` of conditions). :class:`FileProvider` 
 publishes :class:`ConfigSnapshot` objects, keeping the last good one when a change does not load.
 """
 
-from gateway.controlplane.resources.conditions import (
+from kvgate.gateway.controlplane.resources.conditions import (
     Condition,
     ConditionStatus,
     ConditionType,
@@ -14,22 +14,22 @@ from gateway.controlplane.resources.conditions import (
     ResourceStatus,
     StatusReport,
 )
-from gateway.controlplane.resources.core import ENDPOINTS_ANNOTATION
-from gateway.controlplane.resources.loader import (
+from kvgate.gateway.controlplane.resources.core import ENDPOINTS_ANNOTATION
+from kvgate.gateway.controlplane.resources.loader import (
     ManifestError,
     ManifestProblem,
     ResourceSet,
     load_directory,
     parse_manifests,
 )
-from gateway.controlplane.resources.meta import ObjectKey, ResourceRef, parse_duration
-from gateway.controlplane.resources.provider import (
+from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef, parse_duration
+from kvgate.gateway.controlplane.resources.provider import (
     ConfigProvider,
     ConfigSnapshot,
     FileProvider,
     ProviderStatus,
 )
-from gateway.controlplane.resources.resolved import (
+from kvgate.gateway.controlplane.resources.resolved import (
     BackendKind,
     ModelRewriteRule,
     ModelRewriteTable,
@@ -45,7 +45,7 @@ from gateway.controlplane.resources.resolved import (
     ValidatedConfig,
     WeightedModel,
 )
-from gateway.controlplane.resources.validate import ValidationOptions, validate
+from kvgate.gateway.controlplane.resources.validate import ValidationOptions, validate
 
 __all__ = [
     "ENDPOINTS_ANNOTATION",

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
-from gateway.controlplane.resources.core import Pod, Service, check_address, format_address
-from gateway.controlplane.resources.inference import InferencePool
-from gateway.controlplane.resources.loader import ResourceSet
-from gateway.controlplane.resources.meta import ObjectKey
-from gateway.controlplane.resources.resolved import ResolvedPicker, ResolvedPool
-from policies.types import Endpoint
+from kvgate.gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
+from kvgate.gateway.controlplane.resources.core import Pod, Service, check_address, format_address
+from kvgate.gateway.controlplane.resources.inference import InferencePool
+from kvgate.gateway.controlplane.resources.loader import ResourceSet
+from kvgate.gateway.controlplane.resources.meta import ObjectKey
+from kvgate.gateway.controlplane.resources.resolved import ResolvedPicker, ResolvedPool
+from kvgate.policies.types import Endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gateway.controlplane.resources.meta import ResourceRef
+from kvgate.gateway.controlplane.resources.meta import ResourceRef
 
 
 class ConditionStatus(StrEnum):

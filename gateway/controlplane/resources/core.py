@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gateway.controlplane.resources.meta import LenientModel, Resource
+from kvgate.gateway.controlplane.resources.meta import LenientModel, Resource
 
 ENDPOINTS_ANNOTATION = "kvgate.io/endpoints"
 

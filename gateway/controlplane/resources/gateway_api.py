@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway.controlplane.resources.meta import (
+from kvgate.gateway.controlplane.resources.meta import (
     AnyValue,
     Duration,
     PortNumber,

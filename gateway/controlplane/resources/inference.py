@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from gateway.controlplane.resources.meta import PortNumber, Resource, SpecModel
-from policies.types import FailureMode
+from kvgate.gateway.controlplane.resources.meta import PortNumber, Resource, SpecModel
+from kvgate.policies.types import FailureMode
 
 DEFAULT_PICKER_PORT = 9002
 

@@ -23,11 +23,15 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ValidationError
 
-from gateway.controlplane.resources.core import Namespace, Pod, Service
-from gateway.controlplane.resources.gateway_api import Gateway, HTTPRoute, ReferenceGrant
-from gateway.controlplane.resources.inference import InferenceModelRewrite, InferenceObjective, InferencePool
-from gateway.controlplane.resources.meta import Resource, ResourceRef
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.resources.core import Namespace, Pod, Service
+from kvgate.gateway.controlplane.resources.gateway_api import Gateway, HTTPRoute, ReferenceGrant
+from kvgate.gateway.controlplane.resources.inference import (
+    InferenceModelRewrite,
+    InferenceObjective,
+    InferencePool,
+)
+from kvgate.gateway.controlplane.resources.meta import Resource, ResourceRef
+from kvgate.policies.errors import ConfigError
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 _R = TypeVar("_R", bound=Resource)

@@ -19,10 +19,10 @@ from typing import Protocol
 
 from watchfiles import Change, awatch
 
-from gateway.controlplane.resources.loader import MANIFEST_SUFFIXES, ResourceSet, load_directory
-from gateway.controlplane.resources.resolved import ValidatedConfig
-from gateway.controlplane.resources.validate import ValidationOptions, validate
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.resources.loader import MANIFEST_SUFFIXES, ResourceSet, load_directory
+from kvgate.gateway.controlplane.resources.resolved import ValidatedConfig
+from kvgate.gateway.controlplane.resources.validate import ValidationOptions, validate
+from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from gateway.controlplane.resources.conditions import StatusReport
-from gateway.controlplane.resources.gateway_api import HTTPRouteFilter, HTTPRouteMatch, HTTPRouteTimeouts
-from gateway.controlplane.resources.meta import ObjectKey
-from policies.types import Endpoint, FailureMode
+from kvgate.gateway.controlplane.resources.conditions import StatusReport
+from kvgate.gateway.controlplane.resources.gateway_api import (
+    HTTPRouteFilter,
+    HTTPRouteMatch,
+    HTTPRouteTimeouts,
+)
+from kvgate.gateway.controlplane.resources.meta import ObjectKey
+from kvgate.policies.types import Endpoint, FailureMode
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,16 +11,16 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.controlplane.resources.backends import find_service, service_addresses
-from gateway.controlplane.resources.conditions import (
+from kvgate.gateway.controlplane.resources.backends import find_service, service_addresses
+from kvgate.gateway.controlplane.resources.conditions import (
     Condition,
     ConditionType,
     Reason,
     ResourceStatus,
     condition,
 )
-from gateway.controlplane.resources.core import Namespace
-from gateway.controlplane.resources.gateway_api import (
+from kvgate.gateway.controlplane.resources.core import Namespace
+from kvgate.gateway.controlplane.resources.gateway_api import (
     CORE_GROUP,
     GATEWAY_GROUP,
     INFERENCE_GROUP,
@@ -30,10 +30,10 @@ from gateway.controlplane.resources.gateway_api import (
     Listener,
     ParentReference,
 )
-from gateway.controlplane.resources.hostnames import intersect
-from gateway.controlplane.resources.loader import ResourceSet
-from gateway.controlplane.resources.meta import ObjectKey, ResourceRef
-from gateway.controlplane.resources.resolved import (
+from kvgate.gateway.controlplane.resources.hostnames import intersect
+from kvgate.gateway.controlplane.resources.loader import ResourceSet
+from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
+from kvgate.gateway.controlplane.resources.resolved import (
     BackendKind,
     ResolvedBackend,
     ResolvedGateway,

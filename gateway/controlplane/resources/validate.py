@@ -10,19 +10,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gateway.controlplane.resources.backends import PoolResolution, resolve_pool
-from gateway.controlplane.resources.conditions import (
+from kvgate.gateway.controlplane.resources.backends import PoolResolution, resolve_pool
+from kvgate.gateway.controlplane.resources.conditions import (
     ConditionType,
     Reason,
     ResourceStatus,
     StatusReport,
     condition,
 )
-from gateway.controlplane.resources.gateway_api import Gateway, Listener
-from gateway.controlplane.resources.inference import InferenceModelRewrite, PoolObjectReference
-from gateway.controlplane.resources.loader import ResourceSet
-from gateway.controlplane.resources.meta import ObjectKey, ResourceRef
-from gateway.controlplane.resources.resolved import (
+from kvgate.gateway.controlplane.resources.gateway_api import Gateway, Listener
+from kvgate.gateway.controlplane.resources.inference import InferenceModelRewrite, PoolObjectReference
+from kvgate.gateway.controlplane.resources.loader import ResourceSet
+from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
+from kvgate.gateway.controlplane.resources.resolved import (
     ModelRewriteRule,
     ModelRewriteTable,
     ResolvedGateway,
@@ -33,7 +33,7 @@ from gateway.controlplane.resources.resolved import (
     ValidatedConfig,
     WeightedModel,
 )
-from gateway.controlplane.resources.routes import RouteResult, validate_route
+from kvgate.gateway.controlplane.resources.routes import RouteResult, validate_route
 
 SUPPORTED_PROTOCOLS = frozenset({"HTTP"})
 

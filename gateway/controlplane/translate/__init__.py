@@ -4,8 +4,8 @@
 proto-JSON dicts, sorted) and ``translate_snapshot(config, settings) -> gateway.controlplane.xds.Snapshot``.
 """
 
-from gateway.controlplane.translate.listeners import bbr_filter
-from gateway.controlplane.translate.names import (
+from kvgate.gateway.controlplane.translate.listeners import bbr_filter
+from kvgate.gateway.controlplane.translate.names import (
     BBR_FILTER,
     BBR_ROLE,
     INVALID_BACKEND_CLUSTER,
@@ -14,8 +14,8 @@ from gateway.controlplane.translate.names import (
     listener_name,
     route_config_name,
 )
-from gateway.controlplane.translate.settings import BodyRouting, TranslationSettings
-from gateway.controlplane.translate.translate import EnvoyResources, translate, translate_snapshot
+from kvgate.gateway.controlplane.translate.settings import BodyRouting, TranslationSettings
+from kvgate.gateway.controlplane.translate.translate import EnvoyResources, translate, translate_snapshot
 
 __all__ = [
     "BBR_FILTER",

@@ -14,18 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extproc.names import is_system_owned
-from gateway.controlplane import envoy_config as ec
-from gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
-from gateway.controlplane.resources.gateway_api import HeaderModifier, HTTPRouteFilter
-from gateway.controlplane.translate.names import (
+from kvgate.extproc.names import is_system_owned
+from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
+from kvgate.gateway.controlplane.resources.gateway_api import HeaderModifier, HTTPRouteFilter
+from kvgate.gateway.controlplane.translate.names import (
     INVALID_BACKEND_CLUSTER,
     INVALID_BACKEND_HEADER,
     picker_cluster_name,
     service_cluster_name,
 )
-from gateway.controlplane.translate.settings import TranslationSettings
-from policies.types import FailureMode
+from kvgate.gateway.controlplane.translate.settings import TranslationSettings
+from kvgate.policies.types import FailureMode
 
 JsonDict = dict[str, Any]
 

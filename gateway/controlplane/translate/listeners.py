@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.controlplane import envoy_config as ec
-from gateway.controlplane.local_replies import openai_local_replies
-from gateway.controlplane.translate.names import (
+from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane.local_replies import openai_local_replies
+from kvgate.gateway.controlplane.translate.names import (
     BBR_FILTER,
     BBR_ROLE,
     INVALID_BACKEND_HEADER,
@@ -21,8 +21,8 @@ from gateway.controlplane.translate.names import (
     listener_name,
     route_config_name,
 )
-from gateway.controlplane.translate.settings import TranslationSettings
-from gateway.controlplane.xds.bootstrap import ads_config_source
+from kvgate.gateway.controlplane.translate.settings import TranslationSettings
+from kvgate.gateway.controlplane.xds.bootstrap import ads_config_source
 
 JsonDict = dict[str, Any]
 

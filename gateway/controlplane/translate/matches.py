@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gateway.controlplane.resources.gateway_api import HTTPRouteMatch, PathModifier
+from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, PathModifier
 
 JsonDict = dict[str, Any]
 

@@ -10,8 +10,8 @@ from typing import Any
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import any_pb2, json_format
 
-from gateway.controlplane.xds import CLUSTER, LISTENER, Snapshot
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.xds import CLUSTER, LISTENER, Snapshot
+from kvgate.policies.errors import ConfigError
 
 JsonDict = dict[str, Any]
 _PER_FILTER = "typed_per_filter_config"

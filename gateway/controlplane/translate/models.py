@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from extproc.names import LISTENER_PORT_HEADER
-from gateway.controlplane import envoy_config as ec
-from gateway.controlplane.translate.backends import PER_ROUTE_TYPE, static_cluster
-from gateway.controlplane.translate.names import BBR_FILTER
+from kvgate.extproc.names import LISTENER_PORT_HEADER
+from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane.translate.backends import PER_ROUTE_TYPE, static_cluster
+from kvgate.gateway.controlplane.translate.names import BBR_FILTER
 
 JsonDict = dict[str, Any]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.controlplane.envoy_config import pool_cluster_name, pool_fallback_cluster_name
-from gateway.controlplane.resources import ObjectKey
+from kvgate.gateway.controlplane.envoy_config import pool_cluster_name, pool_fallback_cluster_name
+from kvgate.gateway.controlplane.resources import ObjectKey
 
 BBR_FILTER = "kvgate.bbr"
 """The body-based-router ext_proc filter (before the endpoint-picker one, ``envoy.filters.http.ext_proc``)."""

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
-from gateway.controlplane import envoy_config as ec
-from gateway.controlplane.resources import ResolvedRoute, ResolvedRule
-from gateway.controlplane.resources.gateway_api import HTTPRouteMatch
-from gateway.controlplane.translate.backends import (
+from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
+from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane.resources import ResolvedRoute, ResolvedRule
+from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch
+from kvgate.gateway.controlplane.translate.backends import (
     EXT_PROC_DISABLED,
     ClusterSet,
     Target,
@@ -25,8 +25,8 @@ from gateway.controlplane.translate.backends import (
     header_modifier,
     rule_targets,
 )
-from gateway.controlplane.translate.matches import envoy_match, match_precedence, path_rewrite
-from gateway.controlplane.translate.settings import TranslationSettings
+from kvgate.gateway.controlplane.translate.matches import envoy_match, match_precedence, path_rewrite
+from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 
 JsonDict = dict[str, Any]
 MatchKey = tuple[int, int, int, int, int, str, str, int, int]

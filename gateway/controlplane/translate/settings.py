@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.controlplane.downstream import DownstreamSettings
-from gateway.controlplane.envoy_config import ONE_PASS, ExtProcSettings
+from kvgate.gateway.controlplane.downstream import DownstreamSettings
+from kvgate.gateway.controlplane.envoy_config import ONE_PASS, ExtProcSettings
 
 BodyRouting = Literal["auto", "on", "off"]
 

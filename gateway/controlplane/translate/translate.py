@@ -10,17 +10,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.names import MODEL_NAME_HEADER
-from gateway.controlplane import envoy_config as ec
-from gateway.controlplane.resources import ValidatedConfig
-from gateway.controlplane.translate.backends import ClusterSet, pool_clusters
-from gateway.controlplane.translate.listeners import envoy_listener
-from gateway.controlplane.translate.messages import snapshot_of
-from gateway.controlplane.translate.models import models_cluster, models_routes
-from gateway.controlplane.translate.routes import RouteGroup, route_groups
-from gateway.controlplane.translate.settings import TranslationSettings
-from gateway.controlplane.translate.virtual_hosts import Attached, PortListener, route_configuration
-from gateway.controlplane.xds import Snapshot
+from kvgate.extproc.names import MODEL_NAME_HEADER
+from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane.resources import ValidatedConfig
+from kvgate.gateway.controlplane.translate.backends import ClusterSet, pool_clusters
+from kvgate.gateway.controlplane.translate.listeners import envoy_listener
+from kvgate.gateway.controlplane.translate.messages import snapshot_of
+from kvgate.gateway.controlplane.translate.models import models_cluster, models_routes
+from kvgate.gateway.controlplane.translate.routes import RouteGroup, route_groups
+from kvgate.gateway.controlplane.translate.settings import TranslationSettings
+from kvgate.gateway.controlplane.translate.virtual_hosts import Attached, PortListener, route_configuration
+from kvgate.gateway.controlplane.xds import Snapshot
 
 JsonDict = dict[str, Any]
 

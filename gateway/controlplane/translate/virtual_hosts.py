@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.controlplane.resources import ObjectKey, ResolvedRoute, RouteAttachment
-from gateway.controlplane.resources.hostnames import ANY_HOST, covers
-from gateway.controlplane.translate.matches import hostname_precedence
-from gateway.controlplane.translate.names import route_config_name
-from gateway.controlplane.translate.routes import RouteGroup
+from kvgate.gateway.controlplane.resources import ObjectKey, ResolvedRoute, RouteAttachment
+from kvgate.gateway.controlplane.resources.hostnames import ANY_HOST, covers
+from kvgate.gateway.controlplane.translate.matches import hostname_precedence
+from kvgate.gateway.controlplane.translate.names import route_config_name
+from kvgate.gateway.controlplane.translate.routes import RouteGroup
 
 JsonDict = dict[str, Any]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Final
 
-from gateway.controlplane.xds.consistency import check_consistent
-from gateway.controlplane.xds.snapshot import Snapshot
+from kvgate.gateway.controlplane.xds.consistency import check_consistent
+from kvgate.gateway.controlplane.xds.snapshot import Snapshot
 
 ANY_NODE: Final = "*"
 """The node id under which the default snapshot, served to nodes without their own, is set."""

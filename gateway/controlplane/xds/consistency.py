@@ -16,7 +16,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2
 from google.protobuf import any_pb2
 
-from gateway.controlplane.xds.resource_types import (
+from kvgate.gateway.controlplane.xds.resource_types import (
     CLUSTER,
     ENDPOINT,
     EXT_PROC,
@@ -26,8 +26,8 @@ from gateway.controlplane.xds.resource_types import (
     LISTENER,
     ROUTE,
 )
-from gateway.controlplane.xds.snapshot import Snapshot
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.xds.snapshot import Snapshot
+from kvgate.policies.errors import ConfigError
 
 
 def _connection_managers(

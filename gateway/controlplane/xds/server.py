@@ -17,11 +17,11 @@ from typing import TypeAlias
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from gateway.controlplane.xds.cache import SnapshotCache, Unwatch
-from gateway.controlplane.xds.observer import NullObserver, XdsObserver
-from gateway.controlplane.xds.resource_types import DEFAULT_KINDS, ResourceKind
-from gateway.controlplane.xds.snapshot import Snapshot
-from gateway.controlplane.xds.stream import Acked, Action, AdsStream, Ignored, Nacked, Send
+from kvgate.gateway.controlplane.xds.cache import SnapshotCache, Unwatch
+from kvgate.gateway.controlplane.xds.observer import NullObserver, XdsObserver
+from kvgate.gateway.controlplane.xds.resource_types import DEFAULT_KINDS, ResourceKind
+from kvgate.gateway.controlplane.xds.snapshot import Snapshot
+from kvgate.gateway.controlplane.xds.stream import Acked, Action, AdsStream, Ignored, Nacked, Send
 
 log = logging.getLogger(__name__)
 

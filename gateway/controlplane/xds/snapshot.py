@@ -18,7 +18,7 @@ from typing import Any
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import Message
 
-from gateway.controlplane.xds.resource_types import (
+from kvgate.gateway.controlplane.xds.resource_types import (
     CLUSTER,
     DEFAULT_KINDS,
     ENDPOINT,
@@ -27,7 +27,7 @@ from gateway.controlplane.xds.resource_types import (
     TYPE_URL_PREFIX,
     ResourceKind,
 )
-from policies.errors import ConfigError
+from kvgate.policies.errors import ConfigError
 
 JsonResource = Mapping[str, Any]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from gateway.controlplane.xds.resource_types import DEFAULT_KINDS, ResourceKind
-from gateway.controlplane.xds.snapshot import Snapshot
+from kvgate.gateway.controlplane.xds.resource_types import DEFAULT_KINDS, ResourceKind
+from kvgate.gateway.controlplane.xds.snapshot import Snapshot
 
 CONTROL_PLANE_ID = "kvgate"
 

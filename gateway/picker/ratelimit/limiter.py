@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from extproc.names import FAIRNESS_HEADER
-from extproc.ports import TenantKey
-from gateway.picker.ratelimit.stores import CounterKey, CounterStore
-from gateway.picker.ratelimit.window import Window, format_duration
-from policies.errors import RateLimitedError
+from kvgate.extproc.names import FAIRNESS_HEADER
+from kvgate.extproc.ports import TenantKey
+from kvgate.gateway.picker.ratelimit.stores import CounterKey, CounterStore
+from kvgate.gateway.picker.ratelimit.window import Window, format_duration
+from kvgate.policies.errors import RateLimitedError
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from typing import Protocol
 
 from redis.asyncio.client import Pipeline
 
-from gateway.picker.ratelimit.window import Window
-from gateway.picker.redis_link import RedisLink
+from kvgate.gateway.picker.ratelimit.window import Window
+from kvgate.gateway.picker.redis_link import RedisLink
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Model-server metrics pages: a selective Prometheus text reader and the engines' metric dialects."""
 
-from gateway.picker.scrape.dialects import DIALECTS, DialectSpec, MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import (
+from kvgate.gateway.picker.scrape.dialects import DIALECTS, DialectSpec, MetricsDialect, parse_metrics
+from kvgate.gateway.picker.scrape.exposition import (
     MetricsPageError,
     Sample,
     SampleReader,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from gateway.picker.scrape.exposition import LineMemo, MetricsPageError, Sample, SampleReader
-from policies.types import EndpointMetrics
+from kvgate.gateway.picker.scrape.exposition import LineMemo, MetricsPageError, Sample, SampleReader
+from kvgate.policies.types import EndpointMetrics
 
 Samples = Mapping[str, Sequence[Sample]]
 

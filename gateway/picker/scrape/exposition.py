@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from policies.errors import KvgateError
+from kvgate.policies.errors import KvgateError
 
 _EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})
 _VALUE_TEXT = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a quoted value, escapes included (unrolled loop)
@@ -110,7 +110,7 @@ class LineMemo:
     an earlier page costs one dict lookup instead of a parse. Samples are immutable, so a page shares
     them with the pages it repeats. Bounded: forgotten all at once when ``limit`` lines are held (a
     label value that changes each scrape, e.g. LoRA adapter lists, keeps adding lines). One per
-    scraper; not thread-safe. ``python -m bench.metrics_parse`` measures it."""
+    scraper; not thread-safe. ``python -m kvgate.bench.metrics_parse`` measures it."""
 
     __slots__ = ("_limit", "samples")
 

@@ -3,7 +3,7 @@
 Why not aiohttp, which kvgate uses everywhere else: the scraper makes 20 requests a second to every
 replica (GIE's 50 ms), and per request aiohttp's client machinery (request and response objects,
 connector bookkeeping, tracing hooks, header multidicts) cost about 2.7 times the CPU of the plain
-protocol below on the same page (``python -m bench.scrape_client``: bench/results/scrape_client.md),
+protocol below on the same page (``python -m kvgate.bench.scrape_client``: bench/results/scrape_client.md),
 which every picker process pays whether traffic flows or not. The scraper needs none of what aiohttp
 adds: plain HTTP to one known host, a GET with no body, one request in flight per connection.
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.picker.scrape.dialects import MetricsDialect
-from gateway.picker.scrape.http_get import MetricsConnection
-from policies.types import Endpoint, EndpointView
+from kvgate.gateway.picker.scrape.dialects import MetricsDialect
+from kvgate.gateway.picker.scrape.http_get import MetricsConnection
+from kvgate.policies.types import Endpoint, EndpointView
 
 
 @dataclass(frozen=True, slots=True)

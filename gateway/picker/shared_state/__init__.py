@@ -6,7 +6,7 @@
 rate limits use the same link). See each module's docstring.
 """
 
-from gateway.picker.shared_state.mirror import MirroredState
-from gateway.picker.shared_state.sync import SharedStateSync, SyncCounters
+from kvgate.gateway.picker.shared_state.mirror import MirroredState
+from kvgate.gateway.picker.shared_state.sync import SharedStateSync, SyncCounters
 
 __all__ = ["MirroredState", "SharedStateSync", "SyncCounters"]

@@ -20,8 +20,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from kvgate_proto import shared_state_pb2 as pb
-from policies.state import InFlight
+from kvgate.policies.state import InFlight
+from kvgate.proto import shared_state_pb2 as pb
 
 FORMAT = 1
 """The event-batch format this version writes (``EventBatch.format``)."""

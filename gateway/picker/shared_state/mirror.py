@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from gateway.picker.shared_state.codec import PrefixInsert, SessionPin, SharedEvent
-from policies.prefix_index import DEFAULT_MAX_ENTRIES
-from policies.state import NO_INFLIGHT, InFlight, InProcessState
+from kvgate.gateway.picker.shared_state.codec import PrefixInsert, SessionPin, SharedEvent
+from kvgate.policies.prefix_index import DEFAULT_MAX_ENTRIES
+from kvgate.policies.state import NO_INFLIGHT, InFlight, InProcessState
 
 
 class MirroredState:

@@ -14,13 +14,13 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.picker.pools_file import PoolSpec
-from gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
-from gateway.picker.ratelimit.stores import InProcessCounters, RedisCounters
-from gateway.picker.redis_link import RedisLink, RedisSettings
-from gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
-from gateway.picker.shared_state.sync import SharedStateSync
-from policies.state import InProcessState, SchedulerState
+from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
+from kvgate.gateway.picker.ratelimit.stores import InProcessCounters, RedisCounters
+from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
+from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
+from kvgate.gateway.picker.shared_state.sync import SharedStateSync
+from kvgate.policies.state import InProcessState, SchedulerState
 
 
 class SharingRuntime:

@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
-from kvgate_proto import shared_state_pb2 as pb
-from policies.types import Endpoint, EndpointMetrics, EndpointView
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView
+from kvgate.proto import shared_state_pb2 as pb
 
 SCRAPE_FORMAT = 1
 """The scrape-batch format this version writes (``ScrapeBatch.format``)."""

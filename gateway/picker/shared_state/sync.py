@@ -36,8 +36,8 @@ from typing import Any
 
 from redis.asyncio.client import Pipeline
 
-from gateway.picker.redis_link import RedisLink
-from gateway.picker.shared_state.codec import (
+from kvgate.gateway.picker.redis_link import RedisLink
+from kvgate.gateway.picker.shared_state.codec import (
     BATCH_FIELD,
     PrefixInsert,
     SharedEvent,
@@ -47,14 +47,14 @@ from gateway.picker.shared_state.codec import (
     encode_batch,
     encode_inflight,
 )
-from gateway.picker.shared_state.mirror import MirroredState
-from gateway.picker.shared_state.scrapes import (
+from kvgate.gateway.picker.shared_state.mirror import MirroredState
+from kvgate.gateway.picker.shared_state.scrapes import (
     LEASE_SCRIPT,
     RELEASE_SCRIPT,
     ScrapeSource,
     SharedScrapes,
 )
-from policies.state import InFlight
+from kvgate.policies.state import InFlight
 
 log = logging.getLogger(__name__)
 

@@ -8,14 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings, pool_specs, with_pods
-from gateway.controlplane.resources import FileProvider, ValidationOptions, parse_manifests, validate
-from gateway.controlplane.status_cli import format_status
-from gateway.controlplane.xds import ANY_NODE, SnapshotCache
-from gateway.picker.service import PickerService, PickerSettings, PoolRuntime
-from gateway.up import bundled_example
-from gateway.up_sim import find_pool, sim_pods
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.control_plane import (
+    ControlPlane,
+    ControlPlaneSettings,
+    pool_specs,
+    with_pods,
+)
+from kvgate.gateway.controlplane.resources import FileProvider, ValidationOptions, parse_manifests, validate
+from kvgate.gateway.controlplane.status_cli import format_status
+from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
+from kvgate.gateway.picker.service import PickerService, PickerSettings, PoolRuntime
+from kvgate.gateway.up import bundled_example
+from kvgate.gateway.up_sim import find_pool, sim_pods
+from kvgate.policies.errors import ConfigError
 
 POOL = """
 apiVersion: inference.networking.k8s.io/v1

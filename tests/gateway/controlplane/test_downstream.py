@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from extproc.request_headers import ENVOY_MAX_HEADERS
-from gateway.controlplane.downstream import DownstreamSettings
+from kvgate.extproc.request_headers import ENVOY_MAX_HEADERS
+from kvgate.gateway.controlplane.downstream import DownstreamSettings
 
 
 def test_the_request_is_bounded_while_it_is_received_and_the_header_limits_are_the_pickers() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.controlplane.envoy_config import (
+from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     OUTCOME_CLUSTER,
     ExtProcSettings,
@@ -26,8 +26,8 @@ from gateway.controlplane.envoy_config import (
     processing_mode,
     static_bootstrap,
 )
-from gateway.processes.envoy_process import find_envoy_binary
-from policies.types import FailureMode
+from kvgate.gateway.processes.envoy_process import find_envoy_binary
+from kvgate.policies.types import FailureMode
 
 SETTINGS = ExtProcSettings()
 CLOSED = PoolBackend("llama")

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.picker.scraper import MetricsScraper
-from policies.types import EndpointView
+from kvgate.gateway.picker.scraper import MetricsScraper
+from kvgate.policies.types import EndpointView
 
 EVENTUALLY_S = 5.0
 

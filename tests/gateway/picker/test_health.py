@@ -7,8 +7,8 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.picker.pools_file import PoolSpec
-from gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.service import PickerService, PickerSettings
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

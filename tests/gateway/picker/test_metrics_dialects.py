@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.metrics_pages import PAGES, vllm_page
-from gateway.picker.scrape.dialects import MetricsDialect, parse_metrics
-from gateway.picker.scrape.exposition import LineMemo, MetricsPageError, parse_labels, read_samples
-from policies.types import EndpointMetrics
+from kvgate.bench.metrics_pages import PAGES, vllm_page
+from kvgate.gateway.picker.scrape.dialects import MetricsDialect, parse_metrics
+from kvgate.gateway.picker.scrape.exposition import LineMemo, MetricsPageError, parse_labels, read_samples
+from kvgate.policies.types import EndpointMetrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -23,7 +23,7 @@ def page(name: str) -> str:
 
 def test_fixture_files_match_their_generator() -> None:
     for name, render in PAGES.items():
-        assert page(name) == render(), f"{name} is stale: python -m bench.metrics_pages"
+        assert page(name) == render(), f"{name} is stale: python -m kvgate.bench.metrics_pages"
 
 
 def test_vllm_0_11_page() -> None:

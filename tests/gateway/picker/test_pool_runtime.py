@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.picker.pools_file import PoolSpec
-from gateway.picker.replica_models import PoolModelNames
-from gateway.picker.service import PoolRuntime
+from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.replica_models import PoolModelNames
+from kvgate.gateway.picker.service import PoolRuntime
 
 
 def runtime(reported: PoolModelNames, **spec: object) -> PoolRuntime:

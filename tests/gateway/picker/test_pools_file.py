@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.picker.pools_file import load_pools, parse_pools
-from policies.errors import ConfigError
-from policies.types import FailureMode
+from kvgate.gateway.picker.pools_file import load_pools, parse_pools
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.types import FailureMode
 
 GOOD = """
 pools:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.asyncio.client import Pipeline
 
-from gateway.picker.redis_link import RedisLink, RedisSettings
+from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
 from tests.redis_server import RedisServer
 
 

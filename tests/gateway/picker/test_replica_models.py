@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.picker.replica_models import ReplicaModels, ReportedModel, pool_model_names, pool_models
-from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
+from kvgate.gateway.picker.replica_models import ReplicaModels, ReportedModel, pool_model_names, pool_models
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 
 def view(address: str, healthy: bool = True, loras: frozenset[str] = frozenset()) -> EndpointView:

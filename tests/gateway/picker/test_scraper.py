@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.picker.scrape.dialects import MetricsDialect
-from gateway.picker.scrape.target import metrics_url
-from gateway.picker.scraper import MetricsScraper, grid_tick
-from policies.types import Endpoint, EndpointSnapshot
+from kvgate.gateway.picker.scrape.dialects import MetricsDialect
+from kvgate.gateway.picker.scrape.target import metrics_url
+from kvgate.gateway.picker.scraper import MetricsScraper, grid_tick
+from kvgate.policies.types import Endpoint, EndpointSnapshot
 from tests.gateway.picker.metrics_server import (
     ServerFactory,
     eventually,
@@ -249,9 +249,9 @@ def test_metrics_url() -> None:
 
 
 async def test_against_the_simulator() -> None:
-    from simulator.engine_types import EngineConfig
-    from simulator.fleet import Fleet, FleetConfig
-    from simulator.server import ReplicaConfig
+    from kvgate.simulator.engine_types import EngineConfig
+    from kvgate.simulator.fleet import Fleet, FleetConfig
+    from kvgate.simulator.server import ReplicaConfig
 
     fleet = Fleet(FleetConfig(replicas=(ReplicaConfig(0, EngineConfig(num_gpu_blocks=1234)),), port=0))
     await fleet.start()
@@ -278,8 +278,8 @@ async def test_a_replica_whose_metrics_page_hangs_is_stale_within_the_window() -
     import dataclasses
     import time
 
-    from simulator.fleet import Fleet, FleetConfig
-    from simulator.server import ReplicaConfig
+    from kvgate.simulator.fleet import Fleet, FleetConfig
+    from kvgate.simulator.server import ReplicaConfig
 
     fleet = Fleet(FleetConfig(replicas=(ReplicaConfig(0),), port=0))
     await fleet.start()

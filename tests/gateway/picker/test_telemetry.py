@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.ports import RequestLabels
-from gateway.picker.telemetry import MAX_MODEL_LABEL_SETS, OTHER, GatewayTelemetry
-from policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
+from kvgate.extproc.ports import RequestLabels
+from kvgate.gateway.picker.telemetry import MAX_MODEL_LABEL_SETS, OTHER, GatewayTelemetry
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 
 def _samples(telemetry: GatewayTelemetry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from gateway.picker.cli import build_parser, flag_bool
-from gateway.picker.tls import CERT_FILE, KEY_FILE, ReloadingCertificate, self_signed, server_credentials
-from policies.errors import ConfigError
+from kvgate.gateway.picker.cli import build_parser, flag_bool
+from kvgate.gateway.picker.tls import (
+    CERT_FILE,
+    KEY_FILE,
+    ReloadingCertificate,
+    self_signed,
+    server_credentials,
+)
+from kvgate.policies.errors import ConfigError
 
 
 def test_a_self_signed_certificate_names_its_hosts() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.picker.workers import WorkerPlan, worker_base_command
+from kvgate.gateway.picker.workers import WorkerPlan, worker_base_command
 
 
 def test_the_worker_command_drops_what_the_supervisor_sets_per_worker() -> None:
@@ -26,8 +26,8 @@ def test_each_worker_gets_the_shared_port_its_own_admin_port_and_the_redis_url()
 
 
 def test_up_workers_write_the_pool_table_whole_and_skip_an_empty_one() -> None:
-    from gateway.picker.pools_file import PoolSpec, load_pools
-    from gateway.picker.workers import UpWorkers
+    from kvgate.gateway.picker.pools_file import PoolSpec, load_pools
+    from kvgate.gateway.picker.workers import UpWorkers
 
     workers = UpWorkers(2, scrape_interval=0.05, stale_after=0.2)
     try:
@@ -47,8 +47,8 @@ def test_up_workers_write_the_pool_table_whole_and_skip_an_empty_one() -> None:
 
 
 def test_kvgate_ups_loop_reaches_its_picker_workers() -> None:
-    from gateway.picker.workers import UpWorkers
-    from gateway.up_cli import build_parser, options_from_args
+    from kvgate.gateway.picker.workers import UpWorkers
+    from kvgate.gateway.up_cli import build_parser, options_from_args
 
     options = options_from_args(build_parser().parse_args(["--workers", "3", "--loop", "asyncio"]))
     assert options.loop == "asyncio"

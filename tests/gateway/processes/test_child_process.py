@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.processes.child_process import ChildProcess, ChildProcessError
+from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.processes.envoy_events import events, totals
+from kvgate.gateway.processes.envoy_events import events, totals
 
 BEFORE = {
     "http.kvgate_http_8080.downstream_rq_5xx": 2,

@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.controlplane.envoy_config import bootstrap, listener, router_filter, socket_address
-from gateway.processes.envoy_process import (
+from kvgate.gateway.controlplane.envoy_config import bootstrap, listener, router_filter, socket_address
+from kvgate.gateway.processes.envoy_process import (
     EnvoyOptions,
     EnvoyProcess,
     EnvoyStartError,

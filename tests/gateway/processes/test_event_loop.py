@@ -9,7 +9,7 @@ import sys
 import pytest
 import uvloop
 
-from gateway.processes import event_loop
+from kvgate.gateway.processes import event_loop
 
 
 def test_auto_and_uvloop_run_uvloop_and_asyncio_its_own() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.controlplane.kubernetes.client import KindSpec, KubeClient
-from gateway.controlplane.kubernetes.informer import ObjectCache, follow
+from kvgate.gateway.controlplane.kubernetes.client import KindSpec, KubeClient
+from kvgate.gateway.controlplane.kubernetes.informer import ObjectCache, follow
 from tests.kube_api_fake import FakeApiServer
 
 POD = KindSpec("v1", "Pod", "pods")

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.controlplane.kubernetes.client import KubeClient
-from gateway.controlplane.kubernetes.provider import KubernetesProvider
-from gateway.controlplane.resources import ConfigSnapshot, ValidationOptions
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.kubernetes.client import KubeClient
+from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
+from kvgate.gateway.controlplane.resources import ConfigSnapshot, ValidationOptions
+from kvgate.policies.errors import ConfigError
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.kube_api_fake import FakeApiServer
 

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.controlplane.kubernetes.client import KubeClient
-from gateway.controlplane.kubernetes.lease import LeaderElector
-from gateway.controlplane.kubernetes.provider import KubernetesProvider
-from gateway.controlplane.kubernetes.status import CONTROLLER_NAME, StatusWriter
-from gateway.controlplane.resources import ValidationOptions
+from kvgate.gateway.controlplane.kubernetes.client import KubeClient
+from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
+from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
+from kvgate.gateway.controlplane.kubernetes.status import CONTROLLER_NAME, StatusWriter
+from kvgate.gateway.controlplane.resources import ValidationOptions
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, GATEWAY_CLASS, POOL, ROUTE
 from tests.kube_api_fake import FakeApiServer

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.controlplane.models.catalog import ModelEntry, catalog, model_list, model_object
-from gateway.controlplane.resources import load_directory, validate
-from gateway.picker.replica_models import PoolModels, ReportedModel
+from kvgate.gateway.controlplane.models.catalog import ModelEntry, catalog, model_list, model_object
+from kvgate.gateway.controlplane.resources import load_directory, validate
+from kvgate.gateway.picker.replica_models import PoolModels, ReportedModel
 from tests.gateway.controlplane.resources.manifests import (
     EPP_SERVICE,
     GATEWAY,

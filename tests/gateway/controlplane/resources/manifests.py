@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.controlplane.resources import ResourceSet, ValidatedConfig, parse_manifests, validate
+from kvgate.gateway.controlplane.resources import ResourceSet, ValidatedConfig, parse_manifests, validate
 
 GATEWAY = """
 apiVersion: gateway.networking.k8s.io/v1

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.resources.hostnames import covers, intersect
+from kvgate.gateway.controlplane.resources.hostnames import covers, intersect
 
 
 @pytest.mark.parametrize(

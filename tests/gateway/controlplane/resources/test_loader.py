@@ -4,16 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.controlplane.resources import (
+from kvgate.gateway.controlplane.resources import (
     ManifestError,
     ObjectKey,
     load_directory,
     parse_duration,
     parse_manifests,
 )
-from gateway.controlplane.resources.core import check_address, format_address
-from policies.errors import ConfigError
-from policies.types import FailureMode
+from kvgate.gateway.controlplane.resources.core import check_address, format_address
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.types import FailureMode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "quickstart"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.controlplane.resources import ConfigSnapshot, FileProvider, ObjectKey
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.resources import ConfigSnapshot, FileProvider, ObjectKey
+from kvgate.policies.errors import ConfigError
 from tests.gateway.controlplane.resources.manifests import base, pool_ref, route
 
 ROUTE_FILE = "route.yaml"

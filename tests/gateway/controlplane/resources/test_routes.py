@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gateway.controlplane.resources import (
+from kvgate.gateway.controlplane.resources import (
     BackendKind,
     ConditionStatus,
     ConditionType,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.controlplane.resources import (
+from kvgate.gateway.controlplane.resources import (
     ConditionStatus,
     ConditionType,
     ObjectKey,

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.controlplane.resources import load_directory, validate
-from gateway.controlplane.translate import EnvoyResources, TranslationSettings, translate
+from kvgate.gateway.controlplane.resources import load_directory, validate
+from kvgate.gateway.controlplane.translate import EnvoyResources, TranslationSettings, translate
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 CASES = sorted(path.name for path in GOLDEN_DIR.iterdir() if path.is_dir())

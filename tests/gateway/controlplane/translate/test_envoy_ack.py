@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gateway.controlplane.translate import TranslationSettings
-from gateway.controlplane.xds import (
+from kvgate.gateway.controlplane.translate import TranslationSettings
+from kvgate.gateway.controlplane.xds import (
     ANY_NODE,
     CLUSTER,
     LISTENER,
@@ -20,7 +20,7 @@ from gateway.controlplane.xds import (
     bootstrap_for_ads,
     check_consistent,
 )
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from tests.gateway.controlplane.translate.golden import CASES, SETTINGS, translate_case
 
 pytestmark = pytest.mark.e2e

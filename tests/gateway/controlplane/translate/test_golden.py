@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gateway.controlplane.xds import check_consistent
+from kvgate.gateway.controlplane.xds import check_consistent
 from tests.gateway.controlplane.translate.golden import CASES, GOLDEN_DIR, render, translate_case
 
 UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.translate import BBR_FILTER, TranslationSettings
-from gateway.controlplane.xds import Snapshot
+from kvgate.gateway.controlplane.translate import BBR_FILTER, TranslationSettings
+from kvgate.gateway.controlplane.xds import Snapshot
 from tests.gateway.controlplane.translate.golden import CASES, SETTINGS, translate_case
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.controlplane.xds import ads_config_source, http2_protocol_options
+from kvgate.gateway.controlplane.xds import ads_config_source, http2_protocol_options
 
 TYPE = "type.googleapis.com/"
 HCM_TYPE = TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"

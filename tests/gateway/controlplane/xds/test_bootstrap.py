@@ -4,7 +4,7 @@ import pytest
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from google.protobuf import json_format
 
-from gateway.controlplane.xds import XDS_CLUSTER, bootstrap_for_ads
+from kvgate.gateway.controlplane.xds import XDS_CLUSTER, bootstrap_for_ads
 from tests.gateway.controlplane.xds.envoy_dicts import static_cluster
 
 

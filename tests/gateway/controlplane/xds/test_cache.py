@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.xds import ANY_NODE, Snapshot, SnapshotCache
-from policies.errors import ConfigError
+from kvgate.gateway.controlplane.xds import ANY_NODE, Snapshot, SnapshotCache
+from kvgate.policies.errors import ConfigError
 from tests.gateway.controlplane.xds.envoy_dicts import listener, route_config, static_cluster
 
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.controlplane.xds import (
+from kvgate.gateway.controlplane.xds import (
     ANY_NODE,
     CLUSTER,
     LISTENER,
@@ -21,7 +21,7 @@ from gateway.controlplane.xds import (
     XdsStatus,
     bootstrap_for_ads,
 )
-from gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from tests.gateway.controlplane.xds.envoy_dicts import (
     EXT_PROC_PER_ROUTE_TYPE,
     ORIGINAL_DST_TYPE,

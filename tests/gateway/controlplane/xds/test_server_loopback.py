@@ -10,7 +10,7 @@ import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 
-from gateway.controlplane.xds import (
+from kvgate.gateway.controlplane.xds import (
     ANY_NODE,
     CLUSTER,
     LISTENER,

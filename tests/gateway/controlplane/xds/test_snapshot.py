@@ -8,7 +8,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 
-from gateway.controlplane.xds import (
+from kvgate.gateway.controlplane.xds import (
     CLUSTER,
     ENDPOINT,
     LISTENER,
@@ -17,7 +17,7 @@ from gateway.controlplane.xds import (
     check_consistent,
     inconsistencies,
 )
-from policies.errors import ConfigError
+from kvgate.policies.errors import ConfigError
 from tests.gateway.controlplane.xds.envoy_dicts import (
     EXT_PROC_PER_ROUTE_TYPE,
     ORIGINAL_DST_TYPE,

@@ -7,7 +7,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import status_pb2
 
-from gateway.controlplane.xds import (
+from kvgate.gateway.controlplane.xds import (
     CLUSTER,
     ENDPOINT,
     LISTENER,
@@ -19,7 +19,7 @@ from gateway.controlplane.xds import (
     Send,
     Snapshot,
 )
-from gateway.controlplane.xds.stream import Action
+from kvgate.gateway.controlplane.xds.stream import Action
 from tests.gateway.controlplane.xds.envoy_dicts import (
     assignment,
     eds_cluster,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from extproc.ports import TenantKey
-from gateway.picker.ratelimit import (
+from kvgate.extproc.ports import TenantKey
+from kvgate.gateway.picker.ratelimit import (
     InProcessCounters,
     RedisCounters,
     TenantLimits,
@@ -17,8 +17,8 @@ from gateway.picker.ratelimit import (
     Window,
     format_duration,
 )
-from gateway.picker.redis_link import RedisLink, RedisSettings
-from policies.errors import RateLimitedError
+from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
+from kvgate.policies.errors import RateLimitedError
 from tests.redis_server import RedisServer
 
 TENANT = {"x-gateway-inference-fairness-id": "acme"}

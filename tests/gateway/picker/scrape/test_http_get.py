@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
+from kvgate.gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
 
 Answer = Callable[[int], bytes]
 """The bytes to send for the n-th request (0-based) on the server; b"" sends nothing (a hang)."""

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.picker.shared_state.codec import (
+from kvgate.gateway.picker.shared_state.codec import (
     BATCH_FIELD,
     FORMAT,
     LEGACY_BATCH_FIELD,
@@ -16,9 +16,9 @@ from gateway.picker.shared_state.codec import (
     encode_batch,
     encode_inflight,
 )
-from gateway.picker.shared_state.mirror import MirroredState
-from kvgate_proto import shared_state_pb2 as pb
-from policies.state import InFlight
+from kvgate.gateway.picker.shared_state.mirror import MirroredState
+from kvgate.policies.state import InFlight
+from kvgate.proto import shared_state_pb2 as pb
 
 
 def test_event_batches_round_trip() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gateway.picker.redis_link import RedisLink, RedisSettings
-from gateway.picker.shared_state import SharedStateSync
-from policies.state import InFlight
+from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
+from kvgate.gateway.picker.shared_state import SharedStateSync
+from kvgate.policies.state import InFlight
 from tests.redis_server import RedisServer
 
 HASHES = (11, 22, 33, 44)
@@ -165,7 +165,7 @@ async def test_redis_killed_mid_run_local_view_keeps_working_and_sharing_resumes
 
 
 async def test_an_unreachable_redis_never_raises_and_is_counted() -> None:
-    from gateway.processes.envoy_process import free_port
+    from kvgate.gateway.processes.envoy_process import free_port
 
     settings = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", op_timeout_s=0.1)
     sync = SharedStateSync(RedisLink(settings))

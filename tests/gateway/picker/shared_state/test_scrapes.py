@@ -8,15 +8,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.picker.scraper import MetricsScraper
-from gateway.picker.shared_state.scrapes import (
+from kvgate.gateway.picker.scraper import MetricsScraper
+from kvgate.gateway.picker.shared_state.scrapes import (
     ScrapeRecord,
     SharedScrapes,
     decode_scrapes,
     encode_scrapes,
 )
-from kvgate_proto import shared_state_pb2 as pb
-from policies.types import Endpoint, EndpointMetrics, EndpointView
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView
+from kvgate.proto import shared_state_pb2 as pb
 from tests.gateway.picker.metrics_server import ServerFactory, eventually, view, vllm_text
 
 FULL = EndpointMetrics(

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.picker.redis_link import RedisLink, RedisSettings
-from gateway.picker.scraper import MetricsScraper
-from gateway.picker.shared_state import SharedStateSync
-from gateway.picker.shared_state.runtime import SharingRuntime
-from policies.types import Endpoint
+from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
+from kvgate.gateway.picker.scraper import MetricsScraper
+from kvgate.gateway.picker.shared_state import SharedStateSync
+from kvgate.gateway.picker.shared_state.runtime import SharingRuntime
+from kvgate.policies.types import Endpoint
 from tests.gateway.picker.metrics_server import (
     MetricsServer,
     ServerFactory,
