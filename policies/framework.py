@@ -28,6 +28,17 @@ from kvgate.policies.hashing import PromptHasher
 from kvgate.policies.state import SchedulerState
 from kvgate.policies.types import EndpointView, InferenceRequest
 
+PREFIX_INDEX = "prefix-index"
+"""The state's prefix index: which endpoint probably holds which prompt blocks."""
+IN_FLIGHT = "in-flight"
+"""The state's requests and prefill tokens in flight per endpoint."""
+SESSIONS = "sessions"
+"""The state's session → endpoint pins."""
+OWN_MODELS = "own-models"
+""":attr:`SchedulingContext.own_models` and ``own_requests``."""
+TTFT_ESTIMATES = "ttft-estimates"
+""":attr:`SchedulingContext.ttft_estimates`."""
+
 
 @dataclass(slots=True)
 class SchedulingContext:
@@ -40,13 +51,15 @@ class SchedulingContext:
     hasher: PromptHasher
     session_id: str | None = None
     own_models: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """This picker's in-flight requests per endpoint and target model (``policies.inflight_models``)."""
+    """This picker's in-flight requests per endpoint and target model (``policies.inflight_models``),
+    set by the plugin that produces :data:`OWN_MODELS` (``inflight-recorder``) before scheduling."""
     own_requests: int = 0
-    """This picker's requests in flight in the pool (``state`` may also count other pickers')."""
+    """This picker's requests in flight in the pool (``state`` may also count other pickers');
+    :data:`OWN_MODELS` too."""
     ttft_estimates: Mapping[str, float] | None = None
-    """Seconds (clock seconds) to this request's first token per endpoint address, left here by a
-    scorer that estimates it (``estimated-ttft-scorer``); the scheduler ends the prefill of a request
-    whose first token the data plane does not report at this estimate (``on_first_token_unseen``)."""
+    """Seconds (clock seconds) to this request's first token per endpoint address, set by the scorer
+    that produces :data:`TTFT_ESTIMATES` (``estimated-ttft-scorer``); the ``inflight-recorder`` ends
+    the prefill of a request whose first token the data plane does not show at this estimate."""
     _hashes: tuple[int, ...] | None = field(default=None, repr=False)
     _matches: Mapping[str, int] | None = field(default=None, repr=False)
 
@@ -61,6 +74,11 @@ class SchedulingContext:
             req = self.request
             self._hashes = self.hasher.hashes(req.target_model, req.prompt, req.cache_salt)
         return self._hashes
+
+    def known_prefix_matches(self) -> Mapping[str, int] | None:
+        """The prefix matches if a plugin has looked them up for this request, else None (without
+        hashing the prompt)."""
+        return self._matches
 
     def prefix_matches(self) -> Mapping[str, int]:
         """Leading blocks each endpoint probably holds, looked up once."""
@@ -142,6 +160,9 @@ class PluginTimer(Protocol):
     def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None: ...
 
 
-def uses_prefix_index(plugin: object) -> bool:
-    """Whether a plugin reads the prefix index (then the scheduler records picks into it)."""
-    return bool(getattr(plugin, "uses_prefix_index", False))
+def declared(plugin: object) -> tuple[frozenset[str], frozenset[str]]:
+    """What a plugin declares it ``produces`` and ``consumes`` (class attributes; none declared:
+    nothing), for the profile's check that everything consumed is produced."""
+    produces: frozenset[str] = getattr(plugin, "produces", frozenset())
+    consumes: frozenset[str] = getattr(plugin, "consumes", frozenset())
+    return produces, consumes

@@ -7,16 +7,25 @@
       - {type: saturation-filter, parameters: {queue_threshold: 5}}
       - {type: estimated-ttft-scorer, name: ttft}
       - {type: max-score-picker, parameters: {tie_tolerance: 0.02}}
+      - {type: inflight-recorder}              # feedback: what the scheduler records of its picks
+      - {type: prefix-index-recorder}
     profile:                                   # which instances run, in order, with scorer weights
       filters: [saturation-filter]
       scorers: [{plugin: ttft, weight: 1.0}]
       picker: max-score-picker
+      feedback: [inflight-recorder, prefix-index-recorder]   # absent: DEFAULT_FEEDBACK
     fallbacks: 2                               # endpoints ranked after the pick
     session_header: x-session-id               # session affinity key (when the request has none)
     prefix: {block_chars: 64, max_blocks: 256, hash: chained-xor, default_capacity_blocks: 31250}
     admission: {queue_threshold: 5, kv_threshold: 0.8, metrics_staleness_s: 0.2, retry_after_s: 1.0}
 
 Shipped profiles live in ``policies/profiles/`` and load by name; any other file loads by path.
+
+What the plugins consume must be produced by a plugin of the profile (``policies.feedback``): a
+scorer reading the prefix index needs ``prefix-index-recorder`` among the feedback plugins. A
+profile without ``feedback`` gets :data:`DEFAULT_FEEDBACK`, and ``prefix-index-recorder`` when one of
+its plugins reads the prefix index (profiles written before feedback plugins existed run as they
+did).
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ import yaml
 from pydantic import Field, ValidationError
 
 from kvgate.policies.errors import ConfigError
-from kvgate.policies.framework import Filter, Picker, Scorer, uses_prefix_index
+from kvgate.policies.feedback import FeedbackBlueprint
+from kvgate.policies.framework import PREFIX_INDEX, Filter, Picker, Scorer, declared
 from kvgate.policies.hashing import HashScheme
 from kvgate.policies.plugins.params import Params
+from kvgate.policies.plugins.recorders import default_blueprints
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.saturation import SaturationThresholds
 
@@ -82,11 +93,13 @@ class SchedulingProfile:
     session_header: str = "x-session-id"
     prefix: PrefixSettings = field(default_factory=PrefixSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    feedback: tuple[Named[FeedbackBlueprint], ...] = ()
+    """The feedback plugins each scheduler of this profile creates (``policies.feedback``)."""
 
-    @property
-    def uses_prefix_index(self) -> bool:
-        plugins: list[object] = [f.plugin for f in self.filters] + [s.plugin for s in self.scorers]
-        return any(uses_prefix_index(p) for p in [*plugins, self.picker.plugin])
+
+DEFAULT_FEEDBACK = ("inflight-recorder", "session-recorder", "outlier-ejection")
+"""The feedback of a profile that lists none (``prefix-index-recorder`` added when a plugin reads
+the prefix index)."""
 
 
 # --- the YAML schema -------------------------------------------------------------------------
@@ -107,6 +120,7 @@ class _ProfileSpec(Params):
     filters: list[str] = Field(default_factory=list)
     scorers: list[_ScorerRef] = Field(default_factory=list)
     picker: str
+    feedback: list[str] | None = None
 
 
 class _PrefixSpec(Params):
@@ -165,6 +179,21 @@ def build_profile(data: Mapping[str, Any], registry: PluginRegistry | None = Non
         named = lookup(ref.plugin, Scorer, "scorer")  # type: ignore[type-abstract]
         scorers.append(WeightedScorer(named.plugin_type, named.name, named.plugin, ref.weight))
     picker = lookup(spec.profile.picker, Picker, "picker")  # type: ignore[type-abstract]
+    chosen: list[object] = [*(f.plugin for f in filters), *(s.plugin for s in scorers), picker.plugin]
+    feedback_names = spec.profile.feedback
+    if feedback_names is None:  # a profile that lists none: the defaults, built here
+        reads_prefix = any(PREFIX_INDEX in declared(p)[1] for p in chosen)
+        feedback_names = [*DEFAULT_FEEDBACK, *(["prefix-index-recorder"] if reads_prefix else [])]
+        built_in = default_blueprints()
+        for name in feedback_names:
+            instances.setdefault(name, (name, built_in[name]))
+    feedback = tuple(
+        lookup(n, FeedbackBlueprint, "feedback plugin") for n in feedback_names  # type: ignore[type-abstract]
+    )
+    declaring: list[tuple[str, object]] = [(f.name, f.plugin) for f in filters]
+    declaring += [(w.name, w.plugin) for w in scorers]
+    declaring += [(picker.name, picker.plugin), *((f.name, f.plugin) for f in feedback)]
+    _check_declarations(spec.name, declaring)
     a = spec.admission
     return SchedulingProfile(
         name=spec.name,
@@ -182,7 +211,20 @@ def build_profile(data: Mapping[str, Any], registry: PluginRegistry | None = Non
         admission=AdmissionSettings(
             SaturationThresholds(a.queue_threshold, a.kv_threshold, a.metrics_staleness_s), a.retry_after_s
         ),
+        feedback=feedback,
     )
+
+
+def _check_declarations(profile: str, plugins: list[tuple[str, object]]) -> None:
+    """Everything a plugin consumes is produced by a plugin of the profile."""
+    produced = {item for _, plugin in plugins for item in declared(plugin)[0]}
+    for name, plugin in plugins:
+        missing = sorted(declared(plugin)[1] - produced)
+        if missing:
+            raise ConfigError(
+                f"profile {profile!r}: plugin {name!r} consumes {', '.join(missing)}, which no plugin of "
+                "the profile produces (add its recorder to profile.feedback, e.g. prefix-index-recorder)"
+            )
 
 
 def available_profiles() -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from kvgate.policies.errors import ConfigError
@@ -14,6 +15,13 @@ from kvgate.policies.plugins.pickers import (
     RandomPicker,
     RoundRobinPicker,
     WeightedRandomPicker,
+)
+from kvgate.policies.plugins.recorders import (
+    InflightRecorder,
+    OutlierEjectionBlueprint,
+    PrefixIndexRecorder,
+    Recorder,
+    SessionRecorder,
 )
 from kvgate.policies.plugins.scorers import (
     InFlightRequestsScorer,
@@ -87,4 +95,12 @@ def builtin_registry() -> PluginRegistry:
     registry.register("saturation-filter", SaturationFilter.from_parameters)
     registry.register("estimated-ttft-scorer", EstimatedTtftScorer.from_parameters)
     registry.register("max-score-picker", MaxScorePicker.from_parameters)
+    recorders: dict[str, type[InflightRecorder] | type[PrefixIndexRecorder] | type[SessionRecorder]] = {
+        "inflight-recorder": InflightRecorder,
+        "prefix-index-recorder": PrefixIndexRecorder,
+        "session-recorder": SessionRecorder,
+    }
+    for plugin_type, recorder in recorders.items():
+        registry.register(plugin_type, no_parameters(partial(Recorder, recorder), plugin_type))
+    registry.register("outlier-ejection", OutlierEjectionBlueprint.from_parameters)
     return registry

@@ -74,7 +74,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kvgate.policies.arrival_rate import ArrivalRate
-from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.framework import IN_FLIGHT, OWN_MODELS, PREFIX_INDEX, TTFT_ESTIMATES, SchedulingContext
 from kvgate.policies.memo import ViewRecords
 from kvgate.policies.plugins.params import Params, parse_params
 from kvgate.policies.types import EndpointMetrics, EndpointView
@@ -124,7 +124,8 @@ class EstimatedTtftScorer:
     in-flight work, which is read fresh every time (the anti-herding signal).
     """
 
-    uses_prefix_index = True
+    consumes = frozenset({PREFIX_INDEX, IN_FLIGHT, OWN_MODELS})
+    produces = frozenset({TTFT_ESTIMATES})
 
     def __init__(self, params: EstimatedTtftParams | None = None) -> None:
         self.params = params or EstimatedTtftParams()

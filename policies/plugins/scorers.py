@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.framework import IN_FLIGHT, PREFIX_INDEX, SESSIONS, SchedulingContext
 from kvgate.policies.memo import TupleMemo
 from kvgate.policies.types import EndpointView
 
@@ -75,6 +75,8 @@ class RunningRequestsScorer(_SnapshotScorer):
 class InFlightRequestsScorer(_DenseScorer):
     """Fewer of this picker's own in-flight requests is better (updates at pick time)."""
 
+    consumes = frozenset({IN_FLIGHT})
+
     def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
         own = ctx.state.inflight_by_endpoint().get
         return spread([n.requests if (n := own(e.endpoint.address)) is not None else 0 for e in endpoints])
@@ -82,6 +84,8 @@ class InFlightRequestsScorer(_DenseScorer):
 
 class InFlightTokensScorer(_DenseScorer):
     """Fewer of this picker's own in-flight prefill tokens is better (updates at pick time)."""
+
+    consumes = frozenset({IN_FLIGHT})
 
     def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:
         own = ctx.state.inflight_by_endpoint().get
@@ -130,7 +134,7 @@ class PrefixCacheScorer:
     """GIE's approximate prefix-cache scorer: matched leading blocks / total blocks (sparse: only
     endpoints holding a prefix of the prompt, usually a few, whatever the number of candidates)."""
 
-    uses_prefix_index = True
+    consumes = frozenset({PREFIX_INDEX})
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
         total = len(ctx.prefix_hashes())
@@ -141,6 +145,8 @@ class PrefixCacheScorer:
 
 class SessionAffinityScorer:
     """1.0 for the endpoint this request's session last used (if it is still a candidate)."""
+
+    consumes = frozenset({SESSIONS})
 
     def score(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Mapping[str, float]:
         if ctx.session_id is None:

@@ -29,11 +29,11 @@ def test_gie_default_is_gies_weights() -> None:
     assert profile.picker.plugin_type == "max-score-picker"
     assert profile.prefix.block_chars == 64
     assert profile.prefix.max_blocks == 256
-    assert profile.uses_prefix_index
+    assert "prefix-index-recorder" in [f.plugin_type for f in profile.feedback]
 
 
-def test_round_robin_does_not_hash() -> None:
-    assert not load_profile("round-robin").uses_prefix_index
+def test_round_robin_records_no_prefix_index() -> None:
+    assert "prefix-index-recorder" not in [f.plugin_type for f in load_profile("round-robin").feedback]
 
 
 def test_load_by_path(tmp_path: Path) -> None:

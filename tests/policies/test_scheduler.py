@@ -8,6 +8,7 @@ import pytest
 from kvgate.policies.contracts import Scheduler
 from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
 from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
+from kvgate.policies.plugins.recorders import PrefixIndexRecorder
 from kvgate.policies.profile import load_profile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.state import InProcessState
@@ -181,14 +182,15 @@ def test_usage_feedback_shrinks_and_regrows_capacity() -> None:
     s.on_picked(req, pick, NOW)
     s.on_usage(req, pick, Usage(prompt_tokens=1616, completion_tokens=5, cached_tokens=0), NOW)
     s.on_finished(req, pick, ok=True, now=NOW)
-    assert s._capacity(eps[0]) < 1000  # learned: this replica evicts sooner than its size suggests
+    [recorder] = [f for f in s.feedback if isinstance(f, PrefixIndexRecorder)]
+    assert recorder.capacity(eps[0]) < 1000  # learned: this replica evicts sooner than its size suggests
     for i in range(20):
         r = request(f"h{i}", system + text(i, 64))
         p = s.schedule(r, eps, NOW).pick
         s.on_picked(r, p, NOW)
         s.on_usage(r, p, Usage(prompt_tokens=1616, completion_tokens=5, cached_tokens=1600), NOW)
         s.on_finished(r, p, ok=True, now=NOW)
-    assert s._capacity(eps[0]) == 1000
+    assert recorder.capacity(eps[0]) == 1000
 
 
 class Recorder:
