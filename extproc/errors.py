@@ -10,6 +10,12 @@ from kvgate.policies.errors import KvgateError
 
 _log = logging.getLogger(__name__)
 
+
+class ProtocolViolation(KvgateError):
+    """Envoy sent a message the lifecycle does not expect in its state (500)."""
+
+    code = "protocol_violation"
+
 JSON_CONTENT_TYPE = "application/json"
 
 

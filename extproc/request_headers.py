@@ -11,14 +11,21 @@ attempt timeout), so they refuse a request that leaves no room for them, 431 in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvgate.extproc import names
-from kvgate.extproc.events import Headers
+from kvgate.extproc.events import Headers, RequestHeaders
 from kvgate.extproc.inference_paths import check_path
 from kvgate.extproc.openai_request import api_kind
-from kvgate.policies.errors import HeadersTooLargeError, PayloadTooLargeError
+from kvgate.extproc.ports import Pool, PoolDirectory
+from kvgate.policies.errors import (
+    HeadersTooLargeError,
+    ModelNotFoundError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+)
 from kvgate.policies.types import ApiKind
 
 ENVOY_MAX_HEADERS = 100
@@ -80,6 +87,50 @@ def read_request_headers(pairs: Headers) -> ReadHeaders:
             headers[key] = value
     api = api_kind(headers.get(":path", ""))
     return ReadHeaders(MappingProxyType(headers), tuple(dict.fromkeys(strip)), api, pairs)
+
+
+class PendingHeaders:
+    """Request headers answered before they were read (a BUFFERED body follows): read once, either
+    after the first reply is written (``read``, from the after-reply queue) or when the body comes
+    (``require``), whichever is first. What reading raises (a refused path, headers or declared
+    length; a bug) is kept for the body, whose reply is the request's next answer."""
+
+    __slots__ = ("_error", "_event", "_reader")
+
+    def __init__(self, reader: Callable[[RequestHeaders], None]) -> None:
+        self._reader = reader
+        self._event: RequestHeaders | None = None
+        self._error: Exception | None = None
+
+    def hold(self, event: RequestHeaders) -> None:
+        self._event = event
+
+    def read(self) -> None:
+        event, self._event = self._event, None
+        if event is None:
+            return
+        try:
+            self._reader(event)
+        except Exception as error:
+            self._error = error
+
+    def require(self) -> None:
+        """Read now if not read yet, and raise what reading found."""
+        self.read()
+        if self._error is not None:
+            raise self._error
+
+
+def resolve_pool(directory: PoolDirectory, name: str | None, headers: Headers) -> Pool:
+    """The request's pool; a request no route matched but that names a model (the body-based router
+    copied it into a header) is that model's 404, not the route's."""
+    try:
+        return directory.resolve(name)
+    except RouteNotFoundError:
+        model = model_header(headers)
+        if model:
+            raise ModelNotFoundError.of(model) from None
+        raise
 
 
 def model_header(pairs: Headers) -> str:
