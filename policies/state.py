@@ -2,8 +2,9 @@
 
 :class:`SchedulerState` holds the approximate prefix index, this picker's own in-flight requests
 and tokens per endpoint (fresher than any scrape: they change at pick time), and session
-affinity. It is synchronous on purpose: a shared implementation (Redis, a later issue) keeps a
-local mirror that these calls read and write, and syncs it off the request path.
+affinity. It is synchronous on purpose: the shared implementation (Redis,
+``gateway.picker.shared_state``) keeps a local mirror that these calls read and write, and syncs it
+off the request path.
 
 In-flight accounting cannot leak: each request's contribution is stored under its request id, so
 ``inflight_remove`` subtracts exactly what ``inflight_add`` added (and is idempotent), and

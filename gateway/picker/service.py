@@ -1,10 +1,10 @@
 """The endpoint-picker runtime: pools → schedulers + scraper + ext_proc server + admin HTTP.
 
-``PickerService`` is fed pool configurations (from a pools file today, from the Gateway API control
-plane via ``apply_pools`` later) and keeps three things in step: the scraper's endpoint membership,
-one ``ProfileScheduler`` per pool (kept across updates while its profile is unchanged, so in-flight
-counts and the prefix index survive a reload), and the immutable pool table the ext_proc service
-resolves pools from (swapped as one reference).
+``PickerService`` is fed pool configurations through ``apply_pools`` (from a pools file, from the
+Gateway API control plane, from a cluster's InferencePool) and keeps three things in step: the
+scraper's endpoint membership, one ``ProfileScheduler`` per pool (kept across updates while its
+profile is unchanged, so in-flight counts and the prefix index survive a reload), and the immutable
+pool table the ext_proc service resolves pools from (swapped as one reference).
 """
 
 from __future__ import annotations
