@@ -2,7 +2,7 @@
 
 Why processes: one picker process is one Python interpreter, so about one core (grpc.aio and the
 scheduler hold the GIL; grpc's own C threads add a third of a core under load: 1.33 cores measured
-on 16 cores, bench/results/device-16core/workers-session11-4-upstreams.md).
+on 16 cores, bench/results/device-16core/workers-4-upstreams.md).
 Why one port: a gateway configures one endpoint-picker address (the Inference Extension's 9002);
 the workers bind it with ``SO_REUSEPORT`` and the kernel spreads the gateway's HTTP/2 connections
 over them (Envoy opens at least one per worker thread).
