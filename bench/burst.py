@@ -32,9 +32,9 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from kvgate.bench.datapath import machine
-from kvgate.bench.datapath_procs import cpu_snapshot, kvgate_command, start_child
-from kvgate.bench.datapath_up import child_pids
+from kvgate.bench.datapath.full_duplex import machine
+from kvgate.bench.datapath.procs import cpu_snapshot, kvgate_command, start_child
+from kvgate.bench.datapath.up import child_pids
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import EXAMPLE_MODEL
 

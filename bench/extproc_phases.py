@@ -4,7 +4,7 @@
 [--pause-ms MS] [--picker-args ARGS] [--lean-args ARGS] [--floor-loop LOOP] [--stream-tokens N]
 [--output FILE]``
 
-The same Envoy, upstream and processors as ``bench.datapath_onepass`` (``direct``, ``floor``,
+The same Envoy, upstream and processors as ``bench.datapath.onepass`` (``direct``, ``floor``,
 ``kvgate_lean`` and, with ``--baseline DIR``, ``baseline_lean``), each listener with a file access
 log of Envoy's own per-request timings:
 
@@ -38,10 +38,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
-from kvgate.bench.datapath_envoy import POOL, direct_cluster, direct_listener
-from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath_onepass import (
+from kvgate.bench.datapath.envoy import POOL, direct_cluster, direct_listener
+from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath.onepass import (
     FLOOR,
     LEAN,
     LEAN_ARGS,
@@ -49,7 +49,7 @@ from kvgate.bench.datapath_onepass import (
     processor_listener,
     stream_bodies,
 )
-from kvgate.bench.datapath_procs import (
+from kvgate.bench.datapath.procs import (
     outcome_address,
     pools_yaml,
     start_null_picker,

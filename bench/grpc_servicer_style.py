@@ -33,10 +33,10 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from kvgate.bench.datapath import machine
-from kvgate.bench.datapath_load import completion_bodies
-from kvgate.bench.datapath_offline import envoy_messages
-from kvgate.bench.datapath_procs import cpu_seconds, start_child
+from kvgate.bench.datapath.full_duplex import machine
+from kvgate.bench.datapath.load import completion_bodies
+from kvgate.bench.datapath.offline import envoy_messages
+from kvgate.bench.datapath.procs import cpu_seconds, start_child
 from kvgate.extproc import codec, names
 from kvgate.extproc.actions import ContinueBody, ContinueHeaders, HeaderEdit, Phase
 

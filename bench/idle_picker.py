@@ -3,14 +3,14 @@
 ``python -m kvgate.bench.idle_picker [--endpoints 8] [--seconds 8] [--rounds 3] [--baseline DIR]
 [--output FILE]``
 
-One upstream process (``bench.datapath_upstream``: ``--endpoints`` ports with the data-path
+One upstream process (``bench.datapath.upstream``: ``--endpoints`` ports with the data-path
 benchmark's vLLM metrics page) and one picker at a time over it, at the default scrape interval
 (50 ms: 20 scrapes a second per endpoint). For each picker: its process's cores over ``--seconds``
 after a 2 s settle, and the upstream's (the scraped side). With ``--baseline DIR`` (another checkout
 of kvgate, e.g. ``git worktree add /tmp/before HEAD~1``) the picker of that checkout runs too,
 alternated with this one's round by round, so that the two are compared within one run; ratios
 are of the medians. An idle picker's CPU is paid under load as well, spread over the requests
-served (``bench.datapath_onepass``).
+served (``bench.datapath.onepass``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate.bench.datapath import load_average, machine
-from kvgate.bench.datapath_procs import Child, cpu_seconds, pools_yaml, start_picker, start_upstream
+from kvgate.bench.datapath.full_duplex import load_average, machine
+from kvgate.bench.datapath.procs import Child, cpu_seconds, pools_yaml, start_picker, start_upstream
 
 SETTLE_S = 2.0
 HERE = Path(__file__).resolve().parent.parent

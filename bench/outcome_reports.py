@@ -2,9 +2,9 @@
 
 ``python -m kvgate.bench.outcome_reports [--rounds 3] [--seconds 8] [--latency] [--output FILE]``
 
-One Envoy, one upstream of 8 endpoints with live metrics pages (bench/datapath_upstream.py), and
+One Envoy, one upstream of 8 endpoints with live metrics pages (bench/datapath/upstream.py), and
 the processors behind it, each on a listener of its own: ``direct`` (no processor), the one-pass
-floor (bench/datapath_null_picker.py), ``roundtrip`` (``kvgate picker`` reading every response's
+floor (bench/datapath/null_picker.py), ``roundtrip`` (``kvgate picker`` reading every response's
 headers: ``kvgate up --no-skip-unread-responses``), ``bare`` (``kvgate picker
 --skip-unread-responses``: the picker never hears of the outcomes) and ``reports`` (``kvgate picker
 --skip-unread-responses --outcome-reports`` behind a listener whose gRPC access log reports them:
@@ -25,10 +25,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
-from kvgate.bench.datapath_envoy import POOL, direct_cluster, direct_listener
-from kvgate.bench.datapath_load import completion_bodies, write_bodies
-from kvgate.bench.datapath_onepass import (
+from kvgate.bench.datapath.envoy import POOL, direct_cluster, direct_listener
+from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath.load import completion_bodies, write_bodies
+from kvgate.bench.datapath.onepass import (
     FLOOR,
     LEAN,
     LEAN_ARGS,
@@ -39,7 +39,7 @@ from kvgate.bench.datapath_onepass import (
     processor_listener,
     stream_bodies,
 )
-from kvgate.bench.datapath_procs import outcome_address, start_null_picker, start_picker, start_upstream
+from kvgate.bench.datapath.procs import outcome_address, start_null_picker, start_picker, start_upstream
 from kvgate.gateway.controlplane.envoy_config import ONE_PASS, bootstrap, ext_proc_cluster, pool_clusters
 from kvgate.gateway.controlplane.envoy_config import PoolBackend as Pool
 from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port

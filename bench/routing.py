@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
-from kvgate.bench.datapath_procs import TreeCpu, picker_processes
+from kvgate.bench.datapath.procs import TreeCpu, picker_processes
 from kvgate.bench.loadgen import run_open_loop
 from kvgate.bench.routing_report import goals, plot, summary, tables
 from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize

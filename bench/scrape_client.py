@@ -3,7 +3,7 @@
 ``python -m kvgate.bench.scrape_client [--requests 3000] [--rounds 3] [--output FILE]``
 
 A loopback aiohttp server (its own process) serves two pages: the small page of the data-path
-benchmark's upstream (what a picker scrapes in ``bench.datapath_onepass``) and a vLLM 0.11 page of
+benchmark's upstream (what a picker scrapes in ``bench.datapath.onepass``) and a vLLM 0.11 page of
 one engine as vLLM renders it (``bench.metrics_pages.vllm_page``, ~64 KB). For each page this process
 GETs it ``--requests`` times in a row with aiohttp's ``ClientSession`` (kept-alive connector, what the
 scraper used before) and with :class:`gateway.picker.scrape.http_get.MetricsConnection` (what it
@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from kvgate.bench.datapath import machine
+from kvgate.bench.datapath.full_duplex import machine
 from kvgate.bench.metrics_pages import vllm_page
 from kvgate.gateway.picker.scrape.http_get import MetricsConnection
 

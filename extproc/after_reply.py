@@ -5,7 +5,7 @@ bucket search each) and tells the scheduler what happened (the pick counted in f
 prompt in the prefix index, the first token, the end) while it answers Envoy. None of it changes the
 reply, so it waits in one :class:`AfterReply` queue per process: the servicer writes the message's
 replies, then calls :meth:`AfterReply.flush`. At concurrency 1 the request's path runs with cold
-caches (``python -m kvgate.bench.datapath_offline --cold-mb 32``), where this work costs several times
+caches (``python -m kvgate.bench.datapath.offline --cold-mb 32``), where this work costs several times
 what it costs warm.
 
 Ordering: one FIFO for every stream of the process, so the scheduler hears each request's events

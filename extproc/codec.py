@@ -146,7 +146,7 @@ def _served(message: pb.ProcessingRequest) -> str | None:
 
 def encode(action: Action) -> pb.ProcessingResponse:
     """The reply for one action, built in place (a third of the CPU of nesting built messages, each
-    of which protobuf copies into its parent: ``python -m kvgate.bench.datapath_offline --lean``)."""
+    of which protobuf copies into its parent: ``python -m kvgate.bench.datapath.offline --lean``)."""
     response = pb.ProcessingResponse()
     if isinstance(action, ContinueHeaders):
         headers = response.request_headers if action.phase is Phase.REQUEST else response.response_headers

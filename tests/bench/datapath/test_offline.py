@@ -1,8 +1,8 @@
-"""bench.datapath_offline: the replay runs kvgate's message sequences through the real lifecycle."""
+"""bench.datapath.offline: the replay runs kvgate's message sequences through the real lifecycle."""
 
 from __future__ import annotations
 
-from kvgate.bench.datapath_offline import REQUEST_PATH, STAGES, replay, request_path_stages
+from kvgate.bench.datapath.offline import REQUEST_PATH, STAGES, replay, request_path_stages
 
 
 def test_each_sequence_gets_its_replies() -> None:

@@ -1,4 +1,4 @@
-"""A fast stand-in model server for the data-path benchmark: ``python -m kvgate.bench.datapath_upstream``.
+"""A fast stand-in model server for the data-path benchmark: ``python -m kvgate.bench.datapath.upstream``.
 
 It answers every POST at once with a small OpenAI completion (usage included, so the picker's
 response path parses it), or, when the body says ``"stream": true``, with ``max_tokens`` SSE chunks
@@ -121,7 +121,7 @@ async def serve(host: str, ports: Sequence[int]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_upstream", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath.upstream", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, action="append", help="a port to listen on (repeatable)")
     parser.add_argument("--endpoints", type=int, default=1, help="with no --port: this many free ports")

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.bench.datapath_upstream import READY_PREFIX as UPSTREAM_READY
+from kvgate.bench.datapath.upstream import READY_PREFIX as UPSTREAM_READY
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.child_process import ChildProcess
 
@@ -54,7 +54,7 @@ async def start_child(
 
 async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
     """The fast upstream (one process, ``endpoints`` ports); returns it and its ``ip:port`` list."""
-    command = [sys.executable, "-m", "kvgate.bench.datapath_upstream", "--endpoints", str(endpoints)]
+    command = [sys.executable, "-m", "kvgate.bench.datapath.upstream", "--endpoints", str(endpoints)]
     child = await start_child("upstream", command, UPSTREAM_READY)
     return child, [url.removeprefix("http://") for url in child.ready_words]
 
@@ -62,10 +62,10 @@ async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
 async def start_null_picker(
     destination: str, loop: str = event_loop.DEFAULT
 ) -> tuple[Child, tuple[str, int]]:
-    """bench/datapath_null_picker.py routing everything to ``destination``, on event loop ``loop``."""
-    from kvgate.bench.datapath_null_picker import READY_PREFIX
+    """bench/datapath/null_picker.py routing everything to ``destination``, on event loop ``loop``."""
+    from kvgate.bench.datapath.null_picker import READY_PREFIX
 
-    command = [sys.executable, "-m", "kvgate.bench.datapath_null_picker", "--destination", destination,
+    command = [sys.executable, "-m", "kvgate.bench.datapath.null_picker", "--destination", destination,
                "--loop", loop]
     child = await start_child("null_picker", command, READY_PREFIX)
     return child, ("127.0.0.1", int(child.ready_words[0]))

@@ -1,8 +1,8 @@
-"""bench.datapath_onepass: path selection, the median of latency rounds and the report's columns."""
+"""bench.datapath.onepass: path selection, the median of latency rounds and the report's columns."""
 
 from __future__ import annotations
 
-from kvgate.bench.datapath_onepass import LATENCY_PATHS, LOAD_PATHS, Row, chosen, median_rows, render
+from kvgate.bench.datapath.onepass import LATENCY_PATHS, LOAD_PATHS, Row, chosen, median_rows, render
 
 
 def test_chosen_keeps_direct_and_floor_and_the_named_paths_in_order() -> None:

@@ -1,16 +1,16 @@
 """Data-path cost of one pick, in one run: Envoy straight to the upstream, the one-pass floor
 processor, kvgate's one-pass data path and kvgate in GIE's full-duplex mode.
 
-``python -m kvgate.bench.datapath_onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...]
+``python -m kvgate.bench.datapath.onepass [--quick] [--endpoints 8] [--paths kvgate_lean ...]
 [--latency-rounds N] [--picker-args ARGS] [--baseline DIR] [--profile-dir DIR]
 [--output bench/results/datapath.md]``
 
 One Envoy (``--envoy-concurrency`` workers) with one listener per path, all to the same fast
-upstream (bench/datapath_upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
+upstream (bench/datapath/upstream.py: ``--endpoints`` ports with vLLM metrics pages, so the default
 profile's full scheduling runs over live endpoints; streams of one SSE chunk per token):
 
 - ``direct``: router → round robin over the endpoints (no ext_proc);
-- ``floor``: the one-pass null processor (bench/datapath_null_picker.py): request headers SEND,
+- ``floor``: the one-pass null processor (bench/datapath/null_picker.py): request headers SEND,
   request body BUFFERED, response phases SKIP/NONE; it parses the JSON body and answers with the
   destination header and ``clear_route_cache``: the grpc.aio + Envoy floor for a Python picker;
 - ``kvgate``: kvgate's filter chain as ``kvgate up`` writes it
@@ -34,7 +34,7 @@ Markdown report and writes it to ``--output``. ``--paths`` runs only the paths n
 concurrency-1 phase N times with the paths alternating (in an order rotated each round) and reports
 the median of the rounds' p50s
 (this machine's speed drifts within minutes); ``--profile-dir`` records each processor
-with py-spy during its closed-loop 1 KB run (``bench.datapath_profile`` summarises the stacks).
+with py-spy during its closed-loop 1 KB run (``bench.datapath.profile`` summarises the stacks).
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ from pathlib import Path
 
 import aiohttp
 
-from kvgate.bench import datapath_profile
-from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
-from kvgate.bench.datapath_envoy import BODY_LIMIT, POOL, direct_cluster, direct_listener
-from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath_procs import (
+from kvgate.bench.datapath import profile as datapath_profile
+from kvgate.bench.datapath.envoy import BODY_LIMIT, POOL, direct_cluster, direct_listener
+from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath.procs import (
     Child,
     cpu_snapshot,
     outcome_address,
@@ -267,7 +267,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     load_paths = tuple(p for p in chosen(LOAD_PATHS, wanted) if p not in unwanted)
     rows: list[Row] = []
     header = {
-        "command": " ".join(["python -m kvgate.bench.datapath_onepass", *sys.argv[1:]]),
+        "command": " ".join(["python -m kvgate.bench.datapath.onepass", *sys.argv[1:]]),
         **{f"machine {k}": v for k, v in machine().items()},
         **{f"version {k}": v for k, v in versions().items()},
         "endpoints": str(args.endpoints),
@@ -440,7 +440,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_onepass", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath.onepass", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs (about 3 minutes)")
     parser.add_argument("--endpoints", type=int, default=8, help="upstream endpoints in the pool")

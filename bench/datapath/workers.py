@@ -1,8 +1,8 @@
 """Throughput and CPU per request of ``kvgate picker --workers N`` for several N, in one run.
 
-``python -m kvgate.bench.datapath_workers [--workers 1 2 4] [--load-cores K] [--output FILE]``
+``python -m kvgate.bench.datapath.workers [--workers 1 2 4] [--load-cores K] [--output FILE]``
 
-One fast upstream (bench/datapath_upstream.py, ``--endpoints`` ports with live vLLM metrics pages);
+One fast upstream (bench/datapath/upstream.py, ``--endpoints`` ports with live vLLM metrics pages);
 for each N a fresh ``kvgate picker --workers N`` (its workers share state through a private Redis)
 behind one Envoy with kvgate's one-pass filter chain, whose ext_proc cluster lists the workers' own
 ports (least request); wrk closed-loop load with a 1 KB non-streamed body and a 64-token stream of
@@ -34,11 +34,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
-from kvgate.bench.datapath_envoy import POOL
-from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath_onepass import processor_listener, stream_bodies
-from kvgate.bench.datapath_procs import (
+from kvgate.bench.datapath.envoy import POOL
+from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath.onepass import processor_listener, stream_bodies
+from kvgate.bench.datapath.procs import (
     Child,
     TreeCpu,
     kvgate_command,
@@ -137,7 +137,7 @@ async def run(args: argparse.Namespace) -> str:
     lines = [
         "# `kvgate picker --workers N`: throughput and CPU per request",
         "",
-        f"- command: python -m kvgate.bench.datapath_workers {' '.join(sys.argv[1:])}",
+        f"- command: python -m kvgate.bench.datapath.workers {' '.join(sys.argv[1:])}",
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- load generator: wrk -t{args.threads} -c{args.connections}, "
@@ -296,7 +296,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m kvgate.bench.datapath_workers",
+        prog="python -m kvgate.bench.datapath.workers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

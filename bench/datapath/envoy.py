@@ -7,7 +7,7 @@
 - ``kvgate_pair`` (when two picker addresses are given): the same, with an ext_proc cluster listing
   two picker processes (Envoy balances the gRPC streams, LEAST_REQUEST).
 - ``null_extproc`` (when a null processor is given): the same filter chain with
-  bench/datapath_null_picker.py as the processor — the grpc.aio + Envoy ext_proc floor.
+  bench/datapath/null_picker.py as the processor — the grpc.aio + Envoy ext_proc floor.
 
 All listeners share one Envoy worker set, so the paths are compared on the same process and build.
 """

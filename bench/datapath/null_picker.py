@@ -1,9 +1,9 @@
 """A null ext_proc processor: the grpc.aio + Envoy floor under any Python picker.
 
-``python -m kvgate.bench.datapath_null_picker --destination IP:PORT [--port P] [--loop auto|uvloop|asyncio]``
+``python -m kvgate.bench.datapath.null_picker --destination IP:PORT [--port P] [--loop auto|uvloop|asyncio]``
 
 With Envoy's one-pass processing mode (request headers SEND, request body BUFFERED, response phases
-SKIP/NONE: the ``floor`` path of ``bench.datapath_onepass``) the same loop is the one-pass floor:
+SKIP/NONE: the ``floor`` path of ``bench.datapath.onepass``) the same loop is the one-pass floor:
 it answers the headers at once, parses the JSON body (``json.loads``) and answers it with the
 destination header, ``envoy.lb`` metadata and ``clear_route_cache``: two messages each way.
 
@@ -115,7 +115,7 @@ async def serve(destination: str, host: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_null_picker", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath.null_picker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--destination", required=True, help="ip:port every request goes to")
     parser.add_argument("--host", default="127.0.0.1")

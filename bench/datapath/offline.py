@@ -1,6 +1,6 @@
 """kvgate's own CPU per request on the ext_proc path, without gRPC or Envoy.
 
-``python -m kvgate.bench.datapath_offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]
+``python -m kvgate.bench.datapath.offline [--requests N] [--size BYTES] [--one-pass | --lean] [--profile]
 [--cold-mb MB]``
 
 Replays the full-duplex message sequence Envoy sends for one completion (request headers with
@@ -35,8 +35,8 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
-from kvgate.bench.datapath_load import COMPLETION_BODY_PATH, completion_bodies
-from kvgate.bench.datapath_upstream import COMPLETION
+from kvgate.bench.datapath.load import COMPLETION_BODY_PATH, completion_bodies
+from kvgate.bench.datapath.upstream import COMPLETION
 from kvgate.extproc import codec, names
 from kvgate.extproc.after_reply import DeferredMetrics
 from kvgate.extproc.events import RequestHeaders, StreamClosed
@@ -306,7 +306,7 @@ def request_path_stages(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_offline", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath.offline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--size", type=int, default=1024, help="request body bytes")

@@ -1,6 +1,6 @@
 """The data path through ``kvgate up`` itself, as a new user runs it, against a replica straight.
 
-``python -m kvgate.bench.datapath_up [--quick] [--sim 4] [--output FILE]``
+``python -m kvgate.bench.datapath.up [--quick] [--sim 4] [--output FILE]``
 
 Starts ``kvgate up --sim N --sim-time-scale 0.001`` (the simulator nearly free; Envoy with its
 default worker count, the picker, control plane and scraper in the ``kvgate up`` process) and, in
@@ -26,10 +26,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvgate.bench.datapath import load_average, machine, versions, wait_until_serving
-from kvgate.bench.datapath_load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath_onepass import FULL, QUICK, stream_latency
-from kvgate.bench.datapath_procs import cpu_snapshot, descendants, kvgate_command, start_child
+from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
+from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
+from kvgate.bench.datapath.onepass import FULL, QUICK, stream_latency
+from kvgate.bench.datapath.procs import cpu_snapshot, descendants, kvgate_command, start_child
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import EXAMPLE_MODEL
 
@@ -122,7 +122,7 @@ async def run(args: argparse.Namespace) -> str:
                 print(lines[-1], file=sys.stderr, flush=True)
     header = [
         "# Data path through `kvgate up`", "",
-        f"- command: python -m kvgate.bench.datapath_up {' '.join(sys.argv[1:])}",
+        f"- command: python -m kvgate.bench.datapath.up {' '.join(sys.argv[1:])}",
         f"- kvgate up: {' '.join(command[len(kvgate_command()):])} (Envoy workers: "
         f"{args.envoy_concurrency or os.cpu_count()})",
         *(f"- machine {k}: {v}" for k, v in machine().items()),
@@ -137,7 +137,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath_up", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath.up", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sim", type=int, default=4, help="simulated replicas")

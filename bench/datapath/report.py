@@ -6,8 +6,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvgate.bench.datapath_load import WrkResult
-from kvgate.bench.datapath_profile import ProfileSummary
+from kvgate.bench.datapath.load import WrkResult
+from kvgate.bench.datapath.profile import ProfileSummary
 
 ANALYSIS_HEADING = "## Analysis"
 """Everything from this heading on in an existing report is hand-written and kept on re-runs."""

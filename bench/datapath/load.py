@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-LUA_SCRIPT = Path(__file__).with_name("lua") / "datapath_post.lua"
+LUA_SCRIPT = Path(__file__).resolve().parents[1] / "lua" / "datapath_post.lua"
 RESULT_PREFIX = "DATAPATH-RESULT "
 MODEL = "bench-model"
 COMPLETION_BODY_PATH = "/v1/completions"

@@ -2,15 +2,15 @@
 
 ``python -m kvgate.bench.datapath [--quick] [--output bench/results/datapath.md]``
 
-One Envoy (``--envoy-concurrency`` workers) with three listeners (bench/datapath_envoy.py):
+One Envoy (``--envoy-concurrency`` workers) with three listeners (bench/datapath/envoy.py):
 ``direct`` (router → STATIC cluster of the upstream endpoints, no ext_proc), ``kvgate`` (kvgate's
 filter chain, ext_proc FULL_DUPLEX_STREAMED → ORIGINAL_DST, one ``kvgate picker`` process) and
 ``kvgate_pair`` (the same with two picker processes in the ext_proc cluster) and ``null_extproc``
-(the same chain with bench/datapath_null_picker.py, a processor that only does what the protocol
+(the same chain with bench/datapath/null_picker.py, a processor that only does what the protocol
 requires: the grpc.aio + Envoy ext_proc floor under any Python picker). The upstream is one
-process of bench/datapath_upstream.py serving ``--endpoints`` ports (each one pool endpoint with a
+process of bench/datapath/upstream.py serving ``--endpoints`` ports (each one pool endpoint with a
 vLLM /metrics page, so the default profile's full scheduling runs over them). Load comes from
-``wrk`` in its own process (bench/datapath_load.py). Phases:
+``wrk`` in its own process (bench/datapath/load.py). Phases:
 
 1. latency at concurrency 1, 1 KB and 200 KB completion bodies, direct / null / kvgate alternating
    (``--rounds`` rounds; the median of each statistic over rounds is reported);
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import aiohttp
 
-from kvgate.bench import datapath_profile as profiling
-from kvgate.bench.datapath_envoy import POOL, DatapathPorts, datapath_bootstrap
-from kvgate.bench.datapath_load import WrkResult, completion_bodies, run_wrk, write_bodies, wrk_binary
-from kvgate.bench.datapath_procs import (
+from kvgate.bench.datapath import profile as profiling
+from kvgate.bench.datapath.envoy import POOL, DatapathPorts, datapath_bootstrap
+from kvgate.bench.datapath.load import WrkResult, completion_bodies, run_wrk, write_bodies, wrk_binary
+from kvgate.bench.datapath.procs import (
     Child,
     cpu_share,
     cpu_snapshot,
@@ -50,7 +50,7 @@ from kvgate.bench.datapath_procs import (
     start_picker,
     start_upstream,
 )
-from kvgate.bench.datapath_report import Measurement, Report, kept_analysis, render
+from kvgate.bench.datapath.report import Measurement, Report, kept_analysis, render
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, find_envoy_binary, free_port
 
 LATENCY_PATHS = ("direct", "null_extproc", "kvgate")
