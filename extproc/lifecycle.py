@@ -153,8 +153,8 @@ class RequestLifecycle:
         pool = self._pool = resolve_pool(self._directory, self._pool_name, event.headers)
         plan = self._plan = plan_request(event.modes or self._config.default_modes,
                                          has_body=not event.end_of_stream, pool=pool, config=self._config)
-        if plan.read_headers_later:  # the reply goes first (module docstring): 80-150 µs off Envoy's
-            # request-headers call at concurrency 1 (bench/results/extproc_phases.md)
+        if plan.read_headers_later:  # the reply goes first (module docstring): a shorter
+            # request-headers call for Envoy (bench/results/extproc_phases.md)
             self._unread.hold(event)
             if self._after_reply is not None:
                 self._after_reply.defer("reading the request headers", self._unread.read)

@@ -28,8 +28,8 @@ by default), metadata and protobuf framing."""
 MAX_PENDING_STREAMS = 65536
 """Streams gRPC's core may hold before Python's server loop takes them up. Its defaults (a soft limit
 of 1,000, a hard one of 3,000, random early drops in between) reset streams that a burst opens faster
-than one event loop accepts them: 2,000 clients at once through ``kvgate up`` lost 3-10 % of their
-requests as 503 ``endpoint_picker_unavailable`` (``bench/results/burst.md``). The picker is on every
+than one event loop accepts them: a burst of clients lost some of their requests as 503
+``endpoint_picker_unavailable`` (``bench/results/burst.md``). The picker is on every
 request's path, so it queues what the data plane sends instead (Envoy's circuit breakers on the
 ext_proc cluster bound that); soft = hard: no early drops."""
 

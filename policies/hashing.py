@@ -8,11 +8,11 @@ endpoints share a block hash only if they saw the same model and the same leadin
 Two schemes, the same routing meaning:
 
 - ``gie``: exactly GIE's bytes: ``h_i = xxh64(block_i ‖ le64(h_{i-1}))`` with
-  ``h_{-1} = xxh64(model ‖ salt)``. One Python-level step per block (~90–125 µs for 256 blocks on
-  the 2-core dev box).
+  ``h_{-1} = xxh64(model ‖ salt)``. One Python-level step per block: about three times the
+  default's cost (``bench/results/pick_cost.md``).
 - ``chained-xor`` (default): ``h_i = h_{i-1} XOR xxh3_64(block_i, seed=s + i)`` with
   ``s = xxh64(model ‖ salt) >> 1``: every step runs in C (``struct`` splits the blocks, ``map``
-  hashes them, ``itertools.accumulate`` chains them), ~35 µs for 256 blocks. Position-seeded hashes
+  hashes them, ``itertools.accumulate`` chains them). Position-seeded hashes
   XOR-ed together (Zobrist style) still identify the prefix: two different prefixes of equal
   length collide with probability ~2⁻⁶⁴.
 

@@ -141,7 +141,7 @@ class PickerSettings:
     plugin_timing_every: int = 8
     """Time the scheduler's plugins (``inference_extension_plugin_duration_seconds``) on one request
     in this many (1: every request): a sample keeps the histogram's shape at a fraction of the cost
-    (~7 µs a request with the default profile, bench.datapath.offline --timing-every)."""
+    (``python -m kvgate.bench.datapath.offline --timing-every N`` measures it)."""
     reuse_port: bool = False
     """Bind the gRPC port with SO_REUSEPORT (one of several workers on one port)."""
     own_grpc_address: str | None = None

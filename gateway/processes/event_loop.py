@@ -1,10 +1,9 @@
 """The event loop a kvgate process runs on (``--loop``): uvloop by default, asyncio's own on request.
 
 The picker's request path is mostly grpc.aio and asyncio handing each ext_proc message between
-grpc's threads and the loop; uvloop does that hand-over and its callbacks in C. Measured at
-concurrency 1 on 2 cores (``bench/results/uvloop.md``, three runs): Envoy's request-headers call to
-the picker 60-90 µs shorter on uvloop, the client's p50 0.01-0.24 ms; under load the CPU per request
-is the same on either loop.
+grpc's threads and the loop; uvloop does that hand-over and its callbacks in C: Envoy's calls to the
+picker are shorter at concurrency 1 and the CPU per request under load is the same on either loop
+(``bench/results/uvloop.md``).
 """
 
 from __future__ import annotations

@@ -43,10 +43,9 @@ every picker's arrivals at ``e``), or ``λ / N`` when this picker has none in fl
 serves many requests has many waiting behind a long prefill there, an idle one few. A greedy
 estimate of one request's TTFT misses this: in a burst where every replica is busy, a request whose
 document's replica had the longest queue re-read the document elsewhere and delayed everyone queued
-behind that re-read (long prompts at 0.9 × capacity: 5 re-reads of 9-29k-token documents after
-warm-up, p90 TTFT 206 ms in a virtual-time replay, ``bench/replay.py``; with factor 0.5 none, 38 ms; over
-5 seeds 43 → 34 ms with ``λ(e)`` split by in-flight requests rather than ``λ / N``, LoRA mix 34 → 30
-ms, other workloads unchanged). A request whose prefix is cached has little prefill and so little
+behind that re-read (long prompts at 0.9 × capacity re-read documents after warm-up without it,
+and none with factor 0.5: docs/routing.md, finding 11). A request whose prefix is cached has little
+prefill and so little
 externality; spills of long prompts and new documents on a busy fleet get the most.
 
 ``score(e) = min_cost / cost(e)`` in (0, 1]. A hot prefix stays on its replica while the
@@ -84,7 +83,8 @@ MAX_KNOWN_ADAPTERS = 4096
 """Adapter names remembered (oldest forgotten first): a model is priced as a LoRA adapter once any
 scrape showed it active or waiting, even when no replica runs it at the moment. (Judged from the
 current scrape alone, a rarely used adapter looked like a base model whenever none of its requests
-was running, and was sent to replicas with every slot busy: the lora-mix p99 of 350-450 ms.) Before
+was running, and was sent to replicas with every slot busy: the lora-mix tail, docs/routing.md,
+finding 14.) Before
 any scrape shows it, a model is an adapter on a LoRA-enabled endpoint whose page labels its gauges
 with other model names (vLLM's ``model_name``: ``EndpointMetrics.served_models``), so a rare
 adapter's first request is priced as one too. Limit: a base model requested by a second
