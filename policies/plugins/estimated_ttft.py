@@ -45,8 +45,8 @@ estimate of one request's TTFT misses this: in a burst where every replica is bu
 document's replica had the longest queue re-read the document elsewhere and delayed everyone queued
 behind that re-read (long prompts at 0.9 × capacity re-read documents after warm-up without it,
 and none with factor 0.5: docs/routing.md, finding 11). A request whose prefix is cached has little
-prefill and so little
-externality; spills of long prompts and new documents on a busy fleet get the most.
+prefill and so little externality; spills of long prompts and new documents on a busy fleet get the
+most.
 
 ``score(e) = min_cost / cost(e)`` in (0, 1]. A hot prefix stays on its replica while the
 queueing there costs less than the prefill it saves, then spills to the next-cheapest replica,
