@@ -1,5 +1,5 @@
 """The code examples of docs/architecture.md run as written: each Python block of its "Where to add
-things", then its plugin used in a profile and scheduled with."""
+things" (a scorer, a feedback plugin, a metric dialect, a configuration provider), then put to use."""
 
 from __future__ import annotations
 
@@ -45,3 +45,28 @@ def test_the_feedback_example_hears_usage() -> None:
     endpoint = Endpoint("10.0.0.1:8000", "p")
     plugin.on_usage(InferenceRequest("r1", "p", "m", "m"), endpoint, Usage(10, 1, cached_tokens=8), 0.0)
     assert plugin.reports == [("10.0.0.1:8000", 8)]
+
+
+def test_the_dialect_example_reads_a_page() -> None:
+    namespace = run(next(block for block in examples() if "DialectSpec" in block))
+    spec = namespace["spec"]
+    page = "# TYPE myengine_queue_size gauge\nmyengine_queue_size 3\nmyengine_kv_used_ratio 0.25\n"
+    metrics = spec.build(spec.reader.read(page), 1.0)
+    assert (metrics.waiting, metrics.kv_cache_usage) == (3, 0.25)
+
+
+async def test_the_provider_example_feeds_the_control_plane() -> None:
+    from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
+    from kvgate.gateway.controlplane.xds import SnapshotCache
+    from kvgate.gateway.picker.service import PickerService, PickerSettings
+    from kvgate.gateway.up import bundled_example
+
+    namespace = run(next(block for block in examples() if "StaticProvider" in block))
+    text = "\n---\n".join(path.read_text() for path in sorted(bundled_example().glob("*.yaml")))
+    provider = namespace["StaticProvider"](text)
+    picker = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
+    settings = ControlPlaneSettings(picker_address="127.0.0.1:9002")
+    control = ControlPlane(provider, picker, SnapshotCache(), settings)
+    assert control.apply(await provider.first()), control.last_error
+    assert control.applied is not None
+    assert control.applied.pools == ("default/llama",)
