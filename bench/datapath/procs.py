@@ -98,7 +98,8 @@ async def start_picker(
     if root is None:
         command = [*kvgate_command(), *args]
     else:  # -P: the working directory does not go first on sys.path; the checkout does
-        command = [sys.executable, "-P", "-m", "kvgate.gateway.cli", *args]
+        module = "kvgate.gateway.cli" if (root / "kvgate").is_dir() else "gateway.cli"  # before kvgate.*
+        command = [sys.executable, "-P", "-m", module, *args]
         inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "proto"), *inherited]))
     child = await start_child(name, command, PICKER_READY, log_path, env=env)
