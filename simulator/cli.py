@@ -3,6 +3,11 @@
 Example: ``kvgate sim --replicas 4 --port 8000 --loras sql,chat --max-loras 1 --time-scale 0.1
 --replica 3:num_gpu_blocks=2048,slowdown=1.5 --admin-port 8100``.
 
+Disaggregated fleets: ``--role prefill|decode|both`` gives every replica a role; ``--prefill N
+--decode M`` (with ``--replicas K`` for K more of role ``both``) starts N prefill replicas, then M
+decode replicas, then K; the KV transfer between them is modelled by ``--kv-bandwidth-gbs``,
+``--kv-latency-ms`` and ``--kv-bytes-per-token`` (``simulator.kv_transfer``, docs/simulator.md).
+
 Per-replica overrides (``--replica I:KEY=VALUE,…``, repeatable) accept the engine keys
 ``max_loras, max_num_seqs, max_num_batched_tokens, num_gpu_blocks, block_size, slowdown,
 lora_load_time, enable_prefix_caching, loras`` (``loras`` separated by ``+``), ``profile``, and the
@@ -26,6 +31,7 @@ from typing import Any
 from kvgate.simulator.engine import EngineConfig
 from kvgate.simulator.faults import FAULT_FIELDS, Faults
 from kvgate.simulator.fleet import Fleet, FleetConfig, run_until
+from kvgate.simulator.kv_transfer import ROLES, KvTransferSettings, Role
 from kvgate.simulator.metrics import DIALECTS
 from kvgate.simulator.server import ReplicaConfig
 
@@ -37,7 +43,23 @@ _ENGINE_FLOAT_KEYS = ("slowdown", "lora_load_time")
 def build_parser() -> argparse.ArgumentParser:
     defaults = EngineConfig()
     p = argparse.ArgumentParser(prog="kvgate sim", description="Serve a simulated vLLM-compatible fleet.")
-    p.add_argument("--replicas", type=int, default=1, help="number of replicas (default 1)")
+    kv = KvTransferSettings()
+    p.add_argument("--replicas", type=int, default=None,
+                   help="number of replicas (default 1; with --prefill/--decode: more of role both, "
+                        "default 0)")
+    p.add_argument("--role", choices=ROLES, default="both",
+                   help="every replica's role when --prefill/--decode are not given (default both)")
+    p.add_argument("--prefill", type=int, default=0, metavar="N", help="N replicas of role prefill")
+    p.add_argument("--decode", type=int, default=0, metavar="M", help="M replicas of role decode")
+    p.add_argument("--kv-bandwidth-gbs", type=float, default=kv.bandwidth_gbs,
+                   help=f"KV transfer bandwidth, GB/s (default {kv.bandwidth_gbs:g})")
+    p.add_argument("--kv-latency-ms", type=float, default=kv.latency_s * 1000,
+                   help=f"fixed cost of one KV transfer, ms (default {kv.latency_s * 1000:g})")
+    p.add_argument("--kv-bytes-per-token", type=int, default=kv.kv_bytes_per_token,
+                   help=f"KV bytes per token (default {kv.kv_bytes_per_token}: Llama-3.1-8B, bf16)")
+    p.add_argument("--kv-hold-timeout", type=float, default=kv.hold_timeout_s, metavar="SECONDS",
+                   help="simulated seconds a prefill keeps KV no decode has read "
+                        f"(default {kv.hold_timeout_s:g}, vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
     p.add_argument("--port", type=int, default=8000,
                    help="first port; replica i listens on port+i (0: ephemeral ports)")
     p.add_argument("--host", default="127.0.0.1", help="listen address when --hosts-from is not given")
@@ -96,7 +118,9 @@ def _bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def _replica_config(index: int, args: argparse.Namespace, override: dict[str, str]) -> ReplicaConfig:
+def _replica_config(
+    index: int, args: argparse.Namespace, override: dict[str, str], role: Role, kv: KvTransferSettings,
+) -> ReplicaConfig:
     engine = EngineConfig(
         model=args.model,
         served_loras=tuple(name for name in (s.strip() for s in args.loras.split(",")) if name),
@@ -124,6 +148,10 @@ def _replica_config(index: int, args: argparse.Namespace, override: dict[str, st
             engine_changes["served_loras"] = tuple(name for name in value.split("+") if name)
         elif key == "profile":
             profile = value
+        elif key == "role":
+            if value not in ROLES:
+                raise ValueError(f"--replica {index}: role must be one of {', '.join(ROLES)}")
+            role = value
         elif key in FAULT_FIELDS and key != "slowdown":
             fault_changes[key] = value
         else:
@@ -137,19 +165,42 @@ def _replica_config(index: int, args: argparse.Namespace, override: dict[str, st
         seed=args.seed,
         faults=faults.updated(fault_changes),
         stream_interval=args.stream_interval,
+        role=role,
+        kv_transfer=kv,
     )
 
 
 def fleet_config(args: argparse.Namespace) -> FleetConfig:
     """The fleet an argument namespace describes; raises ValueError on inconsistent values."""
-    if args.replicas < 1:
-        raise ValueError("--replicas must be >= 1")
+    roles = _roles(args)
     if args.time_scale <= 0:
         raise ValueError("--time-scale must be > 0")
-    overrides = _parse_overrides(args.replica, args.replicas)
-    replicas = tuple(_replica_config(i, args, overrides.get(i, {})) for i in range(args.replicas))
+    kv = KvTransferSettings(bandwidth_gbs=args.kv_bandwidth_gbs, latency_s=args.kv_latency_ms / 1000,
+                            kv_bytes_per_token=args.kv_bytes_per_token, hold_timeout_s=args.kv_hold_timeout)
+    overrides = _parse_overrides(args.replica, len(roles))
+    replicas = tuple(_replica_config(i, args, overrides.get(i, {}), role, kv) for i, role in enumerate(roles))
     return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,
                        admin_port=args.admin_port)
+
+
+def _roles(args: argparse.Namespace) -> list[Role]:
+    """Each replica's role, in replica order (prefill, then decode, then both)."""
+    if args.prefill < 0 or args.decode < 0:
+        raise ValueError("--prefill and --decode must be >= 0")
+    if args.prefill or args.decode:
+        if args.role != "both":
+            raise ValueError("--role applies without --prefill/--decode; give one or the other")
+        extra = args.replicas or 0
+        if extra < 0:
+            raise ValueError("--replicas must be >= 0")
+        prefill: list[Role] = ["prefill"] * args.prefill
+        decode: list[Role] = ["decode"] * args.decode
+        both: list[Role] = ["both"] * extra
+        return prefill + decode + both
+    count = 1 if args.replicas is None else args.replicas
+    if count < 1:
+        raise ValueError("--replicas must be >= 1")
+    return [args.role] * count
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

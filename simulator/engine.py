@@ -69,8 +69,9 @@ class _Seq:
     """The engine's mutable state of one request."""
 
     __slots__ = (
-        "arrival", "blocks", "cached_tokens", "first_token_time", "hashes", "lora", "max_tokens",
-        "num_computed", "num_hashed", "num_output", "prompt_len", "request_id", "state",
+        "arrival", "blocks", "cached_tokens", "first_token_time", "hashes", "hold_kv", "lora",
+        "max_tokens", "num_computed", "num_hashed", "num_output", "prompt_len", "remote_blocks",
+        "request_id", "state",
     )
 
     def __init__(self, request: SimRequest, arrival: float, hashes: tuple[int, ...]) -> None:
@@ -87,6 +88,8 @@ class _Seq:
         self.cached_tokens = -1  # prefix hit at the first admission
         self.first_token_time = -1.0
         self.state = _WAITING
+        self.hold_kv = request.hold_kv
+        self.remote_blocks = 0  # whole blocks received from a remote prefill (set by the engine)
 
 
 class Engine:
@@ -98,6 +101,7 @@ class Engine:
         self._kv = KVCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self._loras = LoraSlots(config.max_loras, config.served_loras)
         self._seqs: dict[str, _Seq] = {}  # in flight: waiting or running
+        self._held: dict[str, list[int]] = {}  # finished prefills' blocks kept for a remote decode
         self._waiting: deque[_Seq] = deque()  # may hold aborted entries (state _DONE), skipped lazily
         self._num_waiting = 0
         self._waiting_tokens = 0  # tokens still to compute by waiting requests (before cache hits)
@@ -132,6 +136,8 @@ class Engine:
         if cfg.enable_prefix_caching:
             hashes = prompt_block_hashes(request.prompt_tokens, cfg.block_size, request.lora or cfg.model)
         seq = _Seq(request, now, hashes)
+        # whole received blocks, leaving at least the prompt's last token to compute here
+        seq.remote_blocks = min(max(0, request.remote_tokens) // cfg.block_size, (n - 1) // cfg.block_size)
         self._seqs[seq.request_id] = seq
         self._enqueue(seq, front=False)
         self._submitted += 1
@@ -151,6 +157,20 @@ class Engine:
 
     def has_work(self) -> bool:
         return self._num_waiting > 0 or bool(self._running)
+
+    def release_held(self, request_id: str) -> bool:
+        """Let a finished prefill's held blocks go (read by the decode side, or expired); False when
+        none are held under ``request_id``. They stay in the prefix cache until evicted."""
+        blocks = self._held.pop(request_id, None)
+        if blocks is None:
+            return False
+        self._kv.release(blocks)
+        return True
+
+    @property
+    def held_requests(self) -> int:
+        """Finished prefills whose blocks are held for a remote decode."""
+        return len(self._held)
 
     # ---- LoRA registry ---------------------------------------------------------------------------
     def load_lora(self, name: str) -> None:
@@ -237,7 +257,7 @@ class Engine:
                 continue
             total = seq.prompt_len + seq.num_output
             hits = kv.match_prefix(seq.hashes, (total - 1) // bs)
-            computed = len(hits) * bs
+            computed = max(len(hits), seq.remote_blocks) * bs
             n = min(total - computed, budget)
             end = computed + n
             need = -(-end // bs) - len(hits)
@@ -251,7 +271,7 @@ class Engine:
             seq.num_hashed = len(hits)
             self._register_full_blocks(seq, end)
             self._queries += total
-            self._hits += computed
+            self._hits += len(hits) * bs  # local hits only: received blocks are not cache hits
             if seq.cached_tokens < 0:
                 seq.cached_tokens = computed
             seq.state = _RUNNING
@@ -291,12 +311,14 @@ class Engine:
                 finished = True
                 seq.state = _DONE
                 del self._seqs[seq.request_id]
+                held = self._hold_prompt_blocks(seq) if seq.hold_kv else ()
                 self._stop_running(seq)
                 self._success += 1
                 events.append(
                     Finished(
                         seq.request_id, now, seq.prompt_len, seq.num_output, seq.cached_tokens,
-                        seq.first_token_time - seq.arrival, now - seq.arrival,
+                        seq.first_token_time - seq.arrival, now - seq.arrival, held,
+                        seq.remote_blocks * self.config.block_size,
                     )
                 )
         if finished:
@@ -366,6 +388,15 @@ class Engine:
                 register(seq.blocks[b], seq.hashes[b])
             seq.num_hashed = upto
 
+    def _hold_prompt_blocks(self, seq: _Seq) -> tuple[int, ...]:
+        """Reference the prompt's full blocks once more (vLLM's NixlConnector delays freeing them
+        until the decode side has read them); a prompt shorter than a block holds none."""
+        blocks = seq.blocks[: seq.prompt_len // self.config.block_size]
+        if blocks:
+            self._kv.acquire(blocks)
+            self._held[seq.request_id] = list(blocks)
+        return tuple(blocks)
+
     def _enqueue(self, seq: _Seq, front: bool) -> None:
         seq.state = _WAITING
         if front:
@@ -373,15 +404,19 @@ class Engine:
         else:
             self._waiting.append(seq)
         self._num_waiting += 1
-        self._waiting_tokens += seq.prompt_len + seq.num_output - seq.num_computed
+        self._waiting_tokens += self._tokens_to_compute(seq)
         if seq.lora is not None:
             self._waiting_loras[seq.lora] += 1
 
     def _dequeued(self, seq: _Seq) -> None:
         self._num_waiting -= 1
-        self._waiting_tokens -= seq.prompt_len + seq.num_output - seq.num_computed
+        self._waiting_tokens -= self._tokens_to_compute(seq)
         if seq.lora is not None:
             _decrement(self._waiting_loras, seq.lora)
+
+    def _tokens_to_compute(self, seq: _Seq) -> int:
+        done = max(seq.num_computed, seq.remote_blocks * self.config.block_size)
+        return seq.prompt_len + seq.num_output - done
 
     def _stop_running(self, seq: _Seq) -> None:
         """Release a running request's blocks and adapter use (the caller fixes ``_running``)."""

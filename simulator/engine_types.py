@@ -45,6 +45,14 @@ class SimRequest:
     prompt_tokens: tuple[int, ...]
     max_tokens: int  # exact output length (ignore-EOS semantics), >= 1
     lora: str | None = None  # adapter name, None = base model
+    remote_tokens: int = 0
+    """Leading prompt tokens whose KV a remote prefill computed and this replica received (vLLM's
+    ``do_remote_prefill``): admitted as computed, like a prefix hit, in whole blocks; the rest of the
+    prompt (at least its last token, as vLLM recomputes it) is computed here."""
+    hold_kv: bool = False
+    """Keep the prompt's full blocks referenced after the request finishes, for a decode instance to
+    read (vLLM's ``do_remote_decode``): ``Finished.held_blocks`` names them and
+    ``Engine.release_held`` lets them go."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,10 @@ class Finished:
     cached_tokens: int
     ttft: float
     e2e: float
+    held_blocks: tuple[int, ...] = ()
+    """The prompt's full blocks kept for a remote decode (``SimRequest.hold_kv``), in order."""
+    remote_tokens: int = 0
+    """Prompt tokens that came from a remote prefill (``SimRequest.remote_tokens``, whole blocks)."""
 
 
 EngineEvent = FirstToken | TokenOut | Finished

@@ -11,12 +11,15 @@ an error) and start it again on the same address; the replica's engine (and its 
 Ready protocol (stdout, one line each, flushed; see :func:`ready_lines`)::
 
     kvgate-sim replica 0 http://127.0.0.1:8000
-    kvgate-sim replica 1 http://127.0.0.1:8001
+    kvgate-sim replica 1 http://127.0.0.1:8001 role=decode   (a role other than both is named)
     kvgate-sim admin http://127.0.0.1:9000            (only with an admin port)
     kvgate-sim ready http://127.0.0.1:8000 http://127.0.0.1:8001
 
 The ``ready`` line comes last, once every listener accepts connections: ``kvgate-sim ready`` followed by
 the replica base URLs in replica order, separated by single spaces.
+
+The replicas of one fleet share a :class:`~simulator.kv_transfer.KvTransferHub`: a decode replica's
+read of a prefill replica's KV frees it there (disaggregated serving).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from aiohttp import web
 from kvgate.simulator.admin import make_admin_app
 from kvgate.simulator.driver import LagMonitor
 from kvgate.simulator.encode_memo import EncodeMemo
+from kvgate.simulator.kv_transfer import KvTransferHub
 from kvgate.simulator.server import Replica, ReplicaConfig
 
 READY_PREFIX = "kvgate-sim ready"
@@ -106,6 +110,7 @@ class Fleet:
     listeners: list[ReplicaListener] = field(default_factory=list)
     lag: LagMonitor | None = None
     encode_memo: EncodeMemo = field(default_factory=EncodeMemo)  # shared: one CPU plays every replica
+    kv_hub: KvTransferHub = field(default_factory=KvTransferHub)
     admin_url: str | None = None
     _admin_runner: web.AppRunner | None = None
 
@@ -115,7 +120,7 @@ class Fleet:
         self.lag.start()
         try:
             for replica_config in self.config.replicas:
-                replica = Replica(replica_config, self.lag, self.encode_memo)
+                replica = Replica(replica_config, self.lag, self.encode_memo, self.kv_hub)
                 self.replicas.append(replica)
                 host, port = self.config.address_of(replica_config.index)
                 if self.config.hosts_from is not None and port == 0 and self.listeners:
@@ -167,7 +172,8 @@ class Fleet:
                   "requests_failed_stopped", "errors_injected", "hung", "streams_cut", "in_flight",
                   "waiting", "running",
                   "prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens",
-                  "request_success", "preemptions")
+                  "request_success", "preemptions", "remote_prefills", "remote_decodes",
+                  "kv_transfers_failed", "kv_expired")
         totals: dict[str, Any] = {key: sum(item[key] for item in per_replica) for key in summed}
         return {
             "replicas": per_replica,
@@ -176,8 +182,12 @@ class Fleet:
         }
 
 
-def ready_lines(urls: Sequence[str], admin_url: str | None) -> list[str]:
-    lines = [f"kvgate-sim replica {i} {url}" for i, url in enumerate(urls)]
+def ready_lines(urls: Sequence[str], admin_url: str | None, roles: Sequence[str] = ()) -> list[str]:
+    """``roles``: each replica's role, in order (none given: all ``both``)."""
+    lines = []
+    for i, url in enumerate(urls):
+        role = roles[i] if i < len(roles) else "both"
+        lines.append(f"kvgate-sim replica {i} {url}" + ("" if role == "both" else f" role={role}"))
     if admin_url is not None:
         lines.append(f"kvgate-sim admin {admin_url}")
     lines.append(" ".join([READY_PREFIX, *urls]))
@@ -196,7 +206,8 @@ async def run_until(fleet: Fleet, stop: asyncio.Event, announce: bool = True) ->
     await fleet.start()
     try:
         if announce:
-            for line in ready_lines(fleet.urls, fleet.admin_url):
+            roles = [replica.config.role for replica in fleet.replicas]
+            for line in ready_lines(fleet.urls, fleet.admin_url, roles):
                 print(line, flush=True)
         await stop.wait()
     finally:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -45,6 +45,10 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 LORA_INFO_SERIES_KEPT = 32
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+NIXL_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+"""vLLM's ``vllm:nixl_xfer_time_seconds`` buckets (NixlPromMetrics)."""
+NIXL_BYTES_BUCKETS = tuple(float(2 ** p) for p in range(20, 35))  # 1 MiB .. 16 GiB
 
 
 @dataclass(frozen=True)
@@ -174,9 +178,46 @@ class ReplicaMetrics:
         self._e2e = Histogram(names.e2e, "Histogram of end to end request latency in seconds.",
                               ["model_name"], registry=self.registry, buckets=E2E_BUCKETS).labels(model_name)
 
+        self._nixl = _NixlMetrics(self.registry, model_name) if dialect == "vllm" else None
+
     def observe(self, finished: Finished) -> None:
         self._ttft.observe(finished.ttft)
         self._e2e.observe(finished.e2e)
 
+    def kv_transferred(self, seconds: float, nbytes: int) -> None:
+        """A decode read a remote prefill's KV (vLLM: ``vllm:nixl_xfer_time_seconds``,
+        ``vllm:nixl_bytes_transferred``)."""
+        if self._nixl is not None:
+            self._nixl.xfer_time.observe(seconds)
+            self._nixl.bytes.observe(nbytes)
+
+    def kv_transfer_failed(self) -> None:
+        if self._nixl is not None:
+            self._nixl.failed.inc()
+
+    def kv_expired(self) -> None:
+        """Held prefill KV that no decode read in time (tracked on the prefill instance, as vLLM's)."""
+        if self._nixl is not None:
+            self._nixl.expired.inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _NixlMetrics:
+    """vLLM's NixlConnector metrics (``NixlPromMetrics``), labelled ``model_name`` and ``engine``."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        labels = ["model_name", "engine"]
+        values = (model_name, "0")
+        self.xfer_time = Histogram("vllm:nixl_xfer_time_seconds",
+                                   "Histogram of transfer duration for NIXL KV Cache transfers.", labels,
+                                   registry=registry, buckets=NIXL_TIME_BUCKETS).labels(*values)
+        self.bytes = Histogram("vllm:nixl_bytes_transferred",
+                               "Histogram of bytes transferred per NIXL KV Cache transfers.", labels,
+                               registry=registry, buckets=NIXL_BYTES_BUCKETS).labels(*values)
+        self.failed = Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.",
+                              labels, registry=registry).labels(*values)
+        self.expired = Counter("vllm:nixl_num_kv_expired_reqs",
+                               "Number of requests that had their KV expire.", labels,
+                               registry=registry).labels(*values)

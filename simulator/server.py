@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -24,8 +25,18 @@ from aiohttp import web
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
-from kvgate.simulator.engine import Engine, EngineConfig, Finished, SimRequest
+from kvgate.simulator.engine import Engine, EngineConfig, EngineMetrics, Finished, SimRequest
 from kvgate.simulator.faults import ErrorInjector, Faults
+from kvgate.simulator.kv_agent import KvTransferAgent
+from kvgate.simulator.kv_transfer import (
+    KvTransfer,
+    KvTransferHub,
+    KvTransferSettings,
+    RemoteDecode,
+    RemotePrefill,
+    Role,
+    parse_kv_transfer_params,
+)
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 
@@ -41,6 +52,10 @@ class ReplicaConfig:
     time_scale: float = 1.0
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
+    role: Role = "both"
+    """What the replica is deployed as (``llm-d.ai/role``); it serves either half of a disaggregated
+    request whatever its role (``simulator.kv_transfer``)."""
+    kv_transfer: KvTransferSettings = field(default_factory=KvTransferSettings)
     stream_interval: int = 1
     """Tokens per SSE chunk of a streamed response after the first token, which goes out at once
     (vLLM's ``--stream-interval``; 1: a chunk per token, vLLM's default). The last may hold fewer."""
@@ -70,12 +85,21 @@ def _error(err: api.ApiError) -> web.Response:
     return json_response(err.body(), err.status)
 
 
+def _local_address(request: web.Request) -> tuple[str, int]:
+    """The address this replica answered on (a prefill names it as ``remote_host``/``remote_port``)."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2:
+        return str(sockname[0]), int(sockname[1])
+    return "", 0
+
+
 class Replica:
     """A simulated vLLM server. Construct inside a running event loop."""
 
     def __init__(self, config: ReplicaConfig, lag_monitor: LagMonitor | None = None,
-                 encode_memo: EncodeMemo | None = None) -> None:
+                 encode_memo: EncodeMemo | None = None, kv_hub: KvTransferHub | None = None) -> None:
         self.config = config
+
         self._memo = encode_memo if encode_memo is not None else EncodeMemo()
         self.base_model = config.engine.model
         self.faults = config.faults
@@ -86,7 +110,10 @@ class Replica:
         self.accepting = True
         self.adapters: dict[str, str] = {name: f"/adapters/{name}" for name in config.engine.served_loras}
         self.engine = Engine(config.engine, load_profile(config.profile))
-        self.metrics = ReplicaMetrics(config.dialect, self.base_model, self.engine.metrics)
+        self.metrics = ReplicaMetrics(config.dialect, self.base_model, self._engine_metrics)
+        self.kv = KvTransferAgent(self.engine, self.metrics, config.kv_transfer, config.time_scale,
+                                  kv_hub if kv_hub is not None else KvTransferHub(), config.index)
+        """This replica's side of disaggregated serving (``simulator.kv_agent``)."""
         self.driver = EngineDriver(self.engine, config.time_scale, lambda: self.faults.slowdown,
                                    self._on_finished)
         self._injector = ErrorInjector(config.seed * 1_000_003 + config.index)
@@ -95,7 +122,15 @@ class Replica:
         self.driver.start()
 
     async def close(self) -> None:
+        self.kv.close()
         await self.driver.stop()
+
+    def _engine_metrics(self) -> EngineMetrics:
+        """The engine's snapshot, with requests waiting for remote KV counted as waiting (vLLM keeps
+        them in its waiting queue)."""
+        m = self.engine.metrics()
+        receiving = self.kv.receiving
+        return dataclasses.replace(m, waiting=m.waiting + receiving) if receiving else m
 
     def _on_finished(self, finished: Finished) -> None:
         self.counters.requests_served += 1
@@ -128,6 +163,7 @@ class Replica:
         c = self.counters
         return {
             "replica": self.config.index,
+            "role": self.config.role,
             "model": self.base_model,
             "engine": self.config.dialect,
             "time_scale": self.config.time_scale,
@@ -142,8 +178,9 @@ class Replica:
             "errors_injected": c.errors_injected,
             "hung": c.hung,
             "streams_cut": c.streams_cut,
+            **self.kv.stats(),
             "in_flight": self.driver.in_flight,
-            "waiting": m.waiting,
+            "waiting": m.waiting + self.kv.receiving,
             "running": m.running,
             "kv_cache_usage": m.kv_cache_usage,
             "prefix_cache_queries": m.prefix_cache_queries,
@@ -195,6 +232,7 @@ class Replica:
             body = api.decode_json_object(await request.read())
             parsed = api.parse_inference(kind, body, self.base_model, self._memo)
             api.check_model(parsed.model, self.served_models())
+            transfer = parse_kv_transfer_params(body)
         except api.ApiError as err:
             self.counters.requests_rejected += 1
             return _error(err)
@@ -206,7 +244,11 @@ class Replica:
             return _error(api.ApiError(500, "injected fault: internal server error"))
         request_id = api.new_request_id(kind)
         lora = None if parsed.model == self.base_model else parsed.model
-        sim = SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, lora)
+        remote_tokens = await self.kv.receive(transfer) if isinstance(transfer, RemotePrefill) else 0
+        sim = SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, lora,
+                         remote_tokens=remote_tokens,
+                         # a streamed answer has no place for kv_transfer_params: nothing to hold for
+                         hold_kv=isinstance(transfer, RemoteDecode) and not parsed.stream)
         try:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:
@@ -215,14 +257,15 @@ class Replica:
         try:
             if parsed.stream:
                 return await self._stream(request, parsed, request_id, delivery)
-            return await self._respond(parsed, request_id, delivery)
+            return await self._respond(request, parsed, request_id, delivery, transfer)
         finally:
             if not delivery.done:
                 self.counters.requests_aborted += 1
                 self.driver.abort(request_id)
 
     async def _respond(
-        self, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
+        self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery,
+        transfer: KvTransfer | None,
     ) -> web.Response:
         while not delivery.done:
             await delivery.wait()
@@ -232,6 +275,9 @@ class Replica:
         usage = api.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         created = int(time.time())
         body = api.full_response(parsed, request_id, created, finished.completion_tokens, usage)
+        if isinstance(transfer, RemoteDecode):
+            address = _local_address(request)
+            body["kv_transfer_params"] = self.kv.hold_for_decode(request_id, finished, address)
         return json_response(body)
 
     async def _stream(

@@ -12,6 +12,7 @@ import pytest
 from kvgate.simulator.engine import EngineConfig
 from kvgate.simulator.faults import Faults
 from kvgate.simulator.fleet import Fleet, FleetConfig
+from kvgate.simulator.kv_transfer import KvTransferSettings, Role
 from kvgate.simulator.metrics import Dialect
 from kvgate.simulator.server import ReplicaConfig
 
@@ -30,12 +31,15 @@ def fleet_config(
     hosts_from: str | None = None,
     port: int = 0,
     faults: Faults | None = None,
+    roles: tuple[Role, ...] = (),
+    kv_transfer: KvTransferSettings | None = None,
     **engine: Any,
 ) -> FleetConfig:
     engine_config = dataclasses.replace(EngineConfig(), **engine)
     configs = tuple(
         ReplicaConfig(
-            index=i, engine=engine_config, dialect=dialect, time_scale=time_scale, faults=faults or Faults()
+            index=i, engine=engine_config, dialect=dialect, time_scale=time_scale, faults=faults or Faults(),
+            role=roles[i] if i < len(roles) else "both", kv_transfer=kv_transfer or KvTransferSettings(),
         )
         for i in range(replicas)
     )

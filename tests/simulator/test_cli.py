@@ -152,3 +152,34 @@ def test_overrides_reach_replica_configs() -> None:
     assert config.replicas[2].engine.served_loras == ("x", "y")
     assert config.replicas[0].engine.enable_prefix_caching is False
     assert {r.dialect for r in config.replicas} == {"sglang"}
+
+
+def test_prefill_and_decode_counts_make_a_disaggregated_fleet() -> None:
+    args = build_parser().parse_args(["--prefill", "2", "--decode", "3", "--replicas", "1",
+                                      "--kv-bandwidth-gbs", "12.5", "--kv-latency-ms", "5",
+                                      "--replica", "4:role=both"])
+    config = fleet_config(args)
+    assert [r.role for r in config.replicas] == ["prefill", "prefill", "decode", "decode", "both", "both"]
+    kv = config.replicas[0].kv_transfer
+    assert (kv.bandwidth_gbs, kv.latency_s) == (12.5, 0.005)
+    roles = fleet_config(build_parser().parse_args(["--replicas", "2", "--role", "decode"])).replicas
+    assert [r.role for r in roles] == ["decode", "decode"]
+
+
+@pytest.mark.parametrize("argv", [["--prefill", "1", "--role", "decode"], ["--prefill", "-1"],
+                                  ["--replica", "0:role=leader"], ["--kv-bandwidth-gbs", "0"]])
+def test_bad_disaggregation_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_ready_lines_name_each_replica_role() -> None:
+    with running_sim(["--prefill", "1", "--decode", "1", "--port", "0", "--time-scale", "0.01"]) as (
+        proc, urls, lines,
+    ):
+        assert lines == [f"kvgate-sim replica 0 {urls[0]} role=prefill",
+                         f"kvgate-sim replica 1 {urls[1]} role=decode"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
