@@ -40,7 +40,8 @@ LLM_D_ROLE = {"prefill": "prefill", "decode": "decode", "both": "prefill-decode"
 @dataclass(frozen=True)
 class KvTransferSettings:
     bandwidth_gbs: float = 40.0
-    """Effective GB/s (10^9 bytes) of one KV read: 400 Gb/s RDMA (ConnectX-7) at an assumed 80 % of line rate."""
+    """Effective GB/s (10^9 bytes) of one KV read: 400 Gb/s RDMA (ConnectX-7) at an assumed 80 % of
+    line rate."""
     latency_s: float = 0.002
     """Fixed cost of one transfer (the handshake is cached; descriptor posting and notification)."""
     kv_bytes_per_token: int = 131_072
