@@ -23,12 +23,27 @@ from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usag
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillPick:
+    """The prefill half of a disaggregated request: the endpoint that computes the prompt's KV, and
+    the request as that endpoint's bookkeeping knows it (its own id; one output token). Its life is
+    reported with the scheduler's usual calls on ``request`` (``on_first_token`` when the prefill
+    answered, ``on_endpoint_failed``, ``on_finished``); one not reported ends with the decode's first
+    token or finish."""
+
+    request: InferenceRequest
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulingResult:
-    """``ranked`` is the pick first, then fallbacks in order (never empty)."""
+    """``ranked`` is the pick first, then fallbacks in order (never empty). ``prefill`` is set when
+    the request is disaggregated: ``ranked`` are then decode endpoints
+    (``policies.disaggregation``)."""
 
     ranked: tuple[Endpoint, ...]
     profile: str
     scores: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    prefill: PrefillPick | None = None
 
     @property
     def pick(self) -> Endpoint:

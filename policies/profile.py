@@ -154,6 +154,9 @@ class _ProfileFile(Params):
 def build_profile(data: Mapping[str, Any], registry: PluginRegistry | None = None) -> SchedulingProfile:
     """Validate a parsed profile document and build its plugins with ``registry`` (default: built-ins)."""
     registry = registry or builtin_registry()
+    if "disaggregation" in data:
+        raise ConfigError(f"profile {data.get('name')!r} is a disaggregated profile "
+                          "(load it with policies.disaggregation.load_scheduling)")
     try:
         spec = _ProfileFile.model_validate(dict(data))
     except ValidationError as exc:
@@ -235,6 +238,11 @@ def available_profiles() -> tuple[str, ...]:
 
 def load_profile(name_or_path: str | Path, registry: PluginRegistry | None = None) -> SchedulingProfile:
     """Load a shipped profile by name (``"default"``) or any profile file by path."""
+    return build_profile(read_profile_document(name_or_path), registry)
+
+
+def read_profile_document(name_or_path: str | Path) -> Mapping[str, Any]:
+    """The parsed YAML of a shipped profile (by name) or of a profile file (by path)."""
     text = _read(name_or_path)
     try:
         data = yaml.safe_load(text)
@@ -242,7 +250,7 @@ def load_profile(name_or_path: str | Path, registry: PluginRegistry | None = Non
         raise ConfigError(f"scheduling profile {str(name_or_path)!r} is not valid YAML: {exc}") from exc
     if not isinstance(data, Mapping):
         raise ConfigError(f"scheduling profile {str(name_or_path)!r} must be a mapping")
-    return build_profile(data, registry)
+    return data
 
 
 def _read(name_or_path: str | Path) -> str:

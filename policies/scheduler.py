@@ -95,7 +95,14 @@ class ProfileScheduler:
     ) -> SchedulingResult:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
-        ctx = self.context(request, now)
+        return self.schedule_in(self.context(request, now), candidates)
+
+    def schedule_in(self, ctx: SchedulingContext, candidates: Sequence[EndpointView]) -> SchedulingResult:
+        """``schedule`` with a context from :meth:`context` (a caller that reads it afterwards, as the
+        disaggregation decider reads the prefix matches, passes its own)."""
+        request, now = ctx.request, ctx.now
+        if not candidates:
+            raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
         endpoints = self._subset.filter(ctx, candidates)
         for gate in self._gates:
             endpoints = gate.gate(endpoints, now)

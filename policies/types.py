@@ -32,13 +32,47 @@ class FailureMode(StrEnum):
     FAIL_CLOSE = "FailClose"
 
 
+class Role(StrEnum):
+    """What a replica does in a disaggregated pool: prefill, decode, or both (aggregated serving).
+
+    Kubernetes: the Pod label ``llm-d.ai/role`` (``prefill``, ``decode``, ``prefill-decode``, or
+    ``both``); absent means both.
+    """
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+    @property
+    def prefills(self) -> bool:
+        return self is not Role.DECODE
+
+    @property
+    def decodes(self) -> bool:
+        return self is not Role.PREFILL
+
+    @staticmethod
+    def parse(text: str | None) -> Role:
+        """A role from a label or config value; ValueError for anything else."""
+        if text is None or text in ("", "both", "prefill-decode"):
+            return Role.BOTH
+        if text in ("prefill", "decode"):
+            return Role(text)
+        raise ValueError(f"role {text!r} is not prefill, decode, prefill-decode or both")
+
+
+ROLE_LABEL = "llm-d.ai/role"
+"""The Pod label naming a replica's :class:`Role` (llm-d's convention)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One model-server replica: an ``ip:port`` inside one pool."""
+    """One model-server replica: an ``ip:port`` inside one pool, with its :class:`Role`."""
 
     address: str
     pool: str
     name: str = ""
+    role: Role = Role.BOTH
 
     @property
     def host(self) -> str:

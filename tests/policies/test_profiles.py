@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kvgate.policies.disaggregation import load_scheduling
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.plugins.filters import HealthyFilter
 from kvgate.policies.plugins.pickers import MaxScorePicker
@@ -14,9 +15,9 @@ from kvgate.policies.registry import PluginRegistry, builtin_registry
 
 
 def test_all_shipped_profiles_build() -> None:
-    assert set(available_profiles()) >= {"default", "gie-default", "round-robin", "random"}
+    assert set(available_profiles()) >= {"default", "gie-default", "round-robin", "random", "pd"}
     for name in available_profiles():
-        assert load_profile(name).name == name
+        assert load_scheduling(name).name == name
 
 
 def test_gie_default_is_gies_weights() -> None:

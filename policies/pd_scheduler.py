@@ -1,0 +1,165 @@
+"""``DisaggregatedScheduler``: picks a decode endpoint and, when the decider says so, a prefill
+endpoint for one request (``policies.disaggregation``); implements ``policies.contracts.Scheduler``.
+
+It is two :class:`~policies.scheduler.ProfileScheduler` s over one state, and a router of the
+lifecycle's calls: a call about a decode request goes to the decode scheduler; a call about a
+prefill pick (its :class:`~policies.contracts.PrefillPick` request, with its own id) goes to the
+prefill scheduler. A prefill nobody reported ends (successfully) with its decode's first token, and
+at the latest with the decode's finish, so neither side's in-flight counts leak whatever the data
+plane shows (a sidecar runs the prefill where the picker cannot see it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+
+from kvgate.policies.contracts import PrefillPick, SchedulingResult
+from kvgate.policies.disaggregation import DisaggregatedProfile
+from kvgate.policies.errors import NoEligibleEndpointError
+from kvgate.policies.framework import PluginTimer
+from kvgate.policies.outliers import OutlierSettings
+from kvgate.policies.profile import SchedulingProfile
+from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.state import InProcessState, SchedulerState
+from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+
+PREFILL_SUFFIX = ":prefill"
+"""Appended to a request's id for its prefill half (the state keys in-flight work by request id)."""
+
+
+class DisaggregatedScheduler:
+    def __init__(
+        self,
+        profile: DisaggregatedProfile,
+        *,
+        state: SchedulerState | None = None,
+        rng: random.Random | None = None,
+        timer: PluginTimer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        timing_every: int = 1,
+        max_pending: int = 4096,
+        outliers: OutlierSettings | None = None,
+    ) -> None:
+        self.profile = profile
+        self.state: SchedulerState = state if state is not None else InProcessState()
+        rng = rng if rng is not None else random.Random()
+        def side(half: SchedulingProfile) -> ProfileScheduler:
+            return ProfileScheduler(half, state=self.state, rng=rng, timer=timer, clock=clock,
+                                    timing_every=timing_every, max_pending=max_pending, outliers=outliers)
+
+        self.decode = side(profile.decode)
+        self.prefill = side(profile.prefill)
+        self._decider = profile.decider.plugin
+        self._max_pending = max_pending
+        self._scheduled: OrderedDict[str, PrefillPick] = OrderedDict()
+        """Decode request id → the prefill scheduled with it, until the pick is told (``on_picked``)."""
+        self._pending: OrderedDict[str, PrefillPick] = OrderedDict()
+        """Decode request id → its prefill, until the prefill is reported finished."""
+        self._prefill_of: dict[str, str] = {}
+        """Prefill request id → its decode request id."""
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def schedule(
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+    ) -> SchedulingResult:
+        decoders = [c for c in candidates if c.endpoint.role.decodes]
+        if not decoders:
+            raise NoEligibleEndpointError(f"pool {request.pool!r} has no decode endpoints")
+        ctx = self.decode.context(request, now)
+        result = self.decode.schedule_in(ctx, decoders)
+        decode = result.ranked[0]
+        decode_view = next(c for c in decoders if c.endpoint is decode or c.address == decode.address)
+        if not self._decider.disaggregate(ctx, decode_view):
+            return result
+        prefillers = [c for c in candidates if c.endpoint.role.prefills and c.address != decode.address]
+        if not prefillers:
+            return result  # nothing else prefills: the decode endpoint computes the prompt itself
+        half = dataclasses.replace(request, request_id=request.request_id + PREFILL_SUFFIX, max_tokens=1,
+                                   stream=False)
+        try:
+            prefill = self.prefill.schedule(half, prefillers, now)
+        except NoEligibleEndpointError:
+            return result  # every prefill endpoint is filtered out (unhealthy, saturated): aggregated
+        pick = PrefillPick(half, prefill.ranked[0])
+        self._scheduled[request.request_id] = pick
+        while len(self._scheduled) > self._max_pending:  # scheduled, never picked (refused after)
+            self._scheduled.popitem(last=False)
+        return dataclasses.replace(result, prefill=pick, profile=self.profile.name)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _side(self, request: InferenceRequest) -> ProfileScheduler:
+        return self.prefill if request.request_id in self._prefill_of else self.decode
+
+    def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        """The data plane was told the pick: the decode endpoint, and the prefill scheduled with it."""
+        self.decode.on_picked(request, endpoint, now)
+        prefill = self._scheduled.pop(request.request_id, None)
+        if prefill is None:
+            return
+        self._pending[request.request_id] = prefill
+        self._prefill_of[prefill.request.request_id] = request.request_id
+        self.prefill.on_picked(prefill.request, prefill.endpoint, now)
+        while len(self._pending) > self._max_pending:  # never reported and never finished: drop
+            old_id, old = self._pending.popitem(last=False)
+            self._end_prefill(old_id, old, ok=False, now=now)
+
+    def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self._side(request).on_served(request, endpoint, now)
+
+    def on_first_token(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        side = self._side(request)
+        side.on_first_token(request, endpoint, now)
+        if side is self.decode:
+            self._end_unreported_prefill(request.request_id, ok=True, now=now)
+
+    def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        side = self._side(request)
+        side.on_first_token_unseen(request, endpoint, now)
+        if side is self.decode:
+            self._end_unreported_prefill(request.request_id, ok=True, now=now)
+
+    def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self._side(request).on_endpoint_failed(request, endpoint, now)
+
+    def on_endpoint_outcome(self, address: str, *, ok: bool, now: float) -> None:
+        self.decode.on_endpoint_outcome(address, ok=ok, now=now)
+        self.prefill.on_endpoint_outcome(address, ok=ok, now=now)
+
+    def on_usage(self, request: InferenceRequest, endpoint: Endpoint, usage: Usage, now: float) -> None:
+        self._side(request).on_usage(request, endpoint, usage, now)
+
+    def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
+        decode_id = self._prefill_of.pop(request.request_id, None)
+        if decode_id is not None:  # a prefill reported finished
+            self._pending.pop(decode_id, None)
+            self.prefill.on_finished(request, endpoint, ok=ok, now=now)
+            return
+        self.decode.on_finished(request, endpoint, ok=ok, now=now)
+        self._end_unreported_prefill(request.request_id, ok=ok, now=now)
+
+    def _end_unreported_prefill(self, decode_id: str, *, ok: bool, now: float) -> None:
+        prefill = self._pending.pop(decode_id, None)
+        if prefill is not None:
+            self._end_prefill(decode_id, prefill, ok=ok, now=now)
+
+    def _end_prefill(self, decode_id: str, prefill: PrefillPick, *, ok: bool, now: float) -> None:
+        self._prefill_of.pop(prefill.request.request_id, None)
+        self.prefill.on_first_token(prefill.request, prefill.endpoint, now)
+        self.prefill.on_finished(prefill.request, prefill.endpoint, ok=ok, now=now)
+
+    # --- pool membership ----------------------------------------------------------------------
+
+    @property
+    def inflight_models(self) -> Mapping[str, Mapping[str, int]]:
+        """The decode side's in-flight requests per endpoint and target model (reports, tests)."""
+        return self.decode.inflight_models
+
+    def forget_endpoint(self, address: str) -> None:
+        self.decode.forget_endpoint(address)
+        self.prefill.forget_endpoint(address)

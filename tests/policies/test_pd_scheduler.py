@@ -1,0 +1,165 @@
+"""Disaggregated scheduling (``policies.pd_scheduler``): the decode pick among decoders, the decider,
+the prefill pick among prefillers, and the bookkeeping of both halves."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import pytest
+
+from kvgate.policies.disaggregation import DisaggregatedProfile, build_disaggregated, load_scheduling
+from kvgate.policies.errors import ConfigError, NoEligibleEndpointError
+from kvgate.policies.pd_scheduler import PREFILL_SUFFIX, DisaggregatedScheduler
+from kvgate.policies.plugins.deciders import PrefixBasedDecider
+from kvgate.policies.profile import load_profile
+from kvgate.policies.schedulers import make_scheduler
+from kvgate.policies.state import InProcessState
+from kvgate.policies.types import EndpointView, Role
+from tests.policies.helpers import NOW, request, text, view
+
+LONG = text(1, 8000)  # ~2,000 estimated tokens
+SHORT = text(2, 400)  # ~100
+
+
+def roled(i: int, role: Role, **metrics: Any) -> EndpointView:
+    v = view(i, **metrics)
+    return dataclasses.replace(v, endpoint=dataclasses.replace(v.endpoint, role=role))
+
+
+FLEET = (roled(1, Role.PREFILL), roled(2, Role.PREFILL), roled(3, Role.DECODE), roled(4, Role.DECODE))
+
+
+def scheduler(threshold: int = 256) -> DisaggregatedScheduler:
+    profile = load_scheduling("pd")
+    assert isinstance(profile, DisaggregatedProfile)
+    decider = dataclasses.replace(profile.decider, plugin=PrefixBasedDecider(threshold))
+    return DisaggregatedScheduler(dataclasses.replace(profile, decider=decider), rng=random.Random(3))
+
+
+def test_a_long_prompt_gets_a_decode_endpoint_and_a_prefill_endpoint() -> None:
+    result = scheduler().schedule(request("r", LONG), FLEET, NOW)
+    assert result.pick.role is Role.DECODE
+    assert result.prefill is not None
+    assert result.prefill.endpoint.role is Role.PREFILL
+    assert result.prefill.request.request_id == "r" + PREFILL_SUFFIX
+    assert result.prefill.request.max_tokens == 1
+    assert result.profile == "pd"
+    assert all(e.role is Role.DECODE for e in result.ranked)  # fallbacks decode too
+
+
+def test_a_short_prompt_is_served_by_the_decode_endpoint_alone() -> None:
+    result = scheduler().schedule(request("r", SHORT), FLEET, NOW)
+    assert result.prefill is None
+    assert result.pick.role is Role.DECODE
+
+
+def test_a_prompt_the_decode_endpoint_holds_is_not_prefilled_again() -> None:
+    s = scheduler()
+    first = s.schedule(request("a", LONG), FLEET, NOW)
+    s.on_picked(request("a", LONG), first.pick, NOW)  # the prefix index now has it on the decoder
+    s.on_finished(request("a", LONG), first.pick, ok=True, now=NOW)
+    again = s.schedule(request("b", LONG + " and one more question"), FLEET, NOW)
+    assert again.pick == first.pick  # prefix affinity
+    assert again.prefill is None
+
+
+def test_threshold_zero_always_disaggregates_and_never_prefills_on_the_decode_pick() -> None:
+    both = (roled(1, Role.BOTH), roled(2, Role.BOTH))
+    for rid in "abcdef":
+        result = scheduler(0).schedule(request(rid, SHORT), both, NOW)
+        assert result.prefill is not None
+        assert result.prefill.endpoint != result.pick
+
+
+def test_without_decoders_the_request_is_refused_and_without_prefillers_it_is_aggregated() -> None:
+    with pytest.raises(NoEligibleEndpointError, match="decode"):
+        scheduler().schedule(request("r", LONG), FLEET[:2], NOW)
+    alone = scheduler().schedule(request("r", LONG), FLEET[2:], NOW)
+    assert alone.prefill is None
+
+
+def test_both_halves_are_in_flight_until_each_ends() -> None:
+    s = scheduler()
+    req = request("r", LONG)
+    result = s.schedule(req, FLEET, NOW)
+    assert result.prefill is not None
+    p_addr, d_addr = result.prefill.endpoint.address, result.pick.address
+    s.on_picked(req, result.pick, NOW)
+    assert isinstance(s.state, InProcessState)
+    assert s.state.inflight(p_addr).requests == 1
+    assert s.state.inflight(d_addr).requests == 1
+    assert s.state.inflight(p_addr).tokens > 1000  # the prompt's prefill is queued on the prefiller
+    # the picker ran the prefill and reports it on the prefill's own request
+    s.on_first_token(result.prefill.request, result.prefill.endpoint, NOW)
+    s.on_finished(result.prefill.request, result.prefill.endpoint, ok=True, now=NOW)
+    assert s.state.inflight(p_addr).requests == 0
+    assert s.state.inflight(d_addr).requests == 1
+    s.on_finished(req, result.pick, ok=True, now=NOW)
+    assert s.state.inflight_requests() == 0
+
+
+def test_an_unreported_prefill_ends_with_the_decode_first_token_or_finish() -> None:
+    s = scheduler()
+    for ending in ("first_token", "unseen", "finished"):
+        req = request(ending, text(10 + len(ending), 8000))  # prompts that share no prefix
+        result = s.schedule(req, FLEET, NOW)
+        assert result.prefill is not None
+        s.on_picked(req, result.pick, NOW)
+        if ending == "first_token":
+            s.on_first_token(req, result.pick, NOW)
+        elif ending == "unseen":
+            s.on_first_token_unseen(req, result.pick, NOW)
+        else:
+            s.on_finished(req, result.pick, ok=False, now=NOW)
+        assert s.state.inflight(result.prefill.endpoint.address).requests == 0, ending
+        s.on_finished(req, result.pick, ok=True, now=NOW)
+    assert isinstance(s.state, InProcessState)
+    assert s.state.inflight_requests() == 0
+
+
+def test_a_failed_prefill_counts_against_the_prefill_endpoint_only() -> None:
+    s = scheduler()
+    bad, failures, i = FLEET[0].address, 0, 0
+    while failures < 5:
+        i += 1
+        req = request(f"r{i}", text(20 + i, 8000))
+        result = s.schedule(req, FLEET, NOW)
+        assert result.prefill is not None
+        s.on_picked(req, result.pick, NOW)
+        half = result.prefill
+        ok = half.endpoint.address != bad
+        if not ok:
+            failures += 1
+            s.on_endpoint_failed(half.request, half.endpoint, NOW)
+        s.on_finished(half.request, half.endpoint, ok=ok, now=NOW)
+        s.on_finished(req, result.pick, ok=True, now=NOW)
+    results = [s.schedule(request(f"x{i}", text(200 + i, 8000)), FLEET, NOW) for i in range(8)]
+    assert {r.prefill.endpoint.address for r in results if r.prefill is not None} == {FLEET[1].address}
+    assert all(r.prefill is not None for r in results)  # ejected from prefilling, the other one does it
+
+
+def test_make_scheduler_builds_the_kind_the_profile_names() -> None:
+    assert isinstance(make_scheduler("pd"), DisaggregatedScheduler)
+    assert not isinstance(make_scheduler("default"), DisaggregatedScheduler)
+
+
+def _pd(**disaggregation: Any) -> dict[str, Any]:
+    spec = {"decider": {"type": "prefix-based-pd-decider"}, "decode": "pd-decode", "prefill": "pd-prefill"}
+    spec.update(disaggregation)
+    return {"name": "x", "disaggregation": spec}
+
+
+def test_the_halves_must_share_prefix_settings_and_the_prefill_half_must_not_pin_sessions() -> None:
+    with pytest.raises(ConfigError, match="prefix settings"):
+        build_disaggregated(_pd(prefill="gie-default"))
+    with pytest.raises(ConfigError, match="must not pin sessions"):
+        build_disaggregated(_pd(prefill="default"))
+    with pytest.raises(ConfigError, match="not a disaggregation decider"):
+        build_disaggregated(_pd(decider={"type": "healthy-filter"}))
+    with pytest.raises(ConfigError, match="non_cached_tokens"):
+        build_disaggregated(_pd(decider={"type": "prefix-based-pd-decider",
+                                         "parameters": {"non_cached_tokens": -1}}))
+    with pytest.raises(ConfigError, match="disaggregated profile"):
+        load_profile("pd")
