@@ -60,6 +60,13 @@ class Pool(Protocol):
         """Paths this pool serves beyond the inference API (``extproc.inference_paths``)."""
         ...
 
+    @property
+    def picker_runs_prefill(self) -> bool:
+        """A disaggregated request's prefill is run by the picker before it releases the request
+        (``extproc.prefill``); False: the data plane's decode-side sidecar runs it, told the prefill
+        endpoint in ``x-prefiller-host-port`` (llm-d)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TenantKey:

@@ -65,6 +65,7 @@ class StaticPool:
     views: tuple[EndpointView, ...]
 
     extra_paths: frozenset[str] = frozenset()
+    picker_runs_prefill: bool = True
 
     def model_known(self, model: str) -> bool | None:
         return True  # the replay's one model, served by every endpoint (as a pool that knows it)

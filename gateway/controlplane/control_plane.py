@@ -48,6 +48,7 @@ from kvgate.gateway.picker.pools_file import (
 )
 from kvgate.gateway.picker.service import PickerService
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.types import Role
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ EXTRA_PATHS_ANNOTATION = "kvgate.io/extra-paths"
 MODEL_CHECK_ANNOTATION = "kvgate.io/model-check"
 """``"false"``: forward names no replica reports (engines that load an adapter on first use, such as
 vLLM's LoRA resolvers), instead of answering them 404 ``model_not_found`` at the gateway."""
+PD_EXECUTION_ANNOTATION = "kvgate.io/pd-execution"
+"""Who runs a disaggregated request's prefill (profile ``pd``): ``picker`` (kvgate, the default) or
+``sidecar`` (llm-d's decode-side routing sidecar, told ``x-prefiller-host-port``)."""
 _DIALECTS: tuple[str, ...] = get_args(Dialect)
 
 
@@ -168,9 +172,20 @@ def pool_spec(
             "route_models": tuple(sorted(declared_models(config).get(pool.id, ()))),
             "check_models": check != "false",
             "extra_paths": _extra_paths(pool, annotations, warnings),
+            "roles": {e.address: e.role.value for e in pool.endpoints if e.role is not Role.BOTH},
+            "pd_execution": _pd_execution(pool, annotations, warnings),
         }
     )
     return spec, warnings
+
+
+def _pd_execution(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> str:
+    value = annotations.get(PD_EXECUTION_ANNOTATION, "picker").strip().lower()
+    if value not in ("picker", "sidecar"):
+        warnings.append(f"InferencePool {pool.id}: {PD_EXECUTION_ANNOTATION} {value!r} is not picker or "
+                        "sidecar; using picker")
+        return "picker"
+    return value
 
 
 def _extra_paths(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> tuple[str, ...]:

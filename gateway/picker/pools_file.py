@@ -9,6 +9,11 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
                                       #   adapters on first use, e.g. vLLM's LoRA resolvers)
         extraPaths: ["/v1/load_lora_adapter"]   # served besides the inference API (default: none)
         endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
+        roles: {"127.0.0.1:8001": prefill, "127.0.0.1:8002": decode}   # disaggregated serving:
+                                      #   prefill | decode | both (the default); with profile: pd
+        pdExecution: picker           # who runs a disaggregated request's prefill: the picker
+                                      #   itself (default), or the decode side's routing sidecar,
+                                      #   told x-prefiller-host-port (llm-d)
         failureMode: FailClose        # FailOpen | FailClose
         profile: default              # a profile name under policies/profiles, or a path
         engine: vllm                  # metrics dialect: vllm | sglang | trtllm | triton
@@ -26,7 +31,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -34,9 +39,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgate.policies.errors import ConfigError
-from kvgate.policies.types import FailureMode
+from kvgate.policies.types import Endpoint, FailureMode, Role
 
 Dialect = Literal["vllm", "sglang", "trtllm", "triton"]
+RoleName = Literal["prefill", "decode", "both", "prefill-decode"]
+PdExecution = Literal["picker", "sidecar"]
 
 
 def _check_address(value: str) -> str:
@@ -108,6 +115,24 @@ class PoolSpec(BaseModel):
     extra_paths: tuple[str, ...] = Field(default=(), alias="extraPaths")
     """Paths served besides the inference API (``extproc.inference_paths``), e.g. a model server's
     admin API for a trusted gateway."""
+    roles: Mapping[str, RoleName] = Field(default_factory=dict)
+    """Endpoint address → its role in disaggregated serving (absent: both)."""
+    pd_execution: PdExecution = Field(default="picker", alias="pdExecution")
+    """Who runs a disaggregated request's prefill: the picker, or the decode side's sidecar."""
+
+    def role_of(self, address: str) -> Role:
+        return Role.parse(self.roles.get(address))
+
+    def endpoint_objects(self) -> tuple[Endpoint, ...]:
+        """The pool's endpoints with their roles."""
+        return tuple(Endpoint(address, self.name, role=self.role_of(address)) for address in self.endpoints)
+
+    @model_validator(mode="after")
+    def _roles_name_endpoints(self) -> PoolSpec:
+        unknown = sorted(set(self.roles) - set(self.endpoints))
+        if unknown:
+            raise ValueError(f"roles name addresses that are not endpoints: {', '.join(unknown)}")
+        return self
 
     @staticmethod
     def check_extra_path(value: str) -> str:

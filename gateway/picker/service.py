@@ -2,7 +2,8 @@
 
 ``PickerService`` is fed pool configurations through ``apply_pools`` (from a pools file, from the
 Gateway API control plane, from a cluster's InferencePool) and keeps three things in step: the
-scraper's endpoint membership, one ``ProfileScheduler`` per pool (kept across updates while its
+scraper's endpoint membership, one scheduler per pool (``policies.schedulers``: a
+``ProfileScheduler``, or a ``DisaggregatedScheduler`` for a P/D profile; kept across updates while its
 profile is unchanged, so in-flight counts and the prefix index survive a reload), and the immutable
 pool table the ext_proc service resolves pools from (swapped as one reference).
 """
@@ -31,9 +32,8 @@ from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsColl
 from kvgate.gateway.picker.tls import server_credentials
 from kvgate.policies.contracts import Scheduler
 from kvgate.policies.errors import PoolNotFoundError, RouteNotFoundError
-from kvgate.policies.profile import load_profile
 from kvgate.policies.registry import PluginRegistry, builtin_registry
-from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.schedulers import PoolScheduler, make_scheduler
 from kvgate.policies.types import EndpointView
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class PoolRuntime:
     """One pool as ext_proc sees it (``extproc.ports.Pool``): config plus its scheduler."""
 
     spec: PoolSpec
-    scheduler_impl: ProfileScheduler
+    scheduler_impl: PoolScheduler
     scraper: MetricsScraper
     replica_names: Callable[[str], PoolModelNames]
     """What a pool's ready replicas serve (``ReplicaModels.names``)."""
@@ -55,7 +55,7 @@ class PoolRuntime:
     """Draws the weighted model-rewrite target of each request."""
 
     @staticmethod
-    def of(spec: PoolSpec, scheduler: ProfileScheduler, scraper: MetricsScraper,
+    def of(spec: PoolSpec, scheduler: PoolScheduler, scraper: MetricsScraper,
            replica_names: Callable[[str], PoolModelNames]) -> PoolRuntime:
         return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models(),
                            frozenset(spec.extra_paths))
@@ -67,6 +67,10 @@ class PoolRuntime:
     @property
     def rewrites_models(self) -> bool:
         return bool(self.spec.model_rewrites)
+
+    @property
+    def picker_runs_prefill(self) -> bool:
+        return self.spec.pd_execution == "picker"
 
     def model_known(self, model: str) -> bool | None:
         if model in self.declared:
@@ -205,21 +209,20 @@ class PickerService:
     def apply_pools(self, specs: Sequence[PoolSpec], default: str | None) -> None:
         """Make the service serve exactly ``specs`` (raises ConfigError before changing anything)."""
         old = self.table.pools
-        schedulers: dict[str, ProfileScheduler] = {}
+        schedulers: dict[str, PoolScheduler] = {}
         for spec in specs:  # build everything first: a bad profile leaves the old table serving
             previous = old.get(spec.name)
             if previous is not None and previous.spec.profile == spec.profile:
                 schedulers[spec.name] = previous.scheduler_impl
             else:
-                profile = load_profile(spec.profile, self.registry)
-                schedulers[spec.name] = ProfileScheduler(
-                    profile, state=self.sharing.state_for(spec.name), timer=self.telemetry,
-                    timing_every=self.settings.plugin_timing_every,
+                schedulers[spec.name] = make_scheduler(
+                    spec.profile, self.registry, state=self.sharing.state_for(spec.name),
+                    timer=self.telemetry, timing_every=self.settings.plugin_timing_every,
                 )
         for name in old.keys() - {spec.name for spec in specs}:
             self.scraper.remove_pool(name)
         for spec in specs:
-            self.scraper.set_endpoints(spec.name, spec.engine, spec.endpoints)
+            self.scraper.set_endpoints(spec.name, spec.engine, spec.endpoint_objects())
             kept = set(spec.endpoints)
             previous = old.get(spec.name)
             if previous is not None:

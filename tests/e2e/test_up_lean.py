@@ -16,6 +16,7 @@ import pytest
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import KvgateUp, UpOptions
 from kvgate.policies.plugins.recorders import OutlierEjection
+from kvgate.policies.scheduler import ProfileScheduler
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_admin_url, fleet_stats
 from tests.e2e.test_up_faults import _one, inflight_settles_at_zero, three_replicas_configured
@@ -85,6 +86,7 @@ async def test_outcome_reports_count_fallbacks_and_eject_a_replica_answering_500
         assert picker is not None
         [pool] = picker.table.pools.values()
         address = fleet.addresses[0]
+        assert isinstance(pool.scheduler_impl, ProfileScheduler)
         [ejection] = [f for f in pool.scheduler_impl.feedback if isinstance(f, OutlierEjection)]
         assert ejection.tracker.ejections(address) >= 1  # the picker's own verdict
     finally:

@@ -16,7 +16,7 @@ from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import RequestLabels
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import PoolNotFoundError
-from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Role, Usage
 
 FULL_DUPLEX = 4
 BUFFERED = 2
@@ -95,6 +95,8 @@ class FakePool:
     objectives: Mapping[str, int] = field(default_factory=dict)
     rewrites: Mapping[str, str] = field(default_factory=dict)
     extra_paths: frozenset[str] = frozenset()
+    picker_runs_prefill: bool = True
+    roles: Mapping[str, Role] = field(default_factory=dict)
 
     def model_known(self, model: str) -> bool | None:
         if model in self.served_models or model in self.rewrites or model in self.rewrites.values():
@@ -102,7 +104,8 @@ class FakePool:
         return False if self.served_models else self.undeclared
 
     def endpoints(self) -> tuple[EndpointView, ...]:
-        return tuple(EndpointView(Endpoint(a, self.name)) for a in self.addresses)
+        return tuple(EndpointView(Endpoint(a, self.name, role=self.roles.get(a, Role.BOTH)))
+                     for a in self.addresses)
 
     def objective_priority(self, objective: str) -> int | None:
         return self.objectives.get(objective)

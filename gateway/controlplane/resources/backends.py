@@ -14,13 +14,21 @@ from kvgate.gateway.controlplane.resources.inference import InferencePool
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey
 from kvgate.gateway.controlplane.resources.resolved import ResolvedPicker, ResolvedPool
-from kvgate.policies.types import Endpoint
+from kvgate.policies.types import ROLE_LABEL, Endpoint, Role
 
 
 @dataclass(frozen=True, slots=True)
 class ServiceAddresses:
     addresses: tuple[str, ...]
     problem: str | None = None
+
+
+def pod_role(pod: Pod) -> Role:
+    """The pod's ``llm-d.ai/role`` (an unknown value: both, as a pod without the label)."""
+    try:
+        return Role.parse(pod.metadata.labels.get(ROLE_LABEL))
+    except ValueError:
+        return Role.BOTH
 
 
 def ready_pods(resources: ResourceSet, namespace: str, labels: Mapping[str, str]) -> tuple[Pod, ...]:
@@ -122,7 +130,8 @@ def resolve_pool(
     pods = ready_pods(resources, pool.metadata.namespace, pool.spec.selector.match_labels)
     endpoints = tuple(
         Endpoint(
-            address=format_address(pod.status.pod_ip or "", port), pool=str(pool.key), name=pod.metadata.name
+            address=format_address(pod.status.pod_ip or "", port), pool=str(pool.key), name=pod.metadata.name,
+            role=pod_role(pod),
         )
         for pod in pods
         for port in ports
