@@ -93,3 +93,20 @@ class Immediate:
 
 
 Action = ContinueHeaders | StreamBody | ContinueBody | ContinueTrailers | Immediate
+"""A reply to Envoy (``extproc.codec.encode``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunPrefill:
+    """Not a reply to Envoy: the servicer sends a disaggregated request's prefill half to ``address``
+    (``extproc.prefill_client``) and gives the lifecycle a ``PrefillDone`` event
+    (``extproc.prefill_step``)."""
+
+    address: str
+    path: str
+    body: bytes
+    headers: Headers
+
+
+Step = Action | RunPrefill
+"""What the lifecycle returns: replies, and the prefill it needs run before its next reply."""

@@ -96,3 +96,9 @@ class DeferredMetrics:
 
     def _finished(self, labels: RequestLabels, seconds: float, ok: bool) -> None:
         self.target.request_finished(labels, seconds, ok=ok)
+
+    def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        self.queue.defer("request metrics", self._prefill_finished, labels, seconds, ok)
+
+    def _prefill_finished(self, labels: RequestLabels, seconds: float, ok: bool) -> None:
+        self.target.prefill_finished(labels, seconds, ok=ok)

@@ -5,7 +5,7 @@ The only module of the request path that touches Envoy's protobuf types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from envoy.config.core.v3 import base_pb2
@@ -20,6 +20,8 @@ from kvgate.extproc.actions import (
     HeaderEdit,
     Immediate,
     Phase,
+    RunPrefill,
+    Step,
     StreamBody,
 )
 from kvgate.extproc.events import (
@@ -142,6 +144,17 @@ def _served(message: pb.ProcessingRequest) -> str | None:
             address: str = fields[UPSTREAM_ADDRESS].string_value
             return address or None
     return None
+
+
+def encode_replies(steps: Sequence[Step]) -> list[pb.ProcessingResponse]:
+    """The replies of a lifecycle's steps that need nothing run (what tests and the offline benchmark
+    feed: a ``RunPrefill`` needs the servicer, ``extproc.servicer``, and is refused here)."""
+    out = []
+    for step in steps:
+        if isinstance(step, RunPrefill):
+            raise TypeError("a RunPrefill step needs the servicer to run it")
+        out.append(encode(step))
+    return out
 
 
 def encode(action: Action) -> pb.ProcessingResponse:

@@ -32,6 +32,16 @@ class Decision:
     """The request's metric labels: its pool, and its model names where the pool knows them."""
     tenant: TenantKey | None = None
     """The tenant the request was counted against (its tokens are charged when usage arrives)."""
+    prefill_by_picker: bool = False
+    """The request was given a prefill endpoint and the picker runs the prefill
+    (``extproc.prefill_step``); with a prefill endpoint and this False, the data plane's sidecar
+    runs it, told ``x-prefiller-host-port``."""
+
+    @property
+    def sidecar_prefill(self) -> str | None:
+        """The prefill endpoint the data plane's decode-side sidecar is to use, if it is to."""
+        prefill = self.result.prefill
+        return prefill.endpoint.address if prefill is not None and not self.prefill_by_picker else None
 
 
 def decide(
@@ -121,7 +131,8 @@ def decide(
     labels = RequestLabels(pool.name, model, target_model) if known else RequestLabels(
         pool.name, OTHER_MODELS if model else "", OTHER_MODELS if target_model else "")
     metrics.request_picked(labels, len(body))
-    return Decision(request, result, upstream, rewritten, injected, labels, tenant)
+    return Decision(request, result, upstream, rewritten, injected, labels, tenant,
+                    prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)
 
 
 def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None) -> tuple[EndpointView, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvgate.extproc import names
-from kvgate.extproc.actions import ContinueHeaders, HeaderEdit, Phase, StreamBody
+from kvgate.extproc.actions import ContinueBody, ContinueHeaders, HeaderEdit, Phase, StreamBody
 from kvgate.extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER
 from kvgate.extproc.decision import Decision
 from kvgate.extproc.lifecycle_config import LifecycleConfig
@@ -34,6 +34,9 @@ def destination_edit(
             set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms)))
     if outcome is not None:
         set_headers.append((names.OUTCOME_HEADER, outcome))
+    prefiller = decision.sidecar_prefill
+    if prefiller is not None:
+        set_headers.append((names.PREFILLER_HEADER, prefiller))
     if content_length:
         set_headers.append(("content-length", str(len(decision.body))))
     # a client's copy of a header set here is overwritten; any other is removed (Envoy would also
@@ -47,6 +50,22 @@ def destination_metadata(decision: Decision, fallback_count: int) -> Mapping[str
     """``envoy.lb``: the pick, then up to ``fallback_count - 1`` fallbacks, comma-separated."""
     ranked = decision.result.ranked[: max(1, fallback_count)]
     return {names.LB_NAMESPACE: {names.DESTINATION_HEADER: ",".join(e.address for e in ranked)}}
+
+
+def body_reply(
+    decision: Decision, config: LifecycleConfig, strip: tuple[str, ...], outcome: str | None, *,
+    replace_body: bool,
+) -> ContinueBody:
+    """The reply to a request body (BUFFERED or STREAMED): the destination, and the rewritten body
+    when it was rewritten and ``replace_body`` (a BUFFERED body; a STREAMED one has gone on)."""
+    body = decision.body if decision.body_rewritten and replace_body else None
+    return ContinueBody(
+        Phase.REQUEST,
+        body=body,
+        edit=destination_edit(decision, config, strip, outcome, content_length=body is not None),
+        clear_route_cache=True,
+        metadata=destination_metadata(decision, config.fallback_count),
+    )
 
 
 def header_reply(

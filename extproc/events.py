@@ -6,8 +6,10 @@ One ``ProcessingRequest`` becomes one event (``extproc.codec.decode``); the serv
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 Headers = tuple[tuple[str, str], ...]
 """Header (name, value) pairs in arrival order; names lower-case."""
@@ -78,6 +80,20 @@ class StreamClosed:
     cancelled: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """Not from Envoy: the outcome of a :class:`~extproc.actions.RunPrefill` the servicer ran (the
+    ``kv_transfer_params`` of the prefill's answer, or why there are none: ``extproc.prefill_step``)."""
+
+    params: Mapping[str, Any] | None
+    seconds: float
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.params is not None
+
+
 Event = (
     RequestHeaders
     | RequestBodyChunk
@@ -86,4 +102,5 @@ Event = (
     | ResponseBodyChunk
     | ResponseTrailers
     | StreamClosed
+    | PrefillDone
 )

@@ -4,12 +4,16 @@ Its transition table (:data:`TRANSITIONS`, state × event type → handler) is t
 
     START ──RequestHeaders(eos)──────────────────────────────▶ UPSTREAM        (bodyless: pick now)
     START ──RequestHeaders──▶ REQUEST_BODY ──body eos / trailers─▶ UPSTREAM   (pick on the whole body)
+    REQUEST_BODY ──body eos / trailers──▶ PREFILL ──PrefillDone──▶ UPSTREAM    (the picker prefills)
     UPSTREAM ──ResponseHeaders──▶ RESPONSE_BODY ──body eos / trailers──▶ RESPONSE_DONE
     UPSTREAM ──ResponseHeaders (body not sent)──▶ RESPONSE_PASSTHROUGH ──StreamClosed──▶ DONE
     START / REQUEST_BODY ──ResponseHeaders──▶ DONE   (Envoy's own local reply: passes unchanged)
     any ──error──▶ DONE (ImmediateResponse)        any ──StreamClosed──▶ DONE
 
-Which path a request takes is its plan (``extproc.request_plan``), decided with its headers.
+Which path a request takes is its plan (``extproc.request_plan``), decided with its headers. A
+disaggregated request whose prefill the picker runs (``extproc.prefill_step``) waits in PREFILL: the
+reply that releases it is held until the servicer has run the prefill (a ``RunPrefill`` step) and
+handed back its ``PrefillDone``.
 FULL_DUPLEX_STREAMED request bodies are held until end of stream, then the header response
 (destination, metadata) goes out followed by the body as streamed chunks. BUFFERED bodies get the
 header response at once, before the headers are read (it depends on none of them: the body's
@@ -29,7 +33,7 @@ cancelled, at the request's end; where ``mode_override`` counts) are in ``docs/e
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -41,20 +45,17 @@ from kvgate.extproc.actions import (
     ContinueTrailers,
     HeaderEdit,
     Phase,
+    Step,
     StreamBody,
 )
 from kvgate.extproc.after_reply import AfterReply
 from kvgate.extproc.decision import Decision, decide
-from kvgate.extproc.destination_reply import (
-    destination_edit,
-    destination_metadata,
-    header_reply,
-    streamed_body,
-)
+from kvgate.extproc.destination_reply import body_reply, header_reply, streamed_body
 from kvgate.extproc.errors import ProtocolViolation, immediate_response
 from kvgate.extproc.events import (
     BodyMode,
     Event,
+    PrefillDone,
     RequestBodyChunk,
     RequestHeaders,
     RequestTrailers,
@@ -69,6 +70,7 @@ from kvgate.extproc.openai_response import ResponseBodyProcessor
 from kvgate.extproc.outcomes import outcome_header
 from kvgate.extproc.picked_request import PickedRequest
 from kvgate.extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
+from kvgate.extproc.prefill_step import decode_decision, prefill_step
 from kvgate.extproc.request_headers import PendingHeaders, read_request_headers, resolve_pool
 from kvgate.extproc.request_plan import RequestPlan, plan_request
 from kvgate.extproc.response_head import response_head, response_processor
@@ -87,6 +89,8 @@ class State(Enum):
     """The response flows without reaching the picker; the stream's end is the request's end."""
     RESPONSE_DONE = "response_done"
     DONE = "done"
+    PREFILL = "prefill"
+    """Picked; the release to the decode endpoint waits for the picker's prefill step."""
 
 
 class RequestLifecycle:
@@ -130,12 +134,14 @@ class RequestLifecycle:
         self._response: ResponseBodyProcessor | None = None
         self._unread = PendingHeaders(self._read_headers)
         """Request headers answered before they were read (a BUFFERED body follows)."""
+        self._release: Callable[[Decision], list[Action]] | None = None
+        """The reply that releases a request held for the picker's prefill (state PREFILL)."""
 
     @property
     def decision(self) -> Decision | None:
         return self._picked.decision if self._picked is not None else None
 
-    def handle(self, event: Event) -> list[Action]:
+    def handle(self, event: Event) -> Sequence[Step]:
         handler = TRANSITIONS.get((self.state, type(event)))
         if handler is None:
             if self.state is State.DONE:
@@ -177,7 +183,7 @@ class RequestLifecycle:
         self._headers, self._strip, self._api = read.headers, read.strip, read.api
         read.refuse(self._config.max_body_bytes, self._pool.extra_paths)
 
-    def _on_request_body(self, event: RequestBodyChunk) -> list[Action]:
+    def _on_request_body(self, event: RequestBodyChunk) -> Sequence[Step]:
         self._unread.require()
         if event.subset_hint is not None:
             self._subset = event.subset_hint
@@ -186,37 +192,52 @@ class RequestLifecycle:
             buffered = self._plan.buffered_request
             if not buffered and not event.end_of_stream:
                 return [ContinueBody(Phase.REQUEST)]  # STREAMED: chunks pass; decide on the last one
-            # BUFFERED: this one message is the whole body; headers are still held by Envoy.
-            decision = self._pick(self._body.take())
-            body = decision.body if decision.body_rewritten and buffered else None
-            return [
-                ContinueBody(
-                    Phase.REQUEST,
-                    body=body,
-                    edit=destination_edit(
-                        decision, self._config, self._strip, self._outcome(decision),
-                        content_length=body is not None,
-                    ),
-                    clear_route_cache=True,
-                    metadata=destination_metadata(decision, self._config.fallback_count),
-                )
-            ]
+            # BUFFERED: this one message is the whole body; headers are still held by Envoy. (A
+            # STREAMED body has gone on: its prefill is left to the decode endpoint.)
+            return self._released(self._pick(self._body.take()), self._body_reply, prefill=buffered)
         if not event.end_of_stream:
             return []
-        decision = self._pick(self._body.take())
+        return self._released(self._pick(self._body.take()), self._duplex_reply)
+
+    def _body_reply(self, decision: Decision) -> list[Action]:
+        return [body_reply(decision, self._config, self._strip, self._outcome(decision),
+                           replace_body=self._plan.buffered_request)]
+
+    def _duplex_reply(self, decision: Decision) -> list[Action]:
         chunks = streamed_body(decision.body, True, self._config.stream_chunk_bytes)
         return [self._header_reply(decision, streamed_body=True), *chunks]
 
-    def _on_request_trailers_in_body(self, event: RequestTrailers) -> list[Action]:
-        self._unread.require()
-        if not self._plan.full_duplex_request:
-            raise ProtocolViolation("request trailers before the buffered body")
-        decision = self._pick(self._body.take())
+    def _duplex_reply_with_trailers(self, decision: Decision) -> list[Action]:
         return [
             self._header_reply(decision, streamed_body=True),
             *streamed_body(decision.body, False, self._config.stream_chunk_bytes),
             ContinueTrailers(Phase.REQUEST),
         ]
+
+    def _on_request_trailers_in_body(self, event: RequestTrailers) -> Sequence[Step]:
+        self._unread.require()
+        if not self._plan.full_duplex_request:
+            raise ProtocolViolation("request trailers before the buffered body")
+        return self._released(self._pick(self._body.take()), self._duplex_reply_with_trailers)
+
+    def _released(
+        self, decision: Decision, reply: Callable[[Decision], list[Action]], *, prefill: bool = True
+    ) -> Sequence[Step]:
+        """``reply`` to release the picked request, or first the picker's prefill step."""
+        if not (decision.prefill_by_picker and prefill):
+            return reply(decision)
+        self._release = reply
+        self.state = State.PREFILL
+        return [prefill_step(decision, self._headers)]
+
+    def _on_prefill_done(self, event: PrefillDone) -> list[Action]:
+        picked, release = self._picked, self._release
+        assert picked is not None
+        assert release is not None
+        picked.prefill_done(event.ok, event.seconds)
+        self._release = None
+        self.state = State.UPSTREAM
+        return release(decode_decision(picked.decision, event))
 
     def _on_trailers_passing(self, event: RequestTrailers | ResponseTrailers) -> list[Action]:
         return [ContinueTrailers(Phase.REQUEST if isinstance(event, RequestTrailers) else Phase.RESPONSE)]
@@ -373,7 +394,7 @@ def _unexpected(machine: RequestLifecycle, event: Event) -> list[Action]:
     raise ProtocolViolation(f"unexpected {type(event).__name__} in state {machine.state.value}")
 
 
-Handler = Callable[[RequestLifecycle, Any], list[Action]]
+Handler = Callable[[RequestLifecycle, Any], Sequence[Step]]
 
 TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
     {
@@ -384,6 +405,8 @@ TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
         (State.REQUEST_BODY, RequestBodyChunk): RequestLifecycle._on_request_body,
         (State.REQUEST_BODY, RequestTrailers): RequestLifecycle._on_request_trailers_in_body,
         (State.REQUEST_BODY, StreamClosed): RequestLifecycle._on_closed,
+        (State.PREFILL, PrefillDone): RequestLifecycle._on_prefill_done,
+        (State.PREFILL, StreamClosed): RequestLifecycle._on_closed,
         (State.UPSTREAM, RequestTrailers): RequestLifecycle._on_trailers_passing,
         (State.UPSTREAM, ResponseHeaders): RequestLifecycle._on_response_headers,
         (State.UPSTREAM, StreamClosed): RequestLifecycle._on_closed,

@@ -40,7 +40,12 @@ OUTCOME_HEADER = "x-kvgate-outcome"
 reports outcomes to it (``extproc.outcomes``): the request's pool and labels. Envoy's gRPC access log
 logs only requests that carry it, with it."""
 
-SYSTEM_OWNED_HEADERS = frozenset({DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY})
+PREFILLER_HEADER = "x-prefiller-host-port"
+"""The prefill endpoint (``ip:port``) of a disaggregated request, for the decode side's routing
+sidecar (llm-d's ``x-prefiller-host-port``); set only when the sidecar runs the prefill
+(``pdExecution: sidecar``). System-owned: a client's copy would send its prompt anywhere."""
+
+SYSTEM_OWNED_HEADERS = frozenset({DESTINATION_HEADER, SERVED_KEY, SUBSET_KEY, PREFILLER_HEADER})
 
 
 def is_system_owned(name: str) -> bool:

@@ -93,6 +93,21 @@ class PickedRequest:
         self._tell("on_first_token_unseen", self._scheduler.on_first_token_unseen, self.request, self.served,
                    self._clock.now())
 
+    def prefill_done(self, ok: bool, seconds: float) -> None:
+        """The prefill half the picker ran answered (``ok``) or failed: its endpoint's bookkeeping
+        ends (a failure counts against it), and the metrics count it."""
+        half = self.decision.result.prefill
+        if half is None:
+            return
+        now = self._clock.now()
+        scheduler = self._scheduler
+        if ok:
+            self._tell("on_first_token", scheduler.on_first_token, half.request, half.endpoint, now)
+        else:
+            self._tell("on_endpoint_failed", scheduler.on_endpoint_failed, half.request, half.endpoint, now)
+        self._tell("on_finished", _finished, scheduler, half.request, half.endpoint, ok, now)
+        self._metrics.prefill_finished(self.labels, seconds, ok=ok)
+
     def usage(self, usage: Usage, limiter: TenantLimiter | None) -> None:
         """The token usage the response reported: counted in the metrics, charged to the tenant the
         request was counted against (``limiter``'s), and learned by the scheduler."""

@@ -165,6 +165,12 @@ class RequestMetrics(Protocol):
         """Once per picked request (GIE: request_duration_seconds; running_requests -1)."""
         ...
 
+    def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        """A disaggregated request's prefill, run by the picker, answered (ok) or failed, and the
+        request went on to its decode endpoint (kvgate: ``kvgate_prefill_total{outcome}``,
+        ``kvgate_prefill_duration_seconds``)."""
+        ...
+
 
 class NoMetrics:
     def request_picked(self, labels: RequestLabels, body_size: int) -> None:
@@ -186,4 +192,7 @@ class NoMetrics:
         pass
 
     def request_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        pass
+
+    def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         pass

@@ -12,6 +12,8 @@ from kvgate.extproc.access_log import AccessLogServicer
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.outcomes import OutcomeReports
 from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
+from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
+from kvgate.extproc.prefill_client import PrefillClient
 from kvgate.extproc.servicer import ExtProcServicer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -55,6 +57,7 @@ class ExtProcServer:
         credentials: grpc.ServerCredentials | None = None,
         health_address: str | None = None,
         outcome_address: str | None = None,
+        prefill_timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S,
     ) -> None:
         """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT).
         ``own_address`` (``host:port``, port 0 = any free) is a second port of this process alone,
@@ -86,7 +89,10 @@ class ExtProcServer:
         if max_concurrent_streams is not None:
             options.append(("grpc.max_concurrent_streams", max_concurrent_streams))
         self._server = grpc.aio.server(options=options)
-        self.servicer = ExtProcServicer(directory, clock=clock, metrics=metrics, config=config)
+        self.prefills = PrefillClient(prefill_timeout_s)
+        """Runs the prefills of disaggregated requests (``extproc.prefill_step``)."""
+        self.servicer = ExtProcServicer(directory, clock=clock, metrics=metrics, config=config,
+                                        prefills=self.prefills)
         pb_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
         self.outcomes = OutcomeReports(
             directory, clock=clock or MonotonicClock(), metrics=metrics or NoMetrics()
@@ -142,6 +148,7 @@ class ExtProcServer:
             await self._health_server.stop(grace)
         if self._outcome_server is not None:
             await self._outcome_server.stop(grace)
+        await self.prefills.close()
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()

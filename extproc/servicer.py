@@ -1,4 +1,9 @@
-"""The grpc.aio ExternalProcessor: a thin loop around :class:`extproc.lifecycle.RequestLifecycle`."""
+"""The grpc.aio ExternalProcessor: a thin loop around :class:`extproc.lifecycle.RequestLifecycle`.
+
+Its one piece of IO besides the stream: a ``RunPrefill`` step the lifecycle returns (a disaggregated
+request whose prefill the picker runs, ``extproc.prefill_step``) is awaited here and its
+``PrefillDone`` handed back to the lifecycle, whose answer goes on to Envoy.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from kvgate.extproc import codec, names
-from kvgate.extproc.actions import Action
+from kvgate.extproc.actions import RunPrefill, Step
 from kvgate.extproc.after_reply import AfterReply, DeferredMetrics
 from kvgate.extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
-from kvgate.extproc.events import Event, StreamClosed
+from kvgate.extproc.events import Event, PrefillDone, StreamClosed
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
 from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
@@ -28,7 +33,13 @@ Context = grpc.aio.ServicerContext[pb.ProcessingRequest, pb.ProcessingResponse]
 class StreamMachine(Protocol):
     """What the servicer drives per stream: the picker's lifecycle or the body-based router."""
 
-    def handle(self, event: Event) -> Sequence[Action]: ...
+    def handle(self, event: Event) -> Sequence[Step]: ...
+
+
+class PrefillRunner(Protocol):
+    """Runs a disaggregated request's prefill half (``extproc.prefill_client.PrefillClient``)."""
+
+    async def run(self, step: RunPrefill) -> PrefillDone: ...
 
 
 def stream_metadata(context: Context) -> tuple[str | None, str | None]:
@@ -52,8 +63,12 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         clock: Clock | None = None,
         metrics: RequestMetrics | None = None,
         config: LifecycleConfig | None = None,
+        prefills: PrefillRunner | None = None,
     ) -> None:
+        """``prefills``: runs the picker's prefill steps (none: a disaggregated request's prefill
+        fails at once and its decode endpoint prefills)."""
         self._directory = directory
+        self._prefills = prefills
         self._clock = clock or MonotonicClock()
         self._after_reply = AfterReply()
         """Request metrics and the scheduler's feedback, done after each message's replies are
@@ -67,6 +82,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config,
             request_ids=self._request_ids, after_reply=self._after_reply,
         )
+
+    async def _run_prefill(self, step: RunPrefill) -> PrefillDone:
+        if self._prefills is None:
+            return PrefillDone(None, 0.0, "this picker runs no prefills")
+        return await self._prefills.run(step)
 
     async def Process(
         self,
@@ -87,9 +107,18 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 except codec.UnknownMessage:
                     _log.warning("ignoring an ext_proc message with no known part")
                     continue
-                for action in machine.handle(event):
-                    yield codec.encode(action)
-                self._after_reply.flush()
+                steps = machine.handle(event)
+                while True:
+                    prefill: RunPrefill | None = None
+                    for step in steps:
+                        if isinstance(step, RunPrefill):
+                            prefill = step
+                        else:
+                            yield codec.encode(step)
+                    self._after_reply.flush()
+                    if prefill is None:
+                        break
+                    steps = machine.handle(await self._run_prefill(prefill))
             cancelled = False
         finally:
             # Half-close, reset or cancellation: the machine ends exactly once (on_finished).

@@ -25,8 +25,10 @@ from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.profile import SchedulingProfile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.state import InProcessState, SchedulerState
-from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
+from kvgate.policies.types import ApiKind, Endpoint, EndpointView, InferenceRequest, Usage
 
+_SPLITTABLE = frozenset({ApiKind.COMPLETIONS, ApiKind.CHAT_COMPLETIONS})
+"""The APIs vLLM's disaggregated protocol serves (kv_transfer_params); others are served aggregated."""
 PREFILL_SUFFIX = ":prefill"
 """Appended to a request's id for its prefill half (the state keys in-flight work by request id)."""
 
@@ -68,13 +70,14 @@ class DisaggregatedScheduler:
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
     ) -> SchedulingResult:
         decoders = [c for c in candidates if c.endpoint.role.decodes]
+        split = request.api in _SPLITTABLE
         if not decoders:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no decode endpoints")
         ctx = self.decode.context(request, now)
         result = self.decode.schedule_in(ctx, decoders)
         decode = result.ranked[0]
         decode_view = next(c for c in decoders if c.endpoint is decode or c.address == decode.address)
-        if not self._decider.disaggregate(ctx, decode_view):
+        if not split or not self._decider.disaggregate(ctx, decode_view):
             return result
         prefillers = [c for c in candidates if c.endpoint.role.prefills and c.address != decode.address]
         if not prefillers:

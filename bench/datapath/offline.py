@@ -237,8 +237,7 @@ def replay(
         machine = setup.lifecycle(index)
         for wire in setup.wires[index % len(setup.wires)]:
             event = codec.decode(pb.ProcessingRequest.FromString(wire))
-            for action in machine.handle(event):
-                response = codec.encode(action)
+            for response in codec.encode_replies(machine.handle(event)):
                 response.SerializeToString()
                 responses += 1
             setup.metrics.flush()
@@ -284,8 +283,8 @@ def request_path_stages(
             t1 = clock()
             actions = machine.handle(event)
             t2 = clock()
-            for action in actions:
-                codec.encode(action).SerializeToString()
+            for response in codec.encode_replies(actions):
+                response.SerializeToString()
             t3 = clock()
             setup.metrics.flush()
             t4 = clock()

@@ -161,6 +161,20 @@ class GatewayTelemetry:
             ["pool"],
             registry=r,
         )
+        self._prefills = Counter(
+            "kvgate_prefill_total",
+            "Disaggregated requests' prefills run by the picker, by outcome (failed: served aggregated "
+            "on the decode endpoint).",
+            ["pool", "outcome"],
+            registry=r,
+        )
+        self._prefill_duration = Histogram(
+            "kvgate_prefill_duration_seconds",
+            "Time from sending a disaggregated request's prefill to its answer (or failure).",
+            ["pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._scheduler = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Time one scheduling decision took.",
@@ -238,6 +252,10 @@ class GatewayTelemetry:
         series = self._of(labels)
         series.duration.observe(seconds)
         series.running.dec()
+
+    def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        self._prefills.labels(labels.pool, "ok" if ok else "failed").inc()
+        self._prefill_duration.labels(labels.pool).observe(seconds)
 
     # policies.framework.PluginTimer
     def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:

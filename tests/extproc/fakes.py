@@ -155,6 +155,9 @@ class RecordingMetrics:
     def request_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.events.append(("finished", ok))
 
+    def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        self.events.append(("prefill", ok))
+
 
 def make_pool(*addresses: str, name: str = "llama", **kwargs: object) -> FakePool:
     return FakePool(name, addresses or ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), **kwargs)  # type: ignore[arg-type]
@@ -237,7 +240,7 @@ def body_chunks(data: bytes, size: int) -> list[pb.ProcessingRequest]:
 def feed(machine: RequestLifecycle, messages: Iterable[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
     out: list[pb.ProcessingResponse] = []
     for message in messages:
-        out.extend(codec.encode(a) for a in machine.handle(codec.decode(message)))
+        out.extend(codec.encode_replies(machine.handle(codec.decode(message))))
     return out
 
 

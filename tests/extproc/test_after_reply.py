@@ -53,6 +53,9 @@ class Recorder:
     def request_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.calls.append(("finished", labels, seconds, ok))
 
+    def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        self.calls.append(("prefill", labels, seconds, ok))
+
 
 def test_calls_wait_for_flush_and_keep_their_order() -> None:
     target = Recorder()

@@ -1,0 +1,64 @@
+"""Runs the prefill half of disaggregated requests (``extproc.prefill_step``): one HTTP POST to the
+prefill endpoint per request, over a pooled aiohttp connector, bounded by a timeout. Every failure
+(refused, reset, timed out, a non-2xx answer, an answer without ``kv_transfer_params``) becomes a
+:class:`PrefillDone` without params: the request then goes to its decode endpoint unchanged."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+
+from kvgate.extproc.actions import RunPrefill
+from kvgate.extproc.events import PrefillDone
+from kvgate.extproc.pd_bodies import PrefillAnswerError, transfer_params
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 20.0
+"""Below Envoy's ext_proc ``message_timeout`` (30 s): the held body reply must go before Envoy gives up."""
+ANSWER_LIMIT = 4 * 1024 * 1024
+"""A prefill answers one token and its params; anything longer is not a prefill answer."""
+
+
+class PrefillClient:
+    """One per picker process; ``close`` when the server stops."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
+                                                  auto_decompress=False)
+        return self._session
+
+    async def run(self, step: RunPrefill) -> PrefillDone:
+        started = time.perf_counter()
+        headers = dict(step.headers)
+        headers["content-type"] = "application/json"
+        try:
+            async with self._open().post(f"http://{step.address}{step.path}", data=step.body,
+                                         headers=headers) as response:
+                answer = await response.content.read(ANSWER_LIMIT)
+                if response.status // 100 != 2:
+                    return self._failed(started, step, f"status {response.status}")
+                params = transfer_params(answer)
+        except TimeoutError:
+            return self._failed(started, step, "timed out")
+        except (aiohttp.ClientError, OSError, PrefillAnswerError) as exc:
+            return self._failed(started, step, str(exc) or type(exc).__name__)
+        return PrefillDone(params, time.perf_counter() - started)
+
+    @staticmethod
+    def _failed(started: float, step: RunPrefill, error: str) -> PrefillDone:
+        _log.info("prefill at %s failed (%s): the decode endpoint prefills", step.address, error)
+        return PrefillDone(None, time.perf_counter() - started, error)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
