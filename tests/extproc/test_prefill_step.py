@@ -55,7 +55,8 @@ class SplittingScheduler(RecordingScheduler):
 
 def pd_pool(*, picker_runs_prefill: bool = True) -> FakePool:
     return FakePool("llama", (PREFILL, DECODE), scheduler=SplittingScheduler(),
-                    roles={PREFILL: Role.PREFILL, DECODE: Role.DECODE}, picker_runs_prefill=picker_runs_prefill)
+                    roles={PREFILL: Role.PREFILL, DECODE: Role.DECODE},
+                    picker_runs_prefill=picker_runs_prefill)
 
 
 def one_pass_headers(**kwargs: Any) -> pb.ProcessingRequest:
@@ -86,7 +87,7 @@ def test_the_picker_holds_the_body_reply_for_its_prefill_then_sends_the_params_t
     assert pool.scheduler.calls[:1] == [("picked", DECODE)]
 
     [reply] = codec.encode_replies(machine.handle(PrefillDone(PARAMS, 0.25)))
-    assert machine.state is State.UPSTREAM
+    assert machine.state.value == "upstream"  # (mypy narrowed the state above)
     decoded = json.loads(reply.request_body.response.body_mutation.body)
     assert decoded["kv_transfer_params"] == PARAMS
     assert decoded["stream"] is True  # the client's own request otherwise
@@ -148,7 +149,8 @@ def test_in_sidecar_mode_the_prefill_endpoint_goes_in_x_prefiller_host_port() ->
 
 def test_a_forged_prefiller_header_is_removed_from_other_requests() -> None:
     machine = make_machine(FakePool("llama", (DECODE,)))
-    [reply] = codec.encode_replies(pick(machine, completion(), extra=[("x-prefiller-host-port", "6.6.6.6:80")]))
+    forged = [("x-prefiller-host-port", "6.6.6.6:80")]
+    [reply] = codec.encode_replies(pick(machine, completion(), extra=forged))
     assert "x-prefiller-host-port" in removed_headers(reply)
 
 
