@@ -62,9 +62,10 @@ DEFAULT_SIM_REPLICAS = 4
 EXAMPLE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def bundled_example() -> Path:
-    """The example configuration shipped with kvgate (package data)."""
-    return Path(str(package_resources.files("kvgate.gateway") / "examples" / "default"))
+def bundled_example(name: str = "default") -> Path:
+    """An example configuration shipped with kvgate (package data): ``default``, or ``pd`` (a
+    disaggregated pool)."""
+    return Path(str(package_resources.files("kvgate.gateway") / "examples" / name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,10 @@ class UpOptions:
     sim_hosts_from: str = "127.0.1.1"
     sim_time_scale: float = 1.0
     sim_model: str | None = None
+    sim_prefill: int = 0
+    sim_decode: int = 0
+    """Simulated prefill and decode replicas (``--sim-prefill``, ``--sim-decode``): a disaggregated
+    fleet; ``sim`` then counts replicas of role both besides them (default 0)."""
     envoy_log_level: str = "warning"
     envoy_concurrency: int = 0
     """Envoy worker threads; 0 = one per core of this machine."""
@@ -137,8 +142,14 @@ class UpOptions:
         return () if self.host in ("0.0.0.0", "::", "") else (self.host,)
 
     @property
+    def disaggregated_sim(self) -> bool:
+        return self.sim_prefill > 0 or self.sim_decode > 0
+
+    @property
     def config_directory(self) -> Path:
-        return self.directory if self.directory is not None else bundled_example()
+        if self.directory is not None:
+            return self.directory
+        return bundled_example("pd" if self.disaggregated_sim else "default")
 
     @property
     def config_source(self) -> str:
@@ -147,7 +158,18 @@ class UpOptions:
         return str(self.config_directory)
 
     @property
+    def sim_roles(self) -> tuple[str, ...]:
+        """Each simulated replica's role, in replica order (the simulator's order: prefill, decode,
+        then both)."""
+        if self.disaggregated_sim:
+            both = self.sim or 0
+            return ("prefill",) * self.sim_prefill + ("decode",) * self.sim_decode + ("both",) * both
+        return ("both",) * self.sim_replicas
+
+    @property
     def sim_replicas(self) -> int:
+        if self.disaggregated_sim:
+            return self.sim_prefill + self.sim_decode + (self.sim or 0)
         if self.sim is not None:
             return self.sim
         return DEFAULT_SIM_REPLICAS if self.directory is None and not self.kubernetes else 0
@@ -242,7 +264,7 @@ class KvgateUp:
             check_sim_addresses_free(options.sim_hosts_from, options.sim_replicas,
                                      pool.spec.target_ports[0].number)
             fleet = SimFleetProcess(
-                replicas=options.sim_replicas,
+                roles=options.sim_roles,
                 port=pool.spec.target_ports[0].number,
                 hosts_from=options.sim_hosts_from,
                 time_scale=options.sim_time_scale,
@@ -251,7 +273,7 @@ class KvgateUp:
             self.fleet = fleet
             self._stack.push_async_callback(fleet.stop)
             await fleet.start()
-            extra = sim_pods(pool, [host_of(url) for url in fleet.urls])
+            extra = sim_pods(pool, [host_of(url) for url in fleet.urls], options.sim_roles)
 
         attempt_bound = (
             AttemptTimeout(options.attempt_timeout_s, options.attempt_timeout_per_token_s)

@@ -33,6 +33,11 @@ def ready_lines(up: KvgateUp, options: UpOptions) -> list[str]:
         f"  kvgate status --admin {up.admin_url}",
     ]
     for name, pool in sorted(pools.items()):
+        if pool.spec.roles:
+            roles = [pool.spec.role_of(address).value for address in pool.spec.endpoints]
+            counts = ", ".join(f"{roles.count(r)} {r}" for r in ("prefill", "decode", "both") if r in roles)
+            lines.append(f"  pool {name}: disaggregated ({counts}; profile {pool.spec.profile}, prefill "
+                         f"run by the {pool.spec.pd_execution})")
         if not pool.spec.endpoints:
             lines.append(f"  note: pool {name} has no endpoints, so its requests answer 503: add its model "
                          "servers as Pods to the manifests, or start simulated ones with --sim N")
@@ -151,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-time-scale", type=float, default=1.0,
                         help="simulator real seconds per simulated second (0.1: ten times faster)")
     parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
+    parser.add_argument("--sim-prefill", type=count(0), default=0, metavar="N",
+                        help="simulated prefill replicas: a disaggregated fleet (with --sim-decode; without "
+                             "-f: the bundled example pool with profile pd)")
+    parser.add_argument("--sim-decode", type=count(0), default=0, metavar="M",
+                        help="simulated decode replicas (--sim then counts replicas of role both, default 0)")
     parser.add_argument(
         "--redis", default=None, metavar="URL",
         help="share the picker's state and tenant limits with other kvgate replicas "
@@ -216,6 +226,8 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         sim_hosts_from=args.sim_hosts_from,
         sim_time_scale=args.sim_time_scale,
         sim_model=args.sim_model,
+        sim_prefill=args.sim_prefill,
+        sim_decode=args.sim_decode,
         envoy_log_level=args.envoy_log_level,
         envoy_concurrency=args.envoy_concurrency,
         workers=args.workers,

@@ -11,6 +11,7 @@ from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.inference import InferencePool
 from kvgate.gateway.processes.envoy_process import port_in_use
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.types import ROLE_LABEL
 
 
 def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
@@ -27,23 +28,26 @@ def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
     raise ConfigError(f"--sim-pool {name!r}: no such InferencePool")
 
 
-def sim_pods(pool: InferencePool, hosts: Sequence[str]) -> tuple[Pod, ...]:
-    """One ready Pod per simulated replica, labelled to match ``pool``'s selector."""
-    return tuple(
-        Pod.model_validate(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"kvgate-sim-{pool.metadata.name}-{index}",
-                    "namespace": pool.metadata.namespace,
-                    "labels": dict(pool.spec.selector.match_labels),
-                },
-                "status": {"phase": "Running", "podIP": host},
-            }
-        )
-        for index, host in enumerate(hosts)
-    )
+def sim_pods(pool: InferencePool, hosts: Sequence[str], roles: Sequence[str] = ()) -> tuple[Pod, ...]:
+    """One ready Pod per simulated replica, labelled to match ``pool``'s selector, and with its role
+    (``roles[i]``; none or ``both``: no role label) as llm-d labels it (``llm-d.ai/role``)."""
+    pods = []
+    for index, host in enumerate(hosts):
+        labels = dict(pool.spec.selector.match_labels)
+        role = roles[index] if index < len(roles) else "both"
+        if role != "both":
+            labels[ROLE_LABEL] = role
+        pods.append(Pod.model_validate({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"kvgate-sim-{pool.metadata.name}-{role + '-' if role != 'both' else ''}{index}",
+                "namespace": pool.metadata.namespace,
+                "labels": labels,
+            },
+            "status": {"phase": "Running", "podIP": host},
+        }))
+    return tuple(pods)
 
 
 def host_of(url: str) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
+from collections.abc import Sequence
 
 from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
 from kvgate.policies.errors import ConfigError
@@ -16,10 +18,18 @@ class SimFleetProcess:
     once started."""
 
     def __init__(
-        self, *, replicas: int, port: int, hosts_from: str, time_scale: float, model: str | None
+        self, *, roles: Sequence[str], port: int, hosts_from: str, time_scale: float, model: str | None
     ) -> None:
+        """``roles``: each replica's (``prefill``, ``decode``, ``both``), prefill ones first, then
+        decode, then both (the simulator's order)."""
+        count = Counter(roles)
+        if count["prefill"] or count["decode"]:
+            sizes = ["--prefill", str(count["prefill"]), "--decode", str(count["decode"]),
+                     "--replicas", str(count["both"])]
+        else:
+            sizes = ["--replicas", str(len(roles))]
         self.command = [
-            sys.executable, "-m", "kvgate.simulator", "--replicas", str(replicas), "--port", str(port),
+            sys.executable, "-m", "kvgate.simulator", *sizes, "--port", str(port),
             "--hosts-from", hosts_from, "--time-scale", str(time_scale),
             *(("--model", model) if model else ()),
         ]
