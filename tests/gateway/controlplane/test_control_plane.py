@@ -18,7 +18,8 @@ from kvgate.gateway.controlplane.resources import FileProvider, ValidationOption
 from kvgate.gateway.controlplane.status_cli import format_status
 from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
 from kvgate.gateway.picker.service import PickerService, PickerSettings, PoolRuntime
-from kvgate.gateway.up import bundled_example
+from kvgate.gateway.processes.simulator import SimFleetProcess
+from kvgate.gateway.up import UpOptions, bundled_example
 from kvgate.gateway.up_sim import find_pool, sim_pods
 from kvgate.policies.errors import ConfigError
 
@@ -221,3 +222,40 @@ def test_a_pools_annotations_forward_unknown_names_and_opt_paths_in_and_it_knows
     assert len(warnings) == 1
     assert "kvgate.io/extra-paths" in warnings[0]
     assert {"routed-model", "m", "m-v1", "m-v2"} <= spec.declared_models()
+
+
+def test_pod_roles_and_the_pd_execution_annotation_reach_the_pool_spec() -> None:
+    pool = POOL.format(profile="pd", engine="vllm").replace(
+        "kvgate.io/engine: vllm}", "kvgate.io/engine: vllm, kvgate.io/pd-execution: sidecar}")
+    resources = parse_manifests([("x.yaml", pool + "---" + REST)])
+    pods = sim_pods(find_pool(resources, "llama"), ["127.0.1.1", "127.0.1.2", "127.0.1.3"],
+                    ["prefill", "decode", "both"])
+    assert pods[0].metadata.labels["llm-d.ai/role"] == "prefill"
+    assert "llm-d.ai/role" not in pods[2].metadata.labels
+    merged = with_pods(resources, pods)
+    config = validate(merged, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(merged, config, SETTINGS)
+    assert warnings == []
+    assert dict(spec.roles) == {"127.0.1.1:8000": "prefill", "127.0.1.2:8000": "decode"}
+    assert spec.pd_execution == "sidecar"
+    roles = {e.address: e.role.value for e in spec.endpoint_objects()}
+    assert [roles[f"127.0.1.{i}:8000"] for i in (1, 2, 3)] == ["prefill", "decode", "both"]
+    typo = parse_manifests([("x.yaml", pool.replace("execution: sidecar", "execution: gpu") + "---" + REST)])
+    typo_config = validate(typo, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(typo, typo_config, SETTINGS)
+    assert spec.pd_execution == "picker"
+    assert any("pd-execution" in w for w in warnings)
+
+
+def test_the_bundled_disaggregated_example_is_valid_and_kvgate_up_picks_it() -> None:
+    options = UpOptions(sim_prefill=2, sim_decode=3, sim=1)
+    assert options.config_directory == bundled_example("pd")
+    assert options.sim_roles == ("prefill", "prefill", "decode", "decode", "decode", "both")
+    assert options.sim_replicas == 6
+    assert UpOptions().config_directory == bundled_example()
+    assert UpOptions().sim_roles == ("both",) * 4
+    snapshot = FileProvider(bundled_example("pd"), options=SETTINGS.validation).load()
+    assert [pool.id for pool in snapshot.config.pools] == ["default/llama"]
+    fleet = SimFleetProcess(roles=options.sim_roles, port=8000, hosts_from="127.0.1.1", time_scale=1.0,
+                            model=None)
+    assert fleet.command[3:9] == ["--prefill", "2", "--decode", "3", "--replicas", "1"]
