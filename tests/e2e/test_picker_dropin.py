@@ -29,6 +29,7 @@ from kvgate.gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
 from kvgate.gateway.processes.child_process import ChildProcess
 from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.e2e.conftest import SimFleet
+from tests.e2e.pd_sidecar import Sidecar
 from tests.e2e.picker_harness import (
     GIE_REFERENCE,
     KVGATE,
@@ -263,3 +264,43 @@ async def test_following_one_inference_pool_in_a_cluster(
     finally:
         await child.stop()
         await cluster.stop()
+
+
+async def test_disaggregated_pool_names_the_prefiller_for_llm_ds_routing_sidecar(
+    start_fleet: Callable[..., Awaitable[SimFleet]],
+    start_picker_tls: StartPicker,
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]],
+    http: aiohttp.ClientSession,
+) -> None:
+    """``pdExecution: sidecar``: the picker picks both halves and tells the decode side's sidecar the
+    prefill endpoint in ``x-prefiller-host-port`` (llm-d's contract); the sidecar runs the two steps."""
+    fleet = await start_fleet(0, 0.01, ["--prefill", "1", "--decode", "1", "--model", MODEL,
+                                        "--admin-port", "0"])
+    prefill, decode = fleet.addresses
+    sidecar = Sidecar(f"http://{decode}")
+    decode_pod = await sidecar.start()
+    try:
+        pools = [{"name": "llama", "endpoints": [prefill, decode_pod], "models": [MODEL], "profile": "pd",
+                  "pdExecution": "sidecar", "roles": {prefill: "prefill", decode_pod: "decode"}}]
+        _, picker_port = await start_picker_tls(pools)
+        url = await _gateway(start_envoy, picker_port, GIE_REFERENCE,
+                             ((PoolBackend("llama"),), (RouteSpec("llama", "llama"),)))
+
+        async def served() -> bool:
+            reply = await post_json(http, url, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            return reply.status == 200
+
+        await wait_until(served, "the picker scraped the replicas", timeout_s=15.0)
+        long = " ".join(f"w{i}" for i in range(2400))
+        reply = await post_json(http, url, {"model": MODEL, "prompt": long, "max_tokens": 4})
+        assert reply.status == 200, reply
+        assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 1000  # KV received
+        chat = await post_json(http, url, {"model": MODEL, "messages": [{"role": "user", "content": long}]},
+                               path="/v1/chat/completions")
+        assert chat.status == 200, chat
+        assert sidecar.seen[-2:] == [prefill, prefill]
+        assert sidecar.seen[0] is None  # the short warm-up prompt was not split
+        stats = {s["role"]: s for s in await fleet_stats(http, fleet)}
+        assert (stats["prefill"]["remote_prefills"], stats["decode"]["remote_decodes"]) == (2, 2)
+    finally:
+        await sidecar.stop()
