@@ -98,6 +98,8 @@ class Contender:
     metrics_url: str = ""
     metrics_urls: list[str] = field(default_factory=list)
     max_loras: int = 4  # the fleet's adapter slots (the oracle needs it)
+    roles: tuple[str, ...] = ()
+    """Each replica's role (``FleetSpec.roles``) in a disaggregated fleet; empty: all serve both."""
     time_scale: float = 1.0  # real seconds per simulated second: kvgate's clocks are scaled by it
 
     async def start(self, replicas: list[str], workdir: Path) -> str:
@@ -111,9 +113,17 @@ class Contender:
             await self._start_kvgate(replicas, workdir, port)
         elif self.kind == "vllm-router":
             prom = free_port()
+            if self.option == "pd":  # its vLLM P/D mode: NixlConnector's protocol, as kvgate's picker
+                prefill = [url for url, role in zip(replicas, self.roles, strict=True) if role == "prefill"]
+                decode = [url for url, role in zip(replicas, self.roles, strict=True) if role == "decode"]
+                workers = ["--vllm-pd-disaggregation", *(a for url in prefill for a in ("--prefill", url)),
+                           *(a for url in decode for a in ("--decode", url)), "--policy", "round_robin",
+                           "--prefill-policy", "cache_aware", "--decode-policy", "round_robin"]
+            else:
+                workers = ["--worker-urls", *replicas, "--policy", self.option]
             proc = await self._spawn(workdir, [
-                _router_binary("vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
-                *replicas, "--policy", self.option, "--prometheus-port", str(prom), "--disable-retries",
+                _router_binary("vllm-router"), "--host", "127.0.0.1", "--port", str(port), *workers,
+                "--prometheus-port", str(prom), "--disable-retries",
                 "--health-check-interval-secs", "300", "--log-level", "info",
             ])
             await proc.wait_for_port(port)
@@ -149,7 +159,10 @@ class Contender:
         full_duplex = option.endswith("-fd")
         option = option.removesuffix("-fd")
         profile = scaled_profile(option, self.time_scale, workdir / f"{self.name}.profile.yaml")
-        pools = {"pools": [{"name": "bench", "endpoints": addresses, "profile": str(profile)}]}
+        pool: dict[str, object] = {"name": "bench", "endpoints": addresses, "profile": str(profile)}
+        if any(role != "both" for role in self.roles):
+            pool["roles"] = dict(zip(addresses, self.roles, strict=True))
+        pools = {"pools": [pool]}
         pools_path = workdir / f"{self.name}.pools.json"
         pools_path.write_text(json.dumps(pools))
         proc = await self._spawn(workdir, [
@@ -266,7 +279,16 @@ def scaled_profile(name_or_path: str, time_scale: float, out: Path) -> Path:
         text = path.read_text()
     else:
         text = resources.files("kvgate.policies").joinpath("profiles", f"{name_or_path}.yaml").read_text()
-    out.write_text(yaml.safe_dump(_scale_times(yaml.safe_load(text), time_scale), sort_keys=False))
+    document = _scale_times(yaml.safe_load(text), time_scale)
+    halves = document.get("disaggregation")
+    if isinstance(halves, dict):  # a disaggregated profile: its two profiles scaled too
+        for half in ("decode", "prefill"):
+            name = str(halves[half])
+            if not (name.endswith((".yaml", ".yml")) or "/" in name) and path.parent != Path("."):
+                sibling = path.parent / f"{name}.yaml"
+                name = str(sibling) if sibling.exists() else name
+            halves[half] = str(scaled_profile(name, time_scale, out.with_name(f"{out.stem}-{half}.yaml")))
+    out.write_text(yaml.safe_dump(document, sort_keys=False))
     return out
 
 
@@ -310,7 +332,7 @@ def make_contender(name: str) -> Contender:
     for prefix, kind in (("kvgate-", "kvgate"), ("vllm-router-", "vllm-router"),
                          ("sglang-router-", "sglang-router")):
         if name.startswith(prefix):
-            return Contender(name, kind, name[len(prefix):])
+            return Contender(name, kind, name[len(prefix):].partition("@")[0])
     raise ValueError(f"unknown contender {name!r}")
 
 

@@ -33,13 +33,15 @@ from typing import Any
 
 from kvgate.bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
 from kvgate.bench.datapath.procs import TreeCpu, picker_processes
-from kvgate.bench.loadgen import run_open_loop
+from kvgate.bench.loadgen import RequestResult, run_open_loop
 from kvgate.bench.routing_report import goals, plot, summary, tables
 from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize
 from kvgate.bench.sim_fleet import SimFleet
 from kvgate.bench.workloads import (
     WARMUP_FRACTION,
     WORKLOADS,
+    FleetSpec,
+    PlannedRequest,
     WorkloadSpec,
     capacity_estimate,
     offered_rate,
@@ -98,17 +100,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
-                  time_scale: float, seed: int, workdir: Path, sim_processes: int = 1) -> RunFigures:
-    planned, warmup = run_plan(spec, rate, fraction, requests, seed)
-    fleet = SimFleet(spec.fleet, time_scale, workdir / f"sim-{contender.name}.log", seed, sim_processes)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Played:
+    """One contender's run of one plan on a fresh fleet: every request's result and what was measured."""
+
+    results: list[RequestResult]
+    wall_s: float
+    cpu: RouterCpu
+    stats: dict[str, Any]
+    """The fleet's ``/stats`` over the run (``totals``, per replica, ``loop_lag``)."""
+    check: str
+
+
+async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[PlannedRequest],
+               time_scale: float, seed: int, workdir: Path, sim_processes: int = 1,
+               timeout_sim_s: float = REQUEST_TIMEOUT_SIM_S) -> Played:
+    """Start a fresh fleet and ``contender`` in front of it, play ``planned``, stop both."""
+    fleet = SimFleet(fleet_spec, time_scale, workdir / f"sim-{contender.name}.log", seed, sim_processes)
     urls = await fleet.start()
     try:
         base = await contender.start(urls, workdir)
         await asyncio.sleep(1.0)  # first scrapes / health checks
         meter = CpuMeter(contender.router_pids(), contender.envoy_pid())
         start = time.perf_counter()
-        results = await run_open_loop(base, planned, time_scale, timeout_s=REQUEST_TIMEOUT_SIM_S * time_scale)
+        results = await run_open_loop(base, planned, time_scale, timeout_s=timeout_sim_s * time_scale)
         wall = time.perf_counter() - start
         cpu = meter.read()
         stats = await fleet.stats(window_s=wall)
@@ -116,13 +131,20 @@ async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fractio
     finally:
         await contender.stop()
         await fleet.stop()
-    totals = stats["totals"]
-    lag = stats.get("loop_lag") or {}
+    return Played(results, wall, cpu, stats, check)
+
+
+async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
+                  time_scale: float, seed: int, workdir: Path, sim_processes: int = 1) -> RunFigures:
+    planned, warmup = run_plan(spec, rate, fraction, requests, seed)
+    run = await play(spec.fleet, contender, planned, time_scale, seed, workdir, sim_processes)
+    totals = run.stats["totals"]
+    lag = run.stats.get("loop_lag") or {}
     return summarize(workload=spec.name, contender=contender.name, rate=rate, load_fraction=fraction,
-                     results=results, warmup=warmup, time_scale=time_scale, wall_s=wall,
+                     results=run.results, warmup=warmup, time_scale=time_scale, wall_s=run.wall_s,
                      prefix_hits=float(totals["prefix_cache_hits"]),
                      prefix_queries=float(totals["prefix_cache_queries"]),
-                     lag_p99_real_ms=float(lag.get("p99_ms") or 0.0), policy_check=check, cpu=cpu)
+                     lag_p99_real_ms=float(lag.get("p99_ms") or 0.0), policy_check=run.check, cpu=run.cpu)
 
 
 class CpuMeter:

@@ -22,6 +22,8 @@ from kvgate.bench.workloads import FleetSpec
 
 def split_fleet(spec: FleetSpec, processes: int) -> list[list[str]]:
     """The ``python -m kvgate.simulator`` fleet arguments of each process (replicas and overrides split)."""
+    if processes > 1 and (spec.prefill or spec.decode):
+        raise ValueError("a disaggregated fleet runs in one simulator process (its KV transfers)")
     processes = max(1, min(processes, spec.replicas))
     per = math.ceil(spec.replicas / processes)
     out: list[list[str]] = []

@@ -22,6 +22,13 @@ Workloads (``WORKLOADS``):
   ``max_loras`` 3 per replica, unique 512-token prompts.
 - ``long-prompts``: 8k-32k-token prompts (32-128 KB bodies; about 60 % over 100 KB) over 24 shared
   documents with a short unique question.
+
+The disaggregated-serving benchmark's workloads (``PD_WORKLOADS``, ``bench.pd``): unique prompts
+(nothing cached) of a uniform length between ``extra["min_tokens"]`` and ``extra["max_tokens"]``:
+
+- ``pd-long``: 4k-16k-token prompts, 256 output tokens: prefill-heavy requests whose prefill chunks,
+  on an aggregated replica, share the engine steps of every other request's decode.
+- ``pd-short``: 128-512-token prompts, 256 output tokens: nothing worth a prefill hop.
 """
 
 from __future__ import annotations
@@ -51,10 +58,28 @@ class FleetSpec:
     max_loras: int = 4
     overrides: tuple[str, ...] = ()  # --replica I:KEY=VALUE,...
     stream_interval: int = 1  # tokens per SSE chunk (1: one chunk per token, vLLM's default)
+    prefill: int = 0
+    """Of ``replicas``, how many are prefill instances (the first ones), and ``decode`` decode ones
+    (next); the rest serve both (a disaggregated fleet: ``kvgate sim --prefill P --decode D``)."""
+    decode: int = 0
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        both = self.replicas - self.prefill - self.decode
+        return ("prefill",) * self.prefill + ("decode",) * self.decode + ("both",) * both
+
+    def split(self, prefill: int, decode: int) -> FleetSpec:
+        """This fleet as ``prefill`` prefill and ``decode`` decode instances (and no others)."""
+        return FleetSpec(prefill + decode, self.num_gpu_blocks, self.loras, self.max_loras, self.overrides,
+                         self.stream_interval, prefill, decode)
 
     def args(self) -> list[str]:
-        out = ["--replicas", str(self.replicas), "--num-gpu-blocks", str(self.num_gpu_blocks),
-               "--max-loras", str(self.max_loras)]
+        if self.prefill or self.decode:
+            sizes = ["--prefill", str(self.prefill), "--decode", str(self.decode),
+                     "--replicas", str(self.replicas - self.prefill - self.decode)]
+        else:
+            sizes = ["--replicas", str(self.replicas)]
+        out = [*sizes, "--num-gpu-blocks", str(self.num_gpu_blocks), "--max-loras", str(self.max_loras)]
         if self.stream_interval != 1:
             out += ["--stream-interval", str(self.stream_interval)]
         if self.loras:
@@ -134,6 +159,18 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 }
 
 
+PD_WORKLOADS: dict[str, WorkloadSpec] = {
+    "pd-long": WorkloadSpec(
+        "pd-long", "unique-prompts", FleetSpec(), prefix_tokens=0, question_tokens=0,
+        extra={"min_tokens": 4096, "max_tokens": 16384},
+        description="unique 4k-16k-token prompts (uniform), 256 output tokens"),
+    "pd-short": WorkloadSpec(
+        "pd-short", "unique-prompts", FleetSpec(), prefix_tokens=0, question_tokens=0,
+        extra={"min_tokens": 128, "max_tokens": 512},
+        description="unique 128-512-token prompts (uniform), 256 output tokens"),
+}
+
+
 def text_of(rng: random.Random, tokens: int) -> str:
     """``tokens`` × 4 characters of hex text (distinct token ids per 4-character chunk)."""
     if tokens <= 0:
@@ -181,6 +218,8 @@ def plan(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) -> list[
         if spec.kind == "lora-mix":
             model = rng.choices(LORAS, lora_weights)[0]
             prefix = ""
+        elif spec.kind == "unique-prompts":
+            prefix = text_of(rng, rng.randint(int(spec.extra["min_tokens"]), int(spec.extra["max_tokens"])))
         elif weights is not None:
             prefix = prefixes[rng.choices(range(spec.groups), weights)[0]]
         else:
@@ -246,7 +285,9 @@ def capacity_estimate(spec: WorkloadSpec) -> float:
     step / REFERENCE_BATCH)`` of decode; slower replicas count for less.
     """
     uncached = spec.question_tokens
-    if spec.kind == "long-prompts":
+    if spec.kind == "unique-prompts":
+        uncached = int((spec.extra["min_tokens"] + spec.extra["max_tokens"]) / 2)
+    elif spec.kind == "long-prompts":
         uncached = spec.question_tokens + 2048  # documents mostly hit; some first reads
     elif spec.kind == "multi-turn":
         uncached = spec.question_tokens + spec.output_tokens
