@@ -4,16 +4,13 @@ Its transition table (:data:`TRANSITIONS`, state × event type → handler) is t
 
     START ──RequestHeaders(eos)──────────────────────────────▶ UPSTREAM        (bodyless: pick now)
     START ──RequestHeaders──▶ REQUEST_BODY ──body eos / trailers─▶ UPSTREAM   (pick on the whole body)
-    REQUEST_BODY ──body eos / trailers──▶ PREFILL ──PrefillDone──▶ UPSTREAM    (the picker prefills)
+    REQUEST_BODY ──body eos / trailers──▶ PREFILL ──PrefillDone──▶ UPSTREAM  (extproc.prefill_step)
     UPSTREAM ──ResponseHeaders──▶ RESPONSE_BODY ──body eos / trailers──▶ RESPONSE_DONE
     UPSTREAM ──ResponseHeaders (body not sent)──▶ RESPONSE_PASSTHROUGH ──StreamClosed──▶ DONE
     START / REQUEST_BODY ──ResponseHeaders──▶ DONE   (Envoy's own local reply: passes unchanged)
     any ──error──▶ DONE (ImmediateResponse)        any ──StreamClosed──▶ DONE
 
-Which path a request takes is its plan (``extproc.request_plan``), decided with its headers. A
-disaggregated request whose prefill the picker runs (``extproc.prefill_step``) waits in PREFILL: the
-reply that releases it is held until the servicer has run the prefill (a ``RunPrefill`` step) and
-handed back its ``PrefillDone``.
+Which path a request takes is its plan (``extproc.request_plan``), decided with its headers.
 FULL_DUPLEX_STREAMED request bodies are held until end of stream, then the header response
 (destination, metadata) goes out followed by the body as streamed chunks. BUFFERED bodies get the
 header response at once, before the headers are read (it depends on none of them: the body's
@@ -35,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -167,7 +165,9 @@ class RequestLifecycle:
         else:
             self._read_headers(event)
         if event.end_of_stream:
-            return [self._header_reply(self._pick(b""), streamed_body=False)]
+            decision = self._pick(b"")
+            outcome = self._outcome(decision)
+            return [header_reply(decision, self._config, self._strip, outcome, streamed_body=False)]
         self.state = State.REQUEST_BODY
         if plan.full_duplex_request:
             return []
@@ -203,26 +203,20 @@ class RequestLifecycle:
         return [body_reply(decision, self._config, self._strip, self._outcome(decision),
                            replace_body=self._plan.buffered_request)]
 
-    def _duplex_reply(self, decision: Decision) -> list[Action]:
-        chunks = streamed_body(decision.body, True, self._config.stream_chunk_bytes)
-        return [self._header_reply(decision, streamed_body=True), *chunks]
-
-    def _duplex_reply_with_trailers(self, decision: Decision) -> list[Action]:
-        return [
-            self._header_reply(decision, streamed_body=True),
-            *streamed_body(decision.body, False, self._config.stream_chunk_bytes),
-            ContinueTrailers(Phase.REQUEST),
-        ]
+    def _duplex_reply(self, decision: Decision, *, trailers: bool = False) -> list[Action]:
+        chunks = streamed_body(decision.body, not trailers, self._config.stream_chunk_bytes)
+        tail = [ContinueTrailers(Phase.REQUEST)] if trailers else []
+        head = header_reply(decision, self._config, self._strip, self._outcome(decision), streamed_body=True)
+        return [head, *chunks, *tail]
 
     def _on_request_trailers_in_body(self, event: RequestTrailers) -> Sequence[Step]:
         self._unread.require()
         if not self._plan.full_duplex_request:
             raise ProtocolViolation("request trailers before the buffered body")
-        return self._released(self._pick(self._body.take()), self._duplex_reply_with_trailers)
+        return self._released(self._pick(self._body.take()), partial(self._duplex_reply, trailers=True))
 
-    def _released(
-        self, decision: Decision, reply: Callable[[Decision], list[Action]], *, prefill: bool = True
-    ) -> Sequence[Step]:
+    def _released(self, decision: Decision, reply: Callable[[Decision], list[Action]], *,
+                  prefill: bool = True) -> Sequence[Step]:
         """``reply`` to release the picked request, or first the picker's prefill step."""
         if not (decision.prefill_by_picker and prefill):
             return reply(decision)
@@ -246,18 +240,11 @@ class RequestLifecycle:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick counted before this one is scored
+        # request_id: our own; the scheduler keys in-flight state by it (clients repeat x-request-id)
         decision = decide(
-            pool=self._pool,
-            api=self._api,
-            headers=self._headers,
-            body=body,
-            subset=self._subset,
-            now=self._clock.now,
-            inject_usage=self._config.inject_include_usage and self._plan.observe,
-            # Our own id: the scheduler keys in-flight state by it, and clients can repeat x-request-id.
-            request_id=self._request_ids(),
-            metrics=self._metrics,
-            limiter=self._config.tenant_limiter,
+            pool=self._pool, api=self._api, headers=self._headers, body=body, subset=self._subset,
+            now=self._clock.now, inject_usage=self._config.inject_include_usage and self._plan.observe,
+            request_id=self._request_ids(), metrics=self._metrics, limiter=self._config.tenant_limiter,
         )
         picked = PickedRequest(decision, self._pool.scheduler, metrics=self._metrics,
                                clock=self._clock, started=self._started, after_reply=self._after_reply)
@@ -266,11 +253,6 @@ class RequestLifecycle:
         # no response headers will come for a skipped stream: its first token goes unseen
         picked.picked(first_token_unseen=self._plan.skip_response and decision.request.stream)
         return decision
-
-    def _header_reply(self, decision: Decision, *, streamed_body: bool) -> ContinueHeaders:
-        return header_reply(
-            decision, self._config, self._strip, self._outcome(decision), streamed_body=streamed_body
-        )
 
     def _outcome(self, decision: Decision) -> str | None:
         """The outcome mark, when Envoy reports this request's outcome afterwards."""
@@ -332,9 +314,8 @@ class RequestLifecycle:
         return actions
 
     def _on_local_reply(self, event: ResponseHeaders) -> list[Action]:
-        """Response headers before the request was picked: Envoy answered it itself (its 413 for a
-        body over the listener's buffer limit, sent while the body was still arriving). Nothing was
-        routed; the reply passes as it is (Envoy's local reply configuration gives it its JSON)."""
+        """Response headers before the pick: Envoy's own reply (its 413 while the body was arriving),
+        passed as it is (Envoy's local reply configuration gives it its JSON)."""
         self.state = State.DONE
         return [ContinueHeaders(Phase.RESPONSE)]
 
@@ -349,8 +330,8 @@ class RequestLifecycle:
 
     # ending --------------------------------------------------------------------------------
     def _on_closed(self, event: StreamClosed) -> list[Action]:
-        # a request whose response phases were skipped ends here, as far as the picker can tell;
-        # with outcome reports, whether it went well is counted when its report comes
+        # a skipped response's request ends here for the picker; with outcome reports, whether it
+        # went well is counted when its report comes
         self._finish(ok=self._plan.skip_response and self.state is State.UPSTREAM and not event.cancelled,
                      count_outcome=not self._plan.reported)
         self.state = State.DONE
