@@ -38,7 +38,7 @@ from typing import Any
 from kvgate.bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
 from kvgate.bench.loadgen import RequestResult
 from kvgate.bench.routing import RESULTS, play
-from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, percentile
+from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, percentile
 from kvgate.bench.workloads import PD_WORKLOADS, FleetSpec, WorkloadSpec, offered_rate, run_plan
 
 DEFAULT_RUNS = {
@@ -69,6 +69,10 @@ class PdFigures:
     valid: bool
     check: str
     first_error: str
+    router_cpu_us: float = float("nan")
+    """The router's CPU per request (real µs; kvgate: the picker, which runs the prefill calls)."""
+    envoy_cpu_us: float = float("nan")
+    """Envoy's CPU per request (real µs; kvgate only)."""
 
 
 def contender_and_fleet(name: str, fleet: FleetSpec) -> tuple[Contender, FleetSpec]:
@@ -87,7 +91,8 @@ def contender_and_fleet(name: str, fleet: FleetSpec) -> tuple[Contender, FleetSp
 
 def figures(spec: WorkloadSpec, name: str, fleet: FleetSpec, rate: float, fraction: float,
             results: Sequence[RequestResult], warmup: int, time_scale: float, wall_s: float,
-            stats: dict[str, Any], check: str, slo_ttft_ms: float, slo_tpot_ms: float) -> PdFigures:
+            stats: dict[str, Any], check: str, slo_ttft_ms: float, slo_tpot_ms: float,
+            cpu: RouterCpu | None = None) -> PdFigures:
     """The run's figures over the requests after warm-up (pure)."""
     k = time_scale
     measured = [r for r in results if r.index >= warmup]
@@ -101,6 +106,7 @@ def figures(spec: WorkloadSpec, name: str, fleet: FleetSpec, rate: float, fracti
     roles = {"prefill": fleet.prefill, "decode": fleet.decode,
              "both": fleet.replicas - fleet.prefill - fleet.decode}
     errors = [r for r in measured if not r.ok]
+    sent = max(1, len(results))
     return PdFigures(
         workload=spec.name, contender=name,
         fleet=" + ".join(f"{n} {role}" for role, n in roles.items() if n), rate=rate, load_fraction=fraction,
@@ -112,6 +118,8 @@ def figures(spec: WorkloadSpec, name: str, fleet: FleetSpec, rate: float, fracti
         remote_prefills=int(stats["totals"].get("remote_prefills", 0)),
         lag_p99_sim_ms=lag, valid=lag <= LAG_LIMIT_SIM_MS, check=check,
         first_error=errors[0].error[:120] if errors else "",
+        router_cpu_us=cpu.router_s / sent * 1e6 if cpu and cpu.router_processes else math.nan,
+        envoy_cpu_us=cpu.envoy_s / sent * 1e6 if cpu and cpu.envoy_s is not None else math.nan,
     )
 
 
@@ -123,7 +131,7 @@ async def run_contender(spec: WorkloadSpec, name: str, fraction: float, requests
     planned, warmup = run_plan(spec, rate, fraction, requests, seed)
     run = await play(fleet, contender, planned, time_scale, seed, workdir, timeout_sim_s=30.0)
     return figures(spec, name, fleet, rate, fraction, run.results, warmup, time_scale, run.wall_s,
-                   run.stats, run.check, *slo)
+                   run.stats, run.check, *slo, cpu=run.cpu)
 
 
 def _f(value: float, digits: int = 1) -> str:
@@ -155,13 +163,15 @@ def report(meta: dict[str, Any], runs: Sequence[PdFigures]) -> str:
             lines += [f"### Offered {rate:g} req/s ({these[0].load_fraction:g} × the aggregated capacity "
                       "estimate)", "",
                       "| contender | fleet | ok | err | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
-                      "| goodput req/s | within SLO | remote prefills | lag p99 ms | valid |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "| goodput req/s | within SLO | remote prefills | router / Envoy CPU µs per request "
+                      "| lag p99 ms | valid |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in these:
                 ttft = " / ".join(_f(v, 0) for v in r.ttft_ms)
                 tpot = " / ".join(_f(v, 2) for v in r.tpot_ms)
                 lines.append(f"| {r.contender} | {r.fleet} | {r.ok} | {r.errors} | {ttft} | {tpot} | "
                              f"{r.goodput:.2f} | {r.slo_met * 100:.0f} % | {r.remote_prefills} | "
+                             f"{_f(r.router_cpu_us, 0)} / {_f(r.envoy_cpu_us, 0)} | "
                              f"{r.lag_p99_sim_ms:.3f} | {'yes' if r.valid else '**INVALID**'} |")
             errors = [f"{r.contender}: {r.first_error}" for r in these if r.first_error]
             if errors:
