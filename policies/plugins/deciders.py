@@ -27,13 +27,13 @@ class DisaggregationDecider(Protocol):
 
 
 class _PrefixDeciderParams(Params):
-    non_cached_tokens: Annotated[int, Field(ge=0)] = 256
+    non_cached_tokens: Annotated[int, Field(ge=0)] = 1024
 
 
 class PrefixBasedDecider:
     consumes = frozenset({PREFIX_INDEX})
 
-    def __init__(self, non_cached_tokens: int = 256) -> None:
+    def __init__(self, non_cached_tokens: int = 1024) -> None:
         self.non_cached_tokens = non_cached_tokens
 
     @staticmethod
