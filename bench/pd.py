@@ -65,6 +65,7 @@ class PdFigures:
     goodput: float  # requests/s (simulated) within the SLO
     slo_met: float  # share of measured requests within the SLO
     remote_prefills: int  # prefills the fleet ran for a remote decode
+    remote_decodes: int  # decodes that read a remote prefill's KV (fewer: prefills whose answer was lost)
     lag_p99_sim_ms: float
     valid: bool
     check: str
@@ -116,6 +117,8 @@ def figures(spec: WorkloadSpec, name: str, fleet: FleetSpec, rate: float, fracti
         goodput=len(within) / window if window > 0 else 0.0,
         slo_met=len(within) / max(1, len(measured)),
         remote_prefills=int(stats["totals"].get("remote_prefills", 0)),
+        remote_decodes=int(stats["totals"].get("remote_decodes", 0)) - int(stats["totals"].get(
+            "kv_transfers_failed", 0)),
         lag_p99_sim_ms=lag, valid=lag <= LAG_LIMIT_SIM_MS, check=check,
         first_error=errors[0].error[:120] if errors else "",
         router_cpu_us=cpu.router_s / sent * 1e6 if cpu and cpu.router_processes else math.nan,
@@ -152,7 +155,8 @@ def report(meta: dict[str, Any], runs: Sequence[PdFigures]) -> str:
         f"- SLO: TTFT ≤ {meta['slo_ttft_ms']:g} ms and TPOT ≤ {meta['slo_tpot_ms']:g} ms; goodput = requests "
         "per simulated second within both. Valid run: simulator loop lag p99 ≤ "
         f"{LAG_LIMIT_SIM_MS} simulated ms.",
-        "- `remote prefills`: prefills the fleet ran for a remote decode (a P/D contender's split, checked).",
+        "- `split`: prefills the fleet ran for a remote decode / decodes that read their KV (a P/D "
+        "contender's split, checked; fewer decodes than prefills: prefills whose answer was not used).",
         "",
     ]
     for workload in dict.fromkeys(r.workload for r in runs):
@@ -163,14 +167,15 @@ def report(meta: dict[str, Any], runs: Sequence[PdFigures]) -> str:
             lines += [f"### Offered {rate:g} req/s ({these[0].load_fraction:g} × the aggregated capacity "
                       "estimate)", "",
                       "| contender | fleet | ok | err | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
-                      "| goodput req/s | within SLO | remote prefills | router / Envoy CPU µs per request "
+                      "| goodput req/s | within SLO | split | router / Envoy CPU µs per request "
                       "| lag p99 ms | valid |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in these:
                 ttft = " / ".join(_f(v, 0) for v in r.ttft_ms)
                 tpot = " / ".join(_f(v, 2) for v in r.tpot_ms)
                 lines.append(f"| {r.contender} | {r.fleet} | {r.ok} | {r.errors} | {ttft} | {tpot} | "
-                             f"{r.goodput:.2f} | {r.slo_met * 100:.0f} % | {r.remote_prefills} | "
+                             f"{r.goodput:.2f} | {r.slo_met * 100:.0f} % | "
+                             f"{r.remote_prefills} / {r.remote_decodes} | "
                              f"{_f(r.router_cpu_us, 0)} / {_f(r.envoy_cpu_us, 0)} | "
                              f"{r.lag_p99_sim_ms:.3f} | {'yes' if r.valid else '**INVALID**'} |")
             errors = [f"{r.contender}: {r.first_error}" for r in these if r.first_error]
@@ -219,7 +224,8 @@ async def _run(args: argparse.Namespace, command: str) -> list[PdFigures]:
                         print(f"  FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
                         continue
                     print(f"  TTFT p90 {run.ttft_ms[1]:.0f} ms, TPOT p90 {run.tpot_ms[1]:.2f} ms, goodput "
-                          f"{run.goodput:.2f}, remote prefills {run.remote_prefills}, err {run.errors}, "
+                          f"{run.goodput:.2f}, split {run.remote_prefills}/{run.remote_decodes}, "
+                          f"err {run.errors}, "
                           f"lag {run.lag_p99_sim_ms:.3f}", flush=True)
                     runs.append(run)
                     meta["wall_s"] = time.perf_counter() - started

@@ -22,6 +22,19 @@ ANSWER_LIMIT = 4 * 1024 * 1024
 """A prefill answers one token and its params; anything longer is not a prefill answer."""
 
 
+async def _whole(response: aiohttp.ClientResponse) -> bytes:
+    """The answer's body to its end (``read(n)`` would return the first chunk that came), refused
+    past :data:`ANSWER_LIMIT`."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > ANSWER_LIMIT:
+            raise PrefillAnswerError(f"the prefill answer is over {ANSWER_LIMIT} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class PrefillClient:
     """One per picker process; ``close`` when the server stops."""
 
@@ -43,10 +56,9 @@ class PrefillClient:
         try:
             async with self._open().post(f"http://{step.address}{step.path}", data=step.body,
                                          headers=headers) as response:
-                answer = await response.content.read(ANSWER_LIMIT)
                 if response.status // 100 != 2:
                     return self._failed(started, step, f"status {response.status}")
-                params = transfer_params(answer)
+                params = transfer_params(await _whole(response))
         except TimeoutError:
             return self._failed(started, step, "timed out")
         except (aiohttp.ClientError, OSError, PrefillAnswerError) as exc:

@@ -45,7 +45,8 @@ def test_the_figures_count_goodput_within_both_slos() -> None:
         _result(3, 0.1, 1.1),  # TPOT 100 ms: outside
         _result(4, math.nan, 0.0, status=503),
     ]
-    stats = {"totals": {"remote_prefills": 7}, "loop_lag": {"p99_ms": 0.5}}
+    stats = {"totals": {"remote_prefills": 7, "remote_decodes": 7, "kv_transfers_failed": 1},
+             "loop_lag": {"p99_ms": 0.5}}
     cpu = RouterCpu(router_s=0.01, router_processes=1, envoy_s=0.005)
     f = figures(SPEC, "kvgate-pd@3p5d", FleetSpec().split(3, 5), 4.0, 0.3, results, warmup=1, time_scale=1.0,
                 wall_s=10.0, stats=stats, check="ok", slo_ttft_ms=2000, slo_tpot_ms=50, cpu=cpu)
@@ -54,7 +55,7 @@ def test_the_figures_count_goodput_within_both_slos() -> None:
     assert f.tpot_ms[2] == 100.0
     assert f.slo_met == 0.25
     assert f.goodput == 1 / (10.0 * 4 / 5)  # one request within, over the measured share of the run
-    assert f.remote_prefills == 7
+    assert (f.remote_prefills, f.remote_decodes) == (7, 6)
     assert f.fleet == "3 prefill + 5 decode"
     assert (f.router_cpu_us, f.envoy_cpu_us) == (2000.0, 1000.0)
     assert f.valid

@@ -1,0 +1,86 @@
+"""The picker's prefill client over real HTTP on loopback: an answer in several chunks is read whole,
+and every failure becomes a PrefillDone without params (the request then goes to decode unchanged)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from kvgate.extproc.actions import RunPrefill
+from kvgate.extproc.prefill_client import PrefillClient
+
+PARAMS = {"do_remote_prefill": True, "remote_block_ids": list(range(3000)), "remote_engine_id": "e"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"127.0.0.1:{runner.addresses[0][1]}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def step(address: str) -> RunPrefill:
+    return RunPrefill(address, "/v1/completions", b'{"prompt": "x"}', (("authorization", "Bearer k"),))
+
+
+async def test_an_answer_in_several_chunks_is_read_whole(serve: Callable[[Handler], Awaitable[str]]) -> None:
+    seen: dict[str, str] = {}
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        seen["authorization"] = request.headers.get("authorization", "")
+        body = json.dumps({"choices": [], "kv_transfer_params": PARAMS}).encode()
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        for at in range(0, len(body), 4096):  # as a big answer arrives: in pieces
+            await response.write(body[at : at + 4096])
+            await asyncio.sleep(0.002)
+        await response.write_eof()
+        return response
+
+    client = PrefillClient()
+    try:
+        done = await client.run(step(await serve(chunked)))
+    finally:
+        await client.close()
+    assert done.ok, done.error
+    assert done.params == PARAMS
+    assert seen["authorization"] == "Bearer k"
+
+
+async def test_failures_give_no_params(serve: Callable[[Handler], Awaitable[str]]) -> None:
+    async def error(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "boom"}}, status=500)
+
+    async def no_params(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"choices": []})
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)
+        return web.json_response({"kv_transfer_params": PARAMS})
+
+    client = PrefillClient(timeout_s=0.2)
+    try:
+        outcomes = [await client.run(step(await serve(handler))) for handler in (error, no_params, slow)]
+        outcomes.append(await client.run(step("127.0.0.1:1")))  # refused
+    finally:
+        await client.close()
+    assert [o.ok for o in outcomes] == [False] * 4
+    assert outcomes[0].error == "status 500"
+    assert "kv_transfer_params" in outcomes[1].error
+    assert outcomes[2].error == "timed out"
