@@ -18,6 +18,7 @@ _log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 20.0
 """Below Envoy's ext_proc ``message_timeout`` (30 s): the held body reply must go before Envoy gives up."""
+WARN_EVERY_S = 5.0
 ANSWER_LIMIT = 4 * 1024 * 1024
 """A prefill answers one token and its params; anything longer is not a prefill answer."""
 
@@ -41,6 +42,8 @@ class PrefillClient:
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._warned_at = -WARN_EVERY_S
+        self._unreported = 0
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -65,9 +68,16 @@ class PrefillClient:
             return self._failed(started, step, str(exc) or type(exc).__name__)
         return PrefillDone(params, time.perf_counter() - started)
 
-    @staticmethod
-    def _failed(started: float, step: RunPrefill, error: str) -> PrefillDone:
-        _log.info("prefill at %s failed (%s): the decode endpoint prefills", step.address, error)
+    def _failed(self, started: float, step: RunPrefill, error: str) -> PrefillDone:
+        """A failed prefill: a warning (one line per :data:`WARN_EVERY_S` at most, with how many
+        others failed meanwhile), and no params."""
+        now = time.monotonic()
+        self._unreported += 1
+        if now - self._warned_at >= WARN_EVERY_S:
+            others = self._unreported - 1
+            _log.warning("prefill at %s failed (%s): its decode endpoint prefills instead%s", step.address,
+                         error, f" ({others} more prefills failed since the last warning)" if others else "")
+            self._warned_at, self._unreported = now, 0
         return PrefillDone(None, time.perf_counter() - started, error)
 
     async def close(self) -> None:

@@ -63,7 +63,9 @@ async def test_an_answer_in_several_chunks_is_read_whole(serve: Callable[[Handle
     assert seen["authorization"] == "Bearer k"
 
 
-async def test_failures_give_no_params(serve: Callable[[Handler], Awaitable[str]]) -> None:
+async def test_failures_give_no_params_and_one_warning(
+    serve: Callable[[Handler], Awaitable[str]], caplog: pytest.LogCaptureFixture
+) -> None:
     async def error(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "boom"}}, status=500)
 
@@ -84,3 +86,6 @@ async def test_failures_give_no_params(serve: Callable[[Handler], Awaitable[str]
     assert outcomes[0].error == "status 500"
     assert "kv_transfer_params" in outcomes[1].error
     assert outcomes[2].error == "timed out"
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1  # the others within 5 s are counted in the next one
+    assert "its decode endpoint prefills instead" in warnings[0].getMessage()
