@@ -238,6 +238,12 @@ class Contender:
             if picks <= 0:
                 return "CRIPPLED: the picker scheduled nothing"
             spread = f" (per worker {', '.join(f'{n:.0f}' for n in per_worker)})" if len(pages) > 1 else ""
+            prefills = sum(metric_sum(p, "kvgate_prefill_duration_seconds_count") for p in pages)
+            if prefills:  # disaggregated: the prefills the picker ran, and their mean time (simulated)
+                failed = sum(metric_sum(p, "kvgate_prefill_total", 'outcome="failed"') for p in pages)
+                mean = sum(metric_sum(p, "kvgate_prefill_duration_seconds_sum") for p in pages) / prefills
+                spread += (f"; {prefills:.0f} prefills ({failed:.0f} failed), mean "
+                           f"{mean / self.time_scale * 1000:.0f} ms")
             return f"ok: {picks:.0f} picks, {errors:.0f} errors{spread}"
         if self.kind == "oracle":
             return "ok: peeks every replica per request"

@@ -181,7 +181,7 @@ def report(meta: dict[str, Any], runs: Sequence[PdFigures]) -> str:
             errors = [f"{r.contender}: {r.first_error}" for r in these if r.first_error]
             if errors:
                 lines += ["", "First error: " + "; ".join(errors)]
-            lines.append("")
+            lines += ["", "Policy checks: " + "; ".join(f"{r.contender}: {r.check}" for r in these), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -199,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--report-only", action="store_true", help="rewrite pd.md from pd.json")
     return p
 
 
@@ -239,6 +240,12 @@ async def _run(args: argparse.Namespace, command: str) -> list[PdFigures]:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(given)
+    if args.report_only:
+        data = json.loads((args.results / "pd.json").read_text())
+        runs = [PdFigures(**{**r, "ttft_ms": tuple(r["ttft_ms"]), "tpot_ms": tuple(r["tpot_ms"])})
+                for r in data["runs"]]
+        (args.results / "pd.md").write_text(report(data["meta"], runs))
+        return 0
     names = args.contenders or [n for w in args.workloads for n in DEFAULT_RUNS[w]]
     missing = missing_tools([_SHAPE.sub(r"\g<name>", n) for n in names])
     if missing:

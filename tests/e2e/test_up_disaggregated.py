@@ -187,3 +187,39 @@ async def test_a_stopped_decode_replica_loses_no_request_that_had_not_started(
     assert lost == []  # Envoy retried each one on the other decode replica
     assert sum(1 for status, _, _ in results if status == 200) >= 100
     assert await inflight_settles_at_zero(http, up)
+
+
+@pytest.mark.parametrize("pd_up", ["127.0.5.31"], indirect=True)
+async def test_a_client_gone_during_the_prefill_frees_both_sides(
+    pd_up: tuple[SimFleet, KvgateUp], http: aiohttp.ClientSession,
+) -> None:
+    """The prefill replicas made 1,000 times slower: clients that give up while their prefill runs
+    leave nothing in flight, in the picker (both halves) or on the prefill replicas (the picker's
+    prefill call is cancelled, and the replica aborts the request)."""
+    fleet, up = pd_up
+    for replica in (0, 1):
+        faults = f"{fleet_admin_url(fleet)}/replicas/{replica}/faults"
+        async with http.post(faults, json={"slowdown": 1000.0}) as r:
+            assert r.status == 200
+    tasks = [asyncio.create_task(_request(http, up.url, i)) for i in range(6)]
+
+    async def prefill_side(key: str) -> int:
+        return _total(await fleet_stats(http, fleet), key, "prefill")
+
+    for _ in range(100):
+        if await prefill_side("in_flight") == 6:
+            break
+        await asyncio.sleep(0.05)
+    assert await prefill_side("in_flight") == 6  # every request is in its prefill
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert await inflight_settles_at_zero(http, up)
+    for _ in range(100):
+        if await prefill_side("in_flight") == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await prefill_side("in_flight") == 0
+    assert await prefill_side("requests_aborted") == 6
+    stats = await fleet_stats(http, fleet)
+    assert _total(stats, "requests_received", "decode") == 0  # none went on to a decode replica
