@@ -122,10 +122,17 @@ class DisaggregatedScheduler:
             self._end_unreported_prefill(request.request_id, ok=True, now=now)
 
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        """No response will show this request's first token (told at the pick, for a skipped
+        stream). A decode request's prefill has not run yet then: its prefill tokens end at the
+        prefill side's own estimate (or earlier, when the picker reports the prefill done), and
+        the prefill stays in flight until reported or the decode finishes. (Ending it here left
+        every prefill endpoint looking idle to the next pick while it computed a long prompt.)"""
         side = self._side(request)
         side.on_first_token_unseen(request, endpoint, now)
         if side is self.decode:
-            self._end_unreported_prefill(request.request_id, ok=True, now=now)
+            prefill = self._pending.get(request.request_id)
+            if prefill is not None:
+                self.prefill.on_first_token_unseen(prefill.request, prefill.endpoint, now)
 
     def on_endpoint_failed(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self._side(request).on_endpoint_failed(request, endpoint, now)

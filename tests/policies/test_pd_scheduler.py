@@ -102,21 +102,56 @@ def test_both_halves_are_in_flight_until_each_ends() -> None:
 
 def test_an_unreported_prefill_ends_with_the_decode_first_token_or_finish() -> None:
     s = scheduler()
-    for ending in ("first_token", "unseen", "finished"):
+    for ending in ("first_token", "finished"):
         req = request(ending, text(10 + len(ending), 8000))  # prompts that share no prefix
         result = s.schedule(req, FLEET, NOW)
         assert result.prefill is not None
         s.on_picked(req, result.pick, NOW)
         if ending == "first_token":
             s.on_first_token(req, result.pick, NOW)
-        elif ending == "unseen":
-            s.on_first_token_unseen(req, result.pick, NOW)
         else:
             s.on_finished(req, result.pick, ok=False, now=NOW)
         assert s.state.inflight(result.prefill.endpoint.address).requests == 0, ending
         s.on_finished(req, result.pick, ok=True, now=NOW)
     assert isinstance(s.state, InProcessState)
     assert s.state.inflight_requests() == 0
+
+
+def test_a_skipped_stream_keeps_its_prefill_queued_on_the_prefill_endpoint_until_it_ends() -> None:
+    """A skipped stream's first token is unseen from the pick on: its prefill still occupies the
+    prefill endpoint (the next long prompt goes to the other one) until the picker reports it done,
+    or, unreported (a sidecar ran it), until the prefill side's estimate of it has passed."""
+    s = scheduler()
+    first = request("a", text(21, 8000))
+    result = s.schedule(first, FLEET, NOW)
+    assert result.prefill is not None
+    busy = result.prefill.endpoint.address
+    s.on_picked(first, result.pick, NOW)
+    s.on_first_token_unseen(first, result.pick, NOW)
+    assert isinstance(s.state, InProcessState)
+    assert s.state.inflight(busy).tokens > 1000
+    second = s.schedule(request("b", text(22, 8000)), FLEET, NOW)
+    assert second.prefill is not None
+    assert second.prefill.endpoint.address != busy
+    # reported done by the picker: the prefill endpoint is free at once
+    s.on_first_token(result.prefill.request, result.prefill.endpoint, NOW)
+    s.on_finished(result.prefill.request, result.prefill.endpoint, ok=True, now=NOW)
+    assert s.state.inflight(busy).requests == 0
+    s.on_finished(first, result.pick, ok=True, now=NOW)
+    # unreported: its tokens end at the estimate, the request at the decode's finish
+    third = request("c", text(23, 8000))
+    result = s.schedule(third, FLEET, NOW)
+    assert result.prefill is not None
+    p_addr = result.prefill.endpoint.address
+    s.on_picked(third, result.pick, NOW)
+    s.on_first_token_unseen(third, result.pick, NOW)
+    assert s.state.inflight(p_addr).tokens > 1000
+    later = NOW + 60.0
+    s.schedule(request("d", text(24, 8000)), FLEET, later)  # the next prefill pick ends past estimates
+    assert s.state.inflight(p_addr).tokens == 0
+    assert s.state.inflight(p_addr).requests == 1
+    s.on_finished(third, result.pick, ok=True, now=later)
+    assert s.state.inflight(p_addr).requests == 0
 
 
 def test_a_failed_prefill_counts_against_the_prefill_endpoint_only() -> None:
