@@ -45,6 +45,7 @@ DEFAULT_RUNS = {
     "pd-long": ("kvgate-default", "kvgate-pd@3p5d", "kvgate-pd@4p4d", "kvgate-pd@5p3d",
                 "vllm-router-pd@4p4d", "vllm-router-pd@5p3d"),
     "pd-short": ("kvgate-default@0p5d", "kvgate-pd@3p5d", "kvgate-pd-always@3p5d"),
+    "pd-docs": ("kvgate-default", "kvgate-pd@4p4d", "kvgate-pd-always@4p4d", "vllm-router-pd@4p4d"),
 }
 PROFILES = Path(__file__).resolve().parent / "profiles"
 _SHAPE = re.compile(r"^(?P<name>.+)@(?P<p>\d+)p(?P<d>\d+)d$")

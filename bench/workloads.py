@@ -29,6 +29,9 @@ The disaggregated-serving benchmark's workloads (``PD_WORKLOADS``, ``bench.pd``)
 - ``pd-long``: 4k-16k-token prompts, 256 output tokens: prefill-heavy requests whose prefill chunks,
   on an aggregated replica, share the engine steps of every other request's decode.
 - ``pd-short``: 128-512-token prompts, 256 output tokens: nothing worth a prefill hop.
+
+and ``pd-docs``, ``long-prompts`` as a P/D workload (retrieval over shared documents): where the
+decode endpoint already holds the document, only the question is left to prefill.
 """
 
 from __future__ import annotations
@@ -168,6 +171,9 @@ PD_WORKLOADS: dict[str, WorkloadSpec] = {
         "pd-short", "unique-prompts", FleetSpec(), prefix_tokens=0, question_tokens=0,
         extra={"min_tokens": 128, "max_tokens": 512},
         description="unique 128-512-token prompts (uniform), 256 output tokens"),
+    "pd-docs": WorkloadSpec(
+        "pd-docs", "long-prompts", FleetSpec(), groups=24, prefix_tokens=8192, question_tokens=64,
+        description="24 shared documents of 8k-32k tokens + a unique 64-token question, 256 output tokens"),
 }
 
 

@@ -71,6 +71,13 @@ def test_unique_prompts_are_long_unique_and_deterministic() -> None:
     assert len({r.body[:200] for r in first}) == len(first)
 
 
+def test_pd_docs_prompts_share_their_documents_and_differ_in_their_questions() -> None:
+    requests = plan(PD_WORKLOADS["pd-docs"], 10.0, 6.0, 1)
+    assert all(8192 <= r.prompt_tokens <= 32768 for r in requests)
+    assert len({r.body[:200] for r in requests}) < len(requests)  # documents repeat
+    assert len({r.body for r in requests}) == len(requests)  # questions differ
+
+
 def test_scaling_a_pd_profile_scales_both_of_its_halves(tmp_path: Path) -> None:
     out = scaled_profile("pd", 10.0, tmp_path / "pd.yaml")
     document = yaml.safe_load(out.read_text())
