@@ -24,19 +24,19 @@ import json
 import math
 import os
 import platform
-import re
 import shlex
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kvgate.bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
 from kvgate.bench.loadgen import RequestResult
+from kvgate.bench.pd_report import SHAPE, PdFigures, plot, report
 from kvgate.bench.routing import RESULTS, play
 from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, percentile
 from kvgate.bench.workloads import PD_WORKLOADS, FleetSpec, WorkloadSpec, offered_rate, run_plan
@@ -48,38 +48,12 @@ DEFAULT_RUNS = {
     "pd-docs": ("kvgate-default", "kvgate-pd@4p4d", "kvgate-pd-always@4p4d", "vllm-router-pd@4p4d"),
 }
 PROFILES = Path(__file__).resolve().parent / "profiles"
-_SHAPE = re.compile(r"^(?P<name>.+)@(?P<p>\d+)p(?P<d>\d+)d$")
 
-
-@dataclass(frozen=True, slots=True)
-class PdFigures:
-    workload: str
-    contender: str
-    fleet: str  # "8 both" or "3 prefill + 5 decode"
-    rate: float
-    load_fraction: float
-    measured: int
-    ok: int
-    errors: int
-    ttft_ms: tuple[float, float, float]  # p50, p90, p99
-    tpot_ms: tuple[float, float, float]
-    goodput: float  # requests/s (simulated) within the SLO
-    slo_met: float  # share of measured requests within the SLO
-    remote_prefills: int  # prefills the fleet ran for a remote decode
-    remote_decodes: int  # decodes that read a remote prefill's KV (fewer: prefills whose answer was lost)
-    lag_p99_sim_ms: float
-    valid: bool
-    check: str
-    first_error: str
-    router_cpu_us: float = float("nan")
-    """The router's CPU per request (real µs; kvgate: the picker, which runs the prefill calls)."""
-    envoy_cpu_us: float = float("nan")
-    """Envoy's CPU per request (real µs; kvgate only)."""
 
 
 def contender_and_fleet(name: str, fleet: FleetSpec) -> tuple[Contender, FleetSpec]:
     """The contender a name gives and the fleet it runs on (module docstring)."""
-    match = _SHAPE.match(name)
+    match = SHAPE.match(name)
     base = match.group("name") if match else name
     if match:
         fleet = fleet.split(int(match.group("p")), int(match.group("d")))
@@ -138,54 +112,6 @@ async def run_contender(spec: WorkloadSpec, name: str, fraction: float, requests
                    run.stats, run.check, *slo, cpu=run.cpu)
 
 
-def _f(value: float, digits: int = 1) -> str:
-    return "-" if math.isnan(value) else f"{value:,.{digits}f}"
-
-
-def report(meta: dict[str, Any], runs: Sequence[PdFigures]) -> str:
-    """The results page (markdown)."""
-    lines = [
-        "# Disaggregated prefill/decode: P/D kvgate against aggregated serving",
-        "",
-        f"- Command: `{meta['command']}`, {meta['date']}, {meta['machine']}; "
-        f"wall {meta['wall_s'] / 60:.1f} min.",
-        "- Fleet: `python -m kvgate.simulator` (BLIS Llama-3.1-8B/H100 step model; KV transfers at the "
-        "simulator's defaults, docs/simulator.md), restarted cold for every run; the same Poisson plan "
-        f"(seed {meta['seed']}) for every contender of a workload; time scale {meta['time_scale']}: "
-        "all figures are simulated time.",
-        f"- SLO: TTFT ≤ {meta['slo_ttft_ms']:g} ms and TPOT ≤ {meta['slo_tpot_ms']:g} ms; goodput = requests "
-        "per simulated second within both. Valid run: simulator loop lag p99 ≤ "
-        f"{LAG_LIMIT_SIM_MS} simulated ms.",
-        "- `split`: prefills the fleet ran for a remote decode / decodes that read their KV (a P/D "
-        "contender's split, checked; fewer decodes than prefills: prefills whose answer was not used).",
-        "",
-    ]
-    for workload in dict.fromkeys(r.workload for r in runs):
-        spec = PD_WORKLOADS[workload]
-        lines += [f"## {workload}: {spec.description}", ""]
-        for rate in sorted({r.rate for r in runs if r.workload == workload}):
-            these = [r for r in runs if r.workload == workload and r.rate == rate]
-            lines += [f"### Offered {rate:g} req/s ({these[0].load_fraction:g} × the aggregated capacity "
-                      "estimate)", "",
-                      "| contender | fleet | ok | err | TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms "
-                      "| goodput req/s | within SLO | split | router / Envoy CPU µs per request "
-                      "| lag p99 ms | valid |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-            for r in these:
-                ttft = " / ".join(_f(v, 0) for v in r.ttft_ms)
-                tpot = " / ".join(_f(v, 2) for v in r.tpot_ms)
-                lines.append(f"| {r.contender} | {r.fleet} | {r.ok} | {r.errors} | {ttft} | {tpot} | "
-                             f"{r.goodput:.2f} | {r.slo_met * 100:.0f} % | "
-                             f"{r.remote_prefills} / {r.remote_decodes} | "
-                             f"{_f(r.router_cpu_us, 0)} / {_f(r.envoy_cpu_us, 0)} | "
-                             f"{r.lag_p99_sim_ms:.3f} | {'yes' if r.valid else '**INVALID**'} |")
-            errors = [f"{r.contender}: {r.first_error}" for r in these if r.first_error]
-            if errors:
-                lines += ["", "First error: " + "; ".join(errors)]
-            lines += ["", "Policy checks: " + "; ".join(f"{r.contender}: {r.check}" for r in these), ""]
-    return "\n".join(lines) + "\n"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvgate.bench.pd", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,6 +161,8 @@ async def _run(args: argparse.Namespace, command: str) -> list[PdFigures]:
                     (args.results / "pd.json").write_text(json.dumps(
                         {"meta": meta, "runs": [asdict(r) for r in runs]}, indent=1))
                     (args.results / "pd.md").write_text(report(meta, runs))
+    if runs:
+        plot(runs, args.results / "pd.png")
     return runs
 
 
@@ -246,9 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [PdFigures(**{**r, "ttft_ms": tuple(r["ttft_ms"]), "tpot_ms": tuple(r["tpot_ms"])})
                 for r in data["runs"]]
         (args.results / "pd.md").write_text(report(data["meta"], runs))
+        plot(runs, args.results / "pd.png")
         return 0
     names = args.contenders or [n for w in args.workloads for n in DEFAULT_RUNS[w]]
-    missing = missing_tools([_SHAPE.sub(r"\g<name>", n) for n in names])
+    missing = missing_tools([SHAPE.sub(r"\g<name>", n) for n in names])
     if missing:
         print(f"{', '.join(missing)} missing: pip install -e '.[bench]'", file=sys.stderr)
         return 2

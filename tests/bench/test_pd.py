@@ -11,7 +11,8 @@ import yaml
 
 from kvgate.bench.contenders import scaled_profile
 from kvgate.bench.loadgen import RequestResult
-from kvgate.bench.pd import contender_and_fleet, figures, report
+from kvgate.bench.pd import contender_and_fleet, figures
+from kvgate.bench.pd_report import PdFigures, comparisons, report
 from kvgate.bench.run_stats import RouterCpu
 from kvgate.bench.workloads import PD_WORKLOADS, FleetSpec, plan
 
@@ -88,3 +89,15 @@ def test_scaling_a_pd_profile_scales_both_of_its_halves(tmp_path: Path) -> None:
         assert saturation["parameters"]["metrics_staleness_s"] == 2.0  # 0.2 s × 10
         ttft = next(p for p in scaled["plugins"] if p["type"] == "estimated-ttft-scorer")
         assert ttft["parameters"]["time_scale"] == 10.0
+
+
+def test_the_page_compares_each_pd_run_with_aggregated_kvgate_and_vllm_router_on_its_split() -> None:
+    def run(name: str, ttft: float, tpot: float, goodput: float, split: int) -> PdFigures:
+        return PdFigures("pd-long", name, "8", 9.0, 0.3, 50, 50, 0, (1.0, ttft, 1.0), (1.0, tpot, 1.0),
+                         goodput, 1.0, split, split, 0.1, True, "ok", "")
+
+    runs = [run("kvgate-default", 200.0, 8.0, 10.0, 0), run("kvgate-pd@4p4d", 220.0, 6.0, 10.0, 64),
+            run("vllm-router-pd@4p4d", 275.0, 6.0, 10.0, 64), run("kvgate-pd@5p3d", 300.0, 4.0, 5.0, 64)]
+    rows = [line for line in comparisons(runs) if line.startswith("| kvgate-")]
+    assert rows == ["| kvgate-pd@4p4d | 1.10 | 0.75 | 1.00 | 0.80 | 1.00 | 1.00 |",
+                    "| kvgate-pd@5p3d | 1.50 | 0.50 | 0.50 | - | - | - |"]
