@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from kvgate.policies.contracts import PrefillPick, SchedulingResult
 from kvgate.policies.disaggregation import DisaggregatedProfile
 from kvgate.policies.errors import NoEligibleEndpointError
-from kvgate.policies.framework import PluginTimer
+from kvgate.policies.framework import PluginTimer, SchedulingContext
 from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.profile import SchedulingProfile
 from kvgate.policies.scheduler import ProfileScheduler
@@ -63,6 +63,12 @@ class DisaggregatedScheduler:
         """Decode request id → its prefill, until the prefill is reported finished."""
         self._prefill_of: dict[str, str] = {}
         """Prefill request id → its decode request id."""
+        self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        """Decode request id → its prompt's block hashes, for a split scheduled and not yet picked."""
+        self._arriving: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
+        """Decode request id → (its decode endpoint, its prompt's block hashes), for a split request
+        whose KV has not reached its decode endpoint: until the decode's first token, or its finish
+        when the first token goes unseen (``policies.plugins.deciders``: arriving blocks)."""
 
     # --- scheduling ---------------------------------------------------------------------------
 
@@ -77,7 +83,9 @@ class DisaggregatedScheduler:
         result = self.decode.schedule_in(ctx, decoders)
         decode = result.ranked[0]
         decode_view = next(c for c in decoders if c.endpoint is decode or c.address == decode.address)
-        if not split or not self._decider.disaggregate(ctx, decode_view):
+        if not split:
+            return result
+        if not self._decider.disaggregate(ctx, decode_view, self._arriving_blocks(ctx, decode.address)):
             return result
         prefillers = [c for c in candidates if c.endpoint.role.prefills and c.address != decode.address]
         if not prefillers:
@@ -90,9 +98,25 @@ class DisaggregatedScheduler:
             return result  # every prefill endpoint is filtered out (unhealthy, saturated): aggregated
         pick = PrefillPick(half, prefill.ranked[0])
         self._scheduled[request.request_id] = pick
+        self._hashes[request.request_id] = ctx.prefix_hashes()
         while len(self._scheduled) > self._max_pending:  # scheduled, never picked (refused after)
-            self._scheduled.popitem(last=False)
+            old_id, _ = self._scheduled.popitem(last=False)
+            self._hashes.pop(old_id, None)
         return dataclasses.replace(result, prefill=pick, profile=self.profile.name)
+
+    def _arriving_blocks(self, ctx: SchedulingContext, address: str) -> int:
+        """The prompt's leading blocks that split requests are bringing to ``address`` (KV not there yet)."""
+        if not self._arriving:
+            return 0
+        mine: tuple[int, ...] | None = None
+        most = 0
+        for decode_address, hashes in self._arriving.values():
+            if decode_address != address:
+                continue
+            if mine is None:
+                mine = ctx.prefix_hashes()
+            most = max(most, _common_prefix(mine, hashes))
+        return most
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -107,6 +131,11 @@ class DisaggregatedScheduler:
             return
         self._pending[request.request_id] = prefill
         self._prefill_of[prefill.request.request_id] = request.request_id
+        hashes = self._hashes.pop(request.request_id, ())
+        if hashes:
+            self._arriving[request.request_id] = (endpoint.address, hashes)
+            while len(self._arriving) > self._max_pending:
+                self._arriving.popitem(last=False)
         self.prefill.on_picked(prefill.request, prefill.endpoint, now)
         while len(self._pending) > self._max_pending:  # never reported and never finished: drop
             old_id, old = self._pending.popitem(last=False)
@@ -119,6 +148,7 @@ class DisaggregatedScheduler:
         side = self._side(request)
         side.on_first_token(request, endpoint, now)
         if side is self.decode:
+            self._arriving.pop(request.request_id, None)  # its KV has been read
             self._end_unreported_prefill(request.request_id, ok=True, now=now)
 
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
@@ -151,6 +181,7 @@ class DisaggregatedScheduler:
             self.prefill.on_finished(request, endpoint, ok=ok, now=now)
             return
         self.decode.on_finished(request, endpoint, ok=ok, now=now)
+        self._arriving.pop(request.request_id, None)
         self._end_unreported_prefill(request.request_id, ok=ok, now=now)
 
     def _end_unreported_prefill(self, decode_id: str, *, ok: bool, now: float) -> None:
@@ -173,3 +204,13 @@ class DisaggregatedScheduler:
     def forget_endpoint(self, address: str) -> None:
         self.decode.forget_endpoint(address)
         self.prefill.forget_endpoint(address)
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Leading blocks two prompts share (chained hashes: equal up to the first difference)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -65,6 +65,29 @@ def test_a_prompt_the_decode_endpoint_holds_is_not_prefilled_again() -> None:
     assert again.prefill is None
 
 
+def test_a_document_still_on_its_way_to_the_decode_endpoint_is_not_counted_as_held() -> None:
+    """A second request for a document split a moment ago heads for the same decode endpoint (the
+    index learned it there at the pick; the first's prefill there is past its estimate, a skipped
+    stream's first token being unseen), but the KV arrives only when the first one's decode starts:
+    it is split again, not computed whole beside the decode endpoint's decodes. Once the first has
+    ended (the KV was read), the next one is kept whole there."""
+    s = scheduler()
+    doc = text(30, 8000)
+    first = request("a", doc + " first question")
+    result = s.schedule(first, FLEET, NOW)
+    assert result.prefill is not None
+    s.on_picked(first, result.pick, NOW)
+    s.on_first_token_unseen(first, result.pick, NOW)
+    second = request("b", doc + " second question")
+    again = s.schedule(second, FLEET, NOW + 1.0)
+    assert again.pick == result.pick  # prefix affinity on the decode side
+    assert again.prefill is not None  # ... but its blocks may still be arriving: split
+    s.on_finished(first, result.pick, ok=True, now=NOW + 1.5)
+    third = s.schedule(request("c", doc + " third question"), FLEET, NOW + 2.0)
+    assert third.pick == result.pick
+    assert third.prefill is None  # held now: the decode endpoint computes the question alone
+
+
 def test_threshold_zero_always_disaggregates_and_never_prefills_on_the_decode_pick() -> None:
     both = (roled(1, Role.BOTH), roled(2, Role.BOTH))
     for rid in "abcdef":
