@@ -100,13 +100,13 @@ def _shape(name: str) -> str:
 
 def comparisons(runs: Sequence[PdFigures]) -> list[str]:
     """Per P/D kvgate run: its p90 TTFT and TPOT and its goodput over aggregated kvgate's in the same
-    workload and rate (``kvgate-default`` on the whole fleet), and over vllm-router's P/D mode on the
-    same split; markdown table lines, empty without an aggregated run."""
-    base = next((r for r in runs if r.contender == "kvgate-default"), None)
+    workload and rate (``kvgate-default``, on the whole fleet or, ``@0pNd``, on the decode instances
+    alone), and over vllm-router's P/D mode on the same split; markdown table lines."""
+    base = next((r for r in runs if r.contender.partition("@")[0] == "kvgate-default"), None)
     rows = []
     for r in runs:
         shape = _shape(r.contender)
-        if not shape or not r.contender.startswith("kvgate-") or r.remote_prefills == 0:
+        if not shape or not r.contender.startswith("kvgate-") or r is base:
             continue
         router = next((v for v in runs if v.contender == f"vllm-router-pd@{shape}"), None)
         cells = []
@@ -120,7 +120,8 @@ def comparisons(runs: Sequence[PdFigures]) -> list[str]:
         rows.append(f"| {r.contender} | {cells[0]} | {cells[1]} |")
     if not rows:
         return []
-    return ["Ratios (this run): P/D kvgate over aggregated kvgate (`kvgate-default`) and over vllm-router's "
+    aggregated = base.contender if base else "-"
+    return [f"Ratios (this run): P/D kvgate over aggregated kvgate (`{aggregated}`) and over vllm-router's "
             "P/D mode on the same split; below 1 is better for TTFT and TPOT, above 1 for goodput.", "",
             "| contender | TTFT p90 × agg. | TPOT p90 × agg. | goodput × agg. | TTFT p90 × vllm-router "
             "| TPOT p90 × vllm-router | goodput × vllm-router |",
