@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from kvgate.bench.processes import ManagedProcess, http_get_text, metric_sum
+from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.gateway.controlplane.envoy_config import (
     ONE_PASS,
     ExtProcSettings,
@@ -172,6 +173,8 @@ class Contender:
             "--admin-port", "0", "--scrape-interval", f"{0.05 * self.time_scale:g}",
             "--stale-after", f"{0.2 * self.time_scale:g}", "--log-level", "WARNING",
             "--workers", str(workers),
+            # the picker's prefill step and Envoy's wait for it, in simulated time (20 s and 30 s)
+            "--prefill-timeout", f"{DEFAULT_PREFILL_TIMEOUT_S * self.time_scale:g}",
             # kvgate up's default: skip the response headers nothing reads, Envoy reports outcomes
             *(() if full_duplex else ("--skip-unread-responses", "--outcome-reports")),
         ])
@@ -185,10 +188,12 @@ class Contender:
         if "grpc_workers" in extra:
             pickers = tuple(split_host_port(a) for a in extra["grpc_workers"].split(","))
         outcomes = tuple(split_host_port(a) for a in extra.get("outcomes", "").split(",") if a)
+        settings = ExtProcSettings() if full_duplex else REPORTED_ONE_PASS
         config = GatewayConfig(listen_port=port, admin_port=free_port(),
                                picker_addresses=pickers, outcome_addresses=outcomes,
                                pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),),
-                               settings=ExtProcSettings() if full_duplex else REPORTED_ONE_PASS)
+                               settings=dataclasses.replace(
+                                   settings, message_timeout_s=settings.message_timeout_s * self.time_scale))
         self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions(concurrency=workers))
         await self.envoy.start()
 

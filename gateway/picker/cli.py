@@ -15,6 +15,7 @@ from watchfiles import awatch
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.gateway.picker.pools_file import load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
@@ -24,6 +25,16 @@ from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds: {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds a requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--prefill-timeout", type=_positive_seconds, default=DEFAULT_PREFILL_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="give up the prefill step of a disaggregated request after SECONDS and "
+                        "serve it on its decode endpoint whole (pdExecution picker; default "
+                        f"{DEFAULT_PREFILL_TIMEOUT_S:g}); keep it below the gateway's ext_proc message "
+                        "timeout (Envoy's message_timeout; kvgate up's: 30 s)")
     parser.add_argument("--skip-unread-responses", action="store_true",
                         help="with the one-pass processing mode: a request whose response nothing "
                         "needs skips the response-headers round trip (less CPU; its status and served "
@@ -204,6 +221,7 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         cert_reload=args.enable_cert_reload,
         health_address=f"{args.host}:{args.grpc_health_port}",
         outcome_address=f"127.0.0.1:{args.outcome_port}" if args.outcome_reports else None,
+        prefill_timeout=args.prefill_timeout,
     )
 
 

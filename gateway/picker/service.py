@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import Pool
+from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.extproc.server import ExtProcServer
 from kvgate.gateway.picker.admin_http import AdminServer
 from kvgate.gateway.picker.pools_file import PoolSpec
@@ -160,6 +161,9 @@ class PickerSettings:
     """A plaintext port for the gRPC health service alone (``kvgate picker``: 9003); None: none."""
     outcome_address: str | None = None
     """A loopback port taking Envoy's outcome reports (``extproc.outcomes``); None: none taken."""
+    prefill_timeout: float = DEFAULT_PREFILL_TIMEOUT_S
+    """Bound of the prefill step the picker runs for a disaggregated request (then served
+    aggregated): below the data plane's ext_proc message timeout (kvgate up's Envoy: 30 s)."""
 
 
 class PickerService:
@@ -195,6 +199,7 @@ class PickerService:
             ),
             health_address=settings.health_address,
             outcome_address=settings.outcome_address,
+            prefill_timeout_s=settings.prefill_timeout,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         outcomes = self.extproc.outcomes
