@@ -63,6 +63,9 @@ class DisaggregatedScheduler:
         """Decode request id → its prefill, until the prefill is reported finished."""
         self._prefill_of: dict[str, str] = {}
         """Prefill request id → its decode request id."""
+        self._decode_of: dict[str, tuple[InferenceRequest, Endpoint]] = {}
+        """Decode request id → (the request, its decode endpoint), while its prefill is pending: a
+        failed prefill leaves the decode endpoint the whole prompt to compute."""
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         """Decode request id → its prompt's block hashes, for a split scheduled and not yet picked."""
         self._arriving: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
@@ -124,12 +127,17 @@ class DisaggregatedScheduler:
         return self.prefill if request.request_id in self._prefill_of else self.decode
 
     def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
-        """The data plane was told the pick: the decode endpoint, and the prefill scheduled with it."""
-        self.decode.on_picked(request, endpoint, now)
+        """The data plane was told the pick: the decode endpoint, and the prefill scheduled with it.
+        A split request's decode half adds no prefill work to its decode endpoint's bookkeeping
+        (it reads the KV; counted with its whole prompt, every split request in flight made its
+        decode endpoint look as queued as a prefill endpoint to the next pick)."""
         prefill = self._scheduled.pop(request.request_id, None)
         if prefill is None:
+            self.decode.on_picked(request, endpoint, now)
             return
+        self.decode.on_picked(dataclasses.replace(request, prefilled_elsewhere=True), endpoint, now)
         self._pending[request.request_id] = prefill
+        self._decode_of[request.request_id] = (request, endpoint)
         self._prefill_of[prefill.request.request_id] = request.request_id
         hashes = self._hashes.pop(request.request_id, ())
         if hashes:
@@ -179,7 +187,11 @@ class DisaggregatedScheduler:
         if decode_id is not None:  # a prefill reported finished
             self._pending.pop(decode_id, None)
             self.prefill.on_finished(request, endpoint, ok=ok, now=now)
+            decode = self._decode_of.pop(decode_id, None)
+            if not ok and decode is not None:  # served whole on its decode endpoint: it prefills there
+                self.decode.on_served(decode[0], decode[1], now)
             return
+        self._decode_of.pop(request.request_id, None)
         self.decode.on_finished(request, endpoint, ok=ok, now=now)
         self._arriving.pop(request.request_id, None)
         self._end_unreported_prefill(request.request_id, ok=ok, now=now)
@@ -190,6 +202,7 @@ class DisaggregatedScheduler:
             self._end_prefill(decode_id, prefill, ok=ok, now=now)
 
     def _end_prefill(self, decode_id: str, prefill: PrefillPick, *, ok: bool, now: float) -> None:
+        self._decode_of.pop(decode_id, None)
         self._prefill_of.pop(prefill.request.request_id, None)
         self.prefill.on_first_token(prefill.request, prefill.endpoint, now)
         self.prefill.on_finished(prefill.request, prefill.endpoint, ok=ok, now=now)

@@ -176,6 +176,9 @@ class InferenceRequest:
     body_size: int = 0
     subset: frozenset[str] | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    prefilled_elsewhere: bool = False
+    """The decode half of a disaggregated request: another endpoint computes the prompt's KV, the
+    endpoint this request is picked for reads it (set by ``policies.pd_scheduler``, not parsed)."""
 
     @property
     def prompt_tokens_estimate(self) -> int:

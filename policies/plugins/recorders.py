@@ -99,9 +99,9 @@ class InflightRecorder(FeedbackPlugin):
         self._count(request, endpoint.address)
 
     def _count(self, request: InferenceRequest, address: str) -> None:
-        tokens = request.prompt_tokens_estimate
+        tokens = 0 if request.prefilled_elsewhere else request.prompt_tokens_estimate
         matches = self._matches.get(request.request_id)
-        if matches is not None:
+        if matches is not None and tokens:
             tokens = max(0, tokens - matches.get(address, 0) * self._tokens_per_block)
         self._state.inflight_add(request.request_id, address, tokens)
         self._prefilling[request.request_id] = address

@@ -123,6 +123,29 @@ def test_both_halves_are_in_flight_until_each_ends() -> None:
     assert s.state.inflight_requests() == 0
 
 
+def test_a_split_request_adds_no_prefill_work_to_its_decode_endpoint_unless_its_prefill_fails() -> None:
+    """The decode endpoint reads a split request's KV: it is in flight there with no prompt tokens
+    to compute (counted with the whole prompt, every split request made its decode endpoint look as
+    queued as a prefill endpoint). A failed prefill leaves it the whole prompt to compute."""
+    s = scheduler()
+    assert isinstance(s.state, InProcessState)
+    req = request("r", LONG)
+    result = s.schedule(req, FLEET, NOW)
+    assert result.prefill is not None
+    d_addr = result.pick.address
+    s.on_picked(req, result.pick, NOW)
+    assert s.state.inflight(d_addr).requests == 1
+    assert s.state.inflight(d_addr).tokens == 0
+    s.on_endpoint_failed(result.prefill.request, result.prefill.endpoint, NOW)
+    s.on_finished(result.prefill.request, result.prefill.endpoint, ok=False, now=NOW)
+    assert s.state.inflight(d_addr).requests == 1
+    assert s.state.inflight(d_addr).tokens > 1000
+    s.on_first_token(req, result.pick, NOW)
+    assert s.state.inflight(d_addr).tokens == 0
+    s.on_finished(req, result.pick, ok=True, now=NOW)
+    assert s.state.inflight_requests() == 0
+
+
 def test_an_unreported_prefill_ends_with_the_decode_first_token_or_finish() -> None:
     s = scheduler()
     for ending in ("first_token", "finished"):
