@@ -263,11 +263,16 @@ class Contender:
         self.processes.clear()
 
 
+_CLOCKED = frozenset({"estimated-ttft-scorer", "conditional-pd-decider"})
+"""Plugins with a ``time_scale``: the scorer measures its arrival rate on the clock, and the
+decider compares its model-time margins with the scorer's clock-time estimates."""
+
+
 def _scale_times(node: Any, factor: float) -> Any:
     if isinstance(node, dict):
         scaled = {k: (v * factor if k == "metrics_staleness_s" and isinstance(v, int | float)
                       else _scale_times(v, factor)) for k, v in node.items()}
-        if scaled.get("type") == "estimated-ttft-scorer":  # its arrival rate is measured on the clock
+        if scaled.get("type") in _CLOCKED:
             parameters = scaled.get("parameters")
             known = parameters if isinstance(parameters, dict) else {}
             scaled["parameters"] = {**known, "time_scale": factor}

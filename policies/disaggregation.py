@@ -28,7 +28,7 @@ from pydantic import Field, ValidationError
 
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.framework import SESSIONS, declared
-from kvgate.policies.plugins.deciders import DisaggregationDecider
+from kvgate.policies.plugins.deciders import DisaggregationDecider, HopJudge
 from kvgate.policies.plugins.params import Params
 from kvgate.policies.profile import (
     Named,
@@ -85,12 +85,20 @@ def build_disaggregated(
     if any(SESSIONS in declared(f.plugin)[0] for f in prefill.feedback):
         raise ConfigError(f"profile {spec.name!r}: the prefill profile {d.prefill!r} must not pin sessions "
                           "(drop session-recorder from its feedback)")
-    produced = {item for f in decode.feedback for item in declared(f.plugin)[0]}
-    missing = sorted(declared(decider)[1] - produced)
-    if missing:
-        raise ConfigError(f"profile {spec.name!r}: decider {d.decider.type!r} consumes {', '.join(missing)}, "
-                          f"which the decode profile {d.decode!r} does not produce")
+    for half_name, half in ((d.decode, decode), (d.prefill, prefill)):
+        if half is prefill and not isinstance(decider, HopJudge):
+            continue  # only a hop judge reads the prefill half's context
+        missing = sorted(declared(decider)[1] - _produced(half))
+        if missing:
+            raise ConfigError(f"profile {spec.name!r}: decider {d.decider.type!r} consumes "
+                              f"{', '.join(missing)}, which the profile {half_name!r} does not produce")
     return DisaggregatedProfile(spec.name, decode, prefill, Named(d.decider.type, d.decider.type, decider))
+
+
+def _produced(profile: SchedulingProfile) -> set[str]:
+    """What a profile's scorers and feedback produce for the plugins that read the context."""
+    plugins: list[object] = [w.plugin for w in profile.scorers] + [f.plugin for f in profile.feedback]
+    return {item for plugin in plugins for item in declared(plugin)[0]}
 
 
 def load_scheduling(

@@ -22,6 +22,7 @@ from kvgate.policies.disaggregation import DisaggregatedProfile
 from kvgate.policies.errors import NoEligibleEndpointError
 from kvgate.policies.framework import PluginTimer, SchedulingContext
 from kvgate.policies.outliers import OutlierSettings
+from kvgate.policies.plugins.deciders import HopJudge
 from kvgate.policies.profile import SchedulingProfile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.state import InProcessState, SchedulerState
@@ -56,6 +57,7 @@ class DisaggregatedScheduler:
         self.decode = side(profile.decode)
         self.prefill = side(profile.prefill)
         self._decider = profile.decider.plugin
+        self._judge = self._decider if isinstance(self._decider, HopJudge) else None
         self._max_pending = max_pending
         self._scheduled: OrderedDict[str, PrefillPick] = OrderedDict()
         """Decode request id → the prefill scheduled with it, until the pick is told (``on_picked``)."""
@@ -95,10 +97,14 @@ class DisaggregatedScheduler:
             return result  # nothing else prefills: the decode endpoint computes the prompt itself
         half = dataclasses.replace(request, request_id=request.request_id + PREFILL_SUFFIX, max_tokens=1,
                                    stream=False)
+        prefill_ctx = self.prefill.context(half, now)
         try:
-            prefill = self.prefill.schedule(half, prefillers, now)
+            prefill = self.prefill.schedule_in(prefill_ctx, prefillers)
         except NoEligibleEndpointError:
             return result  # every prefill endpoint is filtered out (unhealthy, saturated): aggregated
+        judge, prefill_address = self._judge, prefill.ranked[0].address
+        if judge is not None and not judge.worth_the_hop(ctx, decode_view, prefill_ctx, prefill_address):
+            return result  # sooner on the decode endpoint itself (the prefill endpoints queue)
         pick = PrefillPick(half, prefill.ranked[0])
         self._scheduled[request.request_id] = pick
         self._hashes[request.request_id] = ctx.prefix_hashes()

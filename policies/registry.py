@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any
 
 from kvgate.policies.errors import ConfigError
-from kvgate.policies.plugins.deciders import PrefixBasedDecider
+from kvgate.policies.plugins.deciders import ConditionalDecider, PrefixBasedDecider
 from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
 from kvgate.policies.plugins.filters import HealthyFilter, LoraFilter, SaturationFilter, SubsetHintFilter
 from kvgate.policies.plugins.params import Params, parse_params
@@ -105,4 +105,5 @@ def builtin_registry() -> PluginRegistry:
         registry.register(plugin_type, no_parameters(partial(Recorder, recorder), plugin_type))
     registry.register("outlier-ejection", OutlierEjectionBlueprint.from_parameters)
     registry.register("prefix-based-pd-decider", PrefixBasedDecider.from_parameters)
+    registry.register("conditional-pd-decider", ConditionalDecider.from_parameters)
     return registry

@@ -91,6 +91,16 @@ def test_scaling_a_pd_profile_scales_both_of_its_halves(tmp_path: Path) -> None:
         assert ttft["parameters"]["time_scale"] == 10.0
 
 
+def test_scaling_a_conditional_pd_profile_scales_its_decider(tmp_path: Path) -> None:
+    """The conditional decider compares its margins (model seconds) with the scorers' estimates
+    (clock seconds): unscaled, a 15 x slowed fleet's 50 ms margin would be 3 ms."""
+    out = scaled_profile(str(Path(__file__).parents[2] / "bench/profiles/pd-conditional.yaml"), 15.0,
+                         tmp_path / "pd.yaml")
+    decider = yaml.safe_load(out.read_text())["disaggregation"]["decider"]
+    assert decider["type"] == "conditional-pd-decider"
+    assert decider["parameters"] == {"non_cached_tokens": 1024, "time_scale": 15.0}
+
+
 def test_the_page_compares_each_pd_run_with_aggregated_kvgate_and_vllm_router_on_its_split() -> None:
     def run(name: str, ttft: float, tpot: float, goodput: float, split: int) -> PdFigures:
         return PdFigures("pd-long", name, "8", 9.0, 0.3, 50, 50, 0, (1.0, ttft, 1.0), (1.0, tpot, 1.0),

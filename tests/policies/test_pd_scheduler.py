@@ -244,3 +244,57 @@ def test_the_halves_must_share_prefix_settings_and_the_prefill_half_must_not_pin
                                          "parameters": {"non_cached_tokens": -1}}))
     with pytest.raises(ConfigError, match="disaggregated profile"):
         load_profile("pd")
+
+
+def conditional(**parameters: Any) -> DisaggregatedScheduler:
+    profile = build_disaggregated(_pd(decider={"type": "conditional-pd-decider", "parameters": parameters}))
+    return DisaggregatedScheduler(profile, rng=random.Random(3))
+
+
+def test_the_conditional_decider_keeps_a_prompt_whole_while_the_prefill_endpoints_queue() -> None:
+    """Conditional disaggregation: idle prefill endpoints get the prompt (the decode batch runs
+    undisturbed); once their queued prefill work makes the hop later than computing the prompt on
+    the decode endpoint, the decode endpoints absorb the overflow."""
+    s = conditional(min_saving_s=0.02)
+    assert isinstance(s.state, InProcessState)
+    splits, queued_when_kept = [], []
+    for i in range(12):
+        req = request(f"r{i}", text(100 + i, 8000))  # ~2,000 tokens each: ~35 ms of prefill
+        queued = min(s.state.inflight(v.address).tokens for v in FLEET[:2])
+        result = s.schedule(req, FLEET, NOW)
+        s.on_picked(req, result.pick, NOW)  # none finishes: the queues grow
+        splits.append(result.prefill is not None)
+        if result.prefill is None:
+            queued_when_kept.append(queued)
+    assert splits[:2] == [True, True]  # both prefill endpoints idle
+    assert queued_when_kept and min(queued_when_kept) >= 1900  # only while each prefill endpoint had work
+    assert 0 < sum(splits[2:]) < 10  # the decode endpoints' own queued prompts make the hop sooner again
+
+
+def test_the_conditional_decider_never_keeps_a_prompt_above_max_local_tokens() -> None:
+    s = conditional(min_saving_s=0.0, max_local_tokens=1000)
+    for i in range(12):
+        req = request(f"r{i}", text(100 + i, 8000))
+        result = s.schedule(req, FLEET, NOW)
+        s.on_picked(req, result.pick, NOW)
+        assert result.prefill is not None
+
+
+def test_the_conditional_decider_needs_ttft_estimates_from_both_halves(tmp_path: Any) -> None:
+    prefill = tmp_path / "no-estimates.yaml"
+    prefill.write_text(
+        "name: no-estimates\n"
+        "plugins:\n"
+        "  - type: inflight-requests-scorer\n"
+        "  - type: max-score-picker\n"
+        "  - type: inflight-recorder\n"
+        "  - type: prefix-index-recorder\n"
+        "profile:\n"
+        "  scorers: [{plugin: inflight-requests-scorer, weight: 1.0}]\n"
+        "  picker: max-score-picker\n"
+        "  feedback: [inflight-recorder, prefix-index-recorder]\n"
+        "prefix: {block_chars: 256, max_blocks: 512, hash: chained-xor, default_capacity_blocks: 7812}\n"
+    )
+    build_disaggregated(_pd(prefill=str(prefill)))  # the prefix-based decider reads no estimates
+    with pytest.raises(ConfigError, match="ttft-estimates"):
+        build_disaggregated(_pd(prefill=str(prefill), decider={"type": "conditional-pd-decider"}))
