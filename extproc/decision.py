@@ -16,6 +16,7 @@ from kvgate.policies.errors import (
     ModelNotFoundError,
     NoEligibleEndpointError,
 )
+from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import ApiKind, EndpointView, InferenceRequest
 
 
@@ -56,6 +57,7 @@ def decide(
     request_id: str,
     metrics: RequestMetrics,
     limiter: TenantLimiter | None = None,
+    trace: SchedulingTrace | None = None,
 ) -> Decision:
     """Parse, check the model and schedule (the caller tells the scheduler ``on_picked``).
     ``headers`` (lower-case names, read-only) become the request's own, not copied.
@@ -122,7 +124,7 @@ def decide(
         )
     tenant = limiter.check(pool.name, headers) if limiter is not None else None
     started = now()
-    result = pool.scheduler.schedule(request, candidates, started)
+    result = pool.scheduler.schedule(request, candidates, started, trace)
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")

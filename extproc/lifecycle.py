@@ -67,7 +67,15 @@ from kvgate.extproc.openai_request import BodyBuffer
 from kvgate.extproc.openai_response import ResponseBodyProcessor
 from kvgate.extproc.outcomes import outcome_header
 from kvgate.extproc.picked_request import PickedRequest
-from kvgate.extproc.ports import Clock, NoMetrics, Pool, PoolDirectory, RequestLabels, RequestMetrics
+from kvgate.extproc.ports import (
+    Clock,
+    NoMetrics,
+    Pool,
+    PoolDirectory,
+    RequestLabels,
+    RequestMetrics,
+    RequestTrace,
+)
 from kvgate.extproc.prefill_step import decode_decision, prefill_step
 from kvgate.extproc.request_headers import PendingHeaders, read_request_headers, resolve_pool
 from kvgate.extproc.request_plan import RequestPlan, plan_request
@@ -104,10 +112,13 @@ class RequestLifecycle:
         config: LifecycleConfig | None = None,
         request_ids: Callable[[], str] | None = None,
         after_reply: AfterReply | None = None,
+        trace: RequestTrace | None = None,
     ) -> None:
         """``request_ids``: the scheduler's request ids (a process's :class:`RequestIds`).
         ``after_reply``: the process's queue of work done after each reply (``extproc.after_reply``),
-        flushed before each pick; without one, the scheduler is told at once."""
+        flushed before each pick; without one, the scheduler is told at once. ``trace``: a traced
+        request's spans (``extproc.tracing``), told what happens to it."""
+        self._trace = trace
         self._after_reply = after_reply
         self._directory = directory
         self._request_ids = request_ids or RequestIds().next_id
@@ -181,6 +192,10 @@ class RequestLifecycle:
         assert self._pool is not None
         read = read_request_headers(event.headers)
         self._headers, self._strip, self._api = read.headers, read.strip, read.api
+        if self._trace is not None:
+            client_id = read.headers.get("x-request-id")
+            if client_id:
+                self._trace.note("http.request.header.x-request-id", client_id)
         read.refuse(self._config.max_body_bytes, self._pool.extra_paths)
 
     def _on_request_body(self, event: RequestBodyChunk) -> Sequence[Step]:
@@ -245,7 +260,12 @@ class RequestLifecycle:
             pool=self._pool, api=self._api, headers=self._headers, body=body, subset=self._subset,
             now=self._clock.now, inject_usage=self._config.inject_include_usage and self._plan.observe,
             request_id=self._request_ids(), metrics=self._metrics, limiter=self._config.tenant_limiter,
+            trace=self._trace,
         )
+        if self._trace is not None:
+            self._trace.picked(decision.request, decision.result)
+            _log.debug("request %s (x-request-id %s, trace %s): picked %s", decision.request.request_id,
+                       self._headers.get("x-request-id"), self._trace.trace_id, decision.result.pick.address)
         picked = PickedRequest(decision, self._pool.scheduler, metrics=self._metrics,
                                clock=self._clock, started=self._started, after_reply=self._after_reply)
         self._picked = picked
@@ -264,6 +284,8 @@ class RequestLifecycle:
         assert picked is not None
         picked.served_by(event.served_endpoint)
         self._status, content_type = response_head(event.headers)
+        if self._trace is not None:
+            self._trace.served(picked.served.address, self._status)
         if self._status >= 500:
             picked.endpoint_failed()
         self._response = response_processor(picked.decision, self._config, content_type)
@@ -325,6 +347,8 @@ class RequestLifecycle:
         usage = self._response.usage
         if usage is not None:
             self._picked.usage(usage, self._config.tenant_limiter)
+            if self._trace is not None:
+                self._trace.usage(usage)
         self._finish(ok=self._status_ok)
         self.state = State.RESPONSE_DONE
 
@@ -348,9 +372,13 @@ class RequestLifecycle:
         reply = immediate_response(error)
         code = error.code if isinstance(error, KvgateError) else "internal_error"
         self._metrics.request_error(self._labels, code)
+        if self._trace is not None:
+            self._trace.refused(reply.status, code)
         if isinstance(error, KvgateError):
-            _log.log(logging.DEBUG if error.status < 500 else logging.INFO, "request %s: %s %s",
-                     "refused" if error.status < 500 else "failed", error.status, error.message)
+            _log.log(logging.DEBUG if error.status < 500 else logging.INFO,
+                     "request %s (x-request-id %s, trace %s): %s %s", "refused" if error.status < 500
+                     else "failed", self._headers.get("x-request-id"),
+                     self._trace.trace_id if self._trace is not None else "-", error.status, error.message)
         self._finish(ok=False)
         self.state = State.DONE
         return [reply]

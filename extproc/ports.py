@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvgate.policies.contracts import Scheduler
-from kvgate.policies.types import EndpointView
+from kvgate.policies.contracts import Scheduler, SchedulingResult
+from kvgate.policies.framework import SchedulingTrace
+from kvgate.policies.types import EndpointView, InferenceRequest, Usage
 
 
 class Pool(Protocol):
@@ -107,6 +108,28 @@ class PoolDirectory(Protocol):
         Raises ``policies.errors.PoolNotFoundError`` (503) when there is no such pool.
         """
         ...
+
+
+class RequestTrace(SchedulingTrace, Protocol):
+    """One traced request (``extproc.tracing``): what its scheduling reports, and its trace id for
+    the picker's log lines about it."""
+
+    @property
+    def trace_id(self) -> str: ...
+
+    def picked(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """The request as parsed, and its pick."""
+        ...
+
+    def served(self, endpoint: str | None, status: int) -> None:
+        """The response's headers: the endpoint that served it (a fallback?) and its status."""
+        ...
+
+    def refused(self, status: int, code: str) -> None:
+        """The picker answered with an error (kvgate's error ``code``)."""
+        ...
+
+    def usage(self, usage: Usage) -> None: ...
 
 
 class Clock(Protocol):

@@ -15,6 +15,7 @@ from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.extproc.prefill_client import PrefillClient
 from kvgate.extproc.servicer import ExtProcServicer
+from kvgate.extproc.tracing import RequestTracer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS_SERVICE = "liveness"
@@ -58,6 +59,7 @@ class ExtProcServer:
         health_address: str | None = None,
         outcome_address: str | None = None,
         prefill_timeout_s: float = DEFAULT_PREFILL_TIMEOUT_S,
+        tracer: RequestTracer | None = None,
     ) -> None:
         """``reuse_port`` lets several picker processes share one port (SO_REUSEPORT).
         ``own_address`` (``host:port``, port 0 = any free) is a second port of this process alone,
@@ -92,7 +94,7 @@ class ExtProcServer:
         self.prefills = PrefillClient(prefill_timeout_s)
         """Runs the prefills of disaggregated requests (``extproc.prefill_step``)."""
         self.servicer = ExtProcServicer(directory, clock=clock, metrics=metrics, config=config,
-                                        prefills=self.prefills)
+                                        prefills=self.prefills, tracer=tracer)
         pb_grpc.add_ExternalProcessorServicer_to_server(self.servicer, self._server)
         self.outcomes = OutcomeReports(
             directory, clock=clock or MonotonicClock(), metrics=metrics or NoMetrics()

@@ -7,6 +7,7 @@ request whose prefill the picker runs, ``extproc.prefill_step``) is awaited here
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
@@ -14,6 +15,7 @@ from typing import Protocol
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from opentelemetry.trace import Status, StatusCode
 
 from kvgate.extproc import codec, names
 from kvgate.extproc.actions import RunPrefill, Step
@@ -23,6 +25,7 @@ from kvgate.extproc.events import Event, PrefillDone, StreamClosed
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
 from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
+from kvgate.extproc.tracing import RequestSpan, RequestTracer
 
 _log = logging.getLogger(__name__)
 
@@ -64,9 +67,12 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         metrics: RequestMetrics | None = None,
         config: LifecycleConfig | None = None,
         prefills: PrefillRunner | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         """``prefills``: runs the picker's prefill steps (none: a disaggregated request's prefill
-        fails at once and its decode endpoint prefills)."""
+        fails at once and its decode endpoint prefills). ``tracer``: the picker's spans
+        (``extproc.tracing``); None: tracing off, nothing made per request."""
+        self._tracer = tracer
         self._directory = directory
         self._prefills = prefills
         self._clock = clock or MonotonicClock()
@@ -77,16 +83,27 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._config = config or LifecycleConfig()
         self._request_ids = RequestIds().next_id
 
-    def _new_lifecycle(self, pool: str | None) -> RequestLifecycle:
+    def _new_lifecycle(self, pool: str | None, span: RequestSpan | None) -> RequestLifecycle:
         return RequestLifecycle(
             self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config,
-            request_ids=self._request_ids, after_reply=self._after_reply,
+            request_ids=self._request_ids, after_reply=self._after_reply, trace=span,
         )
 
-    async def _run_prefill(self, step: RunPrefill) -> PrefillDone:
+    async def _run_prefill(self, step: RunPrefill, span: RequestSpan | None) -> PrefillDone:
         if self._prefills is None:
             return PrefillDone(None, 0.0, "this picker runs no prefills")
-        return await self._prefills.run(step)
+        if span is None:
+            return await self._prefills.run(step)
+        client = span.start_prefill(step.address)
+        headers = dict(step.headers)
+        span.inject(headers, client)  # the prefill endpoint's own spans join the trace
+        try:
+            done = await self._prefills.run(dataclasses.replace(step, headers=tuple(headers.items())))
+        finally:
+            client.end()
+        if not done.ok:
+            client.set_status(Status(StatusCode.ERROR, done.error or "prefill failed"))
+        return done
 
     async def Process(
         self,
@@ -95,10 +112,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         machine: StreamMachine
         role, pool = stream_metadata(context)
+        span: RequestSpan | None = None
         if role == BBR_ROLE:
             machine = BodyBasedRouter(max_body_bytes=self._config.max_body_bytes)
         else:
-            machine = self._new_lifecycle(pool)
+            if self._tracer is not None:
+                span = self._tracer.start(context.invocation_metadata() or ())
+            machine = self._new_lifecycle(pool, span)
         cancelled = True
         try:
             async for message in request_iterator:
@@ -118,9 +138,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     self._after_reply.flush()
                     if prefill is None:
                         break
-                    steps = machine.handle(await self._run_prefill(prefill))
+                    steps = machine.handle(await self._run_prefill(prefill, span))
             cancelled = False
         finally:
             # Half-close, reset or cancellation: the machine ends exactly once (on_finished).
             machine.handle(StreamClosed(cancelled=cancelled))
             self._after_reply.flush()
+            if span is not None:
+                span.end(cancelled=cancelled)

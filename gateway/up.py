@@ -43,9 +43,11 @@ from kvgate.gateway.controlplane.models.server import ModelsServer
 from kvgate.gateway.controlplane.resources import ConfigProvider, FileProvider
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
+from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
 from kvgate.gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.tracing import ENVOY_SERVICE_NAME, TracingSettings
 from kvgate.gateway.picker.workers import UpWorkers
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.envoy_events import EnvoyEvents
@@ -60,6 +62,12 @@ log = logging.getLogger(__name__)
 NODE_ID = "kvgate"
 DEFAULT_SIM_REPLICAS = 4
 EXAMPLE_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def envoy_tracing(settings: TracingSettings) -> EnvoyTracing:
+    """Envoy's half of ``--otlp-endpoint``: the same receiver and sampling ratio."""
+    host, port = settings.host_port()
+    return EnvoyTracing(host, port, settings.sampling_ratio, ENVOY_SERVICE_NAME, tls=not settings.insecure)
 
 
 def bundled_example(name: str = "default") -> Path:
@@ -108,6 +116,8 @@ class UpOptions:
     """The clients' timeouts and limits (``--request-timeout``, ``--request-headers-timeout``,
     ``--max-connections``)."""
     redis_url: str | None = None
+    tracing: TracingSettings | None = None
+    """OpenTelemetry traces from Envoy and the pickers (``--otlp-endpoint``); None: off."""
     scrape_interval: float = 0.05
     stale_after: float = 0.2
     quiet_ms: int = 100
@@ -286,7 +296,7 @@ class KvgateUp:
                 options.workers - 1, scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after, attempt_timeout=attempt_bound,
                 skip_unread_responses=options.skip_unread_responses,
-                shared_scrapes=options.shared_scrapes, loop=options.loop,
+                shared_scrapes=options.shared_scrapes, loop=options.loop, tracing=options.tracing,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -306,6 +316,7 @@ class KvgateUp:
                     outcome_reports=options.skip_unread_responses,  # kvgate's Envoy reports them
                 ),
                 outcome_address="127.0.0.1:0" if options.skip_unread_responses else None,
+                tracing=options.tracing,
             )
         )
         self.picker = picker
@@ -338,6 +349,7 @@ class KvgateUp:
             listen_host=options.host,
             listen_ports=listen_ports,
             downstream=options.downstream,
+            tracing=envoy_tracing(options.tracing) if options.tracing is not None else None,
         )
         on_pools = workers.write_pools if workers is not None else None
         publisher = await self._status_publisher(cluster) if cluster is not None else None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
+from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from kvgate.policies.errors import ConfigError
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=count(1), default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
+    add_tracing_flags(parser)
     parser.add_argument("--log-level", default="WARNING")
     event_loop.add_loop_argument(parser)
     return parser
@@ -244,6 +246,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         ),
         redis_url=args.redis,
         shared_scrapes=args.shared_scrapes,
+        tracing=tracing_from_args(args),
     )
 
 
@@ -252,8 +255,8 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    options = options_from_args(args)
     try:
+        options = options_from_args(args)
         return event_loop.run(lambda: serve(options), args.loop)
     except event_loop.LoopUnavailable as exc:
         print(f"kvgate up: {exc}", file=sys.stderr)

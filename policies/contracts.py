@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
+from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
 
@@ -52,9 +53,10 @@ class SchedulingResult:
 
 class Scheduler(Protocol):
     def schedule(
-        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
+        trace: SchedulingTrace | None = None,
     ) -> SchedulingResult:
-        """Rank ``candidates`` for ``request``.
+        """Rank ``candidates`` for ``request`` (``trace``: a traced request's, told what was done).
 
         Raises ``NoEligibleEndpointError`` (503) when nothing is eligible and ``RequestShedError``
         (429) when a sheddable request meets a saturated pool. Pure apart from reading the

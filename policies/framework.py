@@ -160,6 +160,26 @@ class PluginTimer(Protocol):
     def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None: ...
 
 
+class SchedulingTrace(PluginTimer, Protocol):
+    """What scheduling reports of one traced request (``extproc.tracing`` makes spans of it);
+    untraced requests pass none, and nothing is made for them. ``observe`` times every plugin."""
+
+    def scored(self, scorer: str, endpoints: Sequence[EndpointView],
+               values: Sequence[float] | Mapping[str, float]) -> None:
+        """One scorer's scores: in ``endpoints``' order, or by address."""
+        ...
+
+    def ranked(self, ctx: SchedulingContext, profile: str, candidates: int,
+               ranked: Sequence[EndpointView], totals: Mapping[str, float]) -> None:
+        """A profile's outcome: ``candidates`` it was given, the ranked pick and fallbacks, the
+        totals by address; ``ctx`` for what was looked up (``known_prefix_matches``)."""
+        ...
+
+    def note(self, key: str, value: str | int | float | bool) -> None:
+        """A decision worth seeing (``kvgate.pd.*``: whether and why a request was split)."""
+        ...
+
+
 def declared(plugin: object) -> tuple[frozenset[str], frozenset[str]]:
     """What a plugin declares it ``produces`` and ``consumes`` (class attributes; none declared:
     nothing), for the profile's check that everything consumed is produced."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from kvgate.policies.contracts import PrefillPick, SchedulingResult
 from kvgate.policies.disaggregation import DisaggregatedProfile
 from kvgate.policies.errors import NoEligibleEndpointError
-from kvgate.policies.framework import PluginTimer, SchedulingContext
+from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace
 from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.plugins.deciders import HopJudge
 from kvgate.policies.profile import SchedulingProfile
@@ -78,33 +78,37 @@ class DisaggregatedScheduler:
     # --- scheduling ---------------------------------------------------------------------------
 
     def schedule(
-        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
+        trace: SchedulingTrace | None = None,
     ) -> SchedulingResult:
         decoders = [c for c in candidates if c.endpoint.role.decodes]
         split = request.api in _SPLITTABLE
         if not decoders:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no decode endpoints")
         ctx = self.decode.context(request, now)
-        result = self.decode.schedule_in(ctx, decoders)
+        result = self.decode.schedule_in(ctx, decoders, trace)
         decode = result.ranked[0]
         decode_view = next(c for c in decoders if c.endpoint is decode or c.address == decode.address)
         if not split:
-            return result
+            return _whole(result, trace, "api")
         if not self._decider.disaggregate(ctx, decode_view, self._arriving_blocks(ctx, decode.address)):
-            return result
+            return _whole(result, trace, "cached")  # little of the prompt to compute: no hop
         prefillers = [c for c in candidates if c.endpoint.role.prefills and c.address != decode.address]
         if not prefillers:
-            return result  # nothing else prefills: the decode endpoint computes the prompt itself
+            return _whole(result, trace, "no_prefill_endpoint")  # the decode endpoint computes it
         half = dataclasses.replace(request, request_id=request.request_id + PREFILL_SUFFIX, max_tokens=1,
                                    stream=False)
         prefill_ctx = self.prefill.context(half, now)
         try:
-            prefill = self.prefill.schedule_in(prefill_ctx, prefillers)
+            prefill = self.prefill.schedule_in(prefill_ctx, prefillers, trace)
         except NoEligibleEndpointError:
-            return result  # every prefill endpoint is filtered out (unhealthy, saturated): aggregated
+            # every prefill endpoint is filtered out (unhealthy, saturated): aggregated
+            return _whole(result, trace, "no_eligible_prefill_endpoint")
         judge, prefill_address = self._judge, prefill.ranked[0].address
         if judge is not None and not judge.worth_the_hop(ctx, decode_view, prefill_ctx, prefill_address):
-            return result  # sooner on the decode endpoint itself (the prefill endpoints queue)
+            return _whole(result, trace, "sooner_on_decode")  # the prefill endpoints queue
+        if trace is not None:
+            trace.note("kvgate.pd.split", True)
         pick = PrefillPick(half, prefill.ranked[0])
         self._scheduled[request.request_id] = pick
         self._hashes[request.request_id] = ctx.prefix_hashes()
@@ -223,6 +227,14 @@ class DisaggregatedScheduler:
     def forget_endpoint(self, address: str) -> None:
         self.decode.forget_endpoint(address)
         self.prefill.forget_endpoint(address)
+
+
+def _whole(result: SchedulingResult, trace: SchedulingTrace | None, why: str) -> SchedulingResult:
+    """``result`` served whole on its decode endpoint (traced: why)."""
+    if trace is not None:
+        trace.note("kvgate.pd.split", False)
+        trace.note("kvgate.pd.kept_whole_because", why)
+    return result
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
 from kvgate.policies.feedback import EndpointGate, FeedbackEnv, FeedbackPlugin, overridden
-from kvgate.policies.framework import PluginTimer, SchedulingContext, ScoredEndpoints
+from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace, ScoredEndpoints
 from kvgate.policies.hashing import PromptHasher
 from kvgate.policies.memo import TupleMemo
 from kvgate.policies.outliers import OutlierSettings
@@ -91,13 +91,15 @@ class ProfileScheduler:
     # --- scheduling ---------------------------------------------------------------------------
 
     def schedule(
-        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
+        trace: SchedulingTrace | None = None,
     ) -> SchedulingResult:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
-        return self.schedule_in(self.context(request, now), candidates)
+        return self.schedule_in(self.context(request, now), candidates, trace)
 
-    def schedule_in(self, ctx: SchedulingContext, candidates: Sequence[EndpointView]) -> SchedulingResult:
+    def schedule_in(self, ctx: SchedulingContext, candidates: Sequence[EndpointView],
+                    trace: SchedulingTrace | None = None) -> SchedulingResult:
         """``schedule`` with a context from :meth:`context` (a caller that reads it afterwards, as the
         disaggregation decider reads the prefix matches, passes its own)."""
         request, now = ctx.request, ctx.now
@@ -107,6 +109,8 @@ class ProfileScheduler:
         for gate in self._gates:
             endpoints = gate.gate(endpoints, now)
         timer = self._timer_for_this_request()
+        if trace is not None:
+            timer = trace if timer is None else _BothTimers(trace, timer)
         for f in self.profile.filters:
             if timer is None:
                 endpoints = f.plugin.filter(ctx, endpoints)
@@ -119,7 +123,7 @@ class ProfileScheduler:
         if request.sheddable:
             self._admit(endpoints, now)
         addresses = self._addresses.get(endpoints, Addresses)
-        totals = total_scores(ctx, endpoints, addresses, self._scorers, timer, self._clock)
+        totals = total_scores(ctx, endpoints, addresses, self._scorers, timer, self._clock, trace)
         scored = ScoredEndpoints(endpoints, totals)
         picker = self.profile.picker
         if timer is None:
@@ -133,6 +137,8 @@ class ProfileScheduler:
         for plugin in self._on_scheduled:
             plugin.on_scheduled(ctx, ranked)
         scores = ScoresView(addresses, totals)
+        if trace is not None:
+            trace.ranked(ctx, self.profile.name, len(candidates), ranked, scores)
         return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores)
 
     def context(self, request: InferenceRequest, now: float) -> SchedulingContext:
@@ -212,3 +218,16 @@ class ProfileScheduler:
         self.state.forget_endpoint(address)
         for plugin in self.feedback:
             plugin.forget_endpoint(address)
+
+
+class _BothTimers:
+    """A traced request on which the plugin-duration histogram samples too."""
+
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: PluginTimer, second: PluginTimer) -> None:
+        self._first, self._second = first, second
+
+    def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
+        self._first.observe(extension_point, plugin_type, plugin_name, seconds)
+        self._second.observe(extension_point, plugin_type, plugin_name, seconds)

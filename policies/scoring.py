@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvgate.policies.framework import DenseScorer, PluginTimer, SchedulingContext
+from kvgate.policies.framework import DenseScorer, PluginTimer, SchedulingContext, SchedulingTrace
 from kvgate.policies.profile import WeightedScorer
 from kvgate.policies.types import EndpointView
 
@@ -57,6 +57,7 @@ def total_scores(
     scorers: Sequence[BoundScorer],
     timer: PluginTimer | None,
     clock: Callable[[], float],
+    trace: SchedulingTrace | None = None,
 ) -> list[float]:
     """Σ weight × score per endpoint, in endpoint order (each scorer timed when ``timer`` is set)."""
     totals: list[float] | None = None
@@ -65,12 +66,16 @@ def total_scores(
         weight = s.weight
         if s.dense is not None:
             values = s.dense(ctx, endpoints)
+            if trace is not None:
+                trace.scored(s.name, endpoints, values)
             if totals is None:
                 totals = list(values) if weight == 1.0 else [weight * v for v in values]
             else:
                 totals = [t + weight * v for t, v in zip(totals, values, strict=True)]
         else:
             sparse = s.score(ctx, endpoints)
+            if trace is not None:
+                trace.scored(s.name, endpoints, sparse)
             if totals is None:
                 totals = [0.0] * len(endpoints)
             if sparse:

@@ -37,6 +37,7 @@ from kvgate.gateway.controlplane.resources import (
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
 from kvgate.gateway.controlplane.translate import BodyRouting, TranslationSettings, translate
+from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
 from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache, XdsStatus
 from kvgate.gateway.picker.pools_file import (
     Dialect,
@@ -96,6 +97,8 @@ class ControlPlaneSettings:
     """Where the pickers take those reports (loopback ports apart from their ext_proc ports)."""
     downstream: DownstreamSettings = field(default_factory=DownstreamSettings)
     """The clients' timeouts and limits (``gateway.controlplane.downstream``)."""
+    tracing: EnvoyTracing | None = None
+    """Envoy's tracing (``kvgate up --otlp-endpoint``); None: off."""
     validation: ValidationOptions = field(
         default_factory=lambda: ValidationOptions(require_picker_service=False)
     )
@@ -111,6 +114,7 @@ class ControlPlaneSettings:
             ext_proc=dataclasses.replace(ONE_PASS, outcome_reports=self.outcome_reports),
             outcome_addresses=self.outcome_addresses,
             downstream=self.downstream,
+            tracing=self.tracing,
         )
 
 

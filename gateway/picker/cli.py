@@ -19,6 +19,7 @@ from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_T
 from kvgate.gateway.picker.pools_file import load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
 from kvgate.gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.envoy_process import free_port
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "serve it on its decode endpoint whole (pdExecution picker; default "
                         f"{DEFAULT_PREFILL_TIMEOUT_S:g}); keep it below the gateway's ext_proc message "
                         "timeout (Envoy's message_timeout; kvgate up's: 30 s)")
+    add_tracing_flags(parser)
     parser.add_argument("--skip-unread-responses", action="store_true",
                         help="with the one-pass processing mode: a request whose response nothing "
                         "needs skips the response-headers round trip (less CPU; its status and served "
@@ -222,6 +224,7 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         health_address=f"{args.host}:{args.grpc_health_port}",
         outcome_address=f"127.0.0.1:{args.outcome_port}" if args.outcome_reports else None,
         prefill_timeout=args.prefill_timeout,
+        tracing=tracing_from_args(args),
     )
 
 

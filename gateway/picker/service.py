@@ -23,6 +23,7 @@ from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import Pool
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.extproc.server import ExtProcServer
+from kvgate.extproc.tracing import RequestTracer
 from kvgate.gateway.picker.admin_http import AdminServer
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
@@ -31,6 +32,7 @@ from kvgate.gateway.picker.scraper import MetricsScraper
 from kvgate.gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
 from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
 from kvgate.gateway.picker.tls import server_credentials
+from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
 from kvgate.policies.contracts import Scheduler
 from kvgate.policies.errors import PoolNotFoundError, RouteNotFoundError
 from kvgate.policies.registry import PluginRegistry, builtin_registry
@@ -164,6 +166,8 @@ class PickerSettings:
     prefill_timeout: float = DEFAULT_PREFILL_TIMEOUT_S
     """Bound of the prefill step the picker runs for a disaggregated request (then served
     aggregated): below the data plane's ext_proc message timeout (kvgate up's Envoy: 30 s)."""
+    tracing: TracingSettings | None = None
+    """Export the picker's spans over OTLP (``gateway.picker.tracing``); None: tracing off."""
 
 
 class PickerService:
@@ -183,6 +187,7 @@ class PickerService:
         self.sharing = SharingRuntime(settings.redis)
         self.scraper.delegate_to(self.sharing.share_scrapes(self.scraper, settings.stale_after))
         self.telemetry.registry.register(SharingCollector(self.sharing))
+        self.tracer_provider = tracer_provider(settings.tracing) if settings.tracing is not None else None
         lifecycle = settings.lifecycle
         if lifecycle.tenant_limiter is None:
             lifecycle = dataclasses.replace(lifecycle, tenant_limiter=self.sharing.limiter)
@@ -200,6 +205,8 @@ class PickerService:
             health_address=settings.health_address,
             outcome_address=settings.outcome_address,
             prefill_timeout_s=settings.prefill_timeout,
+            tracer=RequestTracer(self.tracer_provider.get_tracer("kvgate.extproc"))
+            if self.tracer_provider is not None else None,
         )
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         outcomes = self.extproc.outcomes
@@ -299,6 +306,8 @@ class PickerService:
         await self.sharing.stop()
         await self.replica_models.stop()
         await self.scraper.stop()
+        if self.tracer_provider is not None:  # exports what is batched (a bounded wait)
+            await asyncio.to_thread(self.tracer_provider.shutdown)
 
     @property
     def grpc_port(self) -> int:

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.gateway.picker.pools_file import PoolSpec, dump_pools
+from kvgate.gateway.picker.tracing import TracingSettings
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
 from kvgate.gateway.processes.envoy_process import free_port
@@ -231,6 +232,7 @@ class UpWorkers:
         skip_unread_responses: bool = False,
         shared_scrapes: bool = True,
         loop: str = event_loop.DEFAULT,
+        tracing: TracingSettings | None = None,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -253,6 +255,7 @@ class UpWorkers:
                 *_attempt_flags(attempt_timeout),
                 *(("--skip-unread-responses", "--outcome-reports") if skip_unread_responses else ()),
                 *(() if shared_scrapes else ("--no-shared-scrapes",)),
+                *(tracing.args() if tracing is not None else ()),
             ),
             own_ports=self.own_ports,
             outcome_ports=self.outcome_ports,

@@ -16,6 +16,7 @@ from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import RequestLabels
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import PoolNotFoundError
+from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Role, Usage
 
 FULL_DUPLEX = 4
@@ -48,7 +49,8 @@ class RecordingScheduler:
     outcomes: list[tuple[str, bool]] = field(default_factory=list)
 
     def schedule(
-        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
+        trace: SchedulingTrace | None = None,
     ) -> SchedulingResult:
         self.seen.append((request, tuple(c.address for c in candidates)))
         if self.error is not None:

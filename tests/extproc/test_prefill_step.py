@@ -17,6 +17,7 @@ from kvgate.extproc.events import PrefillDone, StreamClosed
 from kvgate.extproc.lifecycle import RequestLifecycle, State
 from kvgate.extproc.pd_bodies import ASK_FOR_REMOTE_DECODE, PrefillAnswerError, prefill_body, transfer_params
 from kvgate.policies.contracts import PrefillPick, SchedulingResult
+from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import EndpointView, InferenceRequest, Role
 from tests.extproc.fakes import (
     BUFFERED,
@@ -44,7 +45,8 @@ class SplittingScheduler(RecordingScheduler):
     """Decodes on the decode-role candidates and prefills on the first prefill-role one."""
 
     def schedule(
-        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float
+        self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
+        trace: SchedulingTrace | None = None,
     ) -> SchedulingResult:
         self.seen.append((request, tuple(c.address for c in candidates)))
         decoders = tuple(c.endpoint for c in candidates if c.endpoint.role is Role.DECODE)

@@ -22,6 +22,7 @@ from kvgate.gateway.controlplane.translate.names import (
     route_config_name,
 )
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
+from kvgate.gateway.controlplane.translate.tracing import hcm_tracing, request_id_extension
 from kvgate.gateway.controlplane.xds.bootstrap import ads_config_source
 
 JsonDict = dict[str, Any]
@@ -98,6 +99,9 @@ def envoy_listener(port: int, settings: TranslationSettings, body_routing: bool)
     del config["route_config"]
     config["rds"] = {"route_config_name": route_config_name(port), "config_source": ads_config_source()}
     config["strip_any_host_port"] = True
+    if settings.tracing is not None:
+        config["tracing"] = hcm_tracing(settings.tracing)
+        config["request_id_extension"] = request_id_extension()
     # Mappers apply first-match: the invalid-backend 500 first, then Envoy's own replies as OpenAI
     # JSON (gateway.controlplane.local_replies; the picker's ImmediateResponses stay as they are).
     config["local_reply_config"] = {

@@ -7,6 +7,7 @@ from typing import Literal
 
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.controlplane.envoy_config import ONE_PASS, ExtProcSettings
+from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
 
 BodyRouting = Literal["auto", "on", "off"]
 
@@ -50,6 +51,9 @@ class TranslationSettings:
     models_address: str | None = None
     """``ip:port`` of kvgate's models server: every virtual host answers ``GET /v1/models`` from it
     (``gateway.controlplane.translate.models``); None: no such routes."""
+
+    tracing: EnvoyTracing | None = None
+    """Envoy's OpenTelemetry tracing (``gateway.controlplane.translate.tracing``); None: off."""
 
     def __post_init__(self) -> None:
         if not self.picker_addresses:

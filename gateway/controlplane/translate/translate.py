@@ -19,6 +19,7 @@ from kvgate.gateway.controlplane.translate.messages import snapshot_of
 from kvgate.gateway.controlplane.translate.models import models_cluster, models_routes
 from kvgate.gateway.controlplane.translate.routes import RouteGroup, route_groups
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
+from kvgate.gateway.controlplane.translate.tracing import otlp_cluster
 from kvgate.gateway.controlplane.translate.virtual_hosts import Attached, PortListener, route_configuration
 from kvgate.gateway.controlplane.xds import Snapshot
 
@@ -60,6 +61,8 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
             clusters.add(cluster)
     if settings.models_address is not None:
         clusters.add(models_cluster(settings.models_address))
+    if settings.tracing is not None:
+        clusters.add(otlp_cluster(settings.tracing))
 
     listeners: dict[int, list[PortListener]] = defaultdict(list)
     for gateway in config.gateways:

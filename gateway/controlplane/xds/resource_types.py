@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Final
 
 # Extension modules: imported for their side effect on the descriptor pool (see the module docstring).
+import envoy.config.trace.v3.opentelemetry_pb2
 import envoy.extensions.access_loggers.file.v3.file_pb2
 import envoy.extensions.access_loggers.filters.cel.v3.cel_pb2
 import envoy.extensions.access_loggers.grpc.v3.als_pb2
@@ -30,6 +31,7 @@ import envoy.extensions.filters.listener.original_dst.v3.original_dst_pb2
 import envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2
 import envoy.extensions.load_balancing_policies.override_host.v3.override_host_pb2
 import envoy.extensions.load_balancing_policies.round_robin.v3.round_robin_pb2
+import envoy.extensions.request_id.uuid.v3.uuid_pb2
 import envoy.extensions.upstreams.http.v3.http_protocol_options_pb2  # noqa: F401
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
