@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 from kvgate.extproc import codec
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig
-from kvgate.extproc.ports import RequestLabels
+from kvgate.extproc.ports import RequestLabels, RequestTrace
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import PoolNotFoundError
 from kvgate.policies.framework import SchedulingTrace
@@ -166,10 +166,11 @@ def make_pool(*addresses: str, name: str = "llama", **kwargs: object) -> FakePoo
 
 
 def make_machine(
-    pool: FakePool, *, metrics: RecordingMetrics | None = None, config: LifecycleConfig | None = None
+    pool: FakePool, *, metrics: RecordingMetrics | None = None, config: LifecycleConfig | None = None,
+    trace: RequestTrace | None = None,
 ) -> RequestLifecycle:
     directory = FakeDirectory({pool.name: pool}, default=pool.name)
-    return RequestLifecycle(directory, StepClock(), metrics=metrics, config=config)
+    return RequestLifecycle(directory, StepClock(), metrics=metrics, config=config, trace=trace)
 
 
 # message builders -------------------------------------------------------------------------------
