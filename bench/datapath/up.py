@@ -1,6 +1,6 @@
 """The data path through ``kvgate up`` itself, as a new user runs it, against a replica straight.
 
-``python -m kvgate.bench.datapath.up [--quick] [--sim 4] [--output FILE]``
+``python -m kvgate.bench.datapath.up [--quick] [--sim 4] [--otlp] [--output FILE]``
 
 Starts ``kvgate up --sim N --sim-time-scale 0.001`` (the simulator nearly free; Envoy with its
 default worker count, the picker, control plane and scraper in the ``kvgate up`` process) and, in
@@ -9,7 +9,10 @@ one run: latency at concurrency 1 straight to the first simulated replica and th
 stream of one SSE chunk per token: time to the first byte and to the last byte), then closed-loop
 load at ``--connections`` through the gateway with the CPU each process used and the ``kvgate up``
 process's CPU per request (its own threads: picker, control plane, scraper; Envoy and the simulator
-are other processes). Prints a Markdown report and writes it to ``--output``.
+are other processes), and Envoy's CPU per request. ``--otlp``: a second ``kvgate up`` beside the
+first tracing every request (``--otlp-endpoint`` to a receiver in this process: Envoy's spans and
+the picker's), measured the same way in the same run. Prints a Markdown report and writes it to
+``--output``.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from pathlib import Path
 
 from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
 from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath.onepass import FULL, QUICK, stream_latency
-from kvgate.bench.datapath.procs import cpu_snapshot, descendants, kvgate_command, start_child
+from kvgate.bench.datapath.onepass import FULL, QUICK, Plan, stream_latency
+from kvgate.bench.datapath.procs import Child, cpu_snapshot, descendants, kvgate_command, start_child
+from kvgate.bench.otlp_receiver import OtlpReceiver
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import EXAMPLE_MODEL
 
@@ -60,71 +64,116 @@ def child_pids(pid: int) -> dict[str, int]:
     return found
 
 
+async def start_up(name: str, port: int, sim_host: str, args: argparse.Namespace, workdir: Path,
+                   extra: Sequence[str] = ()) -> tuple[Child, list[str]]:
+    command = [
+        *kvgate_command(), "up", "--sim", str(args.sim), "--sim-time-scale", "0.001",
+        "--sim-hosts-from", sim_host, "--port", str(port), "--admin-port", "0", *extra,
+    ]
+    if args.envoy_concurrency:
+        command += ["--envoy-concurrency", str(args.envoy_concurrency)]
+    return await start_child(name, command, READY, workdir / f"{name}.log"), command
+
+
+Gateways = dict[str, tuple[str, dict[str, int]]]
+"""Path name → (URL, the processes to measure by name)."""
+
+
+async def traced_gateway(args: argparse.Namespace, workdir: Path, stack: contextlib.AsyncExitStack,
+                         gateways: Gateways) -> OtlpReceiver:
+    """``--otlp``: a second gateway tracing every request, its spans to a receiver in this process."""
+    receiver = OtlpReceiver(keep=False)
+    await receiver.start()
+    stack.push_async_callback(receiver.stop)
+    port = free_port()
+    tracing = ["--otlp-endpoint", receiver.endpoint, "--otlp-sampling-ratio", "1"]
+    traced, _ = await start_up("kvgate_up_traced", port, args.traced_sim_host, args, workdir, tracing)
+    stack.push_async_callback(traced.stop)
+    gateways["through kvgate up, traced"] = (f"http://127.0.0.1:{port}",
+                                              {"kvgate_up": traced.pid, **child_pids(traced.pid)})
+    return receiver
+
+
+async def load_rows(
+    name: str, url: str, pids: dict[str, int], files: dict[str, Path], plan: Plan
+) -> list[str]:
+    names = " | ".join(sorted(pids))
+    lines = ["", f"## {name[0].upper()}{name[1:]} at c={plan.connections}", "",
+             "| request | req/s | p50 ms | kvgate up µs/req | Envoy µs/req | errors "
+             f"| cores: {names} | wrk |",
+             "|---|---|---|---|---|---|" + "---|" * (len(pids) + 1)]
+    for case in ("1 KB", "stream 64"):
+        before = cpu_snapshot(pids)
+        started = time.monotonic()
+        result = await run_wrk(url, files[case], connections=plan.connections, seconds=plan.load_s)
+        wall = time.monotonic() - started
+        after = cpu_snapshot(pids)
+        served = max(1, result.requests)
+        picker = (after["kvgate_up"] - before["kvgate_up"]) / served * 1e6
+        envoy = (after.get("envoy", 0.0) - before.get("envoy", 0.0)) / served * 1e6
+        cores = " | ".join(f"{(after[n] - before[n]) / wall:.2f}" for n in sorted(pids))
+        rate = result.requests / result.duration_s
+        lines.append(f"| {case} | {rate:.0f} | {result.p50_ms:.2f} | {picker:.0f} | {envoy:.0f} | "
+                     f"{result.errors} | {cores} | {result.wrk_cpu:.2f} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 async def run(args: argparse.Namespace) -> str:
     plan = QUICK if args.quick else FULL
-    port = free_port()
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-up-bench-") as tmp:
         workdir = Path(tmp)
-        command = [
-            *kvgate_command(), "up", "--sim", str(args.sim), "--sim-time-scale", "0.001",
-            "--port", str(port), "--admin-port", "0",
-        ]
-        if args.envoy_concurrency:
-            command += ["--envoy-concurrency", str(args.envoy_concurrency)]
         async with contextlib.AsyncExitStack() as stack:
-            up = await start_child("kvgate_up", command, READY, workdir / "up.log")
+            port = free_port()
+            up, command = await start_up("kvgate_up", port, args.sim_host, args, workdir)
             stack.push_async_callback(up.stop)
-            gateway = f"http://127.0.0.1:{port}"
+            gateways: Gateways = {
+                "through kvgate up": (f"http://127.0.0.1:{port}", {"kvgate_up": up.pid, **child_pids(up.pid)})
+            }
+            receiver = await traced_gateway(args, workdir, stack, gateways) if args.otlp else None
             replica = f"http://{args.sim_host}:8000"
-            pids = {"kvgate_up": up.pid, **child_pids(up.pid)}
             files = {
                 "1 KB": write_bodies(workdir / "b.jsonl", bodies(1, False, 64)),
                 "stream 64": write_bodies(workdir / "s.jsonl", bodies(64, True, 64)),
             }
-            for url in (gateway, replica):
+            paths = {"straight to a replica": replica, **{n: url for n, (url, _) in gateways.items()}}
+            for url in paths.values():
                 await wait_until_serving(url, bodies(1, False, 1)[0])
-            for url in (gateway, replica):  # warm-up
+            for url in paths.values():  # warm-up
                 await run_wrk(url, files["1 KB"], connections=4, seconds=1)
             latency: dict[str, dict[str, float]] = {}
-            for name, url in (("straight to a replica", replica), ("through kvgate up", gateway)):
+            for name, url in paths.items():
                 result = await run_wrk(url, files["1 KB"], connections=1, seconds=plan.latency_s)
                 ttft, last, errors = await stream_latency(url, bodies(64, True, 64), plan.stream_requests)
                 latency[name] = {"1 KB": result.p50_ms, "ttft": ttft, "last": last,
                                  "errors": result.errors + errors}
                 print(name, latency[name], file=sys.stderr, flush=True)
-            straight, through = latency["straight to a replica"], latency["through kvgate up"]
+            straight = latency["straight to a replica"]
             lines += [
                 "## Through `kvgate up` (c=1, p50 ms, same run)", "",
-                "| request | straight to a replica | through kvgate up | added | errors |",
-                "|---|---|---|---|---|",
+                "| request | path | straight to a replica | through the gateway | added | errors |",
+                "|---|---|---|---|---|---|",
             ]
             for key, label in (("1 KB", "1 KB non-streamed, max_tokens 1"), ("ttft", "64-token stream: TTFT"),
                                ("last", "64-token stream: last byte")):
-                lines.append(f"| {label} | {straight[key]:.3f} | {through[key]:.3f} | "
-                             f"+{through[key] - straight[key]:.3f} | {int(through['errors'])} |")
-            names = " | ".join(sorted(pids))
-            lines += ["", f"## Through `kvgate up` at c={plan.connections}", "",
-                      f"| request | req/s | p50 ms | kvgate up µs/req | errors | cores: {names} | wrk |",
-                      "|---|---|---|---|---|" + "---|" * (len(pids) + 1)]
-            for case in ("1 KB", "stream 64"):
-                before = cpu_snapshot(pids)
-                started = time.monotonic()
-                result = await run_wrk(
-                    gateway, files[case], connections=plan.connections, seconds=plan.load_s
-                )
-                wall = time.monotonic() - started
-                after = cpu_snapshot(pids)
-                per_request = (after["kvgate_up"] - before["kvgate_up"]) / max(1, result.requests) * 1e6
-                cores = " | ".join(f"{(after[n] - before[n]) / wall:.2f}" for n in sorted(pids))
-                lines.append(f"| {case} | {result.requests / result.duration_s:.0f} | {result.p50_ms:.2f} | "
-                             f"{per_request:.0f} | {result.errors} | {cores} | {result.wrk_cpu:.2f} |")
-                print(lines[-1], file=sys.stderr, flush=True)
+                for name in gateways:
+                    through = latency[name]
+                    lines.append(f"| {label} | {name} | {straight[key]:.3f} | {through[key]:.3f} | "
+                                 f"+{through[key] - straight[key]:.3f} | {int(through['errors'])} |")
+            for name, (url, pids) in gateways.items():
+                lines += await load_rows(name, url, pids, files, plan)
+            if receiver is not None:
+                await asyncio.sleep(6.0)  # Envoy's exporter flushes every 5 s
+                exported = receiver.received
+                lines += ["", f"Spans the traced gateway exported (Envoy's and the picker's): {exported}"]
     header = [
         "# Data path through `kvgate up`", "",
         f"- command: python -m kvgate.bench.datapath.up {' '.join(sys.argv[1:])}",
         f"- kvgate up: {' '.join(command[len(kvgate_command()):])} (Envoy workers: "
-        f"{args.envoy_concurrency or os.cpu_count()})",
+        f"{args.envoy_concurrency or os.cpu_count()})"
+        + (" and the same with `--otlp-endpoint URL --otlp-sampling-ratio 1` (a receiver in the benchmark's "
+           "process), `--sim-hosts-from " + args.traced_sim_host + "`" if args.otlp else ""),
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- plan: {plan}", f"- load after: {load_average()}", "",
@@ -143,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sim", type=int, default=4, help="simulated replicas")
     parser.add_argument("--sim-host", default="127.0.1.1", help="the first replica's address")
     parser.add_argument("--envoy-concurrency", type=int, default=0, help="0: kvgate up's default")
+    parser.add_argument("--otlp", action="store_true",
+                        help="a second kvgate up beside the first, tracing every request (issue 36)")
+    parser.add_argument("--traced-sim-host", default="127.0.3.1", help="its first replica's address")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)

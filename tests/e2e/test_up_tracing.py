@@ -16,12 +16,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from kvgate.bench.otlp_receiver import OtlpReceiver, ReceivedSpan
 from kvgate.extproc.tracing import SPAN_NAME
 from kvgate.gateway.picker.tracing import TracingSettings
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
-from tests.e2e.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.e2e.picker_harness import fleet_admin_url
 from tests.e2e.test_up_faults import three_replicas_configured
 from tests.e2e.test_up_routing import wait_ready

@@ -1,5 +1,6 @@
-"""An OTLP/gRPC trace receiver for the tests: the collector's ``TraceService`` from the published
-OTLP protos (``opentelemetry-proto``), keeping every span it is sent (Envoy's and the picker's)."""
+"""An OTLP/gRPC trace receiver: the collector's ``TraceService`` from the published OTLP protos
+(``opentelemetry-proto``), keeping every span it is sent (Envoy's and the picker's). The tracing
+tests read the spans; ``bench.datapath.up --otlp`` gives the traced gateway somewhere to export."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ class ReceivedSpan:
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, spans: list[ReceivedSpan]) -> None:
-        self.spans = spans
+    def __init__(self, receiver: OtlpReceiver, keep: bool) -> None:
+        self.receiver = receiver
+        self.keep = keep
 
     async def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: object
@@ -60,16 +62,20 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             service = next((kv.value.string_value for kv in resource_spans.resource.attributes
                             if kv.key == "service.name"), "")
             for scope_spans in resource_spans.scope_spans:
-                self.spans.extend(ReceivedSpan(service, span) for span in scope_spans.spans)
+                self.receiver.received += len(scope_spans.spans)
+                if self.keep:
+                    self.receiver.spans.extend(ReceivedSpan(service, span) for span in scope_spans.spans)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
+        """``keep``: False counts the spans (``received``) without keeping them (a benchmark)."""
+        self.received = 0
         self.spans: list[ReceivedSpan] = []
         self._server = grpc.aio.server()
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            _TraceService(self.spans), self._server)
+            _TraceService(self, keep), self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
 
     @property
