@@ -54,6 +54,8 @@ PICKER_CASES: dict[str, dict[str, Any]] = {
         "inferenceExtension": {
             "replicas": 3, "certSecretName": "picker-tls", "flags": {"attempt-timeout": "30"},
             "monitoring": {"prometheus": {"enabled": False}}, "image": {"hub": "registry.example/ai"},
+            "tracing": {"enabled": True, "otelExporterEndpoint": "http://otel-collector.observability:4317",
+                        "sampling": {"samplerArg": "0.25"}},
         },
         "redis": {"enabled": True},
         "provider": {"name": "istio"},
@@ -202,6 +204,12 @@ def test_the_picker_runs_a_real_command_line_that_agrees_with_its_service_and_pr
         mounts = {m["mountPath"]: m["name"] for m in probes["volumeMounts"]}
         volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
         assert volumes[mounts[str(parsed.cert_path)]]["secret"]["secretName"] == extension["certSecretName"]
+    tracing = extension.get("tracing", {})
+    if tracing.get("enabled"):
+        assert parsed.otlp_endpoint == tracing["otelExporterEndpoint"]
+        assert parsed.otlp_sampling_ratio == float(tracing["sampling"]["samplerArg"])
+    else:
+        assert parsed.otlp_endpoint is None
     _services_reach_their_deployments(docs)
     if parsed.redis is not None:
         redis_service = [d for d in docs
@@ -306,6 +314,9 @@ def test_the_gateway_roles_grant_exactly_what_kvgate_up_follows_and_writes(watch
     ("kvgate-picker", {"inferencePool": {**POOL_VALUES["inferencePool"], "modelServerType": "tgi"}},
      'inferencePool.modelServerType "tgi"'),
     ("kvgate-picker", {**POOL_VALUES, "provider": {"name": "gke"}}, 'provider.name "gke"'),
+    ("kvgate-picker", {**POOL_VALUES, "inferenceExtension": {
+        "tracing": {"enabled": True, "sampling": {"sampler": "always_on"}}}},
+     "parentbased_traceidratio only"),
     ("kvgate", {"workers": 4, "redis": {"enabled": False}}, "workers > 1 share state through Redis"),
     ("kvgate", {"gateway": {"listeners": []}}, "gateway.listeners: name at least one listener"),
 ])
