@@ -1,0 +1,1 @@
+"""The engines' KV-cache events (issue 37): vLLM's ZMQ publisher's wire format (``wire``)."""
