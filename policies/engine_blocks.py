@@ -1,0 +1,158 @@
+"""Which endpoint holds which KV block, as the engines report it (issue 37; sans-IO).
+
+The engines' own block hashes are opaque here (vLLM's depend on its hash function and seed); each
+stored block is keyed instead by kvgate's chained hash of its tokens (:func:`block_keys`), which the
+picker computes the same way from a request's tokens. An endpoint's engine hash → key map resolves
+its later events: a stored block's parent (the key chain continues from it) and a removal. So an
+index fed by several engines needs no agreement on hash functions, and a request's keys match a
+block on every endpoint that holds the same tokens after the same prefix (same LoRA, same salt).
+
+Per medium (``GPU``; ``CPU`` and others for offloaded tiers) an endpoint's blocks are kept in
+insertion order and bounded (``max_blocks_per_endpoint``: the oldest forgotten first), so a lost
+removal cannot grow the index without bound. A block stored after a parent this index never saw
+(a missed event) cannot be keyed and is counted in ``unresolved``; the subscriber recovers missed
+events by replay, and when it cannot, clears the endpoint (``forget``) and scoring falls back to the
+approximate index for it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+ROOT_KEY = 0x9E3779B97F4A7C15
+"""The chain's start: the key a first block's parent has."""
+GPU = "GPU"
+
+
+def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = None, salt: str | None = None,
+               parent: int = ROOT_KEY) -> list[int]:
+    """The chained key of each whole block of ``tokens``: ``k_i = xxh3_64(k_{i-1} ‖ tokens_i ‖ extra)``
+    where ``extra`` names the LoRA adapter and the cache salt (blocks under another adapter or salt
+    are other blocks, as in the engine)."""
+    extra = f"{lora or ''}\x00{salt or ''}".encode() if (lora or salt) else b""
+    keys: list[int] = []
+    key = parent
+    whole = len(tokens) - len(tokens) % block_size
+    packed = array("I", tokens[:whole]).tobytes()
+    width = 4 * block_size
+    for start in range(0, len(packed), width):
+        key = xxhash.xxh3_64_intdigest(key.to_bytes(8, "little") + packed[start:start + width] + extra)
+        keys.append(key)
+    return keys
+
+
+@dataclass(slots=True)
+class _Tier:
+    by_engine: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
+    """Engine block hash → kvgate key, oldest first."""
+
+
+class EngineBlockIndex:
+    def __init__(self, max_blocks_per_endpoint: int = 262_144) -> None:
+        self.max_blocks = max_blocks_per_endpoint
+        self._tiers: dict[tuple[str, str], _Tier] = {}
+        """(endpoint, medium) → its blocks."""
+        self._holders: dict[str, dict[int, set[str]]] = {}
+        """medium → key → endpoints holding that block."""
+        self.unresolved = 0
+        """Stored blocks whose parent was never seen (not indexed)."""
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def stored(self, endpoint: str, engine_hashes: Sequence[Hashable], parent: Hashable | None,
+               token_ids: Sequence[int], block_size: int, *, lora: str | None = None,
+               medium: str = GPU) -> None:
+        tier = self._tier(endpoint, medium)
+        parent_key = ROOT_KEY if parent is None else self._key_of(endpoint, parent, medium)
+        if parent_key is None or len(token_ids) < block_size * len(engine_hashes):
+            self.unresolved += len(engine_hashes)
+            return
+        covered = token_ids[:block_size * len(engine_hashes)]
+        keys = block_keys(covered, block_size, lora=lora, parent=parent_key)
+        holders = self._holders.setdefault(medium, {})
+        for engine_hash, key in zip(engine_hashes, keys, strict=True):
+            old = tier.by_engine.pop(engine_hash, None)
+            if old is not None and old != key:
+                self._drop_holder(holders, old, endpoint)
+            tier.by_engine[engine_hash] = key
+            holders.setdefault(key, set()).add(endpoint)
+        while len(tier.by_engine) > self.max_blocks:
+            _, oldest = tier.by_engine.popitem(last=False)
+            self._drop_holder(holders, oldest, endpoint)
+
+    def removed(self, endpoint: str, engine_hashes: Iterable[Hashable], *, medium: str = GPU) -> None:
+        tier = self._tiers.get((endpoint, medium))
+        if tier is None:
+            return
+        holders = self._holders.get(medium, {})
+        for engine_hash in engine_hashes:
+            key = tier.by_engine.pop(engine_hash, None)
+            if key is not None:
+                self._drop_holder(holders, key, endpoint)
+
+    def forget(self, endpoint: str) -> None:
+        """Everything ``endpoint`` held, every medium (AllBlocksCleared, a restart, an unrecoverable gap)."""
+        for (address, medium) in [k for k in self._tiers if k[0] == endpoint]:
+            tier = self._tiers.pop((address, medium))
+            holders = self._holders.get(medium, {})
+            for key in tier.by_engine.values():
+                self._drop_holder(holders, key, endpoint)
+
+    # --- queries ----------------------------------------------------------------------------------
+
+    def matches(self, keys: Sequence[int], *, medium: str = GPU) -> Mapping[str, int]:
+        """Leading blocks of ``keys`` each endpoint holds in ``medium`` (endpoints with none left out)."""
+        holders = self._holders.get(medium)
+        if not holders or not keys:
+            return {}
+        first = holders.get(keys[0])
+        if not first:
+            return {}
+        counts = dict.fromkeys(first, 1)
+        alive = set(first)
+        for depth, key in enumerate(keys[1:], start=2):
+            here = holders.get(key)
+            if not here:
+                break
+            alive &= here
+            if not alive:
+                break
+            for endpoint in alive:
+                counts[endpoint] = depth
+        return counts
+
+    def blocks(self, endpoint: str, medium: str = GPU) -> int:
+        tier = self._tiers.get((endpoint, medium))
+        return len(tier.by_engine) if tier is not None else 0
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _tier(self, endpoint: str, medium: str) -> _Tier:
+        tier = self._tiers.get((endpoint, medium))
+        if tier is None:
+            tier = self._tiers[(endpoint, medium)] = _Tier()
+        return tier
+
+    def _key_of(self, endpoint: str, engine_hash: Hashable, medium: str) -> int | None:
+        """The key of a block the endpoint stored earlier: looked up in this medium, then any (an
+        offloaded block's parent may sit on the GPU)."""
+        tier = self._tiers.get((endpoint, medium))
+        if tier is not None and engine_hash in tier.by_engine:
+            return tier.by_engine[engine_hash]
+        for (address, _), other in self._tiers.items():
+            if address == endpoint and engine_hash in other.by_engine:
+                return other.by_engine[engine_hash]
+        return None
+
+    @staticmethod
+    def _drop_holder(holders: dict[int, set[str]], key: int, endpoint: str) -> None:
+        held = holders.get(key)
+        if held is not None:
+            held.discard(endpoint)
+            if not held:
+                del holders[key]

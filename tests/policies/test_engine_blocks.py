@@ -1,0 +1,55 @@
+"""The index of the engines' reported blocks (``policies.engine_blocks``)."""
+
+from __future__ import annotations
+
+from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys
+
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+DOC = list(range(100, 164))  # 64 tokens: 4 blocks of 16
+
+
+def test_keys_chain_the_prefix_and_name_the_adapter() -> None:
+    keys = block_keys(DOC, 16)
+    assert len(keys) == 4
+    assert block_keys(DOC[:40], 16) == keys[:2]  # a partial block is no block
+    assert block_keys([1, *DOC[1:]], 16)[1] != keys[1]  # a different first block changes every key after
+    assert block_keys(DOC, 16, lora="sql") != keys
+    assert block_keys(DOC, 16, salt="tenant-a") != keys
+
+
+def test_a_stored_prefix_matches_from_the_first_block_on() -> None:
+    index = EngineBlockIndex()
+    index.stored(A, [b"a1", b"a2"], None, DOC[:32], 16)
+    index.stored(A, [b"a3"], b"a2", DOC[32:48], 16)  # continues from its parent
+    index.stored(B, [901, 902, 903, 904], None, DOC, 16)  # another engine, other hashes, same tokens
+    keys = block_keys(DOC, 16)
+    assert index.matches(keys) == {A: 3, B: 4}
+    assert index.matches(block_keys([7, *DOC[1:]], 16)) == {}  # the first block differs
+    index.removed(B, [902])
+    assert index.matches(keys) == {A: 3, B: 1}
+
+
+def test_a_block_whose_parent_was_missed_is_not_indexed_and_is_counted() -> None:
+    index = EngineBlockIndex()
+    index.stored(A, [b"x3"], b"x2", DOC[32:48], 16)
+    assert index.unresolved == 1
+    assert index.blocks(A) == 0
+
+
+def test_tiers_are_apart_and_forget_clears_every_tier_of_one_endpoint() -> None:
+    index = EngineBlockIndex()
+    index.stored(A, [1, 2], None, DOC[:32], 16)
+    index.stored(A, [1, 2], None, DOC[:32], 16, medium="CPU")
+    index.stored(B, [1, 2], None, DOC[:32], 16)
+    keys = block_keys(DOC, 16)
+    assert index.matches(keys, medium="CPU") == {A: 2}
+    index.forget(A)
+    assert index.matches(keys) == {B: 2}
+    assert index.matches(keys, medium="CPU") == {}
+
+
+def test_each_endpoint_is_bounded_oldest_first() -> None:
+    index = EngineBlockIndex(max_blocks_per_endpoint=2)
+    index.stored(A, [1, 2, 3], None, list(range(48)), 16)
+    assert index.blocks(A) == 2
+    assert index.matches(block_keys(list(range(48)), 16)) == {}  # its first block was forgotten
