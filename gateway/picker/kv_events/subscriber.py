@@ -1,0 +1,223 @@
+"""Subscribing to the engines' KV-event publishers and keeping ``policies.engine_blocks`` in step
+(the IO shell around ``kv_events.wire`` and ``kv_events.sequence``).
+
+Two topologies, as deployments run them:
+
+- **connect** (one subscription per endpoint): the picker connects a SUB socket to each endpoint's
+  publisher (``tcp://<endpoint ip>:<port>``, vLLM's ``--kv-events-config`` ``endpoint`` bound on
+  ``tcp://*:5557``) and, for missed batches, a DEALER to its replay socket (``replay_endpoint``);
+  the endpoint is the address it connected to.
+- **bind** (llm-d's): the picker binds one SUB socket that the engines connect their publishers to;
+  the topic ``kv@<pod-ip>@<model>`` names the endpoint (its ``<pod-ip>`` with the pool's port).
+
+A gap in the sequence is filled from the replay socket; when it cannot be (no replay socket, or the
+publisher's buffer no longer reaches back), the endpoint's entries are dropped and it is marked not
+in step (``in_step``), so scoring falls back to the approximate index for that endpoint alone until
+the publisher restarts its sequence or clears its cache. A publisher that sends nothing for
+``silence_s`` is not in step either (the engine may be gone). A malformed message is counted and
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from kvgate.gateway.picker.kv_events.sequence import SequenceTracker, Verdict
+from kvgate.gateway.picker.kv_events.wire import (
+    END_OF_REPLAY,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    MalformedBatch,
+    decode_message,
+    decode_seq,
+)
+from kvgate.policies.engine_blocks import EngineBlockIndex
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SubscriberCounts:
+    batches: int = 0
+    events: int = 0
+    skipped: int = 0
+    malformed: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    unrecoverable: int = 0
+
+
+def apply_batch(index: EngineBlockIndex, endpoint: str, batch: EventBatch) -> None:
+    """A decoded batch's events, in order, into ``index`` for ``endpoint``."""
+    for event in batch.events:
+        if isinstance(event, BlockStored):
+            index.stored(endpoint, event.block_hashes, event.parent_block_hash, event.token_ids,
+                         event.block_size, lora=event.lora_name, medium=event.medium)
+        elif isinstance(event, BlockRemoved):
+            index.removed(endpoint, event.block_hashes, medium=event.medium)
+        elif isinstance(event, AllBlocksCleared):
+            index.forget(endpoint)
+
+
+def endpoint_of_topic(topic: str, port: int) -> str | None:
+    """llm-d's topic ``kv@<pod-ip>@<model>`` → ``<pod-ip>:<port>``; None for another topic."""
+    parts = topic.split("@")
+    if len(parts) >= 2 and parts[0] == "kv" and parts[1]:
+        return f"{parts[1]}:{port}"
+    return None
+
+
+class EndpointSubscription:
+    """One endpoint's publisher (connect topology): its SUB socket, its replay DEALER, its sequence."""
+
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str, publisher: str, replay: str | None,
+                 index: EngineBlockIndex, *, replay_timeout_s: float = 1.0) -> None:
+        self.endpoint = endpoint
+        self.publisher = publisher
+        self.replay_address = replay
+        self.index = index
+        self.counts = SubscriberCounts()
+        self.sequence = SequenceTracker()
+        self._context = context
+        self._replay_timeout_s = replay_timeout_s
+        self._task: asyncio.Task[None] | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+
+    @property
+    def in_step(self) -> bool:
+        return self.sequence.in_step
+
+    def start(self) -> None:
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self.publisher)
+        self._sub = sub
+        self._task = asyncio.create_task(self._run(sub), name=f"kv-events {self.endpoint}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._sub is not None:
+            self._sub.close(linger=0)
+
+    async def _run(self, sub: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await sub.recv_multipart()
+            await self.receive(frames)
+
+    async def receive(self, frames: list[bytes]) -> None:
+        try:
+            batch = decode_message(frames)
+        except MalformedBatch as exc:
+            self.counts.malformed += 1
+            _log.debug("kv events from %s: dropped a malformed message: %s", self.endpoint, exc)
+            return
+        verdict = self.sequence.observe(batch.seq)
+        if verdict is Verdict.DUPLICATE:
+            return
+        if verdict is Verdict.GAP:
+            self.counts.gaps += 1
+            if not await self._fill(self.sequence.expected_before_gap, batch.seq):
+                self.counts.unrecoverable += 1
+                self.index.forget(self.endpoint)
+                self.sequence.lost()
+                _log.info("kv events from %s: batches before %d lost; its cache is estimated until it "
+                          "is seen whole again", self.endpoint, batch.seq)
+        elif verdict is Verdict.RESTART:
+            self.index.forget(self.endpoint)  # a new publisher: the engine restarted, its cache is empty
+        self._apply(batch)
+
+    def _apply(self, batch: EventBatch) -> None:
+        self.counts.batches += 1
+        self.counts.events += len(batch.events)
+        self.counts.skipped += batch.skipped
+        apply_batch(self.index, self.endpoint, batch)
+        if any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            self.sequence.cleared()
+
+    async def _fill(self, first: int, upto: int) -> bool:
+        """Batches ``first`` .. ``upto - 1`` from the replay socket, applied; whether all came."""
+        if self.replay_address is None:
+            return False
+        dealer = self._context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(self.replay_address)
+            await dealer.send_multipart([b"", first.to_bytes(8, "big")])
+            want = first
+            while True:
+                if not await dealer.poll(int(self._replay_timeout_s * 1000)):
+                    return False
+                frames = await dealer.recv_multipart()
+                if len(frames) != 3:
+                    return False
+                seq = decode_seq(frames[1])
+                if seq == END_OF_REPLAY or seq >= upto:
+                    return want >= upto
+                if seq < want:
+                    continue
+                if seq > want:
+                    return False  # the publisher's buffer no longer reaches back
+                try:
+                    batch = decode_message([b"", frames[1], frames[2]])
+                except MalformedBatch:
+                    self.counts.malformed += 1
+                    return False
+                self._apply(batch)
+                self.counts.replayed += 1
+                want = seq + 1
+        except (zmq.ZMQError, MalformedBatch):
+            return False
+        finally:
+            dealer.close(linger=0)
+
+
+class KvEventSubscribers:
+    """The subscriptions of every endpoint whose pool has KV events configured (connect topology)."""
+
+    def __init__(self, index_of: Callable[[str], EngineBlockIndex]) -> None:
+        """``index_of(pool)``: that pool's index."""
+        self._context = zmq.asyncio.Context()
+        self._index_of = index_of
+        self._subs: dict[tuple[str, str], EndpointSubscription] = {}
+
+    def set_endpoints(self, pool: str, publishers: Mapping[str, tuple[str, str | None]]) -> None:
+        """``publishers``: endpoint → (publisher address, replay address or None)."""
+        for key in [k for k in self._subs if k[0] == pool and k[1] not in publishers]:
+            sub = self._subs.pop(key)
+            sub.index.forget(sub.endpoint)
+            asyncio.get_running_loop().create_task(sub.stop())
+        for endpoint, (publisher, replay) in publishers.items():
+            key = (pool, endpoint)
+            current = self._subs.get(key)
+            if current is not None and (current.publisher, current.replay_address) == (publisher, replay):
+                continue
+            if current is not None:
+                asyncio.get_running_loop().create_task(current.stop())
+            sub = EndpointSubscription(self._context, endpoint, publisher, replay, self._index_of(pool))
+            self._subs[key] = sub
+            sub.start()
+
+    def in_step(self, pool: str, endpoint: str) -> bool:
+        sub = self._subs.get((pool, endpoint))
+        return sub is not None and sub.in_step
+
+    def subscriptions(self) -> Mapping[tuple[str, str], EndpointSubscription]:
+        return self._subs
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(sub.stop() for sub in self._subs.values()), return_exceptions=True)
+        self._subs.clear()
+        self._context.term()
