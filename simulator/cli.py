@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="listen address when --hosts-from is not given")
     p.add_argument("--hosts-from", default=None, metavar="IP",
                    help="give replica i the address IP+i, all on --port (e.g. 127.0.1.1)")
+    p.add_argument("--kv-events-port", type=int, default=None, metavar="P",
+                   help="publish vLLM's KV-cache events (ZMQ PUB on P, replay ROUTER on P+1; with "
+                   "--hosts-from each replica on its own address, else replica i on P+2i); default: off")
     p.add_argument("--model", default=defaults.model)
     p.add_argument("--loras", default="", help="adapters the replicas serve: NAME,NAME,...")
     p.add_argument("--max-loras", type=int, default=defaults.max_loras)
@@ -132,6 +135,7 @@ def _replica_config(
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
         slowdown=args.slowdown,
+        kv_events=args.kv_events_port is not None,
     )
     faults = Faults(error_rate=args.error_rate)
     profile: str = args.profile
@@ -180,7 +184,7 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
     overrides = _parse_overrides(args.replica, len(roles))
     replicas = tuple(_replica_config(i, args, overrides.get(i, {}), role, kv) for i, role in enumerate(roles))
     return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,
-                       admin_port=args.admin_port)
+                       admin_port=args.admin_port, kv_events_port=args.kv_events_port)
 
 
 def _roles(args: argparse.Namespace) -> list[Role]:

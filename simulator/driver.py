@@ -66,13 +66,16 @@ class EngineDriver:
         time_scale: float,
         slowdown: Callable[[], float] = lambda: 1.0,
         on_finished: FinishedListener | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
+        """``on_step``: called after each engine step (the replica's KV-event publisher)."""
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.engine = engine
         self.time_scale = time_scale
         self._slowdown = slowdown
         self._on_finished = on_finished
+        self._on_step = on_step
         self._deliveries: dict[str, Delivery] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -145,6 +148,8 @@ class EngineDriver:
             events = self.engine.end_step(step_end)
             self.steps += 1
             self._deliver(events)
+            if self._on_step is not None:
+                self._on_step()
 
     def _deliver(self, events: list[FirstToken | TokenOut | Finished]) -> None:
         touched: dict[str, Delivery] = {}

@@ -34,14 +34,17 @@ from collections import Counter, deque
 from collections.abc import Sequence
 
 from kvgate.simulator.engine_types import (
+    CacheEvent,
     EngineConfig,
     EngineEvent,
     EngineMetrics,
     Finished,
     FirstToken,
     PeekResult,
+    Removed,
     SimRequest,
     StepPlan,
+    Stored,
     TokenOut,
 )
 from kvgate.simulator.engine_wait import estimate_wait
@@ -71,13 +74,14 @@ class _Seq:
     __slots__ = (
         "arrival", "blocks", "cached_tokens", "first_token_time", "hashes", "hold_kv", "lora",
         "max_tokens", "num_computed", "num_hashed", "num_output", "prompt_len", "remote_blocks",
-        "request_id", "state",
+        "request_id", "state", "tokens",
     )
 
     def __init__(self, request: SimRequest, arrival: float, hashes: tuple[int, ...]) -> None:
         self.request_id = request.request_id
         self.lora = request.lora
         self.prompt_len = len(request.prompt_tokens)
+        self.tokens = request.prompt_tokens  # the same tuple: its blocks' tokens for the KV events
         self.max_tokens = request.max_tokens
         self.arrival = arrival
         self.hashes = hashes  # chained hashes of the full prompt blocks, computed once
@@ -99,6 +103,10 @@ class Engine:
         self.config = config
         self.profile = profile
         self._kv = KVCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self._kv_events: list[CacheEvent] | None = [] if config.kv_events else None
+        """Blocks stored and evicted since the last ``take_kv_events`` (vLLM's KV events), or None."""
+        if self._kv_events is not None:
+            self._kv.on_evict = self._evicted
         self._loras = LoraSlots(config.max_loras, config.served_loras)
         self._seqs: dict[str, _Seq] = {}  # in flight: waiting or running
         self._held: dict[str, list[int]] = {}  # finished prefills' blocks kept for a remote decode
@@ -384,9 +392,26 @@ class Engine:
         upto = min(end // self.config.block_size, len(seq.hashes))
         if upto > seq.num_hashed:
             register = self._kv.register
+            events = self._kv_events
+            size = self.config.block_size
             for b in range(seq.num_hashed, upto):
-                register(seq.blocks[b], seq.hashes[b])
+                if register(seq.blocks[b], seq.hashes[b]) and events is not None:
+                    parent = seq.hashes[b - 1] if b else None
+                    tokens = seq.tokens[b * size:(b + 1) * size]
+                    events.append(Stored(seq.hashes[b], parent, tokens, seq.lora))
             seq.num_hashed = upto
+
+    def _evicted(self, block_hash: int) -> None:
+        if self._kv_events is not None:
+            self._kv_events.append(Removed(block_hash))
+
+    def take_kv_events(self) -> list[CacheEvent]:
+        """The KV events since the last call (empty unless ``EngineConfig.kv_events``)."""
+        events = self._kv_events
+        if not events:
+            return []
+        self._kv_events = []
+        return events
 
     def _hold_prompt_blocks(self, seq: _Seq) -> tuple[int, ...]:
         """Reference the prompt's full blocks once more (vLLM's NixlConnector delays freeing them

@@ -23,6 +23,7 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     slowdown: float = 1.0  # multiplies every step time (a slower replica)
+    kv_events: bool = False  # record KV-cache events (vLLM's --kv-events-config; simulator.kv_events)
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -138,3 +139,23 @@ class EngineMetrics:
     preemptions_total: int
     requests_submitted_total: int
     requests_aborted_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A full prompt block entered the prefix cache (vLLM's ``BlockStored``, one block)."""
+
+    block_hash: int
+    parent_hash: int | None
+    tokens: tuple[int, ...]
+    lora: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    """A cached block was evicted (vLLM's ``BlockRemoved``)."""
+
+    block_hash: int
+
+
+CacheEvent = Stored | Removed

@@ -51,11 +51,20 @@ class FleetConfig:
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
     lag_interval_s: float = 0.005
+    kv_events_port: int | None = None
+    """Publish each replica's KV events (``simulator.kv_events``): on its own address at this port
+    with ``hosts_from``, else replica ``i`` at this port + 2i (the replay socket on the next port)."""
 
     def address_of(self, index: int) -> tuple[str, int]:
         if self.hosts_from is not None:
             return str(ipaddress.ip_address(self.hosts_from) + index), self.port
         return self.host, (self.port + index if self.port else 0)
+
+    def kv_events_address_of(self, index: int) -> tuple[str, int] | None:
+        if self.kv_events_port is None:
+            return None
+        host, _ = self.address_of(index)
+        return host, self.kv_events_port + (0 if self.hosts_from is not None else 2 * index)
 
 
 class ReplicaListener:
@@ -128,6 +137,9 @@ class Fleet:
                 listener = ReplicaListener(replica, host, port)
                 self.listeners.append(listener)
                 await listener.start()
+                events_at = self.config.kv_events_address_of(replica_config.index)
+                if events_at is not None:
+                    replica.start_kv_events(*events_at)
             if self.config.admin_port is not None:
                 runner = web.AppRunner(make_admin_app(self), access_log=None)
                 await runner.setup()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import xxhash
 
@@ -73,6 +73,8 @@ class KVCache:
         self._block_of: dict[int, int] = {}  # hash -> block id
         # free blocks, front = handed out (and evicted) first
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.on_evict: Callable[[int], None] | None = None
+        """Told each hash dropped when its block is reused (the engine's KV events)."""
 
     # ---- queries (no state change) -------------------------------------------------------------
     @property
@@ -133,18 +135,21 @@ class KVCache:
                 hash_of[b] = None
                 if self._block_of.get(h) == b:
                     del self._block_of[h]
+                    if self.on_evict is not None:
+                        self.on_evict(h)
             ref[b] = 1
             out.append(b)
         return out
 
-    def register(self, block: int, block_hash: int) -> None:
-        """Make a (full, being computed) block findable under ``block_hash``."""
+    def register(self, block: int, block_hash: int) -> bool:
+        """Make a (full, being computed) block findable under ``block_hash``; whether it is new."""
         if not self.enable_prefix_caching or self._hash_of[block] is not None:
-            return
+            return False
         if block_hash in self._block_of:  # same content already cached in another block
-            return
+            return False
         self._hash_of[block] = block_hash
         self._block_of[block_hash] = block
+        return True
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference from each of a sequence's blocks, tail first."""

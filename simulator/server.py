@@ -28,6 +28,7 @@ from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine import Engine, EngineConfig, EngineMetrics, Finished, SimRequest
 from kvgate.simulator.faults import ErrorInjector, Faults
 from kvgate.simulator.kv_agent import KvTransferAgent
+from kvgate.simulator.kv_events import KvEventPublisher, vllm_events
 from kvgate.simulator.kv_transfer import (
     KvTransfer,
     KvTransferHub,
@@ -115,7 +116,9 @@ class Replica:
                                   kv_hub if kv_hub is not None else KvTransferHub(), config.index)
         """This replica's side of disaggregated serving (``simulator.kv_agent``)."""
         self.driver = EngineDriver(self.engine, config.time_scale, lambda: self.faults.slowdown,
-                                   self._on_finished)
+                                   self._on_finished, self._on_step if config.engine.kv_events else None)
+        self.kv_events: KvEventPublisher | None = None
+        """vLLM's KV-event publisher (``simulator.kv_events``; ``start_kv_events``)."""
         self._injector = ErrorInjector(config.seed * 1_000_003 + config.index)
         self._lag = lag_monitor
         self._frozen_page: bytes | None = None
@@ -124,6 +127,17 @@ class Replica:
     async def close(self) -> None:
         self.kv.close()
         await self.driver.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+
+    def start_kv_events(self, host: str, port: int) -> None:
+        """Publish the engine's KV events on ``host:port`` (replay on ``port + 1``)."""
+        self.kv_events = KvEventPublisher(host, port, f"kv@{host}@{self.base_model}")
+
+    def _on_step(self) -> None:
+        events = self.engine.take_kv_events()  # taken every step, published or not (bounded)
+        if events and self.kv_events is not None:
+            self.kv_events.publish(self.driver.now(), vllm_events(events, self.config.engine.block_size))
 
     def _engine_metrics(self) -> EngineMetrics:
         """The engine's snapshot, with requests waiting for remote KV counted as waiting (vLLM keeps
@@ -179,6 +193,8 @@ class Replica:
             "hung": c.hung,
             "streams_cut": c.streams_cut,
             **self.kv.stats(),
+            "kv_events_published": self.kv_events.published if self.kv_events is not None else None,
+            "kv_cached_blocks": self.engine.kv_cache.num_cached_blocks,
             "in_flight": self.driver.in_flight,
             "waiting": m.waiting + self.kv.receiving,
             "running": m.running,

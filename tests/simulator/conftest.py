@@ -33,6 +33,7 @@ def fleet_config(
     faults: Faults | None = None,
     roles: tuple[Role, ...] = (),
     kv_transfer: KvTransferSettings | None = None,
+    kv_events_port: int | None = None,
     **engine: Any,
 ) -> FleetConfig:
     engine_config = dataclasses.replace(EngineConfig(), **engine)
@@ -43,7 +44,11 @@ def fleet_config(
         )
         for i in range(replicas)
     )
-    return FleetConfig(replicas=configs, port=port, hosts_from=hosts_from, admin_port=0 if admin else None)
+    if kv_events_port is not None:
+        engine_config = dataclasses.replace(engine_config, kv_events=True)
+        configs = tuple(dataclasses.replace(c, engine=engine_config) for c in configs)
+    return FleetConfig(replicas=configs, port=port, hosts_from=hosts_from, admin_port=0 if admin else None,
+                       kv_events_port=kv_events_port)
 
 
 @pytest.fixture

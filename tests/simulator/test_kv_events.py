@@ -1,0 +1,82 @@
+"""The simulator's KV events (``simulator.kv_events``): what the engine records, and the
+publisher followed by kvgate's own subscriber over real ZMQ (vLLM's protocol both ways)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import msgspec
+import zmq.asyncio
+
+from kvgate.gateway.picker.kv_events.subscriber import EndpointSubscription
+from kvgate.gateway.picker.kv_events.wire import BlockStored, decode_batch
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys
+from kvgate.simulator.engine_types import CacheEvent, Removed, Stored
+from kvgate.simulator.kv_events import vllm_events
+from kvgate.simulator.tokenizer import encode
+from tests.simulator.conftest import MODEL, FleetFactory
+from tests.simulator.test_engine import _drain
+from tests.simulator.test_engine_support import make_engine, prompt, request
+
+
+def test_the_engine_records_each_newly_cached_block_and_each_eviction() -> None:
+    engine = make_engine(kv_events=True, num_gpu_blocks=8, block_size=16)
+    engine.submit(request("a", 64, 1), 0.0)
+    now, _ = _drain(engine, 0.0)
+    events = engine.take_kv_events()
+    stored = [e for e in events if isinstance(e, Stored)]
+    assert len(stored) == 4
+    assert stored[0].parent_hash is None
+    assert [s.parent_hash for s in stored[1:]] == [s.block_hash for s in stored[:-1]]
+    assert stored[0].tokens == prompt(64)[:16]
+    assert engine.take_kv_events() == []  # taken
+    engine.submit(request("b", 96, 1, salt=1), now)  # needs the blocks "a" left cached
+    _drain(engine, now)
+    removed = [e for e in engine.take_kv_events() if isinstance(e, Removed)]
+    assert {r.block_hash for r in removed} <= {s.block_hash for s in stored}
+    assert removed
+    assert make_engine().take_kv_events() == []  # off by default
+
+
+def test_a_chain_of_stored_blocks_is_one_vllm_event() -> None:
+    events: list[CacheEvent] = [Stored(1, None, (1,) * 16, None), Stored(2, 1, (2,) * 16, None), Removed(9),
+                                Removed(8)]
+    encoded = vllm_events(events, 16)
+    payload = msgspec.msgpack.encode({"ts": 1.0, "events": encoded})
+    batch = decode_batch("", 0, payload)
+    assert batch.events[0] == BlockStored((1, 2), None, (1,) * 16 + (2,) * 16, 16, None, "GPU")
+    assert len(batch.events) == 2
+
+
+async def test_kvgates_subscriber_follows_a_simulated_replica(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    port = free_port()
+    fleet = await make_fleet(1, kv_events_port=port, block_size=16)
+    replica = fleet.replicas[0]
+    assert replica.kv_events is not None
+    index = EngineBlockIndex()
+    context = zmq.asyncio.Context()
+    publisher = replica.kv_events
+    sub = EndpointSubscription(context, "r0", publisher.address, publisher.replay_address, index)
+    sub.start()
+    try:
+        await asyncio.sleep(0.2)  # the subscription reaches the publisher (earlier batches: replayed)
+        text = "the quick brown fox jumps over the lazy dog " * 20
+        async with http.post(fleet.urls[0] + "/v1/completions",
+                             json={"model": MODEL, "prompt": text, "max_tokens": 1}) as response:
+            assert response.status == 200
+        cached = replica.engine.kv_cache.num_cached_blocks
+        for _ in range(100):
+            if index.blocks("r0") == cached:
+                break
+            await asyncio.sleep(0.02)
+        assert index.blocks("r0") == cached > 0
+        keys = block_keys(list(encode(text)), 16)
+        assert index.matches(keys)["r0"] == cached  # the prompt's whole blocks, from the first on
+        assert sub.in_step
+    finally:
+        await sub.stop()
+        context.term()
