@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
+from kvgate.gateway.controlplane.control_plane import KV_EVENTS_PORT_ANNOTATION
 from kvgate.gateway.controlplane.resources import ResourceSet
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.inference import InferencePool
@@ -26,6 +27,16 @@ def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
         if name in (str(pool.key), pool.metadata.name):
             return pool
     raise ConfigError(f"--sim-pool {name!r}: no such InferencePool")
+
+
+def sim_kv_events_port(pool: InferencePool) -> int | None:
+    """The port the simulated replicas publish KV events on: the pool's ``kvgate.io/kv-events-port``
+    (the picker subscribes where the pool says; None: they publish none)."""
+    text = pool.metadata.annotations.get(KV_EVENTS_PORT_ANNOTATION)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None  # the control plane warns about it and subscribes to nothing
 
 
 def sim_pods(pool: InferencePool, hosts: Sequence[str], roles: Sequence[str] = ()) -> tuple[Pod, ...]:

@@ -7,7 +7,7 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE)
 ``GET /health``, ``GET /version``, ``GET /metrics``, ``POST /v1/load_lora_adapter``,
 ``POST /v1/unload_lora_adapter``, ``POST /tokenize``, ``POST /detokenize``,
 ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``; simulator extras
-``POST /sim/peek``, ``GET /sim/stats``, ``GET|POST /sim/faults``.
+``POST /sim/peek``, ``GET /sim/stats``, ``GET|POST /sim/faults``, ``POST /sim/kv-events/stop``.
 """
 
 from __future__ import annotations
@@ -134,6 +134,14 @@ class Replica:
         """Publish the engine's KV events on ``host:port`` (replay on ``port + 1``)."""
         self.kv_events = KvEventPublisher(host, port, f"kv@{host}@{self.base_model}")
 
+    async def _stop_kv_events(self, _: web.Request) -> web.Response:
+        """Stop this replica's KV-event publisher alone (its engine serves on): a subscriber must
+        notice and fall back for this replica."""
+        if self.kv_events is None:
+            return json_response({"error": "this replica publishes no KV events"}, status=404)
+        await self.kv_events.stop()
+        return json_response({"kv_events": "stopped"})
+
     def _on_step(self) -> None:
         events = self.engine.take_kv_events()  # taken every step, published or not (bounded)
         if events and self.kv_events is not None:
@@ -228,6 +236,7 @@ class Replica:
         app.router.add_post("/v1/chat/completions/render", self._render_chat)
         app.router.add_post("/sim/peek", self._peek)
         app.router.add_get("/sim/stats", self._stats)
+        app.router.add_post("/sim/kv-events/stop", self._stop_kv_events)
         app.router.add_get("/sim/faults", self._get_faults)
         app.router.add_post("/sim/faults", self._post_faults)
         return app

@@ -41,6 +41,7 @@ from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
 from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache, XdsStatus
 from kvgate.gateway.picker.pools_file import (
     Dialect,
+    KvEventsSpec,
     ModelRewriteSpec,
     ObjectiveSpec,
     PoolSpec,
@@ -67,6 +68,11 @@ MODEL_CHECK_ANNOTATION = "kvgate.io/model-check"
 """``"false"``: forward names no replica reports (engines that load an adapter on first use, such as
 vLLM's LoRA resolvers), instead of answering them 404 ``model_not_found`` at the gateway."""
 PD_EXECUTION_ANNOTATION = "kvgate.io/pd-execution"
+KV_EVENTS_PORT_ANNOTATION = "kvgate.io/kv-events-port"
+"""The port each endpoint's engine publishes KV-cache events on (vLLM's --kv-events-config
+endpoint tcp://*:PORT); absent: the pool's engines publish none."""
+KV_EVENTS_REPLAY_PORT_ANNOTATION = "kvgate.io/kv-events-replay-port"
+"""Their replay socket's port (default: the events port + 1; 0: none)."""
 """Who runs a disaggregated request's prefill (profile ``pd``): ``picker`` (kvgate, the default) or
 ``sidecar`` (llm-d's decode-side routing sidecar, told ``x-prefiller-host-port``)."""
 _DIALECTS: tuple[str, ...] = get_args(Dialect)
@@ -178,9 +184,28 @@ def pool_spec(
             "extra_paths": _extra_paths(pool, annotations, warnings),
             "roles": {e.address: e.role.value for e in pool.endpoints if e.role is not Role.BOTH},
             "pd_execution": _pd_execution(pool, annotations, warnings),
+            "kv_events": _kv_events(pool, annotations, warnings),
         }
     )
     return spec, warnings
+
+
+def _kv_events(
+    pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]
+) -> KvEventsSpec | None:
+    """The pool's ``kvgate.io/kv-events-port`` (and replay port); a bad value is warned about and
+    leaves the pool without KV events (routing falls back to the approximate index)."""
+    text = annotations.get(KV_EVENTS_PORT_ANNOTATION)
+    if text is None:
+        return None
+    replay = annotations.get(KV_EVENTS_REPLAY_PORT_ANNOTATION)
+    try:
+        return KvEventsSpec.model_validate(
+            {"port": int(text), "replay_port": int(replay) if replay is not None else None})
+    except ValueError:
+        warnings.append(f"InferencePool {pool.id}: {KV_EVENTS_PORT_ANNOTATION} {text!r} / "
+                        f"{KV_EVENTS_REPLAY_PORT_ANNOTATION} {replay!r} are not ports; no KV events")
+        return None
 
 
 def _pd_execution(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> str:

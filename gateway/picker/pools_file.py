@@ -96,6 +96,23 @@ class ModelRewriteSpec(BaseModel):
     targets: tuple[RewriteTargetSpec, ...] = Field(min_length=1)
 
 
+class KvEventsSpec(BaseModel):
+    """Where a pool's engines publish their KV-cache events (vLLM's ``--kv-events-config``): each
+    endpoint's own address at ``port`` (its ZMQ PUB), the replay ROUTER at ``replayPort`` (default
+    ``port + 1``; 0: no replay). ``gateway.picker.kv_events``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    port: int = Field(ge=1, le=65535)
+    replay_port: int | None = Field(default=None, ge=0, le=65535, alias="replayPort")
+
+    def addresses(self, endpoint: str) -> tuple[str, str | None]:
+        """(publisher, replay or None) of an endpoint ``host:port``."""
+        host = endpoint.rpartition(":")[0] or endpoint
+        replay = self.port + 1 if self.replay_port is None else self.replay_port
+        return f"tcp://{host}:{self.port}", (f"tcp://{host}:{replay}" if replay else None)
+
+
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -119,6 +136,8 @@ class PoolSpec(BaseModel):
     """Endpoint address → its role in disaggregated serving (absent: both)."""
     pd_execution: PdExecution = Field(default="picker", alias="pdExecution")
     """Who runs a disaggregated request's prefill: the picker, or the decode side's sidecar."""
+    kv_events: KvEventsSpec | None = Field(default=None, alias="kvEvents")
+    """Subscribe to the engines' KV-cache events (None: none published)."""
 
     def role_of(self, address: str) -> Role:
         return Role.parse(self.roles.get(address))

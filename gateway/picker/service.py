@@ -25,6 +25,7 @@ from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_T
 from kvgate.extproc.server import ExtProcServer
 from kvgate.extproc.tracing import RequestTracer
 from kvgate.gateway.picker.admin_http import AdminServer
+from kvgate.gateway.picker.kv_events.runtime import KvEventsCollector, KvEventsRuntime
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.replica_models import PoolModelNames, ReplicaModels
@@ -188,6 +189,9 @@ class PickerService:
         self.scraper.delegate_to(self.sharing.share_scrapes(self.scraper, settings.stale_after))
         self.telemetry.registry.register(SharingCollector(self.sharing))
         self.tracer_provider = tracer_provider(settings.tracing) if settings.tracing is not None else None
+        self.kv_events = KvEventsRuntime()
+        """The engines' KV-cache events of the pools that publish them (issue 37)."""
+        self.telemetry.registry.register(KvEventsCollector(self.kv_events))
         lifecycle = settings.lifecycle
         if lifecycle.tenant_limiter is None:
             lifecycle = dataclasses.replace(lifecycle, tenant_limiter=self.sharing.limiter)
@@ -241,6 +245,7 @@ class PickerService:
                 for address in set(previous.spec.endpoints) - kept:
                     schedulers[spec.name].forget_endpoint(address)
         self.sharing.apply(specs)
+        self.kv_events.apply(specs)
         names = self.replica_models.names
         pools = {spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names)
                  for spec in specs}
@@ -267,6 +272,8 @@ class PickerService:
                         "active_loras": [] if m is None else sorted(m.active_loras),
                         "inflight_requests": inflight.requests,
                         "inflight_tokens": inflight.tokens,
+                        **({"kv_events": events} if (events := self.kv_events.endpoint_report(
+                            name, view.address)) is not None else {}),
                     }
                 )
             report.append(
@@ -306,6 +313,7 @@ class PickerService:
         await self.sharing.stop()
         await self.replica_models.stop()
         await self.scraper.stop()
+        await self.kv_events.stop()
         if self.tracer_provider is not None:  # exports what is batched (a bounded wait)
             await asyncio.to_thread(self.tracer_provider.shutdown)
 

@@ -18,10 +18,12 @@ class SimFleetProcess:
     once started."""
 
     def __init__(
-        self, *, roles: Sequence[str], port: int, hosts_from: str, time_scale: float, model: str | None
+        self, *, roles: Sequence[str], port: int, hosts_from: str, time_scale: float, model: str | None,
+        kv_events_port: int | None = None,
     ) -> None:
         """``roles``: each replica's (``prefill``, ``decode``, ``both``), prefill ones first, then
-        decode, then both (the simulator's order)."""
+        decode, then both (the simulator's order). ``kv_events_port``: each replica publishes
+        vLLM's KV events there (its own address; replay on the next port)."""
         count = Counter(roles)
         if count["prefill"] or count["decode"]:
             sizes = ["--prefill", str(count["prefill"]), "--decode", str(count["decode"]),
@@ -32,6 +34,7 @@ class SimFleetProcess:
             sys.executable, "-m", "kvgate.simulator", *sizes, "--port", str(port),
             "--hosts-from", hosts_from, "--time-scale", str(time_scale),
             *(("--model", model) if model else ()),
+            *(("--kv-events-port", str(kv_events_port)) if kv_events_port else ()),
         ]
         self.urls: list[str] = []
         self._child = ChildProcess(self.command, name="the simulator", keep_lines=200)

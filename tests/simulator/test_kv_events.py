@@ -77,6 +77,48 @@ async def test_kvgates_subscriber_follows_a_simulated_replica(
         keys = block_keys(list(encode(text)), 16)
         assert index.matches(keys)["r0"] == cached  # the prompt's whole blocks, from the first on
         assert sub.in_step
+        assert sub.connected
+        async with http.post(fleet.urls[0] + "/sim/kv-events/stop") as response:
+            assert response.status == 200  # the publisher alone goes away; the replica serves on
+        for _ in range(100):
+            if not sub.in_step:
+                break
+            await asyncio.sleep(0.02)
+        assert not sub.in_step  # noticed: its cache is estimated from here on
+        assert sub.disconnects == 1
+    finally:
+        await sub.stop()
+        context.term()
+
+
+async def test_the_index_follows_evictions_in_a_small_cache(make_fleet: FleetFactory,
+                                                            http: aiohttp.ClientSession) -> None:
+    """64 blocks of 16 tokens: each new 480-token document evicts older ones; the subscriber's
+    index holds exactly the replica's cached blocks after every request."""
+    fleet = await make_fleet(1, kv_events_port=free_port(), block_size=16, num_gpu_blocks=64)
+    replica = fleet.replicas[0]
+    assert replica.kv_events is not None
+    index = EngineBlockIndex()
+    context = zmq.asyncio.Context()
+    publisher = replica.kv_events
+    sub = EndpointSubscription(context, "r0", publisher.address, publisher.replay_address, index)
+    sub.start()
+    try:
+        for i in range(8):
+            text = f"{i:04d}" + "abcd" * 479  # 480 tokens: 30 blocks
+            async with http.post(fleet.urls[0] + "/v1/completions",
+                                 json={"model": MODEL, "prompt": text, "max_tokens": 1}) as response:
+                assert response.status == 200
+            cached = replica.engine.kv_cache.num_cached_blocks
+            for _ in range(100):
+                if index.blocks("r0") == cached:
+                    break
+                await asyncio.sleep(0.02)
+            assert index.blocks("r0") == cached
+        latest = block_keys(list(encode(f"{7:04d}" + "abcd" * 479)), 16)
+        first = block_keys(list(encode(f"{0:04d}" + "abcd" * 479)), 16)
+        assert index.matches(latest).get("r0", 0) > 0
+        assert index.matches(first) == {}  # evicted, and the index knows
     finally:
         await sub.stop()
         context.term()

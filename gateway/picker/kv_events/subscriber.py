@@ -13,9 +13,9 @@ Two topologies, as deployments run them:
 A gap in the sequence is filled from the replay socket; when it cannot be (no replay socket, or the
 publisher's buffer no longer reaches back), the endpoint's entries are dropped and it is marked not
 in step (``in_step``), so scoring falls back to the approximate index for that endpoint alone until
-the publisher restarts its sequence or clears its cache. A publisher that sends nothing for
-``silence_s`` is not in step either (the engine may be gone). A malformed message is counted and
-dropped.
+the publisher restarts its sequence or clears its cache. A publisher whose connection drops (the
+socket monitor's disconnect) is out of step in the same way: what its engine does meanwhile goes
+unseen. A malformed message is counted and dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from kvgate.gateway.picker.kv_events.sequence import SequenceTracker, Verdict
 from kvgate.gateway.picker.kv_events.wire import (
@@ -90,27 +91,52 @@ class EndpointSubscription:
         self._context = context
         self._replay_timeout_s = replay_timeout_s
         self._task: asyncio.Task[None] | None = None
+        self._monitor: asyncio.Task[None] | None = None
         self._sub: zmq.asyncio.Socket | None = None
+        self.disconnects = 0
+        self.connected: bool | None = None
+        """The publisher's connection as the socket monitor last said (None: not watched)."""
 
     @property
     def in_step(self) -> bool:
-        return self.sequence.in_step
+        return self.connected is not False and self.sequence.in_step
 
     def start(self) -> None:
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.publisher)
         self._sub = sub
         self._task = asyncio.create_task(self._run(sub), name=f"kv-events {self.endpoint}")
+        self._monitor = asyncio.create_task(self._watch(monitor), name=f"kv-events monitor {self.endpoint}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._monitor):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._sub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sub.disable_monitor()
             self._sub.close(linger=0)
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """The publisher's connection: while it is down, the engine's events go unseen, so the
+        endpoint is out of step (the next batch, a restarted sequence or a gap, says what to do)."""
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_CONNECTED:
+                    self.connected = True
+                elif event["event"] == zmq.EVENT_DISCONNECTED:
+                    self.connected = False
+                    self.disconnects += 1
+                    self.sequence.lost()
+                    _log.info("kv events from %s: publisher %s disconnected", self.endpoint, self.publisher)
+        finally:
+            monitor.close(linger=0)
 
     async def _run(self, sub: zmq.asyncio.Socket) -> None:
         while True:

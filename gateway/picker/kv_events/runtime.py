@@ -1,0 +1,101 @@
+"""The picker's KV-event subscriptions: an index per pool (``policies.engine_blocks``), the
+subscribers that keep it (``kv_events.subscriber``), what ``/debug/pools`` shows of them and the
+``kvgate_kv_events_*`` metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvgate.gateway.picker.kv_events.subscriber import EndpointSubscription, KvEventSubscribers
+from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.policies.engine_blocks import EngineBlockIndex
+
+_COUNTERS = (
+    ("batches", "KV-event batches applied (replayed ones included)"),
+    ("gaps", "gaps in a publisher's sequence"),
+    ("replayed", "batches recovered from a publisher's replay socket"),
+    ("unrecoverable", "gaps that could not be filled (the endpoint's entries dropped)"),
+    ("malformed", "messages that were not KV-event batches (dropped)"),
+    ("skipped", "events of types kvgate does not know (skipped)"),
+)
+
+
+class KvEventsRuntime:
+    def __init__(self) -> None:
+        self.indexes: dict[str, EngineBlockIndex] = {}
+        self._subscribers: KvEventSubscribers | None = None
+
+    def _index(self, pool: str) -> EngineBlockIndex:
+        index = self.indexes.get(pool)
+        if index is None:
+            index = self.indexes[pool] = EngineBlockIndex()
+        return index
+
+    def apply(self, specs: Sequence[PoolSpec]) -> None:
+        """Subscribe to the publishers of every pool that has KV events (call in the event loop)."""
+        wanted = {spec.name: spec for spec in specs if spec.kv_events is not None}
+        if not wanted and self._subscribers is None:
+            return
+        if self._subscribers is None:
+            self._subscribers = KvEventSubscribers(self._index)
+        for spec in specs:
+            events = spec.kv_events
+            publishers = {a: events.addresses(a) for a in spec.endpoints} if events is not None else {}
+            self._subscribers.set_endpoints(spec.name, publishers)
+        for pool in [p for p in self.indexes if p not in wanted]:
+            del self.indexes[pool]
+
+    def endpoint_report(self, pool: str, address: str) -> dict[str, Any] | None:
+        """What ``/debug/pools`` shows of one endpoint's events (None: the pool has none)."""
+        if self._subscribers is None:
+            return None
+        sub = self._subscribers.subscriptions().get((pool, address))
+        if sub is None:
+            return None
+        c = sub.counts
+        return {"in_step": sub.in_step, "blocks": sub.index.blocks(address), "batches": c.batches,
+                "gaps": c.gaps, "unrecoverable": c.unrecoverable, "malformed": c.malformed}
+
+    def subscriptions(self) -> Mapping[tuple[str, str], EndpointSubscription]:
+        return self._subscribers.subscriptions() if self._subscribers is not None else {}
+
+    def in_step(self, pool: str, address: str) -> bool:
+        return self._subscribers is not None and self._subscribers.in_step(pool, address)
+
+    async def stop(self) -> None:
+        if self._subscribers is not None:
+            await self._subscribers.stop()
+            self._subscribers = None
+
+
+class KvEventsCollector(Collector):
+    """``kvgate_kv_events_<counter>_total{pool,endpoint}``, ``kvgate_kv_events_in_step`` and
+    ``kvgate_kv_events_blocks`` (GPU blocks the index holds for the endpoint)."""
+
+    def __init__(self, runtime: KvEventsRuntime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterable[Metric]:
+        subs = self._runtime.subscriptions()
+        labels = ["pool", "endpoint"]
+        for name, text in _COUNTERS:
+            family = CounterMetricFamily(f"kvgate_kv_events_{name}", f"kvgate KV events: {text}",
+                                         labels=labels)
+            for (pool, endpoint), sub in subs.items():
+                family.add_metric([pool, endpoint], getattr(sub.counts, name))
+            yield family
+        in_step = GaugeMetricFamily("kvgate_kv_events_in_step",
+                                    "1 while the endpoint's KV events are followed without loss",
+                                    labels=labels)
+        blocks = GaugeMetricFamily("kvgate_kv_events_blocks",
+                                   "GPU blocks the index holds for the endpoint (from its events)",
+                                   labels=labels)
+        for (pool, endpoint), sub in subs.items():
+            in_step.add_metric([pool, endpoint], 1.0 if sub.in_step else 0.0)
+            blocks.add_metric([pool, endpoint], sub.index.blocks(endpoint))
+        yield in_step
+        yield blocks
