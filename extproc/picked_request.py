@@ -112,6 +112,11 @@ class PickedRequest:
         """The token usage the response reported: counted in the metrics, charged to the tenant the
         request was counted against (``limiter``'s), and learned by the scheduler."""
         self._metrics.tokens(self.labels, usage.prompt_tokens, usage.completion_tokens)
+        result = self.decision.result
+        if (usage.cached_tokens is not None and result.predicted_cached_tokens is not None
+                and self.served is result.pick):
+            self._metrics.prefix_checked(self.labels, result.predicted_cached_tokens,
+                                         result.best_cached_tokens or 0, usage.cached_tokens)
         tenant = self.decision.tenant
         if tenant is not None and limiter is not None:
             tokens = usage.prompt_tokens + usage.completion_tokens

@@ -188,6 +188,11 @@ class RequestMetrics(Protocol):
         """Once per picked request (GIE: request_duration_seconds; running_requests -1)."""
         ...
 
+    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+        """A response's ``cached_tokens`` (``actual``) against the prompt tokens the prefix index
+        expected cached on the pick (``predicted``) and on the best endpoint (``best``)."""
+        ...
+
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         """A disaggregated request's prefill, run by the picker, answered (ok) or failed, and the
         request went on to its decode endpoint (kvgate: ``kvgate_prefill_total{outcome}``,
@@ -218,4 +223,7 @@ class NoMetrics:
         pass
 
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        pass
+
+    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
         pass

@@ -45,6 +45,10 @@ class SchedulingResult:
     profile: str
     scores: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     prefill: PrefillPick | None = None
+    predicted_cached_tokens: int | None = None
+    """Prompt tokens the prefix index expected cached on the pick (None: the profile has no index)."""
+    best_cached_tokens: int | None = None
+    """... and on the endpoint where it expected the most (the pick's regret is the difference)."""
 
     @property
     def pick(self) -> Endpoint:

@@ -139,7 +139,13 @@ class ProfileScheduler:
         scores = ScoresView(addresses, totals)
         if trace is not None:
             trace.ranked(ctx, self.profile.name, len(candidates), ranked, scores)
-        return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores)
+        matches = ctx.known_prefix_matches()
+        if matches is None:
+            return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores)
+        per_block = ctx.tokens_per_block
+        return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores,
+                                predicted_cached_tokens=matches.get(ranked[0].address, 0) * per_block,
+                                best_cached_tokens=max(matches.values(), default=0) * per_block)
 
     def context(self, request: InferenceRequest, now: float) -> SchedulingContext:
         """What the plugins read while ``request`` is scheduled at ``now`` (``schedule`` builds one;

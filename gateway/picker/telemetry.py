@@ -175,6 +175,22 @@ class GatewayTelemetry:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self._prefix_tokens = Counter(
+            "kvgate_prefix_tokens_total",
+            "Prompt tokens of responses that reported cached_tokens, by kind: predicted (the prefix "
+            "index's expected hit on the pick), best (its expected hit on the best endpoint), cached "
+            "(what the replica reported).",
+            ["pool", "kind"],
+            registry=r,
+        )
+        self._prefix_checks = Counter(
+            "kvgate_prefix_checks_total",
+            "Responses whose cached_tokens were checked against the prefix index's prediction, by "
+            "outcome: as_predicted, missed (under half the predicted hit), unpredicted (more than "
+            "predicted by a block or more).",
+            ["pool", "outcome"],
+            registry=r,
+        )
         self._scheduler = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Time one scheduling decision took.",
@@ -257,6 +273,13 @@ class GatewayTelemetry:
         self._prefills.labels(labels.pool, "ok" if ok else "failed").inc()
         self._prefill_duration.labels(labels.pool).observe(seconds)
 
+    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+        tokens = self._prefix_tokens
+        tokens.labels(labels.pool, "predicted").inc(predicted)
+        tokens.labels(labels.pool, "best").inc(best)
+        tokens.labels(labels.pool, "cached").inc(actual)
+        self._prefix_checks.labels(labels.pool, prefix_outcome(predicted, actual)).inc()
+
     # policies.framework.PluginTimer
     def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
         key = (extension_point, plugin_type, plugin_name)
@@ -264,3 +287,17 @@ class GatewayTelemetry:
         if child is None:
             child = self._plugin_series[key] = self._plugins.labels(*key)
         child.observe(seconds)
+
+
+PREFIX_SLACK_TOKENS = 16
+"""A block: a hit within it of the prediction counts as the prediction (engines recompute the last
+prompt token, block rounding)."""
+
+
+def prefix_outcome(predicted: int, actual: int) -> str:
+    """How a response's cached tokens compare with the prefix index's prediction."""
+    if actual < predicted / 2:
+        return "missed"
+    if actual >= predicted + PREFIX_SLACK_TOKENS:
+        return "unpredicted"
+    return "as_predicted"

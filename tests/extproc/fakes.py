@@ -160,6 +160,9 @@ class RecordingMetrics:
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.events.append(("prefill", ok))
 
+    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+        self.events.append(("prefix", (predicted, best, actual)))
+
 
 def make_pool(*addresses: str, name: str = "llama", **kwargs: object) -> FakePool:
     return FakePool(name, addresses or ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), **kwargs)  # type: ignore[arg-type]

@@ -56,6 +56,9 @@ class Recorder:
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.calls.append(("prefill", labels, seconds, ok))
 
+    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+        self.calls.append(("prefix", labels, predicted, best, actual))
+
 
 def test_calls_wait_for_flush_and_keep_their_order() -> None:
     target = Recorder()

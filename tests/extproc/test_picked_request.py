@@ -140,3 +140,26 @@ def test_feedback_waits_for_the_queue_and_a_failing_hook_breaks_nothing() -> Non
     p.finish(ok=True)
     queue.flush()  # logged, not raised
     assert metrics.events[-1] == ("finished", True)
+
+
+def test_a_reported_cache_hit_is_checked_against_the_prediction_for_the_pick_only() -> None:
+    """The regret check: the index's expected hit on the pick and on the best endpoint against the
+    replica's ``cached_tokens``; a response served by a fallback, or without cached tokens, is not
+    checked (the prediction was for another endpoint / there is nothing to check)."""
+    base = decision()
+    result = SchedulingResult(base.result.ranked, "test", predicted_cached_tokens=256, best_cached_tokens=512)
+    predicted = Decision(base.request, result, base.body, False, False, base.labels)
+    metrics = RecordingMetrics()
+
+    def make() -> PickedRequest:
+        return PickedRequest(predicted, RecordingScheduler(), metrics=metrics, clock=StepClock(),
+                             started=100.0, after_reply=None)
+
+    p = make()
+    p.usage(Usage(prompt_tokens=600, completion_tokens=1, cached_tokens=240), None)
+    p.usage(Usage(prompt_tokens=600, completion_tokens=1), None)  # no cached_tokens reported
+    assert [e for e in metrics.events if e[0] == "prefix"] == [("prefix", (256, 512, 240))]
+    elsewhere = make()
+    elsewhere.served_by(FALLBACK)
+    elsewhere.usage(Usage(prompt_tokens=600, completion_tokens=1, cached_tokens=0), None)
+    assert len([e for e in metrics.events if e[0] == "prefix"]) == 1

@@ -445,3 +445,17 @@ def test_a_request_finished_before_its_estimated_first_token_leaves_nothing_behi
     s.on_finished(req, pick, ok=False, now=NOW + 0.001)
     s.schedule(request("later", text(7, 400)), eps, NOW + 5.0)  # the due entry fires on nothing
     assert pick.address not in s.state.inflight_by_endpoint()
+
+
+def test_the_result_names_the_hit_expected_on_the_pick_and_on_the_best_endpoint() -> None:
+    """What the regret check compares with a response's cached tokens (``extproc.picked_request``):
+    the pick's expected hit, and the best endpoint's; a profile without the prefix index names none."""
+    s = scheduler()
+    doc = text(5, 4000)  # 15 whole blocks of 256 characters: 960 estimated tokens
+    warm = request("warm", doc)
+    s.on_picked(warm, view(2).endpoint, NOW)
+    result = s.schedule(request("r", doc + " and more"), [view(1), view(2), view(3)], NOW)
+    assert result.best_cached_tokens == 960
+    assert result.predicted_cached_tokens == (960 if result.pick.address == view(2).address else 0)
+    plain = scheduler("round-robin").schedule(request("x", doc), [view(1), view(2)], NOW)
+    assert plain.predicted_cached_tokens is None
