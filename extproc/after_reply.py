@@ -100,8 +100,11 @@ class DeferredMetrics:
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.queue.defer("request metrics", self._prefill_finished, labels, seconds, ok)
 
-    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
-        self.queue.defer("request metrics", self.target.prefix_checked, labels, predicted, best, actual)
+    def prefix_checked(
+        self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
+    ) -> None:
+        self.queue.defer("request metrics", self.target.prefix_checked, labels, predicted, best, actual,
+                         block)
 
     def _prefill_finished(self, labels: RequestLabels, seconds: float, ok: bool) -> None:
         self.target.prefill_finished(labels, seconds, ok=ok)

@@ -116,7 +116,8 @@ class PickedRequest:
         if (usage.cached_tokens is not None and result.predicted_cached_tokens is not None
                 and self.served is result.pick):
             self._metrics.prefix_checked(self.labels, result.predicted_cached_tokens,
-                                         result.best_cached_tokens or 0, usage.cached_tokens)
+                                         result.best_cached_tokens or 0, usage.cached_tokens,
+                                         result.prefix_block_tokens)
         tenant = self.decision.tenant
         if tenant is not None and limiter is not None:
             tokens = usage.prompt_tokens + usage.completion_tokens

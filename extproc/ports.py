@@ -188,9 +188,12 @@ class RequestMetrics(Protocol):
         """Once per picked request (GIE: request_duration_seconds; running_requests -1)."""
         ...
 
-    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+    def prefix_checked(
+        self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
+    ) -> None:
         """A response's ``cached_tokens`` (``actual``) against the prompt tokens the prefix index
-        expected cached on the pick (``predicted``) and on the best endpoint (``best``)."""
+        expected cached on the pick (``predicted``) and on the best endpoint (``best``), the index
+        counting in blocks of ``block`` tokens."""
         ...
 
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
@@ -225,5 +228,7 @@ class NoMetrics:
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         pass
 
-    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+    def prefix_checked(
+        self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
+    ) -> None:
         pass

@@ -32,7 +32,7 @@ from importlib import resources as package_resources
 from pathlib import Path
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
-from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.controlplane.kubernetes.client import KubeClient, own_namespace
@@ -118,6 +118,8 @@ class UpOptions:
     redis_url: str | None = None
     tracing: TracingSettings | None = None
     """OpenTelemetry traces from Envoy and the pickers (``--otlp-endpoint``); None: off."""
+    read_usage_every: int = 0
+    """Read one response in N for its usage where the one-pass data path skips it (0: none)."""
     scrape_interval: float = 0.05
     stale_after: float = 0.2
     quiet_ms: int = 100
@@ -298,6 +300,7 @@ class KvgateUp:
                 stale_after=options.stale_after, attempt_timeout=attempt_bound,
                 skip_unread_responses=options.skip_unread_responses,
                 shared_scrapes=options.shared_scrapes, loop=options.loop, tracing=options.tracing,
+                read_usage_every=options.read_usage_every,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -315,6 +318,7 @@ class KvgateUp:
                 lifecycle=LifecycleConfig(
                     attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses,
                     outcome_reports=options.skip_unread_responses,  # kvgate's Envoy reports them
+                    observe_usage=EveryNth(options.read_usage_every) if options.read_usage_every else None,
                 ),
                 outcome_address="127.0.0.1:0" if options.skip_unread_responses else None,
                 tracing=options.tracing,

@@ -201,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
     add_tracing_flags(parser)
+    parser.add_argument("--read-usage-every", type=count(0), default=0, metavar="N",
+                        help="read one response in N for its usage (token metrics, the prefix index's "
+                        "checks) where the one-pass data path would skip it; 0 (default): only where "
+                        "needed")
     parser.add_argument("--log-level", default="WARNING")
     event_loop.add_loop_argument(parser)
     return parser
@@ -247,6 +251,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         redis_url=args.redis,
         shared_scrapes=args.shared_scrapes,
         tracing=tracing_from_args(args),
+        read_usage_every=args.read_usage_every,
     )
 
 

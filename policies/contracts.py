@@ -49,6 +49,8 @@ class SchedulingResult:
     """Prompt tokens the prefix index expected cached on the pick (None: the profile has no index)."""
     best_cached_tokens: int | None = None
     """... and on the endpoint where it expected the most (the pick's regret is the difference)."""
+    prefix_block_tokens: int = 0
+    """The index's granularity in tokens (a prediction is a whole number of its blocks)."""
 
     @property
     def pick(self) -> Endpoint:

@@ -145,7 +145,8 @@ class ProfileScheduler:
         per_block = ctx.tokens_per_block
         return SchedulingResult(tuple(e.endpoint for e in ranked), self.profile.name, scores,
                                 predicted_cached_tokens=matches.get(ranked[0].address, 0) * per_block,
-                                best_cached_tokens=max(matches.values(), default=0) * per_block)
+                                best_cached_tokens=max(matches.values(), default=0) * per_block,
+                                prefix_block_tokens=per_block)
 
     def context(self, request: InferenceRequest, now: float) -> SchedulingContext:
         """What the plugins read while ``request`` is scheduled at ``now`` (``schedule`` builds one;

@@ -14,7 +14,7 @@ from pathlib import Path
 from watchfiles import awatch
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
-from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.gateway.picker.pools_file import load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_PREFILL_TIMEOUT_S:g}); keep it below the gateway's ext_proc message "
                         "timeout (Envoy's message_timeout; kvgate up's: 30 s)")
     add_tracing_flags(parser)
+    parser.add_argument("--read-usage-every", type=int, default=0, metavar="N",
+                        help="read one response in N for its usage (token metrics, the prefix "
+                        "index's checks: kvgate_prefix_*) where the one-pass data path would skip it; "
+                        "0 (default): only where a feature needs it")
     parser.add_argument("--skip-unread-responses", action="store_true",
                         help="with the one-pass processing mode: a request whose response nothing "
                         "needs skips the response-headers round trip (less CPU; its status and served "
@@ -217,6 +221,7 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
             attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token),
             skip_unread_responses=args.skip_unread_responses,
             outcome_reports=args.outcome_reports,
+            observe_usage=EveryNth(args.read_usage_every) if args.read_usage_every > 0 else None,
         ),
         secure_serving=args.secure_serving,
         cert_path=args.cert_path,

@@ -273,12 +273,14 @@ class GatewayTelemetry:
         self._prefills.labels(labels.pool, "ok" if ok else "failed").inc()
         self._prefill_duration.labels(labels.pool).observe(seconds)
 
-    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+    def prefix_checked(
+        self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
+    ) -> None:
         tokens = self._prefix_tokens
         tokens.labels(labels.pool, "predicted").inc(predicted)
         tokens.labels(labels.pool, "best").inc(best)
         tokens.labels(labels.pool, "cached").inc(actual)
-        self._prefix_checks.labels(labels.pool, prefix_outcome(predicted, actual)).inc()
+        self._prefix_checks.labels(labels.pool, prefix_outcome(predicted, actual, block)).inc()
 
     # policies.framework.PluginTimer
     def observe(self, extension_point: str, plugin_type: str, plugin_name: str, seconds: float) -> None:
@@ -289,15 +291,12 @@ class GatewayTelemetry:
         child.observe(seconds)
 
 
-PREFIX_SLACK_TOKENS = 16
-"""A block: a hit within it of the prediction counts as the prediction (engines recompute the last
-prompt token, block rounding)."""
-
-
-def prefix_outcome(predicted: int, actual: int) -> str:
-    """How a response's cached tokens compare with the prefix index's prediction."""
+def prefix_outcome(predicted: int, actual: int, block: int) -> str:
+    """How a response's cached tokens compare with the prefix index's prediction, which counts in
+    whole blocks of ``block`` tokens: a hit up to a block above it is as predicted (the engine's
+    blocks are finer than the index's)."""
     if actual < predicted / 2:
         return "missed"
-    if actual >= predicted + PREFIX_SLACK_TOKENS:
+    if actual >= predicted + max(1, block):
         return "unpredicted"
     return "as_predicted"

@@ -233,6 +233,7 @@ class UpWorkers:
         shared_scrapes: bool = True,
         loop: str = event_loop.DEFAULT,
         tracing: TracingSettings | None = None,
+        read_usage_every: int = 0,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -256,6 +257,7 @@ class UpWorkers:
                 *(("--skip-unread-responses", "--outcome-reports") if skip_unread_responses else ()),
                 *(() if shared_scrapes else ("--no-shared-scrapes",)),
                 *(tracing.args() if tracing is not None else ()),
+                *(("--read-usage-every", str(read_usage_every)) if read_usage_every else ()),
             ),
             own_ports=self.own_ports,
             outcome_ports=self.outcome_ports,

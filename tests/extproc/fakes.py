@@ -160,7 +160,9 @@ class RecordingMetrics:
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.events.append(("prefill", ok))
 
-    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+    def prefix_checked(
+        self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
+    ) -> None:
         self.events.append(("prefix", (predicted, best, actual)))
 
 

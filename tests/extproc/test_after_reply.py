@@ -56,7 +56,9 @@ class Recorder:
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self.calls.append(("prefill", labels, seconds, ok))
 
-    def prefix_checked(self, labels: RequestLabels, predicted: int, best: int, actual: int) -> None:
+    def prefix_checked(
+        self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
+    ) -> None:
         self.calls.append(("prefix", labels, predicted, best, actual))
 
 
