@@ -94,8 +94,7 @@ def test_scaling_a_pd_profile_scales_both_of_its_halves(tmp_path: Path) -> None:
 def test_scaling_a_conditional_pd_profile_scales_its_decider(tmp_path: Path) -> None:
     """The conditional decider compares its margins (model seconds) with the scorers' estimates
     (clock seconds): unscaled, a 15 x slowed fleet's 50 ms margin would be 3 ms."""
-    out = scaled_profile(str(Path(__file__).parents[2] / "bench/profiles/pd-conditional.yaml"), 15.0,
-                         tmp_path / "pd.yaml")
+    out = scaled_profile("pd-conditional", 15.0, tmp_path / "pd.yaml")
     decider = yaml.safe_load(out.read_text())["disaggregation"]["decider"]
     assert decider["type"] == "conditional-pd-decider"
     assert decider["parameters"] == {"non_cached_tokens": 1024, "time_scale": 15.0}
