@@ -43,6 +43,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
+# xds-protos ships an older copy of opentelemetry/proto; whichever wheel pip installs last owns the
+# files. The OTLP exporter (tracing) and the tests' OTLP receiver need opentelemetry-proto's own.
+.venv/bin/python -m pip install -q --force-reinstall --no-deps \
+  "opentelemetry-proto==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff"; ruff check .

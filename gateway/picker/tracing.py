@@ -16,15 +16,13 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
 from kvgate.policies.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 PICKER_SERVICE_NAME = "kvgate-picker"
 ENVOY_SERVICE_NAME = "kvgate-envoy"
@@ -85,9 +83,30 @@ def tracing_settings(
     return TracingSettings(url, ratio, name)
 
 
+PROTO_CONFLICT = (
+    "tracing: the installed OpenTelemetry protos are an older copy that lacks what the OTLP exporter "
+    "needs (xds-protos ships its own copy of opentelemetry/proto and, installed after "
+    "opentelemetry-proto, overwrites it); run `pip install --force-reinstall --no-deps "
+    "opentelemetry-proto` in kvgate's environment"
+)
+
+
 def tracer_provider(settings: TracingSettings) -> TracerProvider:
     """The SDK's provider: parent-based sampling at the ratio, batched OTLP/gRPC export. The caller
-    owns it (``shutdown()`` flushes what is batched); it is not installed as OpenTelemetry's global."""
+    owns it (``shutdown()`` flushes what is batched); it is not installed as OpenTelemetry's global.
+
+    Imported here, not at module level: a picker without tracing never loads the exporter, so the
+    protos' install-order conflict (``PROTO_CONFLICT``) cannot stop it; with tracing it is a clear
+    start-up error instead of an ImportError."""
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        raise ConfigError(f"{PROTO_CONFLICT} ({exc})") from exc
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
     host, port = settings.host_port()
     exporter = OTLPSpanExporter(endpoint=f"{host}:{port}", insecure=settings.insecure)
     provider = TracerProvider(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 
@@ -10,6 +11,7 @@ from kvgate.gateway.picker.tracing import (
     PICKER_SERVICE_NAME,
     TracingSettings,
     add_tracing_flags,
+    tracer_provider,
     tracing_from_args,
     tracing_settings,
 )
@@ -61,3 +63,13 @@ def test_receiver_address_and_the_flags_a_worker_is_given() -> None:
     parser = argparse.ArgumentParser()
     add_tracing_flags(parser)
     assert tracing_from_args(parser.parse_args(secure.args())) == TracingSettings("https://tempo:443", 0.1)
+
+
+def test_an_exporter_that_cannot_load_is_a_startup_error_that_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """xds-protos ships an older copy of opentelemetry/proto; installed after opentelemetry-proto it
+    breaks the OTLP exporter's import. A picker without tracing never imports it."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
+    with pytest.raises(ConfigError, match="force-reinstall --no-deps opentelemetry-proto"):
+        tracer_provider(TracingSettings("http://127.0.0.1:4317"))
