@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from kvgate.bench.otlp_receiver import OtlpReceiver, ReceivedSpan
 from kvgate.extproc.tracing import SPAN_NAME
@@ -23,10 +24,20 @@ from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_admin_url
-from tests.e2e.test_up_faults import three_replicas_configured
-from tests.e2e.test_up_routing import wait_ready
+from tests.e2e.test_up_faults import ROUTE, three_replicas_configured
+from tests.e2e.test_up_routing import gateway_yaml, pool_yaml, wait_ready
 
 pytestmark = pytest.mark.e2e
+REPLICA_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: replica-0, labels: {app: pool}}
+status: {phase: Running, podIP: 127.0.0.1}
+"""
+VLLM_PAGE = """vllm:num_requests_waiting{model_name="m"} 0
+vllm:num_requests_running{model_name="m"} 0
+vllm:kv_cache_usage_perc{model_name="m"} 0.1
+"""
 
 
 @pytest.fixture
@@ -140,3 +151,47 @@ async def test_a_retried_request_shows_both_attempts_in_its_trace(
     attempts = sorted(upstream_attempts(receiver.trace(trace_id)), key=lambda s: s.span.start_time_unix_nano)
     assert attempts[0].error or attempts[0].attribute("http.status_code") == "500"
     assert not attempts[-1].error
+
+
+async def test_the_trace_context_reaches_the_model_server(
+    tmp_path: Path, receiver: OtlpReceiver, http: aiohttp.ClientSession
+) -> None:
+    """Envoy forwards the W3C ``traceparent`` to the replica (vLLM's own spans join the trace there):
+    a replica that echoes its request's headers (and serves a vLLM metrics page) shows the picker's
+    trace id."""
+    seen: dict[str, str] = {}
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=VLLM_PAGE, content_type="text/plain")
+
+    async def completion(request: web.Request) -> web.Response:
+        seen.update({k.lower(): v for k, v in request.headers.items()})
+        return web.json_response({"object": "text_completion", "model": "m", "choices": []})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completion)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    forwarding = 'metadata: {name: pool, annotations: {"kvgate.io/model-check": "false"}}'
+    (tmp_path / "pool.yaml").write_text(
+        pool_yaml("pool", port).replace("metadata: {name: pool}", forwarding) + "---" + REPLICA_POD + "---" + ROUTE)
+    up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=0,
+                            tracing=TracingSettings(receiver.endpoint)))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        async with http.post(f"{up.url}/v1/completions", data=json.dumps({"model": "m", "prompt": "hi"}),
+                             headers={"content-type": "application/json", "x-request-id": "echoed"}) as r:
+            assert r.status == 200
+        await receiver.wait_for(lambda spans: picker_span(spans, "echoed") is not None, "picker span")
+    finally:
+        await up.stop()
+        await runner.cleanup()
+    span = picker_span(receiver.spans, "echoed")
+    assert span is not None
+    traceparent = seen.get("traceparent", "")
+    assert traceparent.split("-")[1:2] == [span.trace_id], (traceparent, span.trace_id)

@@ -4,6 +4,7 @@ scheduler and the lifecycle driven by ext_proc messages."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -143,3 +144,23 @@ def test_usage_and_a_fallback_are_recorded(tracer: RequestTracer, exported: InMe
     (done,) = by_name(exported, SPAN_NAME)
     assert (done.attributes or {})["gen_ai.usage.output_tokens"] == 3
     assert json.dumps(dict(done.attributes or {})["kvgate.endpoint.served"]) == '"10.0.0.2:8000"'
+
+
+def test_the_pickers_log_lines_about_a_request_carry_its_request_id_and_trace_id(
+    tracer: RequestTracer, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = make_pool(served_models=frozenset({"m"}))
+    caplog.set_level(logging.DEBUG, logger="kvgate.extproc.lifecycle")
+    picked = tracer.start([])
+    refused = tracer.start([])
+    assert picked is not None
+    assert refused is not None
+    feed(make_machine(pool, trace=picked), [request_headers(extra=[("x-request-id", "client-1")]),
+                                             request_body(completion(), eos=True)])
+    feed(make_machine(pool, trace=refused), [request_headers(extra=[("x-request-id", "client-2")]),
+                                              *body_chunks(b"{not json", 3)])
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("x-request-id client-1" in line and picked.trace_id in line and "picked" in line
+               for line in lines)
+    assert any(line.startswith("request refused (x-request-id client-2, trace " + refused.trace_id + "): 400")
+               for line in lines)
