@@ -177,8 +177,8 @@ async def test_the_trace_context_reaches_the_model_server(
     await web.TCPSite(runner, "127.0.0.1", port).start()
     (tmp_path / "gateway.yaml").write_text(gateway_yaml())
     forwarding = 'metadata: {name: pool, annotations: {"kvgate.io/model-check": "false"}}'
-    (tmp_path / "pool.yaml").write_text(
-        pool_yaml("pool", port).replace("metadata: {name: pool}", forwarding) + "---" + REPLICA_POD + "---" + ROUTE)
+    pool = pool_yaml("pool", port).replace("metadata: {name: pool}", forwarding)
+    (tmp_path / "pool.yaml").write_text(pool + "---" + REPLICA_POD + "---" + ROUTE)
     up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=0,
                             tracing=TracingSettings(receiver.endpoint)))
     try:
