@@ -21,12 +21,14 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import xxhash
 
 ROOT_KEY = 0x9E3779B97F4A7C15
 """The chain's start: the key a first block's parent has."""
 GPU = "GPU"
+MAX_ADAPTERS = 4096
 
 
 def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = None, salt: str | None = None,
@@ -46,6 +48,22 @@ def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = Non
     return keys
 
 
+class EngineCacheView(Protocol):
+    """The engines' reported blocks of one pool (the picker's KV-event runtime provides it)."""
+
+    def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
+        """Leading blocks of ``keys`` each endpoint holds (GPU)."""
+        ...
+
+    def in_step(self, endpoint: str) -> bool:
+        """Whether ``endpoint``'s events are followed without loss."""
+        ...
+
+    def knows_adapter(self, name: str) -> bool:
+        """Whether an engine stored blocks under LoRA adapter ``name`` (a base model never is one)."""
+        ...
+
+
 @dataclass(slots=True)
 class _Tier:
     by_engine: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
@@ -61,6 +79,8 @@ class EngineBlockIndex:
         """medium → key → endpoints holding that block."""
         self.unresolved = 0
         """Stored blocks whose parent was never seen (not indexed)."""
+        self._adapters: OrderedDict[str, None] = OrderedDict()
+        """LoRA adapter names blocks were stored under (most recent last, bounded)."""
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -72,6 +92,11 @@ class EngineBlockIndex:
         if parent_key is None or len(token_ids) < block_size * len(engine_hashes):
             self.unresolved += len(engine_hashes)
             return
+        if lora:
+            self._adapters[lora] = None
+            self._adapters.move_to_end(lora)
+            if len(self._adapters) > MAX_ADAPTERS:
+                self._adapters.popitem(last=False)
         covered = token_ids[:block_size * len(engine_hashes)]
         keys = block_keys(covered, block_size, lora=lora, parent=parent_key)
         holders = self._holders.setdefault(medium, {})
@@ -125,6 +150,9 @@ class EngineBlockIndex:
             for endpoint in alive:
                 counts[endpoint] = depth
         return counts
+
+    def knows_adapter(self, name: str) -> bool:
+        return name in self._adapters
 
     def blocks(self, endpoint: str, medium: str = GPU) -> int:
         tier = self._tiers.get((endpoint, medium))

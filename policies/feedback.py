@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
+from kvgate.policies.engine_blocks import EngineCacheView
 from kvgate.policies.framework import (
     IN_FLIGHT,
     OWN_MODELS,
@@ -64,6 +65,8 @@ class FeedbackEnv:
     """How many scheduled-but-unfinished requests a plugin remembers at most."""
     outliers: OutlierSettings | None = None
     """Overrides an outlier-ejection plugin's own settings (tests, tools)."""
+    engine_cache: EngineCacheView | None = None
+    """The engines' reported blocks of the pool (KV events), where the picker follows them."""
 
     def session_id(self, request: InferenceRequest) -> str | None:
         return request.session_id or request.headers.get(self.session_header) or None

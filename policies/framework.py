@@ -80,6 +80,11 @@ class SchedulingContext:
         hashing the prompt)."""
         return self._matches
 
+    def set_prefix_matches(self, matches: Mapping[str, int]) -> None:
+        """Replace the prefix matches the plugins read (a plugin that knows better: the engines'
+        own reports, ``policies.plugins.engine_prefix``)."""
+        self._matches = matches
+
     def prefix_matches(self) -> Mapping[str, int]:
         """Leading blocks each endpoint probably holds, looked up once."""
         if self._matches is None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kvgate.policies.contracts import PrefillPick, SchedulingResult
 from kvgate.policies.disaggregation import DisaggregatedProfile
+from kvgate.policies.engine_blocks import EngineCacheView
 from kvgate.policies.errors import NoEligibleEndpointError
 from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace
 from kvgate.policies.outliers import OutlierSettings
@@ -46,13 +47,15 @@ class DisaggregatedScheduler:
         timing_every: int = 1,
         max_pending: int = 4096,
         outliers: OutlierSettings | None = None,
+        engine_cache: EngineCacheView | None = None,
     ) -> None:
         self.profile = profile
         self.state: SchedulerState = state if state is not None else InProcessState()
         rng = rng if rng is not None else random.Random()
         def side(half: SchedulingProfile) -> ProfileScheduler:
             return ProfileScheduler(half, state=self.state, rng=rng, timer=timer, clock=clock,
-                                    timing_every=timing_every, max_pending=max_pending, outliers=outliers)
+                                    timing_every=timing_every, max_pending=max_pending, outliers=outliers,
+                                    engine_cache=engine_cache)
 
         self.decode = side(profile.decode)
         self.prefill = side(profile.prefill)

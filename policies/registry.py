@@ -8,6 +8,7 @@ from typing import Any
 
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.plugins.deciders import ConditionalDecider, PrefixBasedDecider
+from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
 from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
 from kvgate.policies.plugins.filters import HealthyFilter, LoraFilter, SaturationFilter, SubsetHintFilter
 from kvgate.policies.plugins.params import Params, parse_params
@@ -106,4 +107,5 @@ def builtin_registry() -> PluginRegistry:
     registry.register("outlier-ejection", OutlierEjectionBlueprint.from_parameters)
     registry.register("prefix-based-pd-decider", PrefixBasedDecider.from_parameters)
     registry.register("conditional-pd-decider", ConditionalDecider.from_parameters)
+    registry.register("engine-prefix-matches", EnginePrefixBlueprint.from_parameters)
     return registry

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.engine_blocks import EngineCacheView
 from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
 from kvgate.policies.feedback import EndpointGate, FeedbackEnv, FeedbackPlugin, overridden
 from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace, ScoredEndpoints
@@ -57,7 +58,10 @@ class ProfileScheduler:
         max_pending: int = 4096,
         timing_every: int = 1,
         outliers: OutlierSettings | None = None,
+        engine_cache: EngineCacheView | None = None,
     ) -> None:
+        """``engine_cache``: the pool's blocks as its engines report them (KV events), for the
+        plugins that read it (``engine-prefix-matches``)."""
         self.profile = profile
         self.state: SchedulerState = state if state is not None else InProcessState()
         self.rng = rng if rng is not None else random.Random()
@@ -72,7 +76,7 @@ class ProfileScheduler:
         self._scorers = tuple(BoundScorer.of(s) for s in profile.scorers)
         self._addresses: TupleMemo[Addresses] = TupleMemo()
         env = FeedbackEnv(self.state, self._hasher, prefix.default_capacity_blocks, profile.session_header,
-                          max_pending, outliers)
+                          max_pending, outliers, engine_cache)
         self.feedback: tuple[FeedbackPlugin, ...] = tuple(f.plugin.create(env) for f in profile.feedback)
         """This scheduler's feedback plugins, in the profile's order."""
         feedback = self.feedback

@@ -234,6 +234,7 @@ class PickerService:
                 schedulers[spec.name] = make_scheduler(
                     spec.profile, self.registry, state=self.sharing.state_for(spec.name),
                     timer=self.telemetry, timing_every=self.settings.plugin_timing_every,
+                    engine_cache=self.kv_events.view(spec.name),
                 )
         for name in old.keys() - {spec.name for spec in specs}:
             self.scraper.remove_pool(name)

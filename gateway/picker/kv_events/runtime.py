@@ -24,10 +24,33 @@ _COUNTERS = (
 )
 
 
+class PoolEngineCache:
+    """One pool's ``EngineCacheView`` for its scheduler: its index as the subscribers keep it (looked
+    up per call: stable across configuration changes, empty while the pool has no KV events)."""
+
+    def __init__(self, runtime: KvEventsRuntime, pool: str) -> None:
+        self._runtime = runtime
+        self._pool = pool
+
+    def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
+        index = self._runtime.indexes.get(self._pool)
+        return index.matches(keys) if index is not None else {}
+
+    def in_step(self, endpoint: str) -> bool:
+        return self._runtime.in_step(self._pool, endpoint)
+
+    def knows_adapter(self, name: str) -> bool:
+        index = self._runtime.indexes.get(self._pool)
+        return index is not None and index.knows_adapter(name)
+
+
 class KvEventsRuntime:
     def __init__(self) -> None:
         self.indexes: dict[str, EngineBlockIndex] = {}
         self._subscribers: KvEventSubscribers | None = None
+
+    def view(self, pool: str) -> PoolEngineCache:
+        return PoolEngineCache(self, pool)
 
     def _index(self, pool: str) -> EngineBlockIndex:
         index = self.indexes.get(pool)

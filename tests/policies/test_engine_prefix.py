@@ -1,0 +1,109 @@
+"""``engine-prefix-matches`` (``policies.plugins.engine_prefix``): the engines' reported blocks
+replace the approximate index's guess for the endpoints whose events are followed."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+
+from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.profile import build_profile, read_profile_document
+from kvgate.policies.scheduler import ProfileScheduler
+from tests.policies.helpers import NOW, request, view
+
+WORDS = [f"w{i}" for i in range(200)]
+
+
+@pytest.fixture
+def tokenizer_file(tmp_path: Path) -> Path:
+    """A real tokenizer.json (word level: one token per word, ids by position)."""
+    tokenizer = Tokenizer(WordLevel({w: i for i, w in enumerate(["[UNK]", *WORDS])}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+class View:
+    """The picker's view of one pool's engine-reported blocks, in step where said."""
+
+    def __init__(self, index: EngineBlockIndex, in_step: set[str]) -> None:
+        self.index = index
+        self.followed = in_step
+
+    def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
+        return self.index.matches(keys)
+
+    def in_step(self, endpoint: str) -> bool:
+        return endpoint in self.followed
+
+    def knows_adapter(self, name: str) -> bool:
+        return self.index.knows_adapter(name)
+
+
+def scheduler(tokenizer_file: Path, cache: View) -> ProfileScheduler:
+    document = dict(read_profile_document("default"))
+    plugin = {"type": "engine-prefix-matches", "parameters": {"tokenizer": str(tokenizer_file)}}
+    document["plugins"] = [*document["plugins"], plugin]
+    document["profile"] = {**document["profile"],
+                           "feedback": ["engine-prefix-matches", *document["profile"]["feedback"]]}
+    return ProfileScheduler(build_profile(yaml.safe_load(yaml.safe_dump(document))), rng=random.Random(1),
+                            engine_cache=cache)
+
+
+def ids(text: str) -> list[int]:
+    return [WORDS.index(w) + 1 for w in text.split()]
+
+
+def test_the_engines_report_decides_for_followed_endpoints(tokenizer_file: Path) -> None:
+    document = " ".join(WORDS[:128])  # 128 tokens: 8 engine blocks; ~700 characters: 2 index blocks
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(8)), None, ids(document), 16)
+    s = scheduler(tokenizer_file, View(index, {a.address, b.address}))
+    result = s.schedule(request("r", document + " w199"), [a, b, view(3)], NOW)
+    assert result.pick.address == a.address  # the engine holds it there, and nothing told kvgate so
+    assert result.predicted_cached_tokens == 128 // 64 * 64  # 128 reported tokens in 64-token units
+    # endpoint 2's events are followed and report nothing: a guess from the approximate index that it
+    # holds the document (kvgate sent it there) gives way to the report
+    s.on_picked(request("warm", document), b.endpoint, NOW)
+    again = s.schedule(request("r2", document + " w198"), [a, b], NOW)
+    assert again.pick.address == a.address
+
+
+def test_an_endpoint_not_followed_keeps_the_approximate_guess(tokenizer_file: Path) -> None:
+    document = " ".join(WORDS[:128])
+    a, b = view(1), view(2)
+    s = scheduler(tokenizer_file, View(EngineBlockIndex(), set()))  # nothing followed
+    s.on_picked(request("warm", document), b.endpoint, NOW)
+    result = s.schedule(request("r", document + " w199"), [a, b], NOW)
+    assert result.pick.address == b.address  # the approximate index's affinity, as without events
+
+
+def test_blocks_stored_under_an_adapter_match_that_adapters_requests_only(tokenizer_file: Path) -> None:
+    document = " ".join(WORDS[:64])
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, [1, 2, 3, 4], None, ids(document), 16, lora="sql-lora")
+    s = scheduler(tokenizer_file, View(index, {a.address, b.address}))
+    lora = request("r", document + " w199", model="sql-lora")
+    assert s.schedule(lora, [a, b], NOW).predicted_cached_tokens == 64
+    base = request("r2", document + " w199")
+    assert s.schedule(base, [a, b], NOW).predicted_cached_tokens == 0
+
+
+def test_a_tokenizer_that_cannot_be_loaded_is_a_config_error(tmp_path: Path) -> None:
+    from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
+
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        EnginePrefixBlueprint.from_parameters({"tokenizer": str(tmp_path / "bad.json")})
+    assert block_keys([1, 2], 16) == []
