@@ -118,6 +118,8 @@ class UpOptions:
     redis_url: str | None = None
     tracing: TracingSettings | None = None
     """OpenTelemetry traces from Envoy and the pickers (``--otlp-endpoint``); None: off."""
+    sim_tokenizer: str | None = None
+    """The simulated replicas tokenize with this tokenizer.json (``--sim-tokenizer``)."""
     read_usage_every: int = 0
     """Read one response in N for its usage where the one-pass data path skips it (0: none)."""
     scrape_interval: float = 0.05
@@ -282,6 +284,7 @@ class KvgateUp:
                 time_scale=options.sim_time_scale,
                 model=options.sim_model,
                 kv_events_port=sim_kv_events_port(pool),
+                tokenizer=options.sim_tokenizer,
             )
             self.fleet = fleet
             self._stack.push_async_callback(fleet.stop)

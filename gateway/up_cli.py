@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-time-scale", type=float, default=1.0,
                         help="simulator real seconds per simulated second (0.1: ten times faster)")
     parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
+    parser.add_argument("--sim-tokenizer", default=None, metavar="FILE",
+                        help="the simulated replicas tokenize with this tokenizer.json (the repository's "
+                        "simulator/data/tokenizer.json; a profile's engine-prefix-matches loads the same)")
     parser.add_argument("--sim-prefill", type=count(0), default=0, metavar="N",
                         help="simulated prefill replicas: a disaggregated fleet (with --sim-decode; without "
                              "-f: the bundled example pool with profile pd)")
@@ -232,6 +235,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         sim_hosts_from=args.sim_hosts_from,
         sim_time_scale=args.sim_time_scale,
         sim_model=args.sim_model,
+        sim_tokenizer=args.sim_tokenizer,
         sim_prefill=args.sim_prefill,
         sim_decode=args.sim_decode,
         envoy_log_level=args.envoy_log_level,

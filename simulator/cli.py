@@ -26,6 +26,7 @@ import importlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from kvgate.simulator.engine import EngineConfig
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="listen address when --hosts-from is not given")
     p.add_argument("--hosts-from", default=None, metavar="IP",
                    help="give replica i the address IP+i, all on --port (e.g. 127.0.1.1)")
+    p.add_argument("--tokenizer", default=None, metavar="FILE",
+                   help="tokenize with this tokenizer.json (e.g. the repository's "
+                   "simulator/data/tokenizer.json) instead of the simulator's 4-characters rule")
     p.add_argument("--kv-events-port", type=int, default=None, metavar="P",
                    help="publish vLLM's KV-cache events (ZMQ PUB on P, replay ROUTER on P+1; with "
                    "--hosts-from each replica on its own address, else replica i on P+2i); default: off")
@@ -181,10 +185,13 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
         raise ValueError("--time-scale must be > 0")
     kv = KvTransferSettings(bandwidth_gbs=args.kv_bandwidth_gbs, latency_s=args.kv_latency_ms / 1000,
                             kv_bytes_per_token=args.kv_bytes_per_token, hold_timeout_s=args.kv_hold_timeout)
+    if args.tokenizer is not None and not Path(args.tokenizer).is_file():
+        raise ValueError(f"--tokenizer {args.tokenizer!r}: no such file")
     overrides = _parse_overrides(args.replica, len(roles))
     replicas = tuple(_replica_config(i, args, overrides.get(i, {}), role, kv) for i, role in enumerate(roles))
     return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,
-                       admin_port=args.admin_port, kv_events_port=args.kv_events_port)
+                       admin_port=args.admin_port, kv_events_port=args.kv_events_port,
+                       tokenizer=args.tokenizer)
 
 
 def _roles(args: argparse.Namespace) -> list[Role]:

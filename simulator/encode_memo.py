@@ -33,8 +33,10 @@ def encode_direct(text: str) -> tuple[int, ...]:
 class EncodeMemo:
     """``memo(text)`` is ``tuple(tokenizer.encode(text))``, remembered for recent long texts."""
 
-    def __init__(self, max_chars: int = 16 * 1024 * 1024) -> None:
+    def __init__(self, max_chars: int = 16 * 1024 * 1024, encoder: Encode = encode_direct) -> None:
+        """``encoder``: the replicas' tokenizer (the simulator's rule, or a tokenizer file's)."""
         self.max_chars = max_chars
+        self._encode = encoder
         self._tokens: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._json: dict[int, str] = {}  # id(a memoised token tuple) -> its JSON; evicted with it
         self._chars = 0
@@ -43,14 +45,14 @@ class EncodeMemo:
 
     def __call__(self, text: str) -> tuple[int, ...]:
         if len(text) < MIN_CHARS:
-            return encode_direct(text)
+            return self._encode(text)
         tokens = self._tokens.get(text)
         if tokens is not None:
             self._tokens.move_to_end(text)
             self.hits += 1
             return tokens
         self.misses += 1
-        tokens = encode_direct(text)
+        tokens = self._encode(text)
         self._tokens[text] = tokens
         self._json[id(tokens)] = ""  # a memoised tuple: its JSON is kept once asked for
         self._chars += len(text)

@@ -35,6 +35,7 @@ from aiohttp import web
 from kvgate.simulator.admin import make_admin_app
 from kvgate.simulator.driver import LagMonitor
 from kvgate.simulator.encode_memo import EncodeMemo
+from kvgate.simulator.file_tokenizer import file_encoder
 from kvgate.simulator.kv_transfer import KvTransferHub
 from kvgate.simulator.server import Replica, ReplicaConfig
 
@@ -51,6 +52,9 @@ class FleetConfig:
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"
     lag_interval_s: float = 0.005
+    tokenizer: str | None = None
+    """A tokenizer file the replicas tokenize with (``simulator.file_tokenizer``); None: the
+    simulator's own rule."""
     kv_events_port: int | None = None
     """Publish each replica's KV events (``simulator.kv_events``): on its own address at this port
     with ``hosts_from``, else replica ``i`` at this port + 2i (the replay socket on the next port)."""
@@ -125,6 +129,8 @@ class Fleet:
 
     async def start(self) -> None:
         """Builds the replicas and starts every listener (and the admin server)."""
+        if self.config.tokenizer is not None:
+            self.encode_memo = EncodeMemo(encoder=file_encoder(self.config.tokenizer))
         self.lag = LagMonitor(self.config.lag_interval_s)
         self.lag.start()
         try:

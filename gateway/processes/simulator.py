@@ -20,6 +20,7 @@ class SimFleetProcess:
     def __init__(
         self, *, roles: Sequence[str], port: int, hosts_from: str, time_scale: float, model: str | None,
         kv_events_port: int | None = None,
+        tokenizer: str | None = None,
     ) -> None:
         """``roles``: each replica's (``prefill``, ``decode``, ``both``), prefill ones first, then
         decode, then both (the simulator's order). ``kv_events_port``: each replica publishes
@@ -35,6 +36,7 @@ class SimFleetProcess:
             "--hosts-from", hosts_from, "--time-scale", str(time_scale),
             *(("--model", model) if model else ()),
             *(("--kv-events-port", str(kv_events_port)) if kv_events_port else ()),
+            *(("--tokenizer", tokenizer) if tokenizer else ()),
         ]
         self.urls: list[str] = []
         self._child = ChildProcess(self.command, name="the simulator", keep_lines=200)
