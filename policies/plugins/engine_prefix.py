@@ -19,10 +19,13 @@ so they match only where a template adds nothing before the text.
 
 from __future__ import annotations
 
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
+import xxhash
 from pydantic import Field
 from tokenizers import Tokenizer
 
@@ -33,10 +36,65 @@ from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
 from kvgate.policies.plugins.params import Params, parse_params
 
 
+class ChunkedTokenizer:
+    """A prompt's token ids, tokenized in chunks whose ids are remembered: most prompts share a long
+    system prompt or document, so only their tail is tokenized again.
+
+    A prompt is cut about every ``chunk_chars`` characters, only before a single space that follows
+    a non-space and precedes one (the pre-tokenizers of byte-level BPE tokenizers, GPT-2's and
+    Llama-3's, start a word's token with its leading space there, so the chunks' ids joined are the
+    whole text's: a test checks it on the repository's tokenizer); a chunk is keyed by the chained
+    hash of the text up to its end, so a chunk's ids are reused only after the same prefix. The
+    special tokens the tokenizer adds to a whole text (a BOS) are added once, in front. Remembered
+    chunks are bounded (least recently used dropped first).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, chunk_chars: int = 2048, max_chunks: int = 16384) -> None:
+        self.tokenizer = tokenizer
+        self.chunk_chars = chunk_chars
+        self.max_chunks = max_chunks
+        self._chunks: OrderedDict[int, array[int]] = OrderedDict()
+        """Chunk key → its token ids (4 bytes each: 16,384 chunks of ~500 tokens hold ~33 MB)."""
+        self._specials = tokenizer.encode("", add_special_tokens=True).ids
+
+    def encode(self, text: str) -> list[int]:
+        ids = list(self._specials)
+        chunks = self._chunks
+        key = 0
+        pos, n, width = 0, len(text), self.chunk_chars
+        while pos < n:
+            end = n if n - pos <= width else self._cut(text, pos + width // 2, pos + width)
+            piece = text[pos:end]
+            key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"), seed=key)
+            found = chunks.get(key)
+            if found is None:
+                found = array("I", self.tokenizer.encode(piece, add_special_tokens=False).ids)
+                chunks[key] = found
+                if len(chunks) > self.max_chunks:
+                    chunks.popitem(last=False)
+            else:
+                chunks.move_to_end(key)
+            ids.extend(found)
+            pos = end
+        return ids
+
+    @staticmethod
+    def _cut(text: str, lo: int, hi: int) -> int:
+        """A cut in ``[lo, hi)``: before a single space between two non-spaces (else ``len(text)``:
+        the rest is one chunk)."""
+        cut = text.rfind(" ", lo, hi)
+        while cut > lo:
+            if not text[cut - 1].isspace() and cut + 1 < len(text) and not text[cut + 1].isspace():
+                return cut
+            cut = text.rfind(" ", lo, cut)
+        return len(text)
+
+
 class _Params(Params):
     tokenizer: str
     """Path of the model's ``tokenizer.json``."""
     block_size: Annotated[int, Field(ge=1)] = 16
+    chunk_chars: Annotated[int, Field(ge=64)] = 2048
 
 
 class EnginePrefixBlueprint:
@@ -45,9 +103,10 @@ class EnginePrefixBlueprint:
     produces: frozenset[str] = frozenset()
     consumes: frozenset[str] = frozenset({PREFIX_INDEX})
 
-    def __init__(self, tokenizer: Tokenizer, block_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, block_size: int, chunk_chars: int = 2048) -> None:
         self.tokenizer = tokenizer
         self.block_size = block_size
+        self.chunk_chars = chunk_chars
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> EnginePrefixBlueprint:
@@ -57,7 +116,7 @@ class EnginePrefixBlueprint:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception type for a bad file
             raise ConfigError(f"engine-prefix-matches: cannot load tokenizer {str(path)!r}: {exc}") from exc
-        return EnginePrefixBlueprint(tokenizer, p.block_size)
+        return EnginePrefixBlueprint(tokenizer, p.block_size, p.chunk_chars)
 
     def create(self, env: FeedbackEnv) -> FeedbackPlugin:
         return EnginePrefixMatches(self, env)
@@ -67,7 +126,7 @@ class EnginePrefixMatches(FeedbackPlugin):
     consumes = frozenset({PREFIX_INDEX})
 
     def __init__(self, blueprint: EnginePrefixBlueprint, env: FeedbackEnv) -> None:
-        self._tokenizer = blueprint.tokenizer
+        self._tokenizer = ChunkedTokenizer(blueprint.tokenizer, blueprint.chunk_chars)
         self._block_size = blueprint.block_size
         self._cache: EngineCacheView | None = env.engine_cache
 
@@ -76,7 +135,7 @@ class EnginePrefixMatches(FeedbackPlugin):
         request = ctx.request
         if cache is None or not request.prompt:
             return
-        tokens = self._tokenizer.encode(request.prompt, add_special_tokens=True).ids
+        tokens = self._tokenizer.encode(request.prompt)
         size = self._block_size
         if len(tokens) < size:
             return

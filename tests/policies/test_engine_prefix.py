@@ -107,3 +107,33 @@ def test_a_tokenizer_that_cannot_be_loaded_is_a_config_error(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="cannot load tokenizer"):
         EnginePrefixBlueprint.from_parameters({"tokenizer": str(tmp_path / "bad.json")})
     assert block_keys([1, 2], 16) == []
+
+
+def test_chunked_tokenization_equals_the_whole_texts_and_reuses_shared_prefixes() -> None:
+    """On the repository's byte-level BPE tokenizer: the chunks' ids joined are the whole text's, for
+    texts with punctuation, double spaces, newlines and long words; a second prompt sharing the
+    first's prefix tokenizes only what follows it."""
+    from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
+
+    path = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    chunked = ChunkedTokenizer(tokenizer, chunk_chars=128)
+    rng = random.Random(5)
+    pieces = ["harbour", "ledger,", "ship.", "  cargo", "\nnorth", "river:", "a" * 300, "grain", "é", "—"]
+    for _ in range(40):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 120)))
+        assert chunked.encode(text) == tokenizer.encode(text, add_special_tokens=True).ids, text
+    calls: list[str] = []
+    real = tokenizer.encode
+
+    class Counting:
+        def encode(self, text: str, add_special_tokens: bool = True) -> object:
+            calls.append(text)
+            return real(text, add_special_tokens=add_special_tokens)
+
+    counted = ChunkedTokenizer(Counting(), chunk_chars=128)  # type: ignore[arg-type]
+    document = " ".join(["harbour ledger ship cargo"] * 40)
+    counted.encode(document + " first question")
+    calls.clear()
+    counted.encode(document + " second question")
+    assert sum(len(c) for c in calls) < 200  # the document's chunks came from memory

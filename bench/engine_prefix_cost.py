@@ -1,0 +1,110 @@
+"""What routing on the engines' reports adds to a pick: ``engine-prefix-matches``' ``prepare`` per
+request (tokenize the prompt with the model's tokenizer, key its blocks, look them up in the index
+of the engines' reported blocks), at 1k, 8k and 32k-token prompts.
+
+``python -m kvgate.bench.engine_prefix_cost [--requests N] [--endpoints 8] [--tokenizer FILE]``
+
+Setup: the repository's tokenizer for the simulated model (simulator/data/tokenizer.json, byte-level
+BPE) unless given another; ``--endpoints`` endpoints in step, each holding (as its engine reported)
+the blocks of 4 of 32 shared system prompts; each measured request is one of the system prompts
+followed by a unique 64-token question (a warm prefix: the system prompts' chunks are tokenized
+once, at their group's first request, which is timed too). Only ``prepare`` is timed (the rest of
+the pick: bench/pick_cost.py). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kvgate.policies.engine_blocks import EngineBlockIndex
+from kvgate.policies.feedback import FeedbackEnv
+from kvgate.policies.framework import SchedulingContext
+from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
+from kvgate.policies.state import InProcessState
+from kvgate.policies.types import InferenceRequest
+
+TOKENIZER = Path(__file__).resolve().parents[1] / "simulator" / "data" / "tokenizer.json"
+GROUPS = 32
+WORDS = ["harbour", "ledger", "ship", "cargo", "north", "river", "grain", "silver", "record", "tide",
+         "merchant", "salt", "lantern", "anchor", "rope", "market", "season", "storm", "bridge", "gate"]
+
+
+class _InStep:
+    def __init__(self, index: EngineBlockIndex) -> None:
+        self.index = index
+
+    def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
+        return self.index.matches(keys)
+
+    def in_step(self, endpoint: str) -> bool:
+        return True
+
+    def knows_adapter(self, name: str) -> bool:
+        return False
+
+
+def text_of(rng: random.Random, tokens: int, blueprint: EnginePrefixBlueprint) -> str:
+    """English-like text of about ``tokens`` tokens under the tokenizer."""
+    words: list[str] = []
+    while True:
+        words.extend(rng.choice(WORDS) for _ in range(max(8, tokens // 4)))
+        text = " ".join(words)
+        if len(blueprint.tokenizer.encode(text).ids) >= tokens:
+            return text
+
+
+def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBlueprint) -> list[float]:
+    rng = random.Random(tokens)
+    index = EngineBlockIndex()
+    systems = [text_of(rng, tokens - 64, blueprint) for _ in range(GROUPS)]
+    addresses = [f"10.0.0.{i}:8000" for i in range(endpoints)]
+    for g, system in enumerate(systems):
+        ids = blueprint.tokenizer.encode(system).ids
+        whole = len(ids) - len(ids) % blueprint.block_size
+        for address in rng.sample(addresses, min(4, endpoints)):
+            hashes = [(g, address, b) for b in range(whole // blueprint.block_size)]
+            index.stored(address, hashes, None, ids[:whole], blueprint.block_size)
+    state = InProcessState()
+    env = FeedbackEnv(state, PromptHasher(256, 512), 7812, "x-session-id", engine_cache=_InStep(index))
+    plugin = blueprint.create(env)
+    hasher = PromptHasher(256, 512)
+    times: list[float] = []
+    for i in range(requests):
+        prompt = systems[i % GROUPS] + " " + text_of(rng, 64, blueprint)
+        request = InferenceRequest(f"r{i}", "bench", "m", "m", prompt=prompt)
+        ctx = SchedulingContext(request, 0.0, state, rng, hasher)
+        start = time.perf_counter()
+        plugin.prepare(ctx)
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kvgate.bench.engine_prefix_cost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--endpoints", type=int, default=8)
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    args = parser.parse_args(argv)
+    blueprint = EnginePrefixBlueprint.from_parameters({"tokenizer": str(args.tokenizer)})
+    lines = [
+        f"`python -m kvgate.bench.engine_prefix_cost --requests {args.requests} "
+        f"--endpoints {args.endpoints}` ({os.cpu_count()} cores, tokenizer {args.tokenizer.name})", "",
+        "| prompt tokens | prepare p50 µs | p90 µs | p99 µs |", "|---|---|---|---|",
+    ]
+    for tokens in (1024, 8192, 32768):
+        times = sorted(run(tokens, args.requests, args.endpoints, blueprint))
+        q = statistics.quantiles(times, n=100)
+        lines.append(f"| {tokens:,} | {statistics.median(times):,.0f} | {q[89]:,.0f} | {q[98]:,.0f} |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
