@@ -110,11 +110,15 @@ async def test_the_index_follows_evictions_in_a_small_cache(make_fleet: FleetFac
                                  json={"model": MODEL, "prompt": text, "max_tokens": 1}) as response:
                 assert response.status == 200
             cached = replica.engine.kv_cache.num_cached_blocks
+            keys = block_keys(list(encode(text)), 16)
+            # the response can come before the step's events are published: wait for this document's
+            # blocks (the count alone can match the state before them: 2 documents of 30 blocks)
             for _ in range(100):
-                if index.blocks("r0") == cached:
+                if index.blocks("r0") == cached and index.matches(keys).get("r0", 0) == 30:
                     break
                 await asyncio.sleep(0.02)
             assert index.blocks("r0") == cached
+            assert index.matches(keys)["r0"] == 30  # 480 tokens: 30 whole blocks, all cached
         latest = block_keys(list(encode(f"{7:04d}" + "abcd" * 479)), 16)
         first = block_keys(list(encode(f"{0:04d}" + "abcd" * 479)), 16)
         assert index.matches(latest).get("r0", 0) > 0
