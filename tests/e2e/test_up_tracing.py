@@ -136,7 +136,7 @@ async def test_a_retried_request_shows_both_attempts_in_its_trace(
         await wait_ready(http, up, ["pool"])
         async with http.post(f"{fleet_admin_url(fleet)}/replicas/0/faults", json={"error_rate": 1.0}) as r:
             assert r.status == 200
-        for i in range(12):  # the failing replica is ejected after a few: the first ones meet it
+        for i in range(24):  # the failing replica is ejected after a few: the first ones meet it
             assert await post(http, up.url, f"retry-{i}", "base") == 200
 
         def retried(spans: list[ReceivedSpan]) -> bool:
