@@ -33,18 +33,22 @@ MAX_ADAPTERS = 4096
 
 def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = None, salt: str | None = None,
                parent: int = ROOT_KEY) -> list[int]:
-    """The chained key of each whole block of ``tokens``: ``k_i = xxh3_64(k_{i-1} ‖ tokens_i ‖ extra)``
-    where ``extra`` names the LoRA adapter and the cache salt (blocks under another adapter or salt
-    are other blocks, as in the engine)."""
-    extra = f"{lora or ''}\x00{salt or ''}".encode() if (lora or salt) else b""
-    keys: list[int] = []
+    """The chained key of each whole block of ``tokens``: ``k_i = xxh3_64(tokens_i, seed=k_{i-1})``,
+    the chain starting from ``parent`` (for a first block ``ROOT_KEY``, mixed with the LoRA adapter's
+    name and the cache salt when given: blocks under another adapter or salt are other blocks, as in
+    the engine). One C call per block over a view of the packed tokens (no copies)."""
     key = parent
+    if lora or salt:
+        key = xxhash.xxh3_64_intdigest(f"{lora or ''}\x00{salt or ''}".encode(), seed=key)
     whole = len(tokens) - len(tokens) % block_size
-    packed = array("I", tokens[:whole]).tobytes()
+    view = memoryview(array("I", tokens[:whole])).cast("B")
     width = 4 * block_size
-    for start in range(0, len(packed), width):
-        key = xxhash.xxh3_64_intdigest(key.to_bytes(8, "little") + packed[start:start + width] + extra)
-        keys.append(key)
+    keys: list[int] = []
+    append = keys.append
+    digest = xxhash.xxh3_64_intdigest
+    for start in range(0, len(view), width):
+        key = digest(view[start:start + width], seed=key)
+        append(key)
     return keys
 
 
@@ -131,24 +135,31 @@ class EngineBlockIndex:
     # --- queries ----------------------------------------------------------------------------------
 
     def matches(self, keys: Sequence[int], *, medium: str = GPU) -> Mapping[str, int]:
-        """Leading blocks of ``keys`` each endpoint holds in ``medium`` (endpoints with none left out)."""
+        """Leading blocks of ``keys`` each endpoint holds in ``medium`` (endpoints with none left out):
+        one walk down the keys while any endpoint still holds them, an endpoint's count set when it
+        drops out (a subset check per block, in C)."""
         holders = self._holders.get(medium)
         if not holders or not keys:
             return {}
         first = holders.get(keys[0])
         if not first:
             return {}
-        counts = dict.fromkeys(first, 1)
+        counts: dict[str, int] = {}
         alive = set(first)
-        for depth, key in enumerate(keys[1:], start=2):
+        depth = 1
+        for key in keys[1:]:
             here = holders.get(key)
-            if not here:
+            if here is None:
                 break
-            alive &= here
-            if not alive:
-                break
-            for endpoint in alive:
-                counts[endpoint] = depth
+            if not alive <= here:
+                for endpoint in alive - here:
+                    counts[endpoint] = depth
+                alive &= here
+                if not alive:
+                    break
+            depth += 1
+        for endpoint in alive:
+            counts[endpoint] = depth
         return counts
 
     def knows_adapter(self, name: str) -> bool:

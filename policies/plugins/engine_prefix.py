@@ -49,12 +49,12 @@ class ChunkedTokenizer:
     chunks are bounded (least recently used dropped first).
     """
 
-    def __init__(self, tokenizer: Tokenizer, chunk_chars: int = 2048, max_chunks: int = 16384) -> None:
+    def __init__(self, tokenizer: Tokenizer, chunk_chars: int = 512, max_chunks: int = 65536) -> None:
         self.tokenizer = tokenizer
         self.chunk_chars = chunk_chars
         self.max_chunks = max_chunks
         self._chunks: OrderedDict[int, array[int]] = OrderedDict()
-        """Chunk key → its token ids (4 bytes each: 16,384 chunks of ~500 tokens hold ~33 MB)."""
+        """Chunk key → its token ids (4 bytes each: 65,536 chunks of ~100 tokens hold ~30 MB)."""
         self._specials = tokenizer.encode("", add_special_tokens=True).ids
 
     def encode(self, text: str) -> list[int]:
@@ -94,7 +94,7 @@ class _Params(Params):
     tokenizer: str
     """Path of the model's ``tokenizer.json``."""
     block_size: Annotated[int, Field(ge=1)] = 16
-    chunk_chars: Annotated[int, Field(ge=64)] = 2048
+    chunk_chars: Annotated[int, Field(ge=64)] = 512
 
 
 class EnginePrefixBlueprint:
@@ -103,7 +103,7 @@ class EnginePrefixBlueprint:
     produces: frozenset[str] = frozenset()
     consumes: frozenset[str] = frozenset({PREFIX_INDEX})
 
-    def __init__(self, tokenizer: Tokenizer, block_size: int, chunk_chars: int = 2048) -> None:
+    def __init__(self, tokenizer: Tokenizer, block_size: int, chunk_chars: int = 512) -> None:
         self.tokenizer = tokenizer
         self.block_size = block_size
         self.chunk_chars = chunk_chars
