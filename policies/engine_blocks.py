@@ -31,6 +31,14 @@ GPU = "GPU"
 MAX_ADAPTERS = 4096
 
 
+def chain_root(lora: str | None = None, salt: str | None = None) -> int:
+    """The key a first block's parent has: ``ROOT_KEY``, mixed with the LoRA adapter's name and the
+    cache salt when given."""
+    if lora or salt:
+        return xxhash.xxh3_64_intdigest(f"{lora or ''}\x00{salt or ''}".encode(), seed=ROOT_KEY)
+    return ROOT_KEY
+
+
 def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = None, salt: str | None = None,
                parent: int = ROOT_KEY) -> list[int]:
     """The chained key of each whole block of ``tokens``: ``k_i = xxh3_64(tokens_i, seed=k_{i-1})``,
@@ -41,6 +49,8 @@ def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = Non
     if lora or salt:
         key = xxhash.xxh3_64_intdigest(f"{lora or ''}\x00{salt or ''}".encode(), seed=key)
     whole = len(tokens) - len(tokens) % block_size
+    if not whole:
+        return []
     view = memoryview(array("I", tokens[:whole])).cast("B")
     width = 4 * block_size
     keys: list[int] = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,7 +29,7 @@ import xxhash
 from pydantic import Field
 from tokenizers import Tokenizer
 
-from kvgate.policies.engine_blocks import EngineCacheView, block_keys
+from kvgate.policies.engine_blocks import EngineCacheView, block_keys, chain_root
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.feedback import FeedbackEnv, FeedbackPlugin
 from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
@@ -56,27 +56,65 @@ class ChunkedTokenizer:
         self._chunks: OrderedDict[int, array[int]] = OrderedDict()
         """Chunk key → its token ids (4 bytes each: 65,536 chunks of ~100 tokens hold ~30 MB)."""
         self._specials = tokenizer.encode("", add_special_tokens=True).ids
+        self._keyed: OrderedDict[tuple[int, int, int], tuple[list[int], array[int]]] = OrderedDict()
+        """(chunk key, chain root, block size) → the keys of the blocks that end in the chunk and
+        the tokens it leaves over (``keys``)."""
 
-    def encode(self, text: str) -> list[int]:
-        ids = list(self._specials)
-        chunks = self._chunks
+    def _pieces(self, text: str) -> Iterator[tuple[int, str]]:
+        """The text's chunks, each with the chained key of the text up to its end."""
         key = 0
         pos, n, width = 0, len(text), self.chunk_chars
         while pos < n:
             end = n if n - pos <= width else self._cut(text, pos + width // 2, pos + width)
             piece = text[pos:end]
             key = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass"), seed=key)
-            found = chunks.get(key)
-            if found is None:
-                found = array("I", self.tokenizer.encode(piece, add_special_tokens=False).ids)
-                chunks[key] = found
-                if len(chunks) > self.max_chunks:
-                    chunks.popitem(last=False)
-            else:
-                chunks.move_to_end(key)
-            ids.extend(found)
+            yield key, piece
             pos = end
+
+    def _ids(self, key: int, piece: str) -> array[int]:
+        chunks = self._chunks
+        found = chunks.get(key)
+        if found is None:
+            found = array("I", self.tokenizer.encode(piece, add_special_tokens=False).ids)
+            chunks[key] = found
+            if len(chunks) > self.max_chunks:
+                chunks.popitem(last=False)
+        else:
+            chunks.move_to_end(key)
+        return found
+
+    def encode(self, text: str) -> list[int]:
+        ids = list(self._specials)
+        for key, piece in self._pieces(text):
+            ids.extend(self._ids(key, piece))
         return ids
+
+    def keys(self, text: str, block_size: int, root: int) -> list[int]:
+        """``block_keys`` of ``encode(text)`` from ``root`` (``engine_blocks.chain_root``), each
+        chunk's keys remembered: keyed by the chunk's chained text key, the chain's root and the
+        block size, a chunk's blocks (and the tokens it leaves to the next block) are the same
+        whenever its prefix is, so a shared prefix is keyed once."""
+        keys: list[int] = []
+        carry = array("I", self._specials)
+        last = root
+        memo = self._keyed
+        for key, piece in self._pieces(text):
+            slot = (key, root, block_size)
+            entry = memo.get(slot)
+            if entry is None:
+                tokens = carry + self._ids(key, piece)
+                whole = len(tokens) - len(tokens) % block_size
+                entry = (block_keys(tokens[:whole], block_size, parent=last), tokens[whole:])
+                memo[slot] = entry
+                if len(memo) > self.max_chunks:
+                    memo.popitem(last=False)
+            else:
+                memo.move_to_end(slot)
+            chunk_keys, carry = entry
+            if chunk_keys:
+                keys.extend(chunk_keys)
+                last = chunk_keys[-1]
+        return keys
 
     @staticmethod
     def _cut(text: str, lo: int, hi: int) -> int:
@@ -135,12 +173,12 @@ class EnginePrefixMatches(FeedbackPlugin):
         request = ctx.request
         if cache is None or not request.prompt:
             return
-        tokens = self._tokenizer.encode(request.prompt)
         size = self._block_size
-        if len(tokens) < size:
-            return
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
-        reported = cache.matches(block_keys(tokens, size, lora=adapter, salt=request.cache_salt))
+        keys = self._tokenizer.keys(request.prompt, size, chain_root(adapter, request.cache_salt))
+        if not keys:
+            return
+        reported = cache.matches(keys)
         approximate = ctx.prefix_matches()
         per_block = ctx.tokens_per_block
         merged = {address: blocks for address, blocks in approximate.items() if not cache.in_step(address)}

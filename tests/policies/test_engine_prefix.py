@@ -137,3 +137,24 @@ def test_chunked_tokenization_equals_the_whole_texts_and_reuses_shared_prefixes(
     calls.clear()
     counted.encode(document + " second question")
     assert sum(len(c) for c in calls) < 200  # the document's chunks came from memory
+
+
+def test_keys_by_remembered_chunks_equal_the_keys_of_the_whole_texts_tokens() -> None:
+    """``ChunkedTokenizer.keys``: the same keys as ``block_keys`` over the whole text's ids, for any
+    chunking, root (adapter, salt) and block size, memo warm or cold."""
+    from kvgate.policies.engine_blocks import chain_root
+    from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
+
+    path = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    chunked = ChunkedTokenizer(tokenizer, chunk_chars=96)
+    rng = random.Random(9)
+    pieces = ["harbour", "ledger,", "ship.", "cargo", "north", "river:", "grain", "é", "—", "anchor"]
+    shared = " ".join(rng.choice(pieces) for _ in range(150))
+    for i in range(30):
+        text = shared + " " + " ".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        text = text if i % 3 else " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 60)))
+        lora, salt = (("sql-lora", None), (None, "tenant"), (None, None))[i % 3]
+        for size in (16, 7):
+            want = block_keys(tokenizer.encode(text, add_special_tokens=True).ids, size, lora=lora, salt=salt)
+            assert chunked.keys(text, size, chain_root(lora, salt)) == want
