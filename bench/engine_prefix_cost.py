@@ -22,16 +22,20 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from kvgate.policies.engine_blocks import EngineBlockIndex
 from kvgate.policies.feedback import FeedbackEnv
 from kvgate.policies.framework import SchedulingContext
 from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
 from kvgate.policies.state import InProcessState
 from kvgate.policies.types import InferenceRequest
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "simulator" / "data" / "tokenizer.json"
 GROUPS = 32
+BLOCK_SIZE = 16
 WORDS = ["harbour", "ledger", "ship", "cargo", "north", "river", "grain", "silver", "record", "tide",
          "merchant", "salt", "lantern", "anchor", "rope", "market", "season", "storm", "bridge", "gate"]
 
@@ -49,35 +53,43 @@ class _InStep:
     def knows_adapter(self, name: str) -> bool:
         return False
 
+    def tokenizer(self) -> ModelTokenizer | None:
+        return None  # the profile's own
 
-def text_of(rng: random.Random, tokens: int, blueprint: EnginePrefixBlueprint) -> str:
+    def block_size(self) -> int | None:
+        return BLOCK_SIZE
+
+
+def text_of(rng: random.Random, tokens: int, tokenizer: Tokenizer) -> str:
     """English-like text of about ``tokens`` tokens under the tokenizer."""
     words: list[str] = []
     while True:
         words.extend(rng.choice(WORDS) for _ in range(max(8, tokens // 4)))
         text = " ".join(words)
-        if len(blueprint.tokenizer.encode(text).ids) >= tokens:
+        if len(tokenizer.encode(text).ids) >= tokens:
             return text
 
 
 def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBlueprint) -> list[float]:
+    assert blueprint.model is not None
+    tokenizer = blueprint.model.tokenizer
     rng = random.Random(tokens)
     index = EngineBlockIndex()
-    systems = [text_of(rng, tokens - 64, blueprint) for _ in range(GROUPS)]
+    systems = [text_of(rng, tokens - 64, tokenizer) for _ in range(GROUPS)]
     addresses = [f"10.0.0.{i}:8000" for i in range(endpoints)]
     for g, system in enumerate(systems):
-        ids = blueprint.tokenizer.encode(system).ids
-        whole = len(ids) - len(ids) % blueprint.block_size
+        ids = tokenizer.encode(system).ids
+        whole = len(ids) - len(ids) % BLOCK_SIZE
         for address in rng.sample(addresses, min(4, endpoints)):
-            hashes = [(g, address, b) for b in range(whole // blueprint.block_size)]
-            index.stored(address, hashes, None, ids[:whole], blueprint.block_size)
+            hashes = [(g, address, b) for b in range(whole // BLOCK_SIZE)]
+            index.stored(address, hashes, None, ids[:whole], BLOCK_SIZE)
     state = InProcessState()
     env = FeedbackEnv(state, PromptHasher(256, 512), 7812, "x-session-id", engine_cache=_InStep(index))
     plugin = blueprint.create(env)
     hasher = PromptHasher(256, 512)
     times: list[float] = []
     for i in range(requests):
-        prompt = systems[i % GROUPS] + " " + text_of(rng, 64, blueprint)
+        prompt = systems[i % GROUPS] + " " + text_of(rng, 64, tokenizer)
         request = InferenceRequest(f"r{i}", "bench", "m", "m", prompt=prompt)
         ctx = SchedulingContext(request, 0.0, state, rng, hasher)
         start = time.perf_counter()

@@ -2,8 +2,9 @@
 
 A workload is a :class:`WorkloadSpec` (what the requests look like and which fleet serves them) and
 :func:`plan` turns it into open-loop Poisson arrivals at a rate (simulated requests/s) over a
-duration (simulated seconds). Text is 4 characters per token, as the simulator's tokenizer, made of
-hex digits from a seeded generator, so the same seed gives byte-identical bodies for every contender.
+duration (simulated seconds). Text is the simulator's filler words from a seeded generator (4
+characters and one token each, under the simulator's own rule and in its tokenizer.json alike), so
+the same seed gives byte-identical bodies for every contender.
 
 Workloads (``WORKLOADS``):
 
@@ -40,7 +41,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from kvgate.simulator.tokenizer import output_text
+from kvgate.simulator.tokenizer import WORDS, output_text
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CHARS_PER_TOKEN = 4
@@ -178,10 +179,8 @@ PD_WORKLOADS: dict[str, WorkloadSpec] = {
 
 
 def text_of(rng: random.Random, tokens: int) -> str:
-    """``tokens`` × 4 characters of hex text (distinct token ids per 4-character chunk)."""
-    if tokens <= 0:
-        return ""
-    return rng.randbytes(tokens * 2).hex()
+    """``tokens`` words of 4 characters (``simulator.tokenizer.WORDS``: a token each)."""
+    return "".join(rng.choices(WORDS, k=tokens)) if tokens > 0 else ""
 
 
 def zipf_weights(n: int, s: float) -> list[float]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from kvgate.extproc import names
-from kvgate.extproc.openai_request import parse_request_body, upstream_body
+from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import (
@@ -115,6 +116,7 @@ def decide(
         body_size=len(body),
         subset=subset_set,
         headers=headers,
+        messages=_messages(parsed),
     )
     candidates = in_subset(pool.endpoints(), subset_set)
     if not candidates:
@@ -142,3 +144,11 @@ def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None
     if subset is None:
         return endpoints
     return tuple(v for v in endpoints if v.address in subset or v.endpoint.host in subset)
+
+
+def _messages(parsed: OpenAIRequest | None) -> tuple[Mapping[str, Any], ...] | None:
+    """A chat request's messages (``parse_request_body`` checked they are a list of objects)."""
+    if parsed is None or parsed.api is not ApiKind.CHAT_COMPLETIONS:
+        return None
+    messages = parsed.document.get("messages")
+    return tuple(messages) if isinstance(messages, list) else None

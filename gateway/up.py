@@ -54,7 +54,14 @@ from kvgate.gateway.processes.envoy_events import EnvoyEvents
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port, port_in_use
 from kvgate.gateway.processes.envoy_supervisor import EnvoySupervisor
 from kvgate.gateway.processes.simulator import SimFleetProcess
-from kvgate.gateway.up_sim import check_sim_addresses_free, find_pool, host_of, sim_kv_events_port, sim_pods
+from kvgate.gateway.up_sim import (
+    check_sim_addresses_free,
+    find_pool,
+    host_of,
+    sim_kv_events_port,
+    sim_pods,
+    sim_tokenizer,
+)
 from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -284,7 +291,7 @@ class KvgateUp:
                 time_scale=options.sim_time_scale,
                 model=options.sim_model,
                 kv_events_port=sim_kv_events_port(pool),
-                tokenizer=options.sim_tokenizer,
+                tokenizer=sim_tokenizer(pool, options.sim_tokenizer),
             )
             self.fleet = fleet
             self._stack.push_async_callback(fleet.stop)

@@ -158,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="simulator real seconds per simulated second (0.1: ten times faster)")
     parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
     parser.add_argument("--sim-tokenizer", default=None, metavar="FILE",
-                        help="the simulated replicas tokenize with this tokenizer.json (the repository's "
-                        "simulator/data/tokenizer.json; a profile's engine-prefix-matches loads the same)")
+                        help="the simulated replicas tokenize with this tokenizer.json (default: the pool's "
+                        "kvgate.io/tokenizer, which the picker keys prompts with; the repository's "
+                        "simulator/data is the simulated model's)")
     parser.add_argument("--sim-prefill", type=count(0), default=0, metavar="N",
                         help="simulated prefill replicas: a disaggregated fleet (with --sim-decode; without "
                              "-f: the bundled example pool with profile pd)")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
+from pathlib import Path
 
-from kvgate.gateway.controlplane.control_plane import KV_EVENTS_PORT_ANNOTATION
+from kvgate.gateway.controlplane.control_plane import KV_EVENTS_PORT_ANNOTATION, TOKENIZER_ANNOTATION
 from kvgate.gateway.controlplane.resources import ResourceSet
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.inference import InferencePool
@@ -37,6 +38,19 @@ def sim_kv_events_port(pool: InferencePool) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None  # the control plane warns about it and subscribes to nothing
+
+
+def sim_tokenizer(pool: InferencePool, given: str | None) -> str | None:
+    """The tokenizer.json the simulated replicas tokenize with: ``--sim-tokenizer``, else the pool's
+    ``kvgate.io/tokenizer`` (its ``tokenizer.json`` when it names a model directory), so the replicas
+    and the picker tokenize alike without saying it twice."""
+    if given is not None:
+        return given
+    text = pool.metadata.annotations.get(TOKENIZER_ANNOTATION, "").strip()
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    return str(path / "tokenizer.json" if path.is_dir() else path)
 
 
 def sim_pods(pool: InferencePool, hosts: Sequence[str], roles: Sequence[str] = ()) -> tuple[Pod, ...]:

@@ -25,6 +25,8 @@ from typing import Protocol
 
 import xxhash
 
+from kvgate.policies.model_tokenizer import ModelTokenizer
+
 ROOT_KEY = 0x9E3779B97F4A7C15
 """The chain's start: the key a first block's parent has."""
 GPU = "GPU"
@@ -77,6 +79,14 @@ class EngineCacheView(Protocol):
         """Whether an engine stored blocks under LoRA adapter ``name`` (a base model never is one)."""
         ...
 
+    def tokenizer(self) -> ModelTokenizer | None:
+        """The pool's model tokenizer as configured (None: none; a profile may name its own)."""
+        ...
+
+    def block_size(self) -> int | None:
+        """The engines' block size as their events report it (None before any block was stored)."""
+        ...
+
 
 @dataclass(slots=True)
 class _Tier:
@@ -95,12 +105,15 @@ class EngineBlockIndex:
         """Stored blocks whose parent was never seen (not indexed)."""
         self._adapters: OrderedDict[str, None] = OrderedDict()
         """LoRA adapter names blocks were stored under (most recent last, bounded)."""
+        self.block_size: int | None = None
+        """The block size of the last stored blocks (the engines of one pool share one)."""
 
     # --- events -----------------------------------------------------------------------------------
 
     def stored(self, endpoint: str, engine_hashes: Sequence[Hashable], parent: Hashable | None,
                token_ids: Sequence[int], block_size: int, *, lora: str | None = None,
                medium: str = GPU) -> None:
+        self.block_size = block_size
         tier = self._tier(endpoint, medium)
         parent_key = ROOT_KEY if parent is None else self._key_of(endpoint, parent, medium)
         if parent_key is None or len(token_ids) < block_size * len(engine_hashes):

@@ -6,10 +6,11 @@ one reference; the scheduler reads whatever snapshot it was handed and never doe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 CHARS_PER_TOKEN = 4
 """The gateway's token estimate for a prompt it has not tokenized (GIE uses the same)."""
@@ -176,6 +177,9 @@ class InferenceRequest:
     body_size: int = 0
     subset: frozenset[str] | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    messages: Sequence[Mapping[str, Any]] | None = None
+    """A chat request's messages as sent (for the model's chat template: engine-prefix-matches); None
+    for other APIs."""
     prefilled_elsewhere: bool = False
     """The decode half of a disaggregated request: another endpoint computes the prompt's KV, the
     endpoint this request is picked for reads it (set by ``policies.pd_scheduler``, not parsed)."""

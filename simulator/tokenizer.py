@@ -30,7 +30,8 @@ VOCAB_SIZE = 128256  # Llama-3's vocabulary size
 
 _BYTES_PER_CHUNK = CHARS_PER_TOKEN * 4  # utf-32: 4 bytes per character
 
-_WORDS: tuple[str, ...] = (
+WORDS: tuple[str, ...] = (  # the filler and the benchmarks' prompts; whole tokens in the repository's
+    # tokenizer.json (scripts/build_sim_tokenizer.py), so their text is ~4 characters per token there too
     "the ", "and ", "for ", "are ", "but ", "not ", "you ", "all ", "any ", "can ", "had ", "her ",
     "was ", "one ", "our ", "out ", "day ", "get ", "has ", "him ", "his ", "how ", "man ", "new ",
     "now ", "old ", "see ", "two ", "way ", "who ", "boy ", "did ", "its ", "let ", "put ", "say ",
@@ -53,14 +54,14 @@ def count_tokens(text: str) -> int:
 
 def decode(tokens: Sequence[int]) -> str:
     """Deterministic filler text, 4 characters per token (not an inverse of ``encode``)."""
-    words = _WORDS
+    words = WORDS
     n = len(words)
     return "".join(words[t % n] for t in tokens)
 
 
 def output_text(index: int) -> str:
     """The text of generated token ``index`` (``index >= 0``): a 3-letter word and a space."""
-    return _WORDS[index % len(_WORDS)]
+    return WORDS[index % len(WORDS)]
 
 
 def _content_text(content: object) -> str:
@@ -77,7 +78,7 @@ def _content_text(content: object) -> str:
                 text = part.get("text")
                 if isinstance(text, str):
                     parts.append(text)
-        return "".join(parts)
+        return "\n".join(parts)  # vLLM's "string" content format for text-only models
     return str(content)
 
 

@@ -69,6 +69,7 @@ MODEL_CHECK_ANNOTATION = "kvgate.io/model-check"
 vLLM's LoRA resolvers), instead of answering them 404 ``model_not_found`` at the gateway."""
 PD_EXECUTION_ANNOTATION = "kvgate.io/pd-execution"
 KV_EVENTS_PORT_ANNOTATION = "kvgate.io/kv-events-port"
+TOKENIZER_ANNOTATION = "kvgate.io/tokenizer"
 """The port each endpoint's engine publishes KV-cache events on (vLLM's --kv-events-config
 endpoint tcp://*:PORT); absent: the pool's engines publish none."""
 KV_EVENTS_REPLAY_PORT_ANNOTATION = "kvgate.io/kv-events-replay-port"
@@ -193,15 +194,21 @@ def pool_spec(
 def _kv_events(
     pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]
 ) -> KvEventsSpec | None:
-    """The pool's ``kvgate.io/kv-events-port`` (and replay port); a bad value is warned about and
-    leaves the pool without KV events (routing falls back to the approximate index)."""
+    """The pool's ``kvgate.io/kv-events-port`` (and replay port, and ``kvgate.io/tokenizer``: the
+    model's tokenizer on the picker's disk); a bad port is warned about and leaves the pool without
+    KV events (routing falls back to the approximate index)."""
     text = annotations.get(KV_EVENTS_PORT_ANNOTATION)
     if text is None:
+        if TOKENIZER_ANNOTATION in annotations:
+            warnings.append(f"InferencePool {pool.id}: {TOKENIZER_ANNOTATION} without "
+                            f"{KV_EVENTS_PORT_ANNOTATION}: nothing reports the engines' caches")
         return None
     replay = annotations.get(KV_EVENTS_REPLAY_PORT_ANNOTATION)
+    tokenizer = annotations.get(TOKENIZER_ANNOTATION, "").strip() or None
     try:
         return KvEventsSpec.model_validate(
-            {"port": int(text), "replay_port": int(replay) if replay is not None else None})
+            {"port": int(text), "replay_port": int(replay) if replay is not None else None,
+             "tokenizer": tokenizer})
     except ValueError:
         warnings.append(f"InferencePool {pool.id}: {KV_EVENTS_PORT_ANNOTATION} {text!r} / "
                         f"{KV_EVENTS_REPLAY_PORT_ANNOTATION} {replay!r} are not ports; no KV events")

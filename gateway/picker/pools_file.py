@@ -105,6 +105,9 @@ class KvEventsSpec(BaseModel):
 
     port: int = Field(ge=1, le=65535)
     replay_port: int | None = Field(default=None, ge=0, le=65535, alias="replayPort")
+    tokenizer: str | None = None
+    """The model's ``tokenizer.json`` or model directory on the picker's disk (its chat template
+    too): ``engine-prefix-matches`` keys prompts with it (None: only a profile's own tokenizer)."""
 
     def addresses(self, endpoint: str) -> tuple[str, str | None]:
         """(publisher, replay or None) of an endpoint ``host:port``."""

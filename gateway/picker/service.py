@@ -225,6 +225,7 @@ class PickerService:
     def apply_pools(self, specs: Sequence[PoolSpec], default: str | None) -> None:
         """Make the service serve exactly ``specs`` (raises ConfigError before changing anything)."""
         old = self.table.pools
+        tokenizers = self.kv_events.load_tokenizers(specs)
         schedulers: dict[str, PoolScheduler] = {}
         for spec in specs:  # build everything first: a bad profile leaves the old table serving
             previous = old.get(spec.name)
@@ -246,7 +247,7 @@ class PickerService:
                 for address in set(previous.spec.endpoints) - kept:
                     schedulers[spec.name].forget_endpoint(address)
         self.sharing.apply(specs)
-        self.kv_events.apply(specs)
+        self.kv_events.apply(specs, tokenizers)
         names = self.replica_models.names
         pools = {spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names)
                  for spec in specs}

@@ -12,9 +12,11 @@ context's prefix matches, in the approximate index's units (its blocks of ``toke
 estimated tokens), so the TTFT cost model, the disaggregation decider and the recorders read it
 unchanged.
 
-Limits of this first version (docs/kv-events.md): completions' prompts are tokenized as they are;
-chat requests are tokenized from their flattened messages, not through the model's chat template,
-so they match only where a template adds nothing before the text.
+The tokenizer is the profile's (``tokenizer``: a ``tokenizer.json`` or a model directory) or else
+the pool's (``kvgate.io/tokenizer``, loaded by the picker); with neither, or for a pool without KV
+events, the plugin does nothing, so the default profile carries it. Completions' prompts are
+tokenized as they are (the tokenizer's special tokens in front); chat requests through the model's
+chat template (``policies.model_tokenizer``), as vLLM renders them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import xxhash
@@ -33,6 +34,7 @@ from kvgate.policies.engine_blocks import EngineCacheView, block_keys, chain_roo
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.feedback import FeedbackEnv, FeedbackPlugin
 from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
+from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
 from kvgate.policies.plugins.params import Params, parse_params
 
 
@@ -56,9 +58,9 @@ class ChunkedTokenizer:
         self._chunks: OrderedDict[int, array[int]] = OrderedDict()
         """Chunk key → its token ids (4 bytes each: 65,536 chunks of ~100 tokens hold ~30 MB)."""
         self._specials = tokenizer.encode("", add_special_tokens=True).ids
-        self._keyed: OrderedDict[tuple[int, int, int], tuple[list[int], array[int]]] = OrderedDict()
-        """(chunk key, chain root, block size) → the keys of the blocks that end in the chunk and
-        the tokens it leaves over (``keys``)."""
+        self._keyed: OrderedDict[tuple[int, int, int, bool], tuple[list[int], array[int]]] = OrderedDict()
+        """(chunk key, chain root, block size, specials in front) → the keys of the blocks that end
+        in the chunk and the tokens it leaves over (``keys``)."""
 
     def _pieces(self, text: str) -> Iterator[tuple[int, str]]:
         """The text's chunks, each with the chained key of the text up to its end."""
@@ -83,23 +85,25 @@ class ChunkedTokenizer:
             chunks.move_to_end(key)
         return found
 
-    def encode(self, text: str) -> list[int]:
-        ids = list(self._specials)
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        """``text``'s ids (with the tokenizer's special tokens in front unless ``specials`` is false:
+        a rendered chat template holds its own)."""
+        ids = list(self._specials) if specials else []
         for key, piece in self._pieces(text):
             ids.extend(self._ids(key, piece))
         return ids
 
-    def keys(self, text: str, block_size: int, root: int) -> list[int]:
+    def keys(self, text: str, block_size: int, root: int, *, specials: bool = True) -> list[int]:
         """``block_keys`` of ``encode(text)`` from ``root`` (``engine_blocks.chain_root``), each
         chunk's keys remembered: keyed by the chunk's chained text key, the chain's root and the
         block size, a chunk's blocks (and the tokens it leaves to the next block) are the same
         whenever its prefix is, so a shared prefix is keyed once."""
         keys: list[int] = []
-        carry = array("I", self._specials)
+        carry = array("I", self._specials if specials else ())
         last = root
         memo = self._keyed
         for key, piece in self._pieces(text):
-            slot = (key, root, block_size)
+            slot = (key, root, block_size, specials)
             entry = memo.get(slot)
             if entry is None:
                 tokens = carry + self._ids(key, piece)
@@ -129,10 +133,15 @@ class ChunkedTokenizer:
 
 
 class _Params(Params):
-    tokenizer: str
-    """Path of the model's ``tokenizer.json``."""
-    block_size: Annotated[int, Field(ge=1)] = 16
+    tokenizer: str | None = None
+    """The model's ``tokenizer.json`` or model directory (its chat template too); None: the pool's
+    (``kvgate.io/tokenizer``; without one the plugin does nothing)."""
+    block_size: Annotated[int, Field(ge=1)] | None = None
+    """The engines' block size; None: as their events report it (vLLM's 16 before any)."""
     chunk_chars: Annotated[int, Field(ge=64)] = 512
+
+
+DEFAULT_BLOCK_SIZE = 16
 
 
 class EnginePrefixBlueprint:
@@ -141,20 +150,20 @@ class EnginePrefixBlueprint:
     produces: frozenset[str] = frozenset()
     consumes: frozenset[str] = frozenset({PREFIX_INDEX})
 
-    def __init__(self, tokenizer: Tokenizer, block_size: int, chunk_chars: int = 512) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, model: ModelTokenizer | None, block_size: int | None = None,
+                 chunk_chars: int = 512) -> None:
+        self.model = model
         self.block_size = block_size
         self.chunk_chars = chunk_chars
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> EnginePrefixBlueprint:
         p = parse_params(_Params, parameters, "engine-prefix-matches")
-        path = Path(p.tokenizer).expanduser()
         try:
-            tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises its own Exception type for a bad file
-            raise ConfigError(f"engine-prefix-matches: cannot load tokenizer {str(path)!r}: {exc}") from exc
-        return EnginePrefixBlueprint(tokenizer, p.block_size, p.chunk_chars)
+            model = ModelTokenizer.load(p.tokenizer) if p.tokenizer is not None else None
+        except ConfigError as exc:
+            raise ConfigError(f"engine-prefix-matches: {exc}") from exc
+        return EnginePrefixBlueprint(model, p.block_size, p.chunk_chars)
 
     def create(self, env: FeedbackEnv) -> FeedbackPlugin:
         return EnginePrefixMatches(self, env)
@@ -164,18 +173,38 @@ class EnginePrefixMatches(FeedbackPlugin):
     consumes = frozenset({PREFIX_INDEX})
 
     def __init__(self, blueprint: EnginePrefixBlueprint, env: FeedbackEnv) -> None:
-        self._tokenizer = ChunkedTokenizer(blueprint.tokenizer, blueprint.chunk_chars)
+        self._model = blueprint.model
+        self._chunk_chars = blueprint.chunk_chars
+        self._chunked: tuple[ModelTokenizer, ChunkedTokenizer] | None = None
         self._block_size = blueprint.block_size
         self._cache: EngineCacheView | None = env.engine_cache
+
+    def _tokenizer(self, model: ModelTokenizer) -> ChunkedTokenizer:
+        """The chunk memo of ``model`` (a new one when the pool's tokenizer is replaced)."""
+        if self._chunked is None or self._chunked[0] is not model:
+            self._chunked = (model, ChunkedTokenizer(model.tokenizer, self._chunk_chars))
+        return self._chunked[1]
 
     def prepare(self, ctx: SchedulingContext) -> None:
         cache = self._cache
         request = ctx.request
         if cache is None or not request.prompt:
             return
-        size = self._block_size
+        model = self._model or cache.tokenizer()
+        if model is None:
+            return
+        text, specials = request.prompt, True
+        if request.messages is not None:  # vLLM renders the chat template; its text holds the BOS
+            if model.chat_template is None:
+                return
+            try:
+                text, specials = model.chat_template.render(request.messages), False
+            except ChatTemplateError:
+                return  # the engine refuses these messages too: nothing to predict
+        size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
-        keys = self._tokenizer.keys(request.prompt, size, chain_root(adapter, request.cache_salt))
+        keys = self._tokenizer(model).keys(text, size, chain_root(adapter, request.cache_salt),
+                                           specials=specials)
         if not keys:
             return
         reported = cache.matches(keys)

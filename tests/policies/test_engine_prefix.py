@@ -15,6 +15,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.policies.profile import build_profile, read_profile_document
 from kvgate.policies.scheduler import ProfileScheduler
 from tests.policies.helpers import NOW, request, view
@@ -35,9 +36,11 @@ def tokenizer_file(tmp_path: Path) -> Path:
 class View:
     """The picker's view of one pool's engine-reported blocks, in step where said."""
 
-    def __init__(self, index: EngineBlockIndex, in_step: set[str]) -> None:
+    def __init__(self, index: EngineBlockIndex, in_step: set[str],
+                 model: ModelTokenizer | None = None) -> None:
         self.index = index
         self.followed = in_step
+        self.model = model
 
     def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
         return self.index.matches(keys)
@@ -48,13 +51,21 @@ class View:
     def knows_adapter(self, name: str) -> bool:
         return self.index.knows_adapter(name)
 
+    def tokenizer(self) -> ModelTokenizer | None:
+        return self.model
 
-def scheduler(tokenizer_file: Path, cache: View) -> ProfileScheduler:
+    def block_size(self) -> int | None:
+        return self.index.block_size
+
+
+def scheduler(tokenizer_file: Path | None, cache: View) -> ProfileScheduler:
+    """The default profile (which has engine-prefix-matches), its tokenizer ``tokenizer_file`` (None:
+    the pool's, from the view)."""
     document = dict(read_profile_document("default"))
-    plugin = {"type": "engine-prefix-matches", "parameters": {"tokenizer": str(tokenizer_file)}}
-    document["plugins"] = [*document["plugins"], plugin]
-    document["profile"] = {**document["profile"],
-                           "feedback": ["engine-prefix-matches", *document["profile"]["feedback"]]}
+    if tokenizer_file is not None:
+        document["plugins"] = [
+            {**plugin, "parameters": {"tokenizer": str(tokenizer_file)}}
+            if plugin["type"] == "engine-prefix-matches" else plugin for plugin in document["plugins"]]
     return ProfileScheduler(build_profile(yaml.safe_load(yaml.safe_dump(document))), rng=random.Random(1),
                             engine_cache=cache)
 
@@ -158,3 +169,55 @@ def test_keys_by_remembered_chunks_equal_the_keys_of_the_whole_texts_tokens() ->
         for size in (16, 7):
             want = block_keys(tokenizer.encode(text, add_special_tokens=True).ids, size, lora=lora, salt=salt)
             assert chunked.keys(text, size, chain_root(lora, salt)) == want
+
+
+def test_without_a_profile_tokenizer_the_pools_is_used_and_without_either_nothing_changes(
+    tokenizer_file: Path,
+) -> None:
+    document = " ".join(WORDS[:128])
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(8)), None, ids(document), 16)
+    pools = scheduler(None, View(index, {a.address, b.address}, ModelTokenizer.load(tokenizer_file)))
+    assert pools.schedule(request("r", document + " w199"), [a, b], NOW).pick.address == a.address
+    neither = scheduler(None, View(index, {a.address, b.address}))  # the default profile, no tokenizer
+    neither.on_picked(request("warm", document), b.endpoint, NOW)
+    result = neither.schedule(request("r2", document + " w199"), [a, b], NOW)
+    assert result.pick.address == b.address  # the approximate index's guess, as before events
+
+
+def test_the_block_size_the_engines_report_is_the_one_keyed(tokenizer_file: Path) -> None:
+    document = " ".join(WORDS[:128])
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(4)), None, ids(document), 32)  # an engine with 32-token blocks
+    s = scheduler(None, View(index, {a.address, b.address}, ModelTokenizer.load(tokenizer_file)))
+    result = s.schedule(request("r", document + " w199"), [a, b], NOW)
+    assert result.pick.address == a.address
+    assert result.predicted_cached_tokens == 128
+
+
+def test_a_chat_request_is_keyed_through_the_models_chat_template() -> None:
+    """The repository's model directory (tokenizer.json and tokenizer_config.json's template): an
+    engine that stored a conversation's rendered tokens draws its next turn, which a flattening of
+    the messages could not match (the template puts its header tokens first)."""
+    import dataclasses
+
+    from kvgate.simulator.tokenizer import render_chat
+
+    model = ModelTokenizer.load(Path(__file__).resolve().parents[2] / "simulator" / "data")
+    history = [{"role": "system", "content": "the and for are but not you all " * 40},
+               {"role": "user", "content": "can had her was one our out day " * 8},
+               {"role": "assistant", "content": "get has him his how man new now " * 8}]
+    rendered = render_chat(history).removesuffix("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    tokens = model.tokenizer.encode(rendered, add_special_tokens=False).ids
+    whole = len(tokens) - len(tokens) % 16
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(whole // 16)), None, tokens[:whole], 16)
+    s = scheduler(None, View(index, {a.address, b.address}, model))
+    messages = [*history, {"role": "user", "content": "old see two way who boy did its"}]
+    chat = dataclasses.replace(request("r", "flattened messages"), messages=messages)
+    result = s.schedule(chat, [a, b], NOW)
+    assert result.pick.address == a.address
+    assert (result.predicted_cached_tokens or 0) >= whole // 64 * 64 - 64

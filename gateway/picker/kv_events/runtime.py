@@ -5,6 +5,7 @@ subscribers that keep it (``kv_events.subscriber``), what ``/debug/pools`` shows
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -13,6 +14,8 @@ from prometheus_client.registry import Collector
 from kvgate.gateway.picker.kv_events.subscriber import EndpointSubscription, KvEventSubscribers
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.policies.engine_blocks import EngineBlockIndex
+from kvgate.policies.errors import ConfigError
+from kvgate.policies.model_tokenizer import ModelTokenizer
 
 _COUNTERS = (
     ("batches", "KV-event batches applied (replayed ones included)"),
@@ -43,11 +46,46 @@ class PoolEngineCache:
         index = self._runtime.indexes.get(self._pool)
         return index is not None and index.knows_adapter(name)
 
+    def tokenizer(self) -> ModelTokenizer | None:
+        return self._runtime.tokenizers.get(self._pool)
+
+    def block_size(self) -> int | None:
+        index = self._runtime.indexes.get(self._pool)
+        return index.block_size if index is not None else None
+
 
 class KvEventsRuntime:
     def __init__(self) -> None:
         self.indexes: dict[str, EngineBlockIndex] = {}
+        self.tokenizers: dict[str, ModelTokenizer] = {}
+        """Pool → its model's tokenizer (``KvEventsSpec.tokenizer``)."""
+        self._loaded: dict[str, tuple[float, ModelTokenizer]] = {}
+        """Path → (its modification time, the tokenizer loaded from it)."""
         self._subscribers: KvEventSubscribers | None = None
+
+    def load_tokenizers(self, specs: Sequence[PoolSpec]) -> dict[str, ModelTokenizer]:
+        """Each pool's tokenizer, loaded from disk unless unchanged since the last load; ConfigError
+        (naming the pool) for one that cannot load: call before changing anything."""
+        out: dict[str, ModelTokenizer] = {}
+        loaded: dict[str, tuple[float, ModelTokenizer]] = {}
+        for spec in specs:
+            path = spec.kv_events.tokenizer if spec.kv_events is not None else None
+            if path is None:
+                continue
+            try:
+                mtime = Path(path).expanduser().stat().st_mtime
+            except OSError as exc:
+                raise ConfigError(f"pool {spec.name!r}: tokenizer {path!r}: {exc.strerror or exc}") from exc
+            entry = loaded.get(path) or self._loaded.get(path)
+            if entry is None or entry[0] != mtime:
+                try:
+                    entry = (mtime, ModelTokenizer.load(path))
+                except ConfigError as exc:
+                    raise ConfigError(f"pool {spec.name!r}: {exc}") from exc
+            loaded[path] = entry
+            out[spec.name] = entry[1]
+        self._loaded = loaded
+        return out
 
     def view(self, pool: str) -> PoolEngineCache:
         return PoolEngineCache(self, pool)
@@ -58,8 +96,10 @@ class KvEventsRuntime:
             index = self.indexes[pool] = EngineBlockIndex()
         return index
 
-    def apply(self, specs: Sequence[PoolSpec]) -> None:
-        """Subscribe to the publishers of every pool that has KV events (call in the event loop)."""
+    def apply(self, specs: Sequence[PoolSpec], tokenizers: Mapping[str, ModelTokenizer]) -> None:
+        """Subscribe to the publishers of every pool that has KV events (call in the event loop);
+        ``tokenizers``: ``load_tokenizers(specs)``."""
+        self.tokenizers = dict(tokenizers)
         wanted = {spec.name: spec for spec in specs if spec.kv_events is not None}
         if not wanted and self._subscribers is None:
             return

@@ -20,7 +20,7 @@ from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
 from kvgate.gateway.picker.service import PickerService, PickerSettings, PoolRuntime
 from kvgate.gateway.processes.simulator import SimFleetProcess
 from kvgate.gateway.up import UpOptions, bundled_example
-from kvgate.gateway.up_sim import find_pool, sim_pods
+from kvgate.gateway.up_sim import find_pool, sim_pods, sim_tokenizer
 from kvgate.policies.errors import ConfigError
 
 POOL = """
@@ -259,3 +259,26 @@ def test_the_bundled_disaggregated_example_is_valid_and_kvgate_up_picks_it() -> 
     fleet = SimFleetProcess(roles=options.sim_roles, port=8000, hosts_from="127.0.1.1", time_scale=1.0,
                             model=None)
     assert fleet.command[3:9] == ["--prefill", "2", "--decode", "3", "--replicas", "1"]
+
+
+def test_kv_events_and_tokenizer_annotations_reach_the_pool_spec_and_the_simulated_fleet() -> None:
+    annotated = POOL.replace(
+        "annotations: {{", "annotations: {{kvgate.io/kv-events-port: '5557', "
+        "kvgate.io/tokenizer: /models/llama/tokenizer.json, "
+    ).format(profile="default", engine="vllm")
+    resources = parse_manifests([("x.yaml", annotated + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert warnings == []
+    assert spec.kv_events is not None
+    assert (spec.kv_events.port, spec.kv_events.tokenizer) == (5557, "/models/llama/tokenizer.json")
+    pool = find_pool(resources, "llama")
+    assert sim_tokenizer(pool, None) == "/models/llama/tokenizer.json"
+    assert sim_tokenizer(pool, "/other.json") == "/other.json"  # --sim-tokenizer wins
+    alone = POOL.replace("annotations: {{", "annotations: {{kvgate.io/tokenizer: /t.json, ").format(
+        profile="default", engine="vllm")
+    resources = parse_manifests([("x.yaml", alone + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert spec.kv_events is None
+    assert "without kvgate.io/kv-events-port" in warnings[0]

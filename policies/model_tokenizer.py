@@ -1,0 +1,139 @@
+"""A model's tokenizer and chat template, as the engine uses them (issue 37; loaded from local files,
+never a network call).
+
+``ModelTokenizer.load(path)`` takes a Hugging Face ``tokenizer.json`` or a model directory as vLLM
+reads it: ``tokenizer.json`` for the tokens, the chat template from ``chat_template.jinja`` (newer
+transformers) or ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named ones:
+``default`` is taken), the special tokens the template names (``bos_token``, ``eos_token``, ...)
+from ``tokenizer_config.json``.
+
+The chat template is rendered as transformers' ``apply_chat_template`` renders it for vLLM: a
+sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
+extension, ``raise_exception``, ``strftime_now`` and a ``tojson`` filter that keeps non-ASCII text,
+``add_generation_prompt`` true, and text content parts joined with newlines (vLLM's "string"
+content format for text-only models). The rendered text already holds the template's BOS, so chat
+prompts are tokenized without the tokenizer's own special tokens, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from kvgate.policies.errors import ConfigError
+
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
+                       "mask_token")
+
+
+class ChatTemplateError(ValueError):
+    """A template that cannot render these messages (the engine would refuse the request too)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _text_content(content: object) -> object:
+    """A message's content as a text-only model's template sees it in vLLM: text parts joined."""
+    if isinstance(content, list):
+        texts = [part if isinstance(part, str) else part.get("text") for part in content
+                 if isinstance(part, str | Mapping)]
+        return "\n".join(text for text in texts if isinstance(text, str))
+    return content
+
+
+class ChatTemplate:
+    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"chat template does not compile: {exc}") from exc
+        self._special = dict(special_tokens)
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The prompt text of ``messages`` with the generation prompt; ChatTemplateError when the
+        template refuses them or the messages are not what a template reads."""
+        converted = [{**message, "content": _text_content(message.get("content"))} for message in messages]
+        try:
+            return self._template.render(messages=converted, add_generation_prompt=True, tools=None,
+                                         documents=None, **self._special)
+        except ChatTemplateError:
+            raise
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTokenizer:
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    path: str
+
+    @staticmethod
+    def load(path: str | Path) -> ModelTokenizer:
+        """From a ``tokenizer.json`` or a model directory; ConfigError names what is missing or bad."""
+        where = Path(path).expanduser()
+        directory = where if where.is_dir() else where.parent
+        file = where / "tokenizer.json" if where.is_dir() else where
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as exc:  # tokenizers raises its own Exception type for a bad file
+            raise ConfigError(f"cannot load tokenizer {str(file)!r}: {exc}") from exc
+        return ModelTokenizer(tokenizer, _chat_template(directory), str(where))
+
+
+def _chat_template(directory: Path) -> ChatTemplate | None:
+    config_path = directory / "tokenizer_config.json"
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        try:
+            loaded = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {str(config_path)!r}: {exc}") from exc
+        if isinstance(loaded, dict):
+            config = loaded
+    jinja_file = directory / "chat_template.jinja"
+    source: object = config.get("chat_template")
+    if jinja_file.is_file():
+        source = jinja_file.read_text(encoding="utf-8")
+    if isinstance(source, list):  # named templates: the default one
+        named = {item.get("name"): item.get("template") for item in source if isinstance(item, dict)}
+        source = named.get("default")
+    if not isinstance(source, str) or not source:
+        return None
+    special: dict[str, str] = {}
+    for key in _SPECIAL_TOKEN_KEYS:
+        value = config.get(key)
+        if isinstance(value, dict):  # transformers' AddedToken form
+            value = value.get("content")
+        if isinstance(value, str):
+            special[key] = value
+    return ChatTemplate(source, special)
