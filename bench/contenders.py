@@ -14,7 +14,10 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
   suffix (``kvgate-default-w4``) runs ``kvgate picker --workers N`` (state shared through a private
   Redis) and lists the workers' own ports in Envoy's ext_proc cluster (N Envoy workers). A ``-fd``
   suffix (``kvgate-default-fd``) configures GIE's full-duplex mode instead of the one pass (every
-  response chunk through the picker: exact first tokens), to compare the two in one run.
+  response chunk through the picker: exact first tokens), to compare the two in one run. On a
+  fleet that publishes KV events (``--kv-events``) kvgate subscribes and routes on them (the pool
+  names the simulated model's tokenizer); a ``-approx`` suffix (``kvgate-default-approx``) leaves
+  the pool without events: the approximate index alone, on the same fleet.
 - ``vllm-router-cache_aware`` / ``vllm-router-round_robin``: PyPI ``vllm-router`` (Rust).
 - ``sglang-router-cache_aware``: PyPI ``sglang-router`` (``sglang-router launch``, Rust).
 - ``oracle``: :mod:`bench.oracle_router` (greedy least estimated TTFT); ``oracle-spill``: the same
@@ -102,6 +105,9 @@ class Contender:
     roles: tuple[str, ...] = ()
     """Each replica's role (``FleetSpec.roles``) in a disaggregated fleet; empty: all serve both."""
     time_scale: float = 1.0  # real seconds per simulated second: kvgate's clocks are scaled by it
+    kv_events: dict[str, object] | None = None
+    """The fleet's KV events as a pools file names them (``kvEvents``: port, tokenizer) when it
+    publishes them: kvgate subscribes unless its name ends in ``-approx``."""
 
     async def start(self, replicas: list[str], workdir: Path) -> str:
         """Starts the contender in front of ``replicas``; returns its base URL."""
@@ -157,10 +163,14 @@ class Contender:
     async def _start_kvgate(self, replicas: list[str], workdir: Path, port: int) -> None:
         addresses = [url.removeprefix("http://") for url in replicas]
         option, workers = split_workers(self.option)
+        approximate = option.endswith("-approx")
+        option = option.removesuffix("-approx")
         full_duplex = option.endswith("-fd")
         option = option.removesuffix("-fd")
         profile = scaled_profile(option, self.time_scale, workdir / f"{self.name}.profile.yaml")
         pool: dict[str, object] = {"name": "bench", "endpoints": addresses, "profile": str(profile)}
+        if self.kv_events is not None and not approximate:
+            pool["kvEvents"] = self.kv_events
         if any(role != "both" for role in self.roles):
             pool["roles"] = dict(zip(addresses, self.roles, strict=True))
         pools = {"pools": [pool]}

@@ -38,6 +38,7 @@ from kvgate.bench.routing_report import goals, plot, summary, tables
 from kvgate.bench.run_stats import LAG_LIMIT_SIM_MS, RouterCpu, RunFigures, figures_from_json, summarize
 from kvgate.bench.sim_fleet import SimFleet
 from kvgate.bench.workloads import (
+    SIM_MODEL,
     WARMUP_FRACTION,
     WORKLOADS,
     FleetSpec,
@@ -92,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated replicas (default: the workload's, 8); results named <workload>-r<N>")
     p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
                    help="tokens per SSE chunk from the simulator (default 1); results named <workload>-si<K>")
+    p.add_argument("--kv-events", action="store_true",
+                   help="the fleet publishes vLLM's KV events and tokenizes with the simulated model's "
+                   "tokenizer; kvgate routes on them (kvgate-<profile>-approx: without); results "
+                   "named <workload>-kv")
     p.add_argument("--sim-processes", type=int, default=1, metavar="K",
                    help="simulator processes the replicas are split over (a big fleet at real time)")
     p.add_argument("--seed", type=int, default=1)
@@ -117,6 +122,8 @@ async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[Pl
                timeout_sim_s: float = REQUEST_TIMEOUT_SIM_S) -> Played:
     """Start a fresh fleet and ``contender`` in front of it, play ``planned``, stop both."""
     fleet = SimFleet(fleet_spec, time_scale, workdir / f"sim-{contender.name}.log", seed, sim_processes)
+    if fleet.events is not None:
+        contender.kv_events = {"port": fleet.events.events_port, "tokenizer": str(SIM_MODEL)}
     urls = await fleet.start()
     try:
         base = await contender.start(urls, workdir)
@@ -329,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.replicas:
             fleet = dataclasses.replace(spec.fleet, replicas=args.replicas)
             spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
+        if args.kv_events:
+            spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
         if args.stream_interval != 1:
             fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
             spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")

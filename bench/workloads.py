@@ -37,13 +37,17 @@ decode endpoint already holds the document, only the question is left to prefill
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvgate.simulator.tokenizer import WORDS, output_text
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SIM_MODEL = Path(__file__).resolve().parents[1] / "simulator" / "data"
+"""The simulated model's directory: its tokenizer.json and chat template (``kvgate.io/tokenizer``)."""
 CHARS_PER_TOKEN = 4
 # docs/simulator.md: one engine step = 5752.7 µs + 17.25 µs × prefill + 6 µs × decode tokens.
 STEP_S = 0.0057527
@@ -66,6 +70,9 @@ class FleetSpec:
     """Of ``replicas``, how many are prefill instances (the first ones), and ``decode`` decode ones
     (next); the rest serve both (a disaggregated fleet: ``kvgate sim --prefill P --decode D``)."""
     decode: int = 0
+    kv_events: bool = False
+    """The replicas publish vLLM's KV-cache events and tokenize with the simulated model's tokenizer
+    (``kvgate sim --kv-events-port --tokenizer``; ``bench.sim_fleet`` gives them addresses)."""
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -74,8 +81,7 @@ class FleetSpec:
 
     def split(self, prefill: int, decode: int) -> FleetSpec:
         """This fleet as ``prefill`` prefill and ``decode`` decode instances (and no others)."""
-        return FleetSpec(prefill + decode, self.num_gpu_blocks, self.loras, self.max_loras, self.overrides,
-                         self.stream_interval, prefill, decode)
+        return dataclasses.replace(self, replicas=prefill + decode, prefill=prefill, decode=decode)
 
     def args(self) -> list[str]:
         if self.prefill or self.decode:
@@ -90,13 +96,14 @@ class FleetSpec:
             out += ["--loras", ",".join(self.loras)]
         for override in self.overrides:
             out += ["--replica", override]
+        if self.kv_events:
+            out += ["--tokenizer", str(SIM_MODEL / "tokenizer.json")]
         return out
 
     def heterogeneous(self) -> FleetSpec:
         """Replica 0 with half the KV cache, replica 1 1.5× slower (the issue's heterogeneous fleet)."""
         half = max(1, self.num_gpu_blocks // 2)
-        return FleetSpec(self.replicas, self.num_gpu_blocks, self.loras, self.max_loras,
-                         (f"0:num_gpu_blocks={half}", "1:slowdown=1.5"), self.stream_interval)
+        return dataclasses.replace(self, overrides=(f"0:num_gpu_blocks={half}", "1:slowdown=1.5"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,8 @@ def _content_text(content: object) -> str:
 def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
     """The Llama-3 chat template text of ``messages``, ending with the assistant header.
 
-    Content may be a string or a list of OpenAI content parts (only text parts count).
+    Content may be a string or a list of OpenAI content parts (only text parts count, joined with
+    newlines as vLLM joins them for a text-only model).
     """
     out = ["<|begin_of_text|>"]
     for message in messages:

@@ -57,8 +57,8 @@ def test_chat_template_shares_the_system_prompt_prefix() -> None:
     assert ta != tb
 
 
-def test_chat_content_parts_keep_only_text() -> None:
+def test_chat_content_parts_keep_only_text_joined_by_newlines_as_vllm_joins_them() -> None:
     parts = [{"type": "text", "text": "see "}, {"type": "image_url", "image_url": {"url": "x"}},
              {"type": "text", "text": "this"}]
-    assert "see this<|eot_id|>" in render_chat([{"role": "user", "content": parts}])
+    assert "see \nthis<|eot_id|>" in render_chat([{"role": "user", "content": parts}])
     assert "\n\n<|eot_id|>" in render_chat([{"role": "assistant", "content": None}])
