@@ -108,6 +108,8 @@ class Contender:
     kv_events: dict[str, object] | None = None
     """The fleet's KV events as a pools file names them (``kvEvents``: port, tokenizer) when it
     publishes them: kvgate subscribes unless its name ends in ``-approx``."""
+    _pool: dict[str, object] = field(default_factory=dict)
+    """kvgate's pool as its pools file gives it."""
 
     async def start(self, replicas: list[str], workdir: Path) -> str:
         """Starts the contender in front of ``replicas``; returns its base URL."""
@@ -171,6 +173,7 @@ class Contender:
         pool: dict[str, object] = {"name": "bench", "endpoints": addresses, "profile": str(profile)}
         if self.kv_events is not None and not approximate:
             pool["kvEvents"] = self.kv_events
+        self._pool = pool
         if any(role != "both" for role in self.roles):
             pool["roles"] = dict(zip(addresses, self.roles, strict=True))
         pools = {"pools": [pool]}
@@ -259,6 +262,14 @@ class Contender:
                 mean = sum(metric_sum(p, "kvgate_prefill_duration_seconds_sum") for p in pages) / prefills
                 spread += (f"; {prefills:.0f} prefills ({failed:.0f} failed), mean "
                            f"{mean / self.time_scale * 1000:.0f} ms")
+            if "kvEvents" in self._pool:  # routed on the engines' reports: they must have come
+                batches = sum(metric_sum(p, "kvgate_kv_events_batches_total") for p in pages)
+                in_step = sum(metric_sum(p, "kvgate_kv_events_in_step") for p in pages)
+                lost = sum(metric_sum(p, "kvgate_kv_events_unrecoverable_total") for p in pages)
+                if batches <= 0:
+                    return "CRIPPLED: no KV-event batches reached the picker"
+                spread += (f"; KV events: {batches:.0f} batches, {in_step:.0f} endpoints in step, "
+                           f"{lost:.0f} unrecoverable gaps")
             return f"ok: {picks:.0f} picks, {errors:.0f} errors{spread}"
         if self.kind == "oracle":
             return "ok: peeks every replica per request"

@@ -60,7 +60,7 @@ class EventAddresses:
     @staticmethod
     def pick() -> EventAddresses:
         """A random 127.x.y.1 block (no other run's replicas there) and two free ports."""
-        block = random.SystemRandom().randrange(1, 250 * 250)
+        block = random.SystemRandom().randrange(1, 150 * 250)
         return EventAddresses(f"127.{100 + block // 250}.{block % 250}.1", free_port(), free_port())
 
     def args(self, first_replica: int) -> list[str]:

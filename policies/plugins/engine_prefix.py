@@ -17,6 +17,10 @@ the pool's (``kvgate.io/tokenizer``, loaded by the picker); with neither, or for
 events, the plugin does nothing, so the default profile carries it. Completions' prompts are
 tokenized as they are (the tokenizer's special tokens in front); chat requests through the model's
 chat template (``policies.model_tokenizer``), as vLLM renders them.
+
+A request picked and not finished counts as holding its blocks on its endpoint
+(``policies.pending_blocks``): the engine reports them only once its prefill computed them, and a
+request for the same prefix in between should follow it, not spread it.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from kvgate.policies.errors import ConfigError
 from kvgate.policies.feedback import FeedbackEnv, FeedbackPlugin
 from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
 from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
+from kvgate.policies.pending_blocks import PendingBlocks
 from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.types import Endpoint, InferenceRequest
 
 
 class ChunkedTokenizer:
@@ -142,6 +148,7 @@ class _Params(Params):
 
 
 DEFAULT_BLOCK_SIZE = 16
+_MAX_PREPARED = 1024
 
 
 class EnginePrefixBlueprint:
@@ -178,6 +185,9 @@ class EnginePrefixMatches(FeedbackPlugin):
         self._chunked: tuple[ModelTokenizer, ChunkedTokenizer] | None = None
         self._block_size = blueprint.block_size
         self._cache: EngineCacheView | None = env.engine_cache
+        self._pending = PendingBlocks(env.max_pending)
+        self._prepared: OrderedDict[str, list[int]] = OrderedDict()
+        """Requests prepared and not yet picked → their keys (recent ones: picks follow at once)."""
 
     def _tokenizer(self, model: ModelTokenizer) -> ChunkedTokenizer:
         """The chunk memo of ``model`` (a new one when the pool's tokenizer is replaced)."""
@@ -207,11 +217,31 @@ class EnginePrefixMatches(FeedbackPlugin):
                                            specials=specials)
         if not keys:
             return
+        prepared = self._prepared
+        prepared[request.request_id] = keys
+        if len(prepared) > _MAX_PREPARED:
+            prepared.popitem(last=False)
         reported = cache.matches(keys)
+        pending = self._pending.matches(keys)
         approximate = ctx.prefix_matches()
         per_block = ctx.tokens_per_block
         merged = {address: blocks for address, blocks in approximate.items() if not cache.in_step(address)}
-        for address, blocks in reported.items():
+        for address in reported.keys() | pending.keys():
             if cache.in_step(address):
+                blocks = max(reported.get(address, 0), pending.get(address, 0))
                 merged[address] = blocks * size // per_block
         ctx.set_prefix_matches(merged)
+
+    def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        keys = self._prepared.pop(request.request_id, None)
+        if keys is not None:
+            self._pending.add(request.request_id, endpoint.address, keys)
+
+    def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
+        self._pending.move(request.request_id, endpoint.address)
+
+    def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
+        self._pending.remove(request.request_id)
+
+    def forget_endpoint(self, address: str) -> None:
+        self._pending.forget_endpoint(address)

@@ -221,3 +221,21 @@ def test_a_chat_request_is_keyed_through_the_models_chat_template() -> None:
     result = s.schedule(chat, [a, b], NOW)
     assert result.pick.address == a.address
     assert (result.predicted_cached_tokens or 0) >= whole // 64 * 64 - 64
+
+
+def test_a_request_in_flight_holds_its_prefix_until_the_engine_reports_it(tokenizer_file: Path) -> None:
+    """Picked but not yet reported (its prefill still running): the requests for the same document
+    follow it; once it ends, only the engines' report counts (here: nothing)."""
+    document = " ".join(WORDS[:128])
+    a, b, c = view(1), view(2), view(3)
+    s = scheduler(tokenizer_file, View(EngineBlockIndex(), {a.address, b.address, c.address}))
+    first = request("r1", document + " w199")
+    picked = s.schedule(first, [a, b, c], NOW).pick
+    s.on_picked(first, picked, NOW)
+    for i in range(6):  # without the pending blocks: a third of them each
+        follower = s.schedule(request(f"f{i}", document + f" w{190 - i}"), [a, b, c], NOW)
+        assert follower.pick.address == picked.address
+        assert follower.predicted_cached_tokens == 128
+    s.on_finished(first, picked, ok=True, now=NOW)
+    after = s.schedule(request("r3", document + " w150"), [a, b, c], NOW)
+    assert after.predicted_cached_tokens == 0
