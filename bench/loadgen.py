@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -93,8 +93,11 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: PlannedReques
 
 
 async def run_open_loop(base_url: str, requests: Sequence[PlannedRequest], time_scale: float,
-                        timeout_s: float = 600.0) -> list[RequestResult]:
-    """Send ``requests`` open-loop (times in simulated seconds × ``time_scale``); wait for all."""
+                        timeout_s: float = 600.0,
+                        direct: Mapping[int, str] | None = None) -> list[RequestResult]:
+    """Send ``requests`` open-loop (times in simulated seconds × ``time_scale``); wait for all.
+    ``direct``: plan index → a replica's URL the request goes to instead of ``base_url``."""
+    direct = direct or {}
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter() + 0.2
@@ -104,5 +107,6 @@ async def run_open_loop(base_url: str, requests: Sequence[PlannedRequest], time_
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, base_url, req, due, timeout_s)))
+            url = direct.get(req.index, base_url)
+            tasks.append(asyncio.create_task(_one(session, url, req, due, timeout_s)))
         return list(await asyncio.gather(*tasks))

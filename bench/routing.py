@@ -21,12 +21,13 @@ import dataclasses
 import json
 import os
 import platform
+import random
 import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the fleet publishes vLLM's KV events and tokenizes with the simulated model's "
                    "tokenizer; kvgate routes on them (kvgate-<profile>-approx: without); results "
                    "named <workload>-kv")
+    p.add_argument("--bypass", type=float, default=0.0, metavar="FRACTION",
+                   help="this fraction of the requests goes to a replica directly (another router's "
+                   "traffic, the same for every contender; not counted); results <workload>-bypass<pct>")
     p.add_argument("--sim-processes", type=int, default=1, metavar="K",
                    help="simulator processes the replicas are split over (a big fleet at real time)")
     p.add_argument("--seed", type=int, default=1)
@@ -117,10 +121,21 @@ class Played:
     check: str
 
 
+def bypassing(planned: Sequence[PlannedRequest], fraction: float, replicas: int, seed: int) -> dict[int, int]:
+    """Plan index → replica for the requests another router sends (``--bypass``): each request with
+    probability ``fraction``, to a replica drawn at random; the same draw for every contender."""
+    if fraction <= 0:
+        return {}
+    rng = random.Random(seed * 7919 + 17)
+    return {r.index: rng.randrange(replicas) for r in planned if rng.random() < fraction}
+
+
 async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[PlannedRequest],
                time_scale: float, seed: int, workdir: Path, sim_processes: int = 1,
-               timeout_sim_s: float = REQUEST_TIMEOUT_SIM_S) -> Played:
-    """Start a fresh fleet and ``contender`` in front of it, play ``planned``, stop both."""
+               timeout_sim_s: float = REQUEST_TIMEOUT_SIM_S,
+               bypass: Mapping[int, int] | None = None) -> Played:
+    """Start a fresh fleet and ``contender`` in front of it, play ``planned``, stop both.
+    ``bypass``: requests sent to a replica directly (``bypassing``); left out of the results."""
     fleet = SimFleet(fleet_spec, time_scale, workdir / f"sim-{contender.name}.log", seed, sim_processes)
     if fleet.events is not None:
         contender.kv_events = {"port": fleet.events.events_port, "tokenizer": str(SIM_MODEL)}
@@ -130,7 +145,10 @@ async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[Pl
         await asyncio.sleep(1.0)  # first scrapes / health checks
         meter = CpuMeter(contender.router_pids(), contender.envoy_pid())
         start = time.perf_counter()
-        results = await run_open_loop(base, planned, time_scale, timeout_s=timeout_sim_s * time_scale)
+        direct = {index: urls[replica] for index, replica in (bypass or {}).items()}
+        results = await run_open_loop(base, planned, time_scale, timeout_s=timeout_sim_s * time_scale,
+                                      direct=direct)
+        results = [r for r in results if r.index not in direct]
         wall = time.perf_counter() - start
         cpu = meter.read()
         stats = await fleet.stats(window_s=wall)
@@ -142,15 +160,22 @@ async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[Pl
 
 
 async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
-                  time_scale: float, seed: int, workdir: Path, sim_processes: int = 1) -> RunFigures:
+                  time_scale: float, seed: int, workdir: Path, sim_processes: int = 1,
+                  bypass_fraction: float = 0.0) -> RunFigures:
     planned, warmup = run_plan(spec, rate, fraction, requests, seed)
-    run = await play(spec.fleet, contender, planned, time_scale, seed, workdir, sim_processes)
+    bypass = bypassing(planned, bypass_fraction, spec.fleet.replicas, seed)
+    run = await play(spec.fleet, contender, planned, time_scale, seed, workdir, sim_processes,
+                     bypass=bypass)
     totals = run.stats["totals"]
     lag = run.stats.get("loop_lag") or {}
+    hits, queries = float(totals["prefix_cache_hits"]), float(totals["prefix_cache_queries"])
+    if bypass:  # the contender's own requests' hits (the fleet's counters include the others')
+        prompt_tokens = {r.index: r.prompt_tokens for r in planned}
+        hits = float(sum(r.cached_tokens for r in run.results if r.ok))
+        queries = float(sum(prompt_tokens[r.index] for r in run.results if r.ok))
     return summarize(workload=spec.name, contender=contender.name, rate=rate, load_fraction=fraction,
                      results=run.results, warmup=warmup, time_scale=time_scale, wall_s=run.wall_s,
-                     prefix_hits=float(totals["prefix_cache_hits"]),
-                     prefix_queries=float(totals["prefix_cache_queries"]),
+                     prefix_hits=hits, prefix_queries=queries,
                      lag_p99_real_ms=float(lag.get("p99_ms") or 0.0), policy_check=run.check, cpu=run.cpu)
 
 
@@ -205,7 +230,7 @@ def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFig
 async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: Sequence[Path],
                        fractions: Sequence[float], requests: int, time_scale: float, seed: int,
                        results_dir: Path, mode: str, command: str,
-                       sim_processes: int = 1) -> list[RunFigures]:
+                       sim_processes: int = 1, bypass: float = 0.0) -> list[RunFigures]:
     capacity = capacity_estimate(spec)
     figures: list[RunFigures] = []
     meta: dict[str, Any] = {
@@ -227,7 +252,7 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
                 print(f"[{spec.name}] rate {rate} ({fraction}) {contender.name} ...", flush=True)
                 try:
                     fig = await run_one(spec, contender, rate, fraction, requests, time_scale, seed,
-                                        Path(tmp), sim_processes)
+                                        Path(tmp), sim_processes, bypass)
                 except Exception as exc:  # one broken contender must not end the run
                     print(f"  FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
                     continue
@@ -246,8 +271,12 @@ def _reports(results_dir: Path) -> list[tuple[Path, dict[str, Any], list[RunFigu
     out: list[tuple[Path, dict[str, Any], list[RunFigures]]] = []
     for path in sorted(results_dir.glob("*.json")):
         data = json.loads(path.read_text())
-        if isinstance(data, dict) and "runs" in data and "meta" in data:
+        if not (isinstance(data, dict) and "runs" in data and "meta" in data):
+            continue
+        try:
             out.append((path, data["meta"], [figures_from_json(r) for r in data["runs"]]))
+        except TypeError:  # another benchmark's runs (bench.pd's pd.json): not a routing report
+            continue
     return out
 
 
@@ -338,11 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
         if args.kv_events:
             spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
+        if args.bypass > 0:
+            spec = spec.with_fleet(spec.fleet, f"{spec.name}-bypass{round(args.bypass * 100)}")
         if args.stream_interval != 1:
             fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
             spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")
         asyncio.run(run_workload(spec, contenders, args.profile, fractions, requests, time_scale, args.seed,
-                                 args.results, "quick" if quick else "full", command, args.sim_processes))
+                                 args.results, "quick" if quick else "full", command, args.sim_processes,
+                                 args.bypass))
     return 0
 
 

@@ -15,6 +15,8 @@ Workloads (``WORKLOADS``):
 - ``shared-prefix-exceed``: 256 zipf(1.0)-popular groups (32,768 prefix blocks) on the same fleet
   (19,200 blocks): the working set exceeds the fleet's caches; the hottest group gets ~16 % of the
   traffic, more than one replica's share, so hot groups need several replicas.
+- ``shared-prefix-exceed-uniform``: the same 256 groups, equally popular: every replica's cache
+  turns over (whatever a router guesses of it goes stale fastest here).
 - ``multi-turn``: sessions (Poisson starts) of up to 6 chat turns 4 simulated seconds apart (closer
   when the arrival window is shorter than a session: ``_plan_chat``); each turn
   re-sends the whole history (shared 512-token system prompt + 96-token user turns + the assistant
@@ -157,6 +159,10 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         "shared-prefix-exceed", "shared-prefix", FleetSpec(num_gpu_blocks=2400), groups=256, zipf_s=1.0,
         description="256 zipf(1.0) groups x 2,048-token system prompt + 128-token question; working "
                     "set 32,768 blocks > the fleet's 19,200"),
+    "shared-prefix-exceed-uniform": WorkloadSpec(
+        "shared-prefix-exceed-uniform", "shared-prefix", FleetSpec(num_gpu_blocks=2400), groups=256,
+        description="256 equally popular groups x 2,048-token system prompt + 128-token question; "
+                    "working set 32,768 blocks > the fleet's 19,200"),
     "multi-turn": WorkloadSpec(
         "multi-turn", "multi-turn", FleetSpec(num_gpu_blocks=4000), groups=16, prefix_tokens=512,
         question_tokens=96, description="chat sessions of 6 turns 4 s apart, growing history"),

@@ -7,6 +7,8 @@ Endpoints (JSON in and out; errors as ``{"error": {"message", "type", "param", "
 - ``POST /replicas/{i}/stop`` → the replica's listener closes (connections refused), its in-flight
   requests end with an error; answers ``{"index", "url", "listening": false}``. Idempotent.
 - ``POST /replicas/{i}/start`` → listens again on the same address; ``{"index", "url", "listening": true}``.
+- ``POST /replicas/{i}/restart`` → the replica's process restarts: in-flight requests end with an
+  error, its KV cache, counters and KV-event sequence start from empty on the same addresses.
 - ``GET  /replicas/{i}/faults`` / ``POST /replicas/{i}/faults`` (body: any of ``error_rate``, ``hang``,
   ``slowdown``, ``metrics_delay_s``, ``metrics_frozen``) → the replica's faults after the change.
 - ``GET  /stats?window_s=60`` → ``{"replicas": [per-replica /sim/stats + url, listening], "totals": {…},
@@ -69,6 +71,13 @@ def make_admin_app(fleet: Fleet) -> web.Application:
             raise ApiError(500, f"cannot listen on {listener.url}: {exc}") from exc
         return describe(listener)
 
+    async def restart(request: web.Request) -> Any:
+        listener = listener_of(request)
+        try:
+            return describe(await fleet.restart(fleet.listeners.index(listener)))
+        except OSError as exc:
+            raise ApiError(500, f"cannot listen on {listener.url}: {exc}") from exc
+
     async def get_faults(request: web.Request) -> Any:
         return listener_of(request).replica.faults.to_json()
 
@@ -91,6 +100,7 @@ def make_admin_app(fleet: Fleet) -> web.Application:
     app.router.add_get("/replicas", guarded(replicas))
     app.router.add_post("/replicas/{index}/stop", guarded(stop))
     app.router.add_post("/replicas/{index}/start", guarded(start))
+    app.router.add_post("/replicas/{index}/restart", guarded(restart))
     app.router.add_get("/replicas/{index}/faults", guarded(get_faults))
     app.router.add_post("/replicas/{index}/faults", guarded(post_faults))
     app.router.add_get("/stats", guarded(stats))

@@ -71,6 +71,9 @@ class FleetConfig:
         return host, self.kv_events_port + (0 if self.hosts_from is not None else 2 * index)
 
 
+_GAUGES = frozenset({"in_flight", "waiting", "running"})
+
+
 class ReplicaListener:
     """Serves one replica's app on one address; can be stopped and started again."""
 
@@ -126,6 +129,8 @@ class Fleet:
     kv_hub: KvTransferHub = field(default_factory=KvTransferHub)
     admin_url: str | None = None
     _admin_runner: web.AppRunner | None = None
+    _retired: list[Replica] = field(default_factory=list)
+    """Replicas replaced by a restart: their counters still count in the fleet's totals."""
 
     async def start(self) -> None:
         """Builds the replicas and starts every listener (and the admin server)."""
@@ -169,6 +174,25 @@ class Fleet:
         if self.lag is not None:
             await self.lag.stop()
 
+    async def restart(self, index: int) -> ReplicaListener:
+        """Replica ``index``'s process restarts: its listener stops (in-flight requests end with an
+        error), a new engine with an empty KV cache and a new KV-event publisher (sequence from 0)
+        take its place on the same addresses, its counters and metrics start from zero as a new
+        process's do (the fleet's totals keep the old ones)."""
+        listener = self.listener(index)
+        old = listener.replica
+        await listener.stop()
+        await old.close()
+        self._retired.append(old)
+        replica = Replica(old.config, self.lag, self.encode_memo, self.kv_hub)
+        self.replicas[self.replicas.index(old)] = replica
+        listener.replica = replica
+        await listener.start()
+        events_at = self.config.kv_events_address_of(old.config.index)
+        if events_at is not None:
+            replica.start_kv_events(*events_at)
+        return listener
+
     @property
     def urls(self) -> list[str]:
         return [listener.url for listener in self.listeners]
@@ -193,6 +217,11 @@ class Fleet:
                   "request_success", "preemptions", "remote_prefills", "remote_decodes",
                   "kv_transfers_failed", "kv_expired")
         totals: dict[str, Any] = {key: sum(item[key] for item in per_replica) for key in summed}
+        for old in self._retired:  # restarted replicas' earlier processes (their gauges are gone)
+            item = old.stats(window_s)
+            for key in summed:
+                if key not in _GAUGES:
+                    totals[key] += item[key]
         return {
             "replicas": per_replica,
             "totals": totals,

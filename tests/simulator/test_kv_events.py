@@ -4,6 +4,7 @@ publisher followed by kvgate's own subscriber over real ZMQ (vLLM's protocol bot
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
@@ -123,6 +124,63 @@ async def test_the_index_follows_evictions_in_a_small_cache(make_fleet: FleetFac
         first = block_keys(list(encode(f"{0:04d}" + "abcd" * 479)), 16)
         assert index.matches(latest).get("r0", 0) > 0
         assert index.matches(first) == {}  # evicted, and the index knows
+    finally:
+        await sub.stop()
+        context.term()
+
+
+async def test_a_restarted_replica_starts_empty_and_kvgates_index_drops_it_at_once(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    """``POST /replicas/{i}/restart`` on the fleet admin: a new engine (empty cache, counters from
+    zero, the fleet's totals kept) and a new publisher (sequence from 0) on the same addresses. The
+    subscriber sees the old publisher go (out of step: its report no longer used) and at the new
+    one's first batch (sequence 0) drops what the old engine held and follows the new one."""
+    fleet = await make_fleet(1, kv_events_port=free_port(), block_size=16, admin=True)
+    publisher = fleet.replicas[0].kv_events
+    assert publisher is not None
+    index = EngineBlockIndex()
+    context = zmq.asyncio.Context()
+    sub = EndpointSubscription(context, "r0", publisher.address, publisher.replay_address, index)
+    sub.start()
+    text = "the quick brown fox jumps over the lazy dog " * 20
+    keys = block_keys(list(encode(text)), 16)
+
+    async def complete() -> None:
+        async with http.post(fleet.urls[0] + "/v1/completions",
+                             json={"model": MODEL, "prompt": text, "max_tokens": 1}) as response:
+            assert response.status == 200
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(150):
+            if condition():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("not reached")
+
+    try:
+        await asyncio.sleep(0.2)
+        await complete()
+        await until(lambda: index.matches(keys).get("r0", 0) == len(keys))
+        async with http.post(f"{fleet.admin_url}/replicas/0/restart") as response:
+            assert response.status == 200
+            assert (await response.json())["listening"] is True
+        replica = fleet.replicas[0]
+        assert replica.engine.kv_cache.num_cached_blocks == 0
+        assert replica.counters.requests_received == 0
+        await until(lambda: not sub.in_step)  # the old publisher's loss noticed
+        await until(lambda: sub.connected is True)  # reconnected (a real engine loads for minutes)
+        await asyncio.sleep(0.2)
+        assert fleet.stats()["totals"]["requests_received"] == 1  # the old process's count kept
+        other = "a different document entirely, with other words in it " * 20
+        async with http.post(fleet.urls[0] + "/v1/completions",
+                             json={"model": MODEL, "prompt": other, "max_tokens": 1}) as response:
+            assert response.status == 200
+        # the new publisher's first batch (sequence 0): the old engine's blocks are gone from the
+        # index at once, the new engine's followed
+        await until(lambda: sub.in_step and index.blocks("r0") == replica.engine.kv_cache.num_cached_blocks)
+        assert index.matches(keys) == {}
+        assert index.matches(block_keys(list(encode(other)), 16))["r0"] > 0
     finally:
         await sub.stop()
         context.term()
