@@ -58,6 +58,7 @@ from kvgate.gateway.up_sim import (
     check_sim_addresses_free,
     find_pool,
     host_of,
+    sim_kv_events_connect,
     sim_kv_events_port,
     sim_pods,
     sim_tokenizer,
@@ -291,6 +292,7 @@ class KvgateUp:
                 time_scale=options.sim_time_scale,
                 model=options.sim_model,
                 kv_events_port=sim_kv_events_port(pool),
+                kv_events_connect=sim_kv_events_connect(pool),
                 tokenizer=sim_tokenizer(pool, options.sim_tokenizer),
             )
             self.fleet = fleet

@@ -7,11 +7,16 @@ import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvgate.gateway.controlplane.control_plane import KV_EVENTS_PORT_ANNOTATION, TOKENIZER_ANNOTATION
+from kvgate.gateway.controlplane.control_plane import (
+    KV_EVENTS_BIND_ANNOTATION,
+    KV_EVENTS_PORT_ANNOTATION,
+    KV_EVENTS_REPLAY_PORT_ANNOTATION,
+    TOKENIZER_ANNOTATION,
+)
 from kvgate.gateway.controlplane.resources import ResourceSet
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.inference import InferencePool
-from kvgate.gateway.processes.envoy_process import port_in_use
+from kvgate.gateway.processes.envoy_process import free_port, port_in_use
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.types import ROLE_LABEL
 
@@ -32,12 +37,31 @@ def find_pool(resources: ResourceSet, name: str | None) -> InferencePool:
 
 def sim_kv_events_port(pool: InferencePool) -> int | None:
     """The port the simulated replicas publish KV events on: the pool's ``kvgate.io/kv-events-port``
-    (the picker subscribes where the pool says; None: they publish none)."""
-    text = pool.metadata.annotations.get(KV_EVENTS_PORT_ANNOTATION)
+    (the picker subscribes where the pool says; None: they publish none). Where the picker binds
+    (``kvgate.io/kv-events-bind``): the replay port - 1 (their replay sockets), else any free port."""
+    annotations = pool.metadata.annotations
     try:
-        return int(text) if text is not None else None
+        if KV_EVENTS_PORT_ANNOTATION in annotations:
+            return int(annotations[KV_EVENTS_PORT_ANNOTATION])
+        if KV_EVENTS_BIND_ANNOTATION in annotations:
+            replay = annotations.get(KV_EVENTS_REPLAY_PORT_ANNOTATION)
+            return int(replay) - 1 if replay and int(replay) > 1 else free_port()
     except ValueError:
         return None  # the control plane warns about it and subscribes to nothing
+    return None
+
+
+def sim_kv_events_connect(pool: InferencePool) -> str | None:
+    """Where the simulated replicas connect their publishers: the pool's ``kvgate.io/kv-events-bind``,
+    a wildcard host read as this machine (None: they bind their own)."""
+    bind = pool.metadata.annotations.get(KV_EVENTS_BIND_ANNOTATION, "").strip()
+    if not bind:
+        return None
+    scheme, _, rest = bind.partition("://")
+    host, _, port = rest.rpartition(":")
+    if host in ("*", "0.0.0.0", "[::]", "::"):
+        host = "127.0.0.1"
+    return f"{scheme}://{host}:{port}"
 
 
 def sim_tokenizer(pool: InferencePool, given: str | None) -> str | None:

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-events-port", type=int, default=None, metavar="P",
                    help="publish vLLM's KV-cache events (ZMQ PUB on P, replay ROUTER on P+1; with "
                    "--hosts-from each replica on its own address, else replica i on P+2i); default: off")
+    p.add_argument("--kv-events-connect", default=None, metavar="ADDRESS",
+                   help="with --kv-events-port: the publishers connect to this ZMQ address (a picker's "
+                   "bound socket, topic kv@<replica ip>@<model>) instead of binding P; replay stays on P+1")
     p.add_argument("--model", default=defaults.model)
     p.add_argument("--loras", default="", help="adapters the replicas serve: NAME,NAME,...")
     p.add_argument("--max-loras", type=int, default=defaults.max_loras)
@@ -185,13 +188,15 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
         raise ValueError("--time-scale must be > 0")
     kv = KvTransferSettings(bandwidth_gbs=args.kv_bandwidth_gbs, latency_s=args.kv_latency_ms / 1000,
                             kv_bytes_per_token=args.kv_bytes_per_token, hold_timeout_s=args.kv_hold_timeout)
+    if args.kv_events_connect is not None and args.kv_events_port is None:
+        raise ValueError("--kv-events-connect needs --kv-events-port (the replay sockets' port - 1)")
     if args.tokenizer is not None and not Path(args.tokenizer).is_file():
         raise ValueError(f"--tokenizer {args.tokenizer!r}: no such file")
     overrides = _parse_overrides(args.replica, len(roles))
     replicas = tuple(_replica_config(i, args, overrides.get(i, {}), role, kv) for i, role in enumerate(roles))
     return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,
                        admin_port=args.admin_port, kv_events_port=args.kv_events_port,
-                       tokenizer=args.tokenizer)
+                       tokenizer=args.tokenizer, kv_events_connect=args.kv_events_connect)
 
 
 def _roles(args: argparse.Namespace) -> list[Role]:

@@ -64,6 +64,10 @@ class FleetConfig:
             return str(ipaddress.ip_address(self.hosts_from) + index), self.port
         return self.host, (self.port + index if self.port else 0)
 
+    kv_events_connect: str | None = None
+    """The replicas' publishers connect to this address (a picker's bound socket, llm-d's way)
+    instead of binding; their replay sockets stay on their own addresses."""
+
     def kv_events_address_of(self, index: int) -> tuple[str, int] | None:
         if self.kv_events_port is None:
             return None
@@ -150,7 +154,7 @@ class Fleet:
                 await listener.start()
                 events_at = self.config.kv_events_address_of(replica_config.index)
                 if events_at is not None:
-                    replica.start_kv_events(*events_at)
+                    replica.start_kv_events(*events_at, connect=self.config.kv_events_connect)
             if self.config.admin_port is not None:
                 runner = web.AppRunner(make_admin_app(self), access_log=None)
                 await runner.setup()
@@ -190,7 +194,7 @@ class Fleet:
         await listener.start()
         events_at = self.config.kv_events_address_of(old.config.index)
         if events_at is not None:
-            replica.start_kv_events(*events_at)
+            replica.start_kv_events(*events_at, connect=self.config.kv_events_connect)
         return listener
 
     @property

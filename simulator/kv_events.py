@@ -82,7 +82,10 @@ def vllm_events(events: list[CacheEvent], block_size: int) -> list[_Event]:
 
 
 class KvEventPublisher:
-    def __init__(self, host: str, port: int, topic: str, *, buffer_steps: int = 10_000) -> None:
+    def __init__(self, host: str, port: int, topic: str, *, buffer_steps: int = 10_000,
+                 connect: str | None = None) -> None:
+        """PUB bound on ``host:port`` (or connected to ``connect``: vLLM's convention for an
+        endpoint without a wildcard, llm-d's picker binding), replay ROUTER on ``host:port + 1``."""
         self._context = zmq.asyncio.Context()
         self._pub = self._context.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
@@ -90,14 +93,17 @@ class KvEventPublisher:
         self._router = self._context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
         try:
-            self._pub.bind(f"tcp://{host}:{port}")
+            if connect is not None:
+                self._pub.connect(connect)
+            else:
+                self._pub.bind(f"tcp://{host}:{port}")
             self._router.bind(f"tcp://{host}:{port + 1}")
         except zmq.ZMQError:
             self._pub.close(linger=0)
             self._router.close(linger=0)
             self._context.term()
             raise
-        self.address = f"tcp://{host}:{port}"
+        self.address = connect if connect is not None else f"tcp://{host}:{port}"
         self.replay_address = f"tcp://{host}:{port + 1}"
         self._topic = topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)

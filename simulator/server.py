@@ -130,9 +130,9 @@ class Replica:
         if self.kv_events is not None:
             await self.kv_events.stop()
 
-    def start_kv_events(self, host: str, port: int) -> None:
-        """Publish the engine's KV events on ``host:port`` (replay on ``port + 1``)."""
-        self.kv_events = KvEventPublisher(host, port, f"kv@{host}@{self.base_model}")
+    def start_kv_events(self, host: str, port: int, connect: str | None = None) -> None:
+        """Publish the engine's KV events on ``host:port`` or to ``connect`` (replay on ``port + 1``)."""
+        self.kv_events = KvEventPublisher(host, port, f"kv@{host}@{self.base_model}", connect=connect)
 
     async def _stop_kv_events(self, _: web.Request) -> web.Response:
         """Stop this replica's KV-event publisher alone (its engine serves on): a subscriber must

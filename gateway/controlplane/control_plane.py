@@ -70,6 +70,7 @@ vLLM's LoRA resolvers), instead of answering them 404 ``model_not_found`` at the
 PD_EXECUTION_ANNOTATION = "kvgate.io/pd-execution"
 KV_EVENTS_PORT_ANNOTATION = "kvgate.io/kv-events-port"
 TOKENIZER_ANNOTATION = "kvgate.io/tokenizer"
+KV_EVENTS_BIND_ANNOTATION = "kvgate.io/kv-events-bind"
 """The port each endpoint's engine publishes KV-cache events on (vLLM's --kv-events-config
 endpoint tcp://*:PORT); absent: the pool's engines publish none."""
 KV_EVENTS_REPLAY_PORT_ANNOTATION = "kvgate.io/kv-events-replay-port"
@@ -198,7 +199,8 @@ def _kv_events(
     model's tokenizer on the picker's disk); a bad port is warned about and leaves the pool without
     KV events (routing falls back to the approximate index)."""
     text = annotations.get(KV_EVENTS_PORT_ANNOTATION)
-    if text is None:
+    bind = annotations.get(KV_EVENTS_BIND_ANNOTATION, "").strip() or None
+    if text is None and bind is None:
         if TOKENIZER_ANNOTATION in annotations:
             warnings.append(f"InferencePool {pool.id}: {TOKENIZER_ANNOTATION} without "
                             f"{KV_EVENTS_PORT_ANNOTATION}: nothing reports the engines' caches")
@@ -207,12 +209,23 @@ def _kv_events(
     tokenizer = annotations.get(TOKENIZER_ANNOTATION, "").strip() or None
     try:
         return KvEventsSpec.model_validate(
-            {"port": int(text), "replay_port": int(replay) if replay is not None else None,
-             "tokenizer": tokenizer})
-    except ValueError:
+            {"port": int(text) if text is not None else None, "bind": bind,
+             "replay_port": int(replay) if replay is not None else None, "tokenizer": tokenizer})
+    except ValueError as exc:
         warnings.append(f"InferencePool {pool.id}: {KV_EVENTS_PORT_ANNOTATION} {text!r} / "
-                        f"{KV_EVENTS_REPLAY_PORT_ANNOTATION} {replay!r} are not ports; no KV events")
+                        f"{KV_EVENTS_BIND_ANNOTATION} {bind!r} / {KV_EVENTS_REPLAY_PORT_ANNOTATION} "
+                        f"{replay!r}: {_first_error(exc)}; no KV events")
         return None
+
+
+def _first_error(exc: ValueError) -> str:
+    """A validation error's first message (pydantic's, without its URL lines), else the text."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found:
+            return str(found[0].get("msg", exc))
+    return str(exc)
 
 
 def _pd_execution(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> str:

@@ -97,21 +97,42 @@ class ModelRewriteSpec(BaseModel):
 
 
 class KvEventsSpec(BaseModel):
-    """Where a pool's engines publish their KV-cache events (vLLM's ``--kv-events-config``): each
-    endpoint's own address at ``port`` (its ZMQ PUB), the replay ROUTER at ``replayPort`` (default
-    ``port + 1``; 0: no replay). ``gateway.picker.kv_events``."""
+    """Where a pool's engines publish their KV-cache events (vLLM's ``--kv-events-config``), one of:
+
+    - ``port``: each endpoint's own address at ``port`` (its ZMQ PUB bound on ``tcp://*:port``), the
+      picker connecting to each;
+    - ``bind``: the address the picker binds one SUB socket at (``tcp://*:5557``), the engines'
+      publishers connecting to it (llm-d's way: vLLM's ``endpoint`` names the picker), their topic
+      ``kv@<pod-ip>@<model>`` naming the endpoint.
+
+    The replay ROUTER each engine binds: ``replayPort`` on the endpoint's address (default, with
+    ``port``: ``port + 1``; with ``bind``: none; 0: none). ``gateway.picker.kv_events``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    port: int = Field(ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    bind: str | None = None
     replay_port: int | None = Field(default=None, ge=0, le=65535, alias="replayPort")
     tokenizer: str | None = None
     """The model's ``tokenizer.json`` or model directory on the picker's disk (its chat template
     too): ``engine-prefix-matches`` keys prompts with it (None: only a profile's own tokenizer)."""
 
-    def addresses(self, endpoint: str) -> tuple[str, str | None]:
-        """(publisher, replay or None) of an endpoint ``host:port``."""
+    @model_validator(mode="after")
+    def _one_topology(self) -> KvEventsSpec:
+        if (self.port is None) == (self.bind is None):
+            raise ValueError("kvEvents needs one of port (the picker connects to each endpoint) and "
+                             "bind (the engines connect to the picker)")
+        if self.bind is not None and not self.bind.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"kvEvents bind {self.bind!r} is not a ZMQ address (tcp://HOST:PORT)")
+        return self
+
+    def addresses(self, endpoint: str) -> tuple[str | None, str | None]:
+        """(publisher to connect to, or None where the engines connect to ``bind``; replay or None)
+        of an endpoint ``host:port``."""
         host = endpoint.rpartition(":")[0] or endpoint
+        if self.port is None:
+            replay = self.replay_port or None
+            return None, (f"tcp://{host}:{replay}" if replay else None)
         replay = self.port + 1 if self.replay_port is None else self.replay_port
         return f"tcp://{host}:{self.port}", (f"tcp://{host}:{replay}" if replay else None)
 

@@ -21,10 +21,12 @@ class SimFleetProcess:
         self, *, roles: Sequence[str], port: int, hosts_from: str, time_scale: float, model: str | None,
         kv_events_port: int | None = None,
         tokenizer: str | None = None,
+        kv_events_connect: str | None = None,
     ) -> None:
         """``roles``: each replica's (``prefill``, ``decode``, ``both``), prefill ones first, then
         decode, then both (the simulator's order). ``kv_events_port``: each replica publishes
-        vLLM's KV events there (its own address; replay on the next port)."""
+        vLLM's KV events there (its own address; replay on the next port), or connects its
+        publisher to ``kv_events_connect`` (a picker's bound socket)."""
         count = Counter(roles)
         if count["prefill"] or count["decode"]:
             sizes = ["--prefill", str(count["prefill"]), "--decode", str(count["decode"]),
@@ -36,6 +38,7 @@ class SimFleetProcess:
             "--hosts-from", hosts_from, "--time-scale", str(time_scale),
             *(("--model", model) if model else ()),
             *(("--kv-events-port", str(kv_events_port)) if kv_events_port else ()),
+            *(("--kv-events-connect", kv_events_connect) if kv_events_connect else ()),
             *(("--tokenizer", tokenizer) if tokenizer else ()),
         ]
         self.urls: list[str] = []

@@ -100,3 +100,43 @@ async def test_the_index_follows_each_replica_and_a_lost_publisher_falls_back_al
         assert f'kvgate_kv_events_in_step{{endpoint="{addresses[1]}",pool="default/pool"}} 1.0' in page
     finally:
         await up.stop()
+
+
+async def test_engines_that_connect_to_the_pickers_bound_socket_are_followed_by_topic(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """llm-d's topology (``kvgate.io/kv-events-bind``): the picker binds one SUB socket, the
+    replicas' publishers connect to it (``kvgate sim --kv-events-connect``), each batch's topic
+    ``kv@<pod-ip>@<model>`` names its endpoint; replay from each replica's own socket."""
+    bind, replay = free_port(), free_port()
+    pool = POOL.format(events=0).replace(
+        '{"kvgate.io/kv-events-port": "0"}',
+        f'{{"kvgate.io/kv-events-bind": "tcp://127.0.0.1:{bind}", '
+        f'"kvgate.io/kv-events-replay-port": "{replay}"}}')
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(pool)
+    up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=2,
+                            sim_hosts_from="127.0.9.61", sim_time_scale=0.01))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        addresses = sorted(await endpoints(http, up))
+        for i in range(12):
+            body = {"model": EXAMPLE_MODEL, "prompt": f"document {i} " + "lorem ipsum dolor " * 40,
+                    "max_tokens": 2}
+            async with http.post(f"{up.url}/v1/completions", data=json.dumps(body),
+                                 headers={"content-type": "application/json"}) as response:
+                assert response.status == 200
+        for _ in range(100):
+            seen = await endpoints(http, up)
+            cached = [await cached_blocks(http, a) for a in addresses]
+            if [seen[a]["kv_events"]["blocks"] for a in addresses] == cached:
+                break
+            await asyncio.sleep(0.05)
+        seen = await endpoints(http, up)
+        for address in addresses:
+            events = seen[address]["kv_events"]
+            assert events["blocks"] == await cached_blocks(http, address) > 0, (address, events)
+            assert events["in_step"], (address, events)
+    finally:
+        await up.stop()

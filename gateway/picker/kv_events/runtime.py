@@ -108,7 +108,8 @@ class KvEventsRuntime:
         for spec in specs:
             events = spec.kv_events
             publishers = {a: events.addresses(a) for a in spec.endpoints} if events is not None else {}
-            self._subscribers.set_endpoints(spec.name, publishers)
+            bind = events.bind if events is not None else None
+            self._subscribers.set_endpoints(spec.name, publishers, bind)
         for pool in [p for p in self.indexes if p not in wanted]:
             del self.indexes[pool]
 

@@ -78,9 +78,11 @@ def endpoint_of_topic(topic: str, port: int) -> str | None:
 
 
 class EndpointSubscription:
-    """One endpoint's publisher (connect topology): its SUB socket, its replay DEALER, its sequence."""
+    """One endpoint's publisher: its SUB socket (connect topology; None where the engine connects to
+    the picker's bound socket, which hands its messages to ``receive``), its replay DEALER, its
+    sequence."""
 
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, publisher: str, replay: str | None,
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str, publisher: str | None, replay: str | None,
                  index: EngineBlockIndex, *, replay_timeout_s: float = 1.0) -> None:
         self.endpoint = endpoint
         self.publisher = publisher
@@ -102,6 +104,8 @@ class EndpointSubscription:
         return self.connected is not False and self.sequence.in_step
 
     def start(self) -> None:
+        if self.publisher is None:
+            return  # bound topology: messages come through ``BoundSubscriber``
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -210,17 +214,78 @@ class EndpointSubscription:
             dealer.close(linger=0)
 
 
+class BoundSubscriber:
+    """The bound topology: one SUB socket at ``address`` that engines connect their publishers to;
+    each message goes to the subscription its topic's pod IP names (``route``), others are counted
+    in ``unrouted`` and dropped."""
+
+    def __init__(self, context: zmq.asyncio.Context, address: str,
+                 route: Callable[[str], EndpointSubscription | None]) -> None:
+        self.address = address
+        self.unrouted = 0
+        self._route = route
+        self._sub = context.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.bind(address)
+        self._task = asyncio.create_task(self._run(), name=f"kv-events bound {address}")
+
+    async def _run(self) -> None:
+        while True:
+            frames = await self._sub.recv_multipart()
+            host = host_of_topic(frames[0]) if len(frames) == 3 else None
+            sub = self._route(host) if host is not None else None
+            if sub is None:
+                self.unrouted += 1
+                continue
+            await sub.receive(frames)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._sub.close(linger=0)
+
+
+def host_of_topic(topic: bytes) -> str | None:
+    """llm-d's topic ``kv@<pod-ip>@<model>`` → ``<pod-ip>``; None for another topic."""
+    try:
+        endpoint = endpoint_of_topic(topic.decode(), 0)
+    except UnicodeDecodeError:
+        return None
+    return endpoint.rpartition(":")[0] if endpoint is not None else None
+
+
 class KvEventSubscribers:
-    """The subscriptions of every endpoint whose pool has KV events configured (connect topology)."""
+    """The subscriptions of every endpoint whose pool has KV events configured, and the bound
+    sockets of the pools whose engines connect to the picker."""
 
     def __init__(self, index_of: Callable[[str], EngineBlockIndex]) -> None:
         """``index_of(pool)``: that pool's index."""
         self._context = zmq.asyncio.Context()
         self._index_of = index_of
         self._subs: dict[tuple[str, str], EndpointSubscription] = {}
+        self._bound: dict[str, BoundSubscriber] = {}
+        self._bind_of: dict[str, str] = {}
+        """Pool → the address its engines connect to (bound topology)."""
+        self._by_host: dict[tuple[str, str], EndpointSubscription] = {}
+        """(bound address, endpoint host) → its subscription."""
 
-    def set_endpoints(self, pool: str, publishers: Mapping[str, tuple[str, str | None]]) -> None:
-        """``publishers``: endpoint → (publisher address, replay address or None)."""
+    def set_endpoints(self, pool: str, publishers: Mapping[str, tuple[str | None, str | None]],
+                      bind: str | None = None) -> None:
+        """``publishers``: endpoint → (publisher address, or None where its engine connects to
+        ``bind``; replay address or None). A bind address that cannot be bound is logged as an error
+        (the pool's endpoints stay out of step: routing keeps the approximate index)."""
+        if bind is not None and bind not in self._bound:
+            try:
+                self._bound[bind] = BoundSubscriber(self._context, bind, self._router(bind))
+            except zmq.ZMQError as exc:
+                _log.error("pool %s: cannot bind the KV-events socket %s (%s): its engines' events "
+                           "go unseen", pool, bind, exc)
+        if bind is None:
+            self._bind_of.pop(pool, None)
+        else:
+            self._bind_of[pool] = bind
         for key in [k for k in self._subs if k[0] == pool and k[1] not in publishers]:
             sub = self._subs.pop(key)
             sub.index.forget(sub.endpoint)
@@ -235,6 +300,24 @@ class KvEventSubscribers:
             sub = EndpointSubscription(self._context, endpoint, publisher, replay, self._index_of(pool))
             self._subs[key] = sub
             sub.start()
+        self._route_hosts()
+
+    def _router(self, bind: str) -> Callable[[str], EndpointSubscription | None]:
+        def route(host: str) -> EndpointSubscription | None:
+            return self._by_host.get((bind, host))
+
+        return route
+
+    def _route_hosts(self) -> None:
+        """The bound sockets' topic routes; a bound socket no pool names any more is closed."""
+        routes: dict[tuple[str, str], EndpointSubscription] = {}
+        for (pool, endpoint), sub in self._subs.items():
+            bind = self._bind_of.get(pool)
+            if bind is not None and sub.publisher is None:
+                routes.setdefault((bind, endpoint.rpartition(":")[0].strip("[]")), sub)
+        self._by_host = routes
+        for address in [a for a in self._bound if a not in self._bind_of.values()]:
+            asyncio.get_running_loop().create_task(self._bound.pop(address).stop())
 
     def in_step(self, pool: str, endpoint: str) -> bool:
         sub = self._subs.get((pool, endpoint))
@@ -243,7 +326,13 @@ class KvEventSubscribers:
     def subscriptions(self) -> Mapping[tuple[str, str], EndpointSubscription]:
         return self._subs
 
+    def unrouted(self) -> int:
+        """Messages on the bound sockets whose topic named no endpoint (dropped)."""
+        return sum(bound.unrouted for bound in self._bound.values())
+
     async def stop(self) -> None:
-        await asyncio.gather(*(sub.stop() for sub in self._subs.values()), return_exceptions=True)
+        await asyncio.gather(*(sub.stop() for sub in self._subs.values()),
+                             *(bound.stop() for bound in self._bound.values()), return_exceptions=True)
         self._subs.clear()
+        self._bound.clear()
         self._context.term()

@@ -138,3 +138,49 @@ async def test_subscriptions_follow_the_pools_endpoints(context: zmq.asyncio.Con
         assert [k[1] for k in subscribers.subscriptions()] == ["10.0.0.2:8000"]
     finally:
         await subscribers.stop()
+
+
+async def test_engines_connecting_to_a_bound_socket_are_told_apart_by_their_topics(
+    context: zmq.asyncio.Context,
+) -> None:
+    """llm-d's topology: the picker binds, two engines (127.0.8.1, 127.0.8.2) connect with topics
+    ``kv@<ip>@<model>``; each batch lands on its endpoint, a gap is filled from that engine's own
+    replay socket, a topic naming no endpoint is counted and dropped."""
+    from kvgate.gateway.processes.envoy_process import free_port
+
+    indexes: dict[str, EngineBlockIndex] = {}
+    subscribers = KvEventSubscribers(lambda pool: indexes.setdefault(pool, EngineBlockIndex()))
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    engines = [VllmPublisher(context, connect=bind, host=f"127.0.8.{i}", topic=f"kv@127.0.8.{i}@m")
+               for i in (1, 2)]
+    stranger = VllmPublisher(context, connect=bind, topic="kv@10.9.9.9@m")
+    try:
+        publishers: dict[str, tuple[str | None, str | None]] = {
+            f"127.0.8.{i + 1}:8000": (None, engine.replay_address) for i, engine in enumerate(engines)}
+        subscribers.set_endpoints("p", publishers, bind)
+        await asyncio.sleep(0.3)  # the publishers' connections and subscriptions settle
+        other = list(range(2000, 2032))
+        await engines[0].publish([stored([1, 2, 3, 4], None, DOC)])
+        engines[1].frames([stored([9], None, other[:16])])  # seq 0 never sent: the gap is replayed
+        await engines[1].publish([stored([10], 9, other[16:])])
+        await stranger.publish([stored([5], None, DOC[:16])])
+        index = indexes["p"]
+        for _ in range(100):
+            if index.blocks("127.0.8.1:8000") == 4 and index.blocks("127.0.8.2:8000") == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert index.matches(KEYS) == {"127.0.8.1:8000": 4}
+        assert index.matches(block_keys(other, 16)) == {"127.0.8.2:8000": 2}
+        subs = subscribers.subscriptions()
+        assert subs[("p", "127.0.8.2:8000")].counts.replayed == 1
+        assert subscribers.in_step("p", "127.0.8.1:8000")
+        assert subscribers.in_step("p", "127.0.8.2:8000")
+        for _ in range(50):
+            if subscribers.unrouted() == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert subscribers.unrouted() == 1
+    finally:
+        for publisher in (*engines, stranger):
+            await publisher.close()
+        await subscribers.stop()

@@ -19,15 +19,22 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 class VllmPublisher:
-    def __init__(self, context: zmq.asyncio.Context, *, topic: str = "", buffer_steps: int = 10_000) -> None:
+    def __init__(self, context: zmq.asyncio.Context, *, topic: str = "", buffer_steps: int = 10_000,
+                 connect: str | None = None, host: str = "127.0.0.1") -> None:
+        """PUB bound on a random port of ``host``, or connected to ``connect`` (vLLM connects when
+        its endpoint has no wildcard); replay ROUTER bound on ``host``."""
         self.pub = context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
+        if connect is None:
+            port = self.pub.bind_to_random_port(f"tcp://{host}")
+            self.address = f"tcp://{host}:{port}"
+        else:
+            self.pub.connect(connect)
+            self.address = connect
         self.router = context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.replay_address = f"tcp://127.0.0.1:{replay_port}"
+        replay_port = self.router.bind_to_random_port(f"tcp://{host}")
+        self.replay_address = f"tcp://{host}:{replay_port}"
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.topic = topic.encode()
         self.next_seq = 0
