@@ -12,7 +12,8 @@ process's CPU per request (its own threads: picker, control plane, scraper; Envo
 are other processes), and Envoy's CPU per request. ``--otlp``: a second ``kvgate up`` beside the
 first tracing every request (``--otlp-endpoint`` to a receiver in this process: Envoy's spans and
 the picker's), measured the same way in the same run. Prints a Markdown report and writes it to
-``--output``.
+``--output``. ``--kv-events``: a second gateway whose pool publishes KV events and names the
+simulated model's tokenizer (the default profile then tokenizes and keys every prompt).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -34,8 +36,9 @@ from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
 from kvgate.bench.datapath.onepass import FULL, QUICK, Plan, stream_latency
 from kvgate.bench.datapath.procs import Child, cpu_snapshot, descendants, kvgate_command, start_child
 from kvgate.bench.otlp_receiver import OtlpReceiver
+from kvgate.bench.workloads import SIM_MODEL
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL
+from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
 
 READY = "kvgate ready:"
 
@@ -94,6 +97,26 @@ async def traced_gateway(args: argparse.Namespace, workdir: Path, stack: context
     return receiver
 
 
+async def kv_events_gateway(args: argparse.Namespace, workdir: Path, stack: contextlib.AsyncExitStack,
+                            gateways: Gateways) -> None:
+    """``--kv-events``: a second gateway whose pool publishes KV events and names the simulated
+    model's tokenizer (the bundled example with ``kvgate.io/kv-events-port`` and
+    ``kvgate.io/tokenizer``): the default profile routes on the engines' reports."""
+    config = workdir / "kv-events-config"
+    shutil.copytree(bundled_example(), config)
+    pool = config / "pool.yaml"
+    pool.write_text(pool.read_text().replace(
+        "    kvgate.io/profile: default\n",
+        f"    kvgate.io/profile: default\n    kvgate.io/kv-events-port: \"{free_port()}\"\n"
+        f"    kvgate.io/tokenizer: {SIM_MODEL}\n"))
+    port = free_port()
+    up, _ = await start_up("kvgate_up_kv_events", port, args.kv_events_sim_host, args, workdir,
+                           ["-f", str(config)])
+    stack.push_async_callback(up.stop)
+    gateways["through kvgate up, KV events"] = (f"http://127.0.0.1:{port}",
+                                                 {"kvgate_up": up.pid, **child_pids(up.pid)})
+
+
 async def load_rows(
     name: str, url: str, pids: dict[str, int], files: dict[str, Path], plan: Plan
 ) -> list[str]:
@@ -132,6 +155,8 @@ async def run(args: argparse.Namespace) -> str:
                 "through kvgate up": (f"http://127.0.0.1:{port}", {"kvgate_up": up.pid, **child_pids(up.pid)})
             }
             receiver = await traced_gateway(args, workdir, stack, gateways) if args.otlp else None
+            if args.kv_events:
+                await kv_events_gateway(args, workdir, stack, gateways)
             replica = f"http://{args.sim_host}:8000"
             files = {
                 "1 KB": write_bodies(workdir / "b.jsonl", bodies(1, False, 64)),
@@ -173,7 +198,9 @@ async def run(args: argparse.Namespace) -> str:
         f"- kvgate up: {' '.join(command[len(kvgate_command()):])} (Envoy workers: "
         f"{args.envoy_concurrency or os.cpu_count()})"
         + (" and the same with `--otlp-endpoint URL --otlp-sampling-ratio 1` (a receiver in the benchmark's "
-           "process), `--sim-hosts-from " + args.traced_sim_host + "`" if args.otlp else ""),
+           "process), `--sim-hosts-from " + args.traced_sim_host + "`" if args.otlp else "")
+        + (" and the bundled example with the pool's KV events and tokenizer (`-f DIR`, "
+           "`--sim-hosts-from " + args.kv_events_sim_host + "`)" if args.kv_events else ""),
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- plan: {plan}", f"- load after: {load_average()}", "",
@@ -195,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--otlp", action="store_true",
                         help="a second kvgate up beside the first, tracing every request (issue 36)")
     parser.add_argument("--traced-sim-host", default="127.0.3.1", help="its first replica's address")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="a second kvgate up beside the first whose pool publishes KV events and names "
+                        "its tokenizer: routing on the engines' reports (issue 37)")
+    parser.add_argument("--kv-events-sim-host", default="127.0.4.1", help="its first replica's address")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
