@@ -53,6 +53,9 @@ class _InStep:
     def knows_adapter(self, name: str) -> bool:
         return False
 
+    def held(self, key: int) -> bool:
+        return self.index.held(key)
+
     def tokenizer(self) -> ModelTokenizer | None:
         return None  # the profile's own
 

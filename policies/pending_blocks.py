@@ -70,6 +70,9 @@ class PendingBlocks:
         for request_id in [r for r, (e, _) in self._requests.items() if e == endpoint]:
             self.remove(request_id)
 
+    def holds(self, key: int) -> bool:
+        return key in self._holders
+
     def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
         """Leading blocks of ``keys`` each endpoint will hold (endpoints with none left out)."""
         holders = self._holders

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any
 
 import xxhash
@@ -68,10 +68,10 @@ class ChunkedTokenizer:
         """(chunk key, chain root, block size, specials in front) → the keys of the blocks that end
         in the chunk and the tokens it leaves over (``keys``)."""
 
-    def _pieces(self, text: str) -> Iterator[tuple[int, str]]:
-        """The text's chunks, each with the chained key of the text up to its end."""
-        key = 0
-        pos, n, width = 0, len(text), self.chunk_chars
+    def _pieces(self, text: str, pos: int = 0, key: int = 0, width: int = 0) -> Iterator[tuple[int, str]]:
+        """The text's chunks from ``pos`` (``width`` characters at most, ``chunk_chars`` unless
+        given), each with the chained key of the text up to its end (``key``: the text's before)."""
+        n, width = len(text), width or self.chunk_chars
         while pos < n:
             end = n if n - pos <= width else self._cut(text, pos + width // 2, pos + width)
             piece = text[pos:end]
@@ -99,32 +99,84 @@ class ChunkedTokenizer:
             ids.extend(self._ids(key, piece))
         return ids
 
-    def keys(self, text: str, block_size: int, root: int, *, specials: bool = True) -> list[int]:
+    def keys(self, text: str, block_size: int, root: int, *, specials: bool = True,
+             held: Callable[[int], bool] | None = None) -> list[int]:
         """``block_keys`` of ``encode(text)`` from ``root`` (``engine_blocks.chain_root``), each
         chunk's keys remembered: keyed by the chunk's chained text key, the chain's root and the
         block size, a chunk's blocks (and the tokens it leaves to the next block) are the same
-        whenever its prefix is, so a shared prefix is keyed once."""
+        whenever its prefix is, so a shared prefix is keyed once.
+
+        ``held(key)``: whether any endpoint holds that block. With it, from the first chunk not
+        remembered on, the text goes in ``chunk_chars // 4`` pieces and stops after the first piece
+        whose last block nobody holds once an earlier block was held: a warm prefix's unshared
+        tail (a question) is tokenized only as far as its first block. A prompt nobody holds any
+        of is keyed whole (its keys are what its in-flight request holds for the ones that follow).
+        """
         keys: list[int] = []
         carry = array("I", self._specials if specials else ())
         last = root
-        memo = self._keyed
+        pos = key_before = 0
+        seen_held: bool | None = None  # whether a block of the prompt so far is held (when asked)
         for key, piece in self._pieces(text):
             slot = (key, root, block_size, specials)
-            entry = memo.get(slot)
-            if entry is None:
-                tokens = carry + self._ids(key, piece)
-                whole = len(tokens) - len(tokens) % block_size
-                entry = (block_keys(tokens[:whole], block_size, parent=last), tokens[whole:])
-                memo[slot] = entry
-                if len(memo) > self.max_chunks:
-                    memo.popitem(last=False)
+            entry = self._keyed.get(slot)
+            if entry is None and held is not None:
+                if seen_held is None:
+                    seen_held = bool(keys) and held(keys[-1])
+                span = self._span(text, pos, pos + len(piece), key_before, (carry, last, seen_held),
+                                  block_size, root, specials, held)
+                chunk_keys, carry, seen_held, stopped = span
+                keys.extend(chunk_keys)
+                if stopped:
+                    return keys
+                self._remember(slot, (chunk_keys, carry))  # the whole chunk, keyed piece by piece
             else:
-                memo.move_to_end(slot)
-            chunk_keys, carry = entry
+                chunk_keys, carry = self._entry(slot, entry, key, piece, carry, last, block_size)
+                keys.extend(chunk_keys)
+            if chunk_keys:
+                last = chunk_keys[-1]
+            pos += len(piece)
+            key_before = key
+        return keys
+
+    def _span(self, text: str, start: int, end: int, key: int, state: tuple[array[int], int, bool],
+              block_size: int, root: int, specials: bool, held: Callable[[int], bool],
+              ) -> tuple[list[int], array[int], bool, bool]:
+        """A chunk never keyed before, in ``chunk_chars // 4`` pieces (each remembered): its keys,
+        the tokens it leaves, whether a block was held by then, and whether it stopped early (the
+        first piece whose last block nobody holds, after a held one)."""
+        carry, last, seen_held = state
+        keys: list[int] = []
+        for piece_key, piece in self._pieces(text[:end], start, key, max(64, self.chunk_chars // 4)):
+            slot = (piece_key, root, block_size, specials)
+            chunk_keys, carry = self._entry(slot, self._keyed.get(slot), piece_key, piece, carry, last,
+                                            block_size)
             if chunk_keys:
                 keys.extend(chunk_keys)
                 last = chunk_keys[-1]
-        return keys
+                if held(last):
+                    seen_held = True
+                elif seen_held or held(chunk_keys[0]):  # the held run ended here
+                    return keys, carry, True, True  # nothing after a block nobody holds is held
+        return keys, carry, seen_held, False
+
+    def _entry(self, slot: tuple[int, int, int, bool], entry: tuple[list[int], array[int]] | None, key: int,
+               piece: str, carry: array[int], last: int, block_size: int) -> tuple[list[int], array[int]]:
+        """The remembered keys and leftover tokens of a chunk (computed and remembered when new)."""
+        if entry is None:
+            tokens = carry + self._ids(key, piece)
+            whole = len(tokens) - len(tokens) % block_size
+            entry = (block_keys(tokens[:whole], block_size, parent=last), tokens[whole:])
+            self._remember(slot, entry)
+        else:
+            self._keyed.move_to_end(slot)
+        return entry
+
+    def _remember(self, slot: tuple[int, int, int, bool], entry: tuple[list[int], array[int]]) -> None:
+        memo = self._keyed
+        memo[slot] = entry
+        if len(memo) > self.max_chunks:
+            memo.popitem(last=False)
 
     @staticmethod
     def _cut(text: str, lo: int, hi: int) -> int:
@@ -213,8 +265,13 @@ class EnginePrefixMatches(FeedbackPlugin):
                 return  # the engine refuses these messages too: nothing to predict
         size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
+        pending = self._pending
+
+        def held(key: int) -> bool:
+            return cache.held(key) or pending.holds(key)
+
         keys = self._tokenizer(model).keys(text, size, chain_root(adapter, request.cache_salt),
-                                           specials=specials)
+                                           specials=specials, held=held)
         if not keys:
             return
         prepared = self._prepared
@@ -222,13 +279,13 @@ class EnginePrefixMatches(FeedbackPlugin):
         if len(prepared) > _MAX_PREPARED:
             prepared.popitem(last=False)
         reported = cache.matches(keys)
-        pending = self._pending.matches(keys)
+        in_flight = pending.matches(keys)
         approximate = ctx.prefix_matches()
         per_block = ctx.tokens_per_block
         merged = {address: blocks for address, blocks in approximate.items() if not cache.in_step(address)}
-        for address in reported.keys() | pending.keys():
+        for address in reported.keys() | in_flight.keys():
             if cache.in_step(address):
-                blocks = max(reported.get(address, 0), pending.get(address, 0))
+                blocks = max(reported.get(address, 0), in_flight.get(address, 0))
                 merged[address] = blocks * size // per_block
         ctx.set_prefix_matches(merged)
 

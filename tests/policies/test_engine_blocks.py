@@ -25,8 +25,8 @@ def test_a_stored_prefix_matches_from_the_first_block_on() -> None:
     keys = block_keys(DOC, 16)
     assert index.matches(keys) == {A: 3, B: 4}
     assert index.matches(block_keys([7, *DOC[1:]], 16)) == {}  # the first block differs
-    index.removed(B, [902])
-    assert index.matches(keys) == {A: 3, B: 1}
+    index.removed(B, [904, 903])  # an engine evicts a sequence's blocks tail first
+    assert index.matches(keys) == {A: 3, B: 2}
 
 
 def test_a_block_whose_parent_was_missed_is_not_indexed_and_is_counted() -> None:
@@ -53,3 +53,21 @@ def test_each_endpoint_is_bounded_oldest_first() -> None:
     index.stored(A, [1, 2, 3], None, list(range(48)), 16)
     assert index.blocks(A) == 2
     assert index.matches(block_keys(list(range(48)), 16)) == {}  # its first block was forgotten
+
+
+def test_matches_by_binary_search_equal_a_walk_over_leading_runs() -> None:
+    """Each endpoint holding a leading run of a chain (what engines hold: tail-first eviction), of
+    random lengths: the binary search's counts are the runs' lengths."""
+    import random
+
+    rng = random.Random(11)
+    doc = list(range(5000, 5000 + 16 * 64))  # 64 blocks
+    keys = block_keys(doc, 16)
+    for _ in range(50):
+        index = EngineBlockIndex()
+        runs = {f"10.0.0.{i}:8000": rng.randint(0, 64) for i in range(8)}
+        for endpoint, run in runs.items():
+            if run:
+                index.stored(endpoint, list(range(run)), None, doc[:16 * run], 16)
+        assert index.matches(keys) == {e: run for e, run in runs.items() if run}
+        assert index.matches(keys[:10]) == {e: min(run, 10) for e, run in runs.items() if run}

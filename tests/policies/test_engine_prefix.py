@@ -51,6 +51,9 @@ class View:
     def knows_adapter(self, name: str) -> bool:
         return self.index.knows_adapter(name)
 
+    def held(self, key: int) -> bool:
+        return self.index.held(key)
+
     def tokenizer(self) -> ModelTokenizer | None:
         return self.model
 
@@ -239,3 +242,31 @@ def test_a_request_in_flight_holds_its_prefix_until_the_engine_reports_it(tokeni
     s.on_finished(first, picked, ok=True, now=NOW)
     after = s.schedule(request("r3", document + " w150"), [a, b, c], NOW)
     assert after.predicted_cached_tokens == 0
+
+
+def test_keys_asked_what_is_held_stop_after_the_held_run_and_are_a_prefix_of_the_whole_keys() -> None:
+    """With ``held``: a prompt whose blocks are held up to some block is keyed at least that far
+    and at most a piece further (its unshared tail is not tokenized); a prompt nobody holds is keyed
+    whole; what was keyed piece by piece is remembered as the whole chunk's keys (a later call
+    without ``held`` gives the whole text's keys)."""
+    from kvgate.policies.engine_blocks import chain_root
+    from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
+
+    path = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    rng = random.Random(3)
+    pieces = ["harbour", "ledger,", "ship.", "cargo", "north", "river:", "grain", "anchor", "tide"]
+    shared = " ".join(rng.choice(pieces) for _ in range(400))
+    root = chain_root(None, None)
+    for held_blocks in (0, 1, 37, 200, 10_000):
+        chunked = ChunkedTokenizer(tokenizer, chunk_chars=256)
+        text = shared + " " + " ".join(rng.choice(pieces) for _ in range(60))
+        whole = block_keys(tokenizer.encode(text, add_special_tokens=True).ids, 16)
+        held = set(whole[:held_blocks])
+        got = chunked.keys(text, 16, root, held=held.__contains__)
+        assert got == whole[:len(got)]
+        if held_blocks == 0 or held_blocks >= len(whole):
+            assert got == whole  # nothing held (keyed whole) or everything held
+        else:
+            assert held_blocks < len(got) <= held_blocks + 20  # a 64-character piece: < 20 blocks
+        assert chunked.keys(text, 16, root) == whole  # the memo, whatever was keyed piece by piece

@@ -46,6 +46,10 @@ class PoolEngineCache:
         index = self._runtime.indexes.get(self._pool)
         return index is not None and index.knows_adapter(name)
 
+    def held(self, key: int) -> bool:
+        index = self._runtime.indexes.get(self._pool)
+        return index is not None and index.held(key)
+
     def tokenizer(self) -> ModelTokenizer | None:
         return self._runtime.tokenizers.get(self._pool)
 

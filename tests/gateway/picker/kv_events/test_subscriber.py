@@ -56,7 +56,7 @@ async def test_events_over_the_socket_follow_the_engines_cache(context: zmq.asyn
                 break
             await asyncio.sleep(0.02)
         assert index.matches(KEYS) == {ENDPOINT: 4}
-        await publisher.publish([v.BlockRemoved(block_hashes=[3], medium="GPU")])
+        await publisher.publish([v.BlockRemoved(block_hashes=[4, 3], medium="GPU")])  # tail first
         for _ in range(100):
             if index.matches(KEYS).get(ENDPOINT) == 2:
                 break
