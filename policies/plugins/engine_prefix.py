@@ -64,6 +64,8 @@ class ChunkedTokenizer:
         self._chunks: OrderedDict[int, array[int]] = OrderedDict()
         """Chunk key → its token ids (4 bytes each: 65,536 chunks of ~100 tokens hold ~30 MB)."""
         self._specials = tokenizer.encode("", add_special_tokens=True).ids
+        self._encode_fast = getattr(tokenizer, "encode_batch_fast", None)
+        """Without offsets: ~25 % less CPU per chunk than ``encode`` (tokenizers >= 0.21)."""
         self._keyed: OrderedDict[tuple[int, int, int, bool], tuple[list[int], array[int]]] = OrderedDict()
         """(chunk key, chain root, block size, specials in front) → the keys of the blocks that end
         in the chunk and the tokens it leaves over (``keys``)."""
@@ -83,7 +85,10 @@ class ChunkedTokenizer:
         chunks = self._chunks
         found = chunks.get(key)
         if found is None:
-            found = array("I", self.tokenizer.encode(piece, add_special_tokens=False).ids)
+            fast = self._encode_fast
+            encoding = (fast([piece], add_special_tokens=False)[0] if fast is not None
+                        else self.tokenizer.encode(piece, add_special_tokens=False))
+            found = array("I", encoding.ids)
             chunks[key] = found
             if len(chunks) > self.max_chunks:
                 chunks.popitem(last=False)
