@@ -4,6 +4,7 @@ publisher followed by kvgate's own subscriber over real ZMQ (vLLM's protocol bot
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections.abc import Callable
 
 import aiohttp
@@ -47,7 +48,7 @@ def test_a_chain_of_stored_blocks_is_one_vllm_event() -> None:
     encoded = vllm_events(events, 16)
     payload = msgspec.msgpack.encode({"ts": 1.0, "events": encoded})
     batch = decode_batch("", 0, payload)
-    assert batch.events[0] == BlockStored((1, 2), None, (1,) * 16 + (2,) * 16, 16, None, "GPU")
+    assert batch.events[0] == BlockStored((1, 2), None, array("I", [1] * 16 + [2] * 16), 16, None, "GPU")
     assert len(batch.events) == 2
 
 

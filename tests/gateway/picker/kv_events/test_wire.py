@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import msgspec
 import pytest
 
@@ -30,7 +32,7 @@ def test_the_current_encoding_maps_tagged_by_type() -> None:
     assert (batch.topic, batch.seq, batch.ts) == ("kv@10.0.0.1@llama", 7, 1700000000.5)
     assert batch.data_parallel_rank == 1
     stored, removed, cleared = batch.events
-    assert stored == BlockStored((h1, h2), None, tuple(TOKENS), 16, "sql-lora", "GPU", 0)
+    assert stored == BlockStored((h1, h2), None, array("I", TOKENS), 16, "sql-lora", "GPU", 0)
     assert removed == BlockRemoved((h1,), "CPU", None)
     assert cleared == AllBlocksCleared()
     assert batch.skipped == 0
@@ -44,7 +46,7 @@ def test_an_older_release_positional_arrays_and_integer_hashes() -> None:
     ], old=True)
     assert frames[2][:1] == b"\x93"  # an array (ts, events, rank): positional, as such releases sent it
     batch = decode_message(frames)
-    stored = BlockStored((11, 12), 10, tuple(TOKENS), 16, None, "GPU")
+    stored = BlockStored((11, 12), 10, array("I", TOKENS), 16, None, "GPU")
     assert batch.events == (stored, BlockRemoved((12,), "GPU"))
 
 
@@ -66,6 +68,10 @@ def test_an_unknown_event_type_is_skipped_and_counted() -> None:
     [b"topic", (1).to_bytes(8, "big"), msgspec.msgpack.encode(
         {"ts": 1.0, "events": [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
                                 "token_ids": [1], "block_size": 0}]})],
+    *([b"topic", (1).to_bytes(8, "big"), msgspec.msgpack.encode(
+        {"ts": 1.0, "events": [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+                                "token_ids": tokens, "block_size": 16}]})]
+      for tokens in ([1, "x"], [1, -1], [1, 2**40], [1.5], "abc")),
 ])
 def test_a_malformed_message_raises_malformed_batch(frames: list[bytes]) -> None:
     with pytest.raises(MalformedBatch):
