@@ -134,6 +134,9 @@ class KvEventsRuntime:
     def in_step(self, pool: str, address: str) -> bool:
         return self._subscribers is not None and self._subscribers.in_step(pool, address)
 
+    def unrouted(self) -> int:
+        return self._subscribers.unrouted() if self._subscribers is not None else 0
+
     async def stop(self) -> None:
         if self._subscribers is not None:
             await self._subscribers.stop()
@@ -141,8 +144,9 @@ class KvEventsRuntime:
 
 
 class KvEventsCollector(Collector):
-    """``kvgate_kv_events_<counter>_total{pool,endpoint}``, ``kvgate_kv_events_in_step`` and
-    ``kvgate_kv_events_blocks`` (GPU blocks the index holds for the endpoint)."""
+    """``kvgate_kv_events_<counter>_total{pool,endpoint}``, ``kvgate_kv_events_in_step``,
+    ``kvgate_kv_events_blocks`` (GPU blocks the index holds for the endpoint) and
+    ``kvgate_kv_events_unrouted_total`` (bound sockets' messages for no known endpoint)."""
 
     def __init__(self, runtime: KvEventsRuntime) -> None:
         self._runtime = runtime
@@ -167,3 +171,6 @@ class KvEventsCollector(Collector):
             blocks.add_metric([pool, endpoint], sub.index.blocks(endpoint))
         yield in_step
         yield blocks
+        yield CounterMetricFamily("kvgate_kv_events_unrouted",
+                                  "KV-event messages on the picker's bound sockets whose topic names no "
+                                  "endpoint of a pool (dropped)", value=self._runtime.unrouted())
