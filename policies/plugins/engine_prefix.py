@@ -135,6 +135,8 @@ class ChunkedTokenizer:
                 if stopped:
                     return keys
                 self._remember(slot, (chunk_keys, carry))  # the whole chunk, keyed piece by piece
+                if seen_held is None:  # nobody holds its first block: keyed whole, in whole chunks
+                    held = None
             else:
                 chunk_keys, carry = self._entry(slot, entry, key, piece, carry, last, block_size)
                 keys.extend(chunk_keys)
@@ -146,11 +148,14 @@ class ChunkedTokenizer:
 
     def _span(self, text: str, start: int, end: int, key: int, state: tuple[array[int], int, bool],
               block_size: int, root: int, specials: bool, held: Callable[[int], bool],
-              ) -> tuple[list[int], array[int], bool, bool]:
+              ) -> tuple[list[int], array[int], bool | None, bool]:
         """A chunk never keyed before, in ``chunk_chars // 4`` pieces (each remembered): its keys,
-        the tokens it leaves, whether a block was held by then, and whether it stopped early (the
-        first piece whose last block nobody holds, after a held one)."""
-        carry, last, seen_held = state
+        the tokens it leaves, whether a block was held by then (None: the prompt's first block is
+        not: nothing after it can be, the rest is keyed without asking), and whether it stopped
+        early (the first piece whose last block nobody holds, after a held one)."""
+        carry, last, seen = state
+        seen_held: bool | None = seen
+        first = last == root  # this chunk starts the prompt's chain
         keys: list[int] = []
         for piece_key, piece in self._pieces(text[:end], start, key, max(64, self.chunk_chars // 4)):
             slot = (piece_key, root, block_size, specials)
@@ -159,10 +164,15 @@ class ChunkedTokenizer:
             if chunk_keys:
                 keys.extend(chunk_keys)
                 last = chunk_keys[-1]
+                if seen_held is None:
+                    continue
                 if held(last):
                     seen_held = True
                 elif seen_held or held(chunk_keys[0]):  # the held run ended here
                     return keys, carry, True, True  # nothing after a block nobody holds is held
+                elif first:
+                    seen_held = None  # the prompt's first block is held nowhere: a cold prompt
+                first = False
         return keys, carry, seen_held, False
 
     def _entry(self, slot: tuple[int, int, int, bool], entry: tuple[list[int], array[int]] | None, key: int,
