@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from kvgate.bench.contenders import Contender, contender_for_profile_path, make_contender, missing_tools
 from kvgate.bench.datapath.procs import TreeCpu, picker_processes
 from kvgate.bench.loadgen import RequestResult, run_open_loop
@@ -101,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bypass", type=float, default=0.0, metavar="FRACTION",
                    help="this fraction of the requests goes to a replica directly (another router's "
                    "traffic, the same for every contender; not counted); results <workload>-bypass<pct>")
+    p.add_argument("--restart-at", type=float, default=None, metavar="FRACTION",
+                   help="replica 0 restarts (its KV cache empty) at this fraction of the arrival window; "
+                   "results named <workload>-restart<pct>")
     p.add_argument("--sim-processes", type=int, default=1, metavar="K",
                    help="simulator processes the replicas are split over (a big fleet at real time)")
     p.add_argument("--seed", type=int, default=1)
@@ -133,9 +138,10 @@ def bypassing(planned: Sequence[PlannedRequest], fraction: float, replicas: int,
 async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[PlannedRequest],
                time_scale: float, seed: int, workdir: Path, sim_processes: int = 1,
                timeout_sim_s: float = REQUEST_TIMEOUT_SIM_S,
-               bypass: Mapping[int, int] | None = None) -> Played:
+               bypass: Mapping[int, int] | None = None, restart_at_s: float | None = None) -> Played:
     """Start a fresh fleet and ``contender`` in front of it, play ``planned``, stop both.
-    ``bypass``: requests sent to a replica directly (``bypassing``); left out of the results."""
+    ``bypass``: requests sent to a replica directly (``bypassing``); left out of the results.
+    ``restart_at_s``: replica 0 restarts (an empty cache) at that simulated second of the plan."""
     fleet = SimFleet(fleet_spec, time_scale, workdir / f"sim-{contender.name}.log", seed, sim_processes)
     if fleet.events is not None:
         contender.kv_events = {"port": fleet.events.events_port, "tokenizer": str(SIM_MODEL)}
@@ -146,8 +152,12 @@ async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[Pl
         meter = CpuMeter(contender.router_pids(), contender.envoy_pid())
         start = time.perf_counter()
         direct = {index: urls[replica] for index, replica in (bypass or {}).items()}
+        restart = (asyncio.create_task(_restart_replica(fleet.admin_urls[0], 0.2 + restart_at_s * time_scale))
+                   if restart_at_s is not None else None)
         results = await run_open_loop(base, planned, time_scale, timeout_s=timeout_sim_s * time_scale,
                                       direct=direct)
+        if restart is not None:
+            await restart
         results = [r for r in results if r.index not in direct]
         wall = time.perf_counter() - start
         cpu = meter.read()
@@ -159,13 +169,22 @@ async def play(fleet_spec: FleetSpec, contender: Contender, planned: Sequence[Pl
     return Played(results, wall, cpu, stats, check)
 
 
+async def _restart_replica(admin_url: str, after_s: float) -> None:
+    """``POST /replicas/0/restart`` on the simulator's admin server after ``after_s`` real seconds."""
+    await asyncio.sleep(after_s)
+    async with aiohttp.ClientSession() as session, session.post(f"{admin_url}/replicas/0/restart") as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"restarting replica 0: HTTP {resp.status} {await resp.text()}")
+
+
 async def run_one(spec: WorkloadSpec, contender: Contender, rate: float, fraction: float, requests: int,
                   time_scale: float, seed: int, workdir: Path, sim_processes: int = 1,
-                  bypass_fraction: float = 0.0) -> RunFigures:
+                  bypass_fraction: float = 0.0, restart_at: float | None = None) -> RunFigures:
     planned, warmup = run_plan(spec, rate, fraction, requests, seed)
     bypass = bypassing(planned, bypass_fraction, spec.fleet.replicas, seed)
+    restart_at_s = restart_at * planned[-1].at_s if restart_at is not None and planned else None
     run = await play(spec.fleet, contender, planned, time_scale, seed, workdir, sim_processes,
-                     bypass=bypass)
+                     bypass=bypass, restart_at_s=restart_at_s)
     totals = run.stats["totals"]
     lag = run.stats.get("loop_lag") or {}
     hits, queries = float(totals["prefix_cache_hits"]), float(totals["prefix_cache_queries"])
@@ -230,7 +249,8 @@ def write_report(path_stem: Path, meta: dict[str, Any], figures: Sequence[RunFig
 async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: Sequence[Path],
                        fractions: Sequence[float], requests: int, time_scale: float, seed: int,
                        results_dir: Path, mode: str, command: str,
-                       sim_processes: int = 1, bypass: float = 0.0) -> list[RunFigures]:
+                       sim_processes: int = 1, bypass: float = 0.0,
+                       restart_at: float | None = None) -> list[RunFigures]:
     capacity = capacity_estimate(spec)
     figures: list[RunFigures] = []
     meta: dict[str, Any] = {
@@ -252,7 +272,7 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
                 print(f"[{spec.name}] rate {rate} ({fraction}) {contender.name} ...", flush=True)
                 try:
                     fig = await run_one(spec, contender, rate, fraction, requests, time_scale, seed,
-                                        Path(tmp), sim_processes, bypass)
+                                        Path(tmp), sim_processes, bypass, restart_at)
                 except Exception as exc:  # one broken contender must not end the run
                     print(f"  FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
                     continue
@@ -369,12 +389,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
         if args.bypass > 0:
             spec = spec.with_fleet(spec.fleet, f"{spec.name}-bypass{round(args.bypass * 100)}")
+        if args.restart_at is not None:
+            spec = spec.with_fleet(spec.fleet, f"{spec.name}-restart{round(args.restart_at * 100)}")
         if args.stream_interval != 1:
             fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
             spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")
         asyncio.run(run_workload(spec, contenders, args.profile, fractions, requests, time_scale, args.seed,
                                  args.results, "quick" if quick else "full", command, args.sim_processes,
-                                 args.bypass))
+                                 args.bypass, args.restart_at))
     return 0
 
 
