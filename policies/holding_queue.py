@@ -1,0 +1,145 @@
+"""The order in which requests held at the gateway are dispatched (issue 34, its first part; sans-IO).
+
+When no endpoint of a pool has capacity, a request waits in the picker instead of in a replica's
+queue; when one frees, the queue says which waiting request goes next. This module is that order
+and its bounds, with no clock and no IO: the picker's shell (not built yet) holds the waiting
+requests' streams, asks ``pop`` when capacity frees, ``expired`` on a timer, ``remove`` when a
+client goes away.
+
+- **Bands** by priority (an InferenceObjective's): a higher band always goes first.
+- **Fairness inside a band** between tenants (``x-gateway-inference-fairness-id``), by the GPU work
+  each request costs, not by request count: start-time fair queuing. Each tenant has a virtual
+  finish time; a request's virtual start is the later of the band's virtual time and its tenant's
+  last finish, its finish that start plus its ``cost`` (kvgate's estimate of its prefill and decode
+  seconds: uncached prompt tokens cost more than cached ones); the waiting request with the least
+  virtual start goes first (ties: arrival order), and the band's virtual time moves to it. A tenant
+  sending eight times more work is served its share, and a light tenant's request does not wait
+  behind a heavy tenant's backlog.
+- **Bounds**: at most ``max_length`` requests; a push beyond it sheds the newest request of the
+  lowest band (the pushed one, when it is in the lowest band). Each request has a deadline;
+  ``expired`` takes out those past it (call it regularly: it also drops what the deadline heap
+  keeps of requests dispatched or removed before their deadline).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    request_id: str
+    band: int
+    """The request's priority: higher bands go first."""
+    tenant: str
+    cost: float
+    """Its GPU work in seconds (> 0): what fairness between tenants counts."""
+    deadline: float
+    """When it stops waiting (the caller's clock)."""
+
+
+@dataclass(slots=True)
+class _Band:
+    virtual_time: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+    """Tenant → virtual finish time of its last request queued in this band."""
+    heap: list[tuple[float, int, str]] = field(default_factory=list)
+    """(virtual start, arrival number, request id); entries of removed requests are skipped."""
+    order: dict[str, None] = field(default_factory=dict)
+    """Request ids in arrival order (the newest last: the one shed first)."""
+
+
+class HoldingQueue:
+    def __init__(self, max_length: int) -> None:
+        if max_length < 1:
+            raise ValueError("max_length must be at least 1")
+        self.max_length = max_length
+        self._bands: dict[int, _Band] = {}
+        self._items: dict[str, Waiting] = {}
+        self._arrival_of: dict[str, int] = {}
+        """Waiting request id → its arrival number (heap entries of an earlier stay are skipped)."""
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._arrivals = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._items
+
+    def push(self, item: Waiting) -> Waiting | None:
+        """Queue ``item``; returns the request shed to stay within ``max_length`` (maybe ``item``
+        itself), or None. ValueError for a request id already waiting or a cost that is not > 0."""
+        if item.request_id in self._items:
+            raise ValueError(f"request {item.request_id!r} is already waiting")
+        if not item.cost > 0:
+            raise ValueError("a waiting request's cost must be > 0")
+        if len(self._items) >= self.max_length:
+            lowest = min(self._bands)
+            if item.band <= lowest:
+                return item
+            shed_id = next(reversed(self._bands[lowest].order))
+            shed = self._items[shed_id]
+            self.remove(shed_id)
+        else:
+            shed = None
+        band = self._bands.get(item.band)
+        if band is None:
+            band = self._bands[item.band] = _Band()
+        start = max(band.virtual_time, band.finish.get(item.tenant, 0.0))
+        band.finish[item.tenant] = start + item.cost
+        self._arrivals += 1
+        heapq.heappush(band.heap, (start, self._arrivals, item.request_id))
+        heapq.heappush(self._deadlines, (item.deadline, self._arrivals, item.request_id))
+        band.order[item.request_id] = None
+        self._items[item.request_id] = item
+        self._arrival_of[item.request_id] = self._arrivals
+        return shed
+
+    def pop(self) -> Waiting | None:
+        """The request to dispatch next (None: none waits)."""
+        for priority in sorted(self._bands, reverse=True):
+            band = self._bands[priority]
+            while band.heap:
+                start, arrival, request_id = heapq.heappop(band.heap)
+                item = self._items.get(request_id)
+                if item is None or self._arrival_of[request_id] != arrival:
+                    continue  # removed or expired earlier (maybe queued again since)
+                band.virtual_time = max(band.virtual_time, start)
+                self._forget(item)
+                return item
+        return None
+
+    def remove(self, request_id: str) -> Waiting | None:
+        """Take a request out (its client went away); None when it was not waiting."""
+        item = self._items.get(request_id)
+        if item is not None:
+            self._forget(item)
+        return item
+
+    def expired(self, now: float) -> list[Waiting]:
+        """Take out and return the requests whose deadline is at or before ``now``, earliest first."""
+        out: list[Waiting] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, arrival, request_id = heapq.heappop(deadlines)
+            item = self._items.get(request_id)
+            if item is not None and self._arrival_of[request_id] == arrival:
+                self._forget(item)
+                out.append(item)
+        return out
+
+    def waiting(self) -> Mapping[tuple[int, str], int]:
+        """Requests waiting per (band, tenant), for metrics."""
+        return Counter((item.band, item.tenant) for item in self._items.values())
+
+    def _forget(self, item: Waiting) -> None:
+        del self._items[item.request_id]
+        del self._arrival_of[item.request_id]
+        band = self._bands[item.band]
+        del band.order[item.request_id]
+        if not band.order:  # an empty band starts afresh (its heap holds only skipped entries)
+            del self._bands[item.band]
