@@ -121,6 +121,14 @@ async def test_engines_that_connect_to_the_pickers_bound_socket_are_followed_by_
         await up.start()
         await wait_ready(http, up, ["pool"])
         addresses = sorted(await endpoints(http, up))
+        for address in addresses:  # each publisher connected: its batches arrive (PUB drops before)
+            for attempt in range(100):
+                if (await endpoints(http, up))[address]["kv_events"]["batches"]:
+                    break
+                body = {"model": EXAMPLE_MODEL, "prompt": f"warm up {attempt} " * 30, "max_tokens": 1}
+                async with http.post(f"http://{address}/v1/completions", json=body) as response:
+                    assert response.status == 200
+                await asyncio.sleep(0.05)
         for i in range(12):
             body = {"model": EXAMPLE_MODEL, "prompt": f"document {i} " + "lorem ipsum dolor " * 40,
                     "max_tokens": 2}

@@ -13,11 +13,11 @@ import zmq.asyncio
 
 from kvgate.gateway.picker.kv_events.subscriber import EndpointSubscription
 from kvgate.gateway.picker.kv_events.wire import BlockStored, decode_batch
-from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys
 from kvgate.simulator.engine_types import CacheEvent, Removed, Stored
 from kvgate.simulator.kv_events import vllm_events
 from kvgate.simulator.tokenizer import encode
+from tests.ports import free_port_pair
 from tests.simulator.conftest import MODEL, FleetFactory
 from tests.simulator.test_engine import _drain
 from tests.simulator.test_engine_support import make_engine, prompt, request
@@ -55,7 +55,7 @@ def test_a_chain_of_stored_blocks_is_one_vllm_event() -> None:
 async def test_kvgates_subscriber_follows_a_simulated_replica(
     make_fleet: FleetFactory, http: aiohttp.ClientSession
 ) -> None:
-    port = free_port()
+    port = free_port_pair()
     fleet = await make_fleet(1, kv_events_port=port, block_size=16)
     replica = fleet.replicas[0]
     assert replica.kv_events is not None
@@ -97,7 +97,7 @@ async def test_the_index_follows_evictions_in_a_small_cache(make_fleet: FleetFac
                                                             http: aiohttp.ClientSession) -> None:
     """64 blocks of 16 tokens: each new 480-token document evicts older ones; the subscriber's
     index holds exactly the replica's cached blocks after every request."""
-    fleet = await make_fleet(1, kv_events_port=free_port(), block_size=16, num_gpu_blocks=64)
+    fleet = await make_fleet(1, kv_events_port=free_port_pair(), block_size=16, num_gpu_blocks=64)
     replica = fleet.replicas[0]
     assert replica.kv_events is not None
     index = EngineBlockIndex()
@@ -106,6 +106,11 @@ async def test_the_index_follows_evictions_in_a_small_cache(make_fleet: FleetFac
     sub = EndpointSubscription(context, "r0", publisher.address, publisher.replay_address, index)
     sub.start()
     try:
+        for _ in range(100):  # connected and subscribed before the first batch (PUB drops until then;
+            if sub.connected:  # a batch lost before any other came cannot be told from none)
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
         for i in range(8):
             text = f"{i:04d}" + "abcd" * 479  # 480 tokens: 30 blocks
             async with http.post(fleet.urls[0] + "/v1/completions",
@@ -137,7 +142,7 @@ async def test_a_restarted_replica_starts_empty_and_kvgates_index_drops_it_at_on
     zero, the fleet's totals kept) and a new publisher (sequence from 0) on the same addresses. The
     subscriber sees the old publisher go (out of step: its report no longer used) and at the new
     one's first batch (sequence 0) drops what the old engine held and follows the new one."""
-    fleet = await make_fleet(1, kv_events_port=free_port(), block_size=16, admin=True)
+    fleet = await make_fleet(1, kv_events_port=free_port_pair(), block_size=16, admin=True)
     publisher = fleet.replicas[0].kv_events
     assert publisher is not None
     index = EngineBlockIndex()
