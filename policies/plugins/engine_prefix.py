@@ -18,9 +18,11 @@ events, the plugin does nothing, so the default profile carries it. Completions'
 tokenized as they are (the tokenizer's special tokens in front); chat requests through the model's
 chat template (``policies.model_tokenizer``), as vLLM renders them.
 
-A request picked and not finished counts as holding its blocks on its endpoint
-(``policies.pending_blocks``): the engine reports them only once its prefill computed them, and a
-request for the same prefix in between should follow it, not spread it.
+A request picked and not finished counts as holding its prompt on its endpoint
+(``policies.pending_blocks``, kept in the approximate index's hashed text blocks, which every
+request has anyway): the engine reports the blocks only once its prefill computed them, and a
+request for the same prefix in between should follow it, not spread it. So a prompt is tokenized
+only as far as the engines hold it: one nobody holds costs one small piece.
 """
 
 from __future__ import annotations
@@ -111,32 +113,29 @@ class ChunkedTokenizer:
         block size, a chunk's blocks (and the tokens it leaves to the next block) are the same
         whenever its prefix is, so a shared prefix is keyed once.
 
-        ``held(key)``: whether any endpoint holds that block. With it, from the first chunk not
-        remembered on, the text goes in ``chunk_chars // 4`` pieces and stops after the first piece
-        whose last block nobody holds once an earlier block was held: a warm prefix's unshared
-        tail (a question) is tokenized only as far as its first block. A prompt nobody holds any
-        of is keyed whole (its keys are what its in-flight request holds for the ones that follow).
+        ``held(key)``: whether any endpoint holds that block. With it, keying stops at the first
+        block nobody holds (no later block can be held: keys chain): from the first chunk not
+        remembered on, the text goes in ``chunk_chars // 4`` pieces, and after the first piece
+        with such a block nothing more is tokenized. A warm prefix's unshared tail (a question) is
+        tokenized only as far as its first block, a prompt nobody holds only as far as its first
+        piece; a chunk keyed whole piece by piece is remembered whole.
         """
         keys: list[int] = []
         carry = array("I", self._specials if specials else ())
         last = root
         pos = key_before = 0
-        seen_held: bool | None = None  # whether a block of the prompt so far is held (when asked)
         for key, piece in self._pieces(text):
             slot = (key, root, block_size, specials)
             entry = self._keyed.get(slot)
             if entry is None and held is not None:
-                if seen_held is None:
-                    seen_held = bool(keys) and held(keys[-1])
-                span = self._span(text, pos, pos + len(piece), key_before, (carry, last, seen_held),
-                                  block_size, root, specials, held)
-                chunk_keys, carry, seen_held, stopped = span
+                if keys and not held(keys[-1]):
+                    return keys  # the held run ended in a remembered chunk
+                chunk_keys, carry, stopped = self._span(text, pos, pos + len(piece), key_before,
+                                                        (carry, last), block_size, root, specials, held)
                 keys.extend(chunk_keys)
                 if stopped:
                     return keys
                 self._remember(slot, (chunk_keys, carry))  # the whole chunk, keyed piece by piece
-                if seen_held is None:  # nobody holds its first block: keyed whole, in whole chunks
-                    held = None
             else:
                 chunk_keys, carry = self._entry(slot, entry, key, piece, carry, last, block_size)
                 keys.extend(chunk_keys)
@@ -146,16 +145,13 @@ class ChunkedTokenizer:
             key_before = key
         return keys
 
-    def _span(self, text: str, start: int, end: int, key: int, state: tuple[array[int], int, bool],
+    def _span(self, text: str, start: int, end: int, key: int, state: tuple[array[int], int],
               block_size: int, root: int, specials: bool, held: Callable[[int], bool],
-              ) -> tuple[list[int], array[int], bool | None, bool]:
+              ) -> tuple[list[int], array[int], bool]:
         """A chunk never keyed before, in ``chunk_chars // 4`` pieces (each remembered): its keys,
-        the tokens it leaves, whether a block was held by then (None: the prompt's first block is
-        not: nothing after it can be, the rest is keyed without asking), and whether it stopped
-        early (the first piece whose last block nobody holds, after a held one)."""
-        carry, last, seen = state
-        seen_held: bool | None = seen
-        first = last == root  # this chunk starts the prompt's chain
+        the tokens it leaves, and whether it stopped early (after the first piece with a block
+        nobody holds: nothing after such a block can be held)."""
+        carry, last = state
         keys: list[int] = []
         for piece_key, piece in self._pieces(text[:end], start, key, max(64, self.chunk_chars // 4)):
             slot = (piece_key, root, block_size, specials)
@@ -164,16 +160,9 @@ class ChunkedTokenizer:
             if chunk_keys:
                 keys.extend(chunk_keys)
                 last = chunk_keys[-1]
-                if seen_held is None:
-                    continue
-                if held(last):
-                    seen_held = True
-                elif seen_held or held(chunk_keys[0]):  # the held run ended here
-                    return keys, carry, True, True  # nothing after a block nobody holds is held
-                elif first:
-                    seen_held = None  # the prompt's first block is held nowhere: a cold prompt
-                first = False
-        return keys, carry, seen_held, False
+                if not held(last):
+                    return keys, carry, True
+        return keys, carry, False
 
     def _entry(self, slot: tuple[int, int, int, bool], entry: tuple[list[int], array[int]] | None, key: int,
                piece: str, carry: array[int], last: int, block_size: int) -> tuple[list[int], array[int]]:
@@ -253,8 +242,9 @@ class EnginePrefixMatches(FeedbackPlugin):
         self._block_size = blueprint.block_size
         self._cache: EngineCacheView | None = env.engine_cache
         self._pending = PendingBlocks(env.max_pending)
-        self._prepared: OrderedDict[str, list[int]] = OrderedDict()
-        """Requests prepared and not yet picked → their keys (recent ones: picks follow at once)."""
+        self._prepared: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        """Requests prepared and not yet picked → their prompt's approximate-index hashes (recent
+        ones: picks follow at once)."""
 
     def _tokenizer(self, model: ModelTokenizer) -> ChunkedTokenizer:
         """The chunk memo of ``model`` (a new one when the pool's tokenizer is replaced)."""
@@ -280,28 +270,22 @@ class EnginePrefixMatches(FeedbackPlugin):
                 return  # the engine refuses these messages too: nothing to predict
         size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
-        pending = self._pending
-
-        def held(key: int) -> bool:
-            return cache.held(key) or pending.holds(key)
-
         keys = self._tokenizer(model).keys(text, size, chain_root(adapter, request.cache_salt),
-                                           specials=specials, held=held)
-        if not keys:
-            return
-        prepared = self._prepared
-        prepared[request.request_id] = keys
-        if len(prepared) > _MAX_PREPARED:
-            prepared.popitem(last=False)
-        reported = cache.matches(keys)
-        in_flight = pending.matches(keys)
+                                           specials=specials, held=cache.held)
+        hashes = ctx.prefix_hashes()  # the approximate index's blocks: what in-flight requests hold
+        if hashes:
+            prepared = self._prepared
+            prepared[request.request_id] = hashes
+            if len(prepared) > _MAX_PREPARED:
+                prepared.popitem(last=False)
+        reported = cache.matches(keys) if keys else {}
+        in_flight = self._pending.matches(hashes)
         approximate = ctx.prefix_matches()
         per_block = ctx.tokens_per_block
         merged = {address: blocks for address, blocks in approximate.items() if not cache.in_step(address)}
         for address in reported.keys() | in_flight.keys():
             if cache.in_step(address):
-                blocks = max(reported.get(address, 0), in_flight.get(address, 0))
-                merged[address] = blocks * size // per_block
+                merged[address] = max(reported.get(address, 0) * size // per_block, in_flight.get(address, 0))
         ctx.set_prefix_matches(merged)
 
     def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:

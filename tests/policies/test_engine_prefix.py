@@ -246,8 +246,8 @@ def test_a_request_in_flight_holds_its_prefix_until_the_engine_reports_it(tokeni
 
 def test_keys_asked_what_is_held_stop_after_the_held_run_and_are_a_prefix_of_the_whole_keys() -> None:
     """With ``held``: a prompt whose blocks are held up to some block is keyed at least that far
-    and at most a piece further (its unshared tail is not tokenized); a prompt nobody holds is keyed
-    whole; what was keyed piece by piece is remembered as the whole chunk's keys (a later call
+    and at most a piece further (its unshared tail is not tokenized; a prompt nobody holds, one
+    piece); what was keyed piece by piece is remembered as the whole chunk's keys (a later call
     without ``held`` gives the whole text's keys)."""
     from kvgate.policies.engine_blocks import chain_root
     from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
@@ -265,8 +265,8 @@ def test_keys_asked_what_is_held_stop_after_the_held_run_and_are_a_prefix_of_the
         held = set(whole[:held_blocks])
         got = chunked.keys(text, 16, root, held=held.__contains__)
         assert got == whole[:len(got)]
-        if held_blocks == 0 or held_blocks >= len(whole):
-            assert got == whole  # nothing held (keyed whole) or everything held
+        if held_blocks >= len(whole):
+            assert got == whole  # everything held
         else:
             assert held_blocks < len(got) <= held_blocks + 20  # a 64-character piece: < 20 blocks
         assert chunked.keys(text, 16, root) == whole  # the memo, whatever was keyed piece by piece
