@@ -11,6 +11,7 @@ from enum import Enum
 from types import MappingProxyType
 
 from kvgate.extproc.events import BodyMode, Headers
+from kvgate.extproc.ports import HoldingPort
 
 
 class Phase(Enum):
@@ -92,7 +93,16 @@ class Immediate:
     details: str = ""
 
 
-Action = ContinueHeaders | StreamBody | ContinueBody | ContinueTrailers | Immediate
+@dataclass(frozen=True, slots=True)
+class ExtendTimeout:
+    """Envoy's ext_proc message timer for the message being answered runs ``seconds`` from now
+    (``override_message_timeout``: a held request is not cut by it; Envoy caps it at the filter's
+    ``max_message_timeout``)."""
+
+    seconds: float
+
+
+Action = ContinueHeaders | StreamBody | ContinueBody | ContinueTrailers | Immediate | ExtendTimeout
 """A reply to Envoy (``extproc.codec.encode``)."""
 
 
@@ -108,5 +118,15 @@ class RunPrefill:
     headers: Headers
 
 
-Step = Action | RunPrefill
-"""What the lifecycle returns: replies, and the prefill it needs run before its next reply."""
+@dataclass(frozen=True, slots=True)
+class AwaitHold:
+    """Not a reply to Envoy: the request is held in its pool's holding area (``extproc.holding``);
+    the servicer awaits how its wait ends and gives the lifecycle a ``HoldEnded`` event."""
+
+    request_id: str
+    area: HoldingPort
+
+
+Step = Action | RunPrefill | AwaitHold
+"""What the lifecycle returns: replies, and what it needs awaited (a prefill, a held request's
+dispatch) before its next reply."""

@@ -14,9 +14,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from kvgate.extproc import names
 from kvgate.extproc.actions import (
     Action,
+    AwaitHold,
     ContinueBody,
     ContinueHeaders,
     ContinueTrailers,
+    ExtendTimeout,
     HeaderEdit,
     Immediate,
     Phase,
@@ -151,8 +153,8 @@ def encode_replies(steps: Sequence[Step]) -> list[pb.ProcessingResponse]:
     feed: a ``RunPrefill`` needs the servicer, ``extproc.servicer``, and is refused here)."""
     out = []
     for step in steps:
-        if isinstance(step, RunPrefill):
-            raise TypeError("a RunPrefill step needs the servicer to run it")
+        if isinstance(step, (RunPrefill, AwaitHold)):
+            raise TypeError(f"a {type(step).__name__} step needs the servicer to run it")
         out.append(encode(step))
     return out
 
@@ -193,6 +195,9 @@ def encode(action: Action) -> pb.ProcessingResponse:
             else:
                 common.body_mutation.clear_body = True
         _set_metadata(response, action.metadata)
+        return response
+    if isinstance(action, ExtendTimeout):
+        response.override_message_timeout.FromNanoseconds(round(action.seconds * 1e9))
         return response
     if isinstance(action, ContinueTrailers):
         trailers = response.request_trailers if action.phase is Phase.REQUEST else response.response_trailers

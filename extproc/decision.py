@@ -46,6 +46,19 @@ class Decision:
         return prefill.endpoint.address if prefill is not None and not self.prefill_by_picker else None
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A parsed request before its pick (it may wait in its pool's holding area in between)."""
+
+    request: InferenceRequest
+    body: bytes
+    """What goes upstream (the model renamed, usage asked for, where that applies)."""
+    body_rewritten: bool
+    usage_injected: bool
+    known: bool | None
+    tenant: TenantKey | None
+
+
 def decide(
     *,
     pool: Pool,
@@ -60,13 +73,28 @@ def decide(
     limiter: TenantLimiter | None = None,
     trace: SchedulingTrace | None = None,
 ) -> Decision:
-    """Parse, check the model and schedule (the caller tells the scheduler ``on_picked``).
-    ``headers`` (lower-case names, read-only) become the request's own, not copied.
+    """:func:`prepare` then :func:`schedule` (no wait between)."""
+    prepared = prepare(pool=pool, api=api, headers=headers, body=body, subset=subset,
+                       inject_usage=inject_usage, request_id=request_id, limiter=limiter)
+    return schedule(prepared, pool=pool, now=now, metrics=metrics, limiter=limiter, trace=trace)
+
+
+def prepare(
+    *,
+    pool: Pool,
+    api: ApiKind,
+    headers: MappingProxyType[str, str],
+    body: bytes,
+    subset: Sequence[str] | None,
+    inject_usage: bool,
+    request_id: str,
+    limiter: TenantLimiter | None = None,
+) -> Prepared:
+    """Parse, check the model and the tenant's limits. ``headers`` (lower-case names, read-only)
+    become the request's own, not copied.
 
     Raises the KvgateError the client should see: 400 for a bad body, 404 for a model the pool
-    does not serve, 503 when nothing is eligible (also when the subset hint matches nothing),
-    429 when the tenant is over its rate limit (checked before scheduling, counted once routed),
-    or whatever the scheduler raises (429 shed).
+    does not serve, 429 when the tenant is over its rate limit (checked here, counted once routed).
     """
     model = ""
     prompt = ""
@@ -99,7 +127,6 @@ def decide(
 
     objective = headers.get(names.OBJECTIVE_HEADER)
     priority = (pool.objective_priority(objective) if objective else None) or 0
-    subset_set = frozenset(subset) if subset is not None else None
     request = InferenceRequest(
         request_id=request_id,
         pool=pool.name,
@@ -114,29 +141,47 @@ def decide(
         cache_salt=cache_salt,
         max_tokens=max_tokens,
         body_size=len(body),
-        subset=subset_set,
+        subset=frozenset(subset) if subset is not None else None,
         headers=headers,
         messages=_messages(parsed),
     )
-    candidates = in_subset(pool.endpoints(), subset_set)
+    tenant = limiter.check(pool.name, headers) if limiter is not None else None
+    return Prepared(request, upstream, rewritten, injected, known, tenant)
+
+
+def schedule(
+    prepared: Prepared,
+    *,
+    pool: Pool,
+    now: Callable[[], float],
+    metrics: RequestMetrics,
+    limiter: TenantLimiter | None = None,
+    trace: SchedulingTrace | None = None,
+) -> Decision:
+    """Schedule a prepared request over the pool's live endpoints (the caller tells the scheduler
+    ``on_picked``). Raises 503 when nothing is eligible (also when the subset hint matches nothing)
+    or whatever the scheduler raises (429 shed)."""
+    request = prepared.request
+    candidates = in_subset(pool.endpoints(), request.subset)
     if not candidates:
         raise NoEligibleEndpointError(
-            "no endpoint of the pool matches the subset hint" if subset_set is not None
+            "no endpoint of the pool matches the subset hint" if request.subset is not None
             else f"pool {pool.name!r} has no endpoints"
         )
-    tenant = limiter.check(pool.name, headers) if limiter is not None else None
     started = now()
     result = pool.scheduler.schedule(request, candidates, started, trace)
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")
+    tenant = prepared.tenant
     if tenant is not None and limiter is not None:
         limiter.record_request(tenant)
-    labels = RequestLabels(pool.name, model, target_model) if known else RequestLabels(
+    model, target_model = request.model, request.target_model
+    labels = RequestLabels(pool.name, model, target_model) if prepared.known else RequestLabels(
         pool.name, OTHER_MODELS if model else "", OTHER_MODELS if target_model else "")
-    metrics.request_picked(labels, len(body))
-    return Decision(request, result, upstream, rewritten, injected, labels, tenant,
-                    prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)
+    metrics.request_picked(labels, request.body_size)
+    return Decision(request, result, prepared.body, prepared.body_rewritten, prepared.usage_injected,
+                    labels, tenant, prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)
 
 
 def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None) -> tuple[EndpointView, ...]:

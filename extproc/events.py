@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from kvgate.policies.flow_control import HoldOutcome
+
 Headers = tuple[tuple[str, str], ...]
 """Header (name, value) pairs in arrival order; names lower-case."""
 
@@ -94,6 +96,13 @@ class PrefillDone:
         return self.params is not None
 
 
+@dataclass(frozen=True, slots=True)
+class HoldEnded:
+    """Not from Envoy: how a held request's wait ended (:class:`~extproc.actions.AwaitHold`)."""
+
+    outcome: HoldOutcome
+
+
 Event = (
     RequestHeaders
     | RequestBodyChunk
@@ -103,4 +112,5 @@ Event = (
     | ResponseTrailers
     | StreamClosed
     | PrefillDone
+    | HoldEnded
 )

@@ -5,6 +5,7 @@ Its transition table (:data:`TRANSITIONS`, state × event type → handler) is t
     START ──RequestHeaders(eos)──────────────────────────────▶ UPSTREAM        (bodyless: pick now)
     START ──RequestHeaders──▶ REQUEST_BODY ──body eos / trailers─▶ UPSTREAM   (pick on the whole body)
     REQUEST_BODY ──body eos / trailers──▶ PREFILL ──PrefillDone──▶ UPSTREAM  (extproc.prefill_step)
+    START / REQUEST_BODY ──(no room)──▶ HOLDING ──HoldEnded──▶ UPSTREAM / PREFILL   (extproc.holding)
     UPSTREAM ──ResponseHeaders──▶ RESPONSE_BODY ──body eos / trailers──▶ RESPONSE_DONE
     UPSTREAM ──ResponseHeaders (body not sent)──▶ RESPONSE_PASSTHROUGH ──StreamClosed──▶ DONE
     START / REQUEST_BODY ──ResponseHeaders──▶ DONE   (Envoy's own local reply: passes unchanged)
@@ -38,21 +39,24 @@ from typing import Any
 
 from kvgate.extproc.actions import (
     Action,
+    AwaitHold,
     ContinueBody,
     ContinueHeaders,
     ContinueTrailers,
+    ExtendTimeout,
     HeaderEdit,
     Phase,
     Step,
     StreamBody,
 )
 from kvgate.extproc.after_reply import AfterReply
-from kvgate.extproc.decision import Decision, decide
+from kvgate.extproc.decision import Decision, Prepared, prepare, schedule
 from kvgate.extproc.destination_reply import body_reply, header_reply, streamed_body
 from kvgate.extproc.errors import ProtocolViolation, immediate_response
 from kvgate.extproc.events import (
     BodyMode,
     Event,
+    HoldEnded,
     PrefillDone,
     RequestBodyChunk,
     RequestHeaders,
@@ -69,6 +73,7 @@ from kvgate.extproc.outcomes import outcome_header
 from kvgate.extproc.picked_request import PickedRequest
 from kvgate.extproc.ports import (
     Clock,
+    HoldingPort,
     NoMetrics,
     Pool,
     PoolDirectory,
@@ -80,7 +85,8 @@ from kvgate.extproc.prefill_step import decode_decision, prefill_step
 from kvgate.extproc.request_headers import PendingHeaders, read_request_headers, resolve_pool
 from kvgate.extproc.request_plan import RequestPlan, plan_request
 from kvgate.extproc.response_head import response_head, response_processor
-from kvgate.policies.errors import KvgateError
+from kvgate.policies.errors import KvgateError, QueueTimeoutError, RequestShedError
+from kvgate.policies.flow_control import HoldOutcome
 from kvgate.policies.types import ApiKind
 
 _log = logging.getLogger(__name__)
@@ -97,6 +103,8 @@ class State(Enum):
     DONE = "done"
     PREFILL = "prefill"
     """Picked; the release to the decode endpoint waits for the picker's prefill step."""
+    HOLDING = "holding"
+    """Not picked yet: waiting in the pool's holding area for room (``extproc.holding``)."""
 
 
 class RequestLifecycle:
@@ -145,6 +153,8 @@ class RequestLifecycle:
         """Request headers answered before they were read (a BUFFERED body follows)."""
         self._release: Callable[[Decision], list[Action]] | None = None
         """The reply that releases a request held for the picker's prefill (state PREFILL)."""
+        self._held: tuple[Prepared, HoldingPort, Callable[[Decision], Sequence[Step]]] | None = None
+        """A request waiting for room (state HOLDING): what it is, where, and what follows its pick."""
 
     @property
     def decision(self) -> Decision | None:
@@ -162,7 +172,7 @@ class RequestLifecycle:
             return self._fail(error)
 
     # request path --------------------------------------------------------------------------
-    def _on_request_headers(self, event: RequestHeaders) -> list[Action]:
+    def _on_request_headers(self, event: RequestHeaders) -> Sequence[Step]:
         self._started = self._clock.now()
         self._subset = event.subset_hint
         pool = self._pool = resolve_pool(self._directory, self._pool_name, event.headers)
@@ -176,15 +186,17 @@ class RequestLifecycle:
         else:
             self._read_headers(event)
         if event.end_of_stream:
-            decision = self._pick(b"")
-            outcome = self._outcome(decision)
-            return [header_reply(decision, self._config, self._strip, outcome, streamed_body=False)]
+            return self._admit(b"", self._bodyless_reply)
         self.state = State.REQUEST_BODY
         if plan.full_duplex_request:
             return []
         # nothing to strip yet when the headers are read later (the body's reply strips them)
         edit = HeaderEdit(remove=self._strip)
         return [ContinueHeaders(Phase.REQUEST, edit, skip_response=plan.skip_response)]
+
+    def _bodyless_reply(self, decision: Decision) -> list[Action]:
+        outcome = self._outcome(decision)
+        return [header_reply(decision, self._config, self._strip, outcome, streamed_body=False)]
 
     def _read_headers(self, event: RequestHeaders) -> None:
         """The headers kept (forged system headers set aside to strip) and the API; a path outside
@@ -209,10 +221,11 @@ class RequestLifecycle:
                 return [ContinueBody(Phase.REQUEST)]  # STREAMED: chunks pass; decide on the last one
             # BUFFERED: this one message is the whole body; headers are still held by Envoy. (A
             # STREAMED body has gone on: its prefill is left to the decode endpoint.)
-            return self._released(self._pick(self._body.take()), self._body_reply, prefill=buffered)
+            return self._admit(self._body.take(), partial(self._released, reply=self._body_reply,
+                                                          prefill=buffered))
         if not event.end_of_stream:
             return []
-        return self._released(self._pick(self._body.take()), self._duplex_reply)
+        return self._admit(self._body.take(), partial(self._released, reply=self._duplex_reply))
 
     def _body_reply(self, decision: Decision) -> list[Action]:
         return [body_reply(decision, self._config, self._strip, self._outcome(decision),
@@ -228,7 +241,8 @@ class RequestLifecycle:
         self._unread.require()
         if not self._plan.full_duplex_request:
             raise ProtocolViolation("request trailers before the buffered body")
-        return self._released(self._pick(self._body.take()), partial(self._duplex_reply, trailers=True))
+        return self._admit(self._body.take(),
+                           partial(self._released, reply=partial(self._duplex_reply, trailers=True)))
 
     def _released(self, decision: Decision, reply: Callable[[Decision], list[Action]], *,
                   prefill: bool = True) -> Sequence[Step]:
@@ -251,17 +265,72 @@ class RequestLifecycle:
     def _on_trailers_passing(self, event: RequestTrailers | ResponseTrailers) -> list[Action]:
         return [ContinueTrailers(Phase.REQUEST if isinstance(event, RequestTrailers) else Phase.RESPONSE)]
 
-    def _pick(self, body: bytes) -> Decision:
+    def _admit(self, body: bytes, then: Callable[[Decision], Sequence[Step]]) -> Sequence[Step]:
+        """Parse the request; pick it now and go ``then``, or hold it first when its pool has flow
+        control and no room (``extproc.holding``)."""
+        assert self._pool is not None
+        if self._after_reply is not None:
+            self._after_reply.flush()  # every earlier pick (and end) counted before this one
+        prepared = prepare(
+            pool=self._pool, api=self._api, headers=self._headers, body=body, subset=self._subset,
+            inject_usage=self._config.inject_include_usage and self._plan.observe,
+            # our own id: the scheduler keys in-flight state by it (clients repeat x-request-id)
+            request_id=self._request_ids(), limiter=self._config.tenant_limiter,
+        )
+        area = self._pool.holding
+        if area is None or not area.must_wait():
+            return then(self._pick(prepared))
+        request = prepared.request
+        if not area.hold(area.waiting_item(request, self._clock.now())):
+            raise RequestShedError(f"pool {self._pool.name!r} is full and its queue too; request shed",
+                                   retry_after=area.retry_after_s)
+        self._held = (prepared, area, then)
+        self.state = State.HOLDING
+        steps: list[Step] = []
+        if not self._plan.full_duplex_request:  # Envoy's timer for this message must outlast the wait
+            steps.append(ExtendTimeout(area.timeout_s + self._config.message_timeout_s))
+        steps.append(AwaitHold(request.request_id, area))
+        return steps
+
+    def _on_hold_ended(self, event: HoldEnded) -> Sequence[Step]:
+        assert self._held is not None
+        prepared, area, then = self._held
+        self._held = None
+        request = prepared.request
+        if event.outcome is HoldOutcome.DISPATCHED:
+            try:
+                decision = self._pick(prepared)
+            finally:  # after the pick's feedback: the next grant sees it in flight
+                self._defer("grant_used", area.grant_used, request.request_id)
+            return then(decision)
+        area.leave(request.request_id)
+        if request.sheddable or event.outcome is HoldOutcome.REJECTED_CAPACITY:
+            raise RequestShedError(
+                f"pool {request.pool!r} had no room for this request within its queue "
+                f"{'bound' if event.outcome is HoldOutcome.REJECTED_CAPACITY else 'timeout'}; request shed",
+                retry_after=area.retry_after_s)
+        raise QueueTimeoutError(f"pool {request.pool!r} had no room for this request within "
+                                f"{area.timeout_s:g} s", retry_after=area.retry_after_s)
+
+    def _on_closed_while_held(self, event: StreamClosed) -> list[Action]:
+        if self._held is not None:
+            self._held[1].leave(self._held[0].request.request_id)
+            self._held = None
+        self.state = State.DONE
+        return []
+
+    def _defer(self, what: str, call: Callable[..., None], *args: Any) -> None:
+        if self._after_reply is not None:
+            self._after_reply.defer(what, call, *args)
+        else:
+            call(*args)
+
+    def _pick(self, prepared: Prepared) -> Decision:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick counted before this one is scored
-        # request_id: our own; the scheduler keys in-flight state by it (clients repeat x-request-id)
-        decision = decide(
-            pool=self._pool, api=self._api, headers=self._headers, body=body, subset=self._subset,
-            now=self._clock.now, inject_usage=self._config.inject_include_usage and self._plan.observe,
-            request_id=self._request_ids(), metrics=self._metrics, limiter=self._config.tenant_limiter,
-            trace=self._trace,
-        )
+        decision = schedule(prepared, pool=self._pool, now=self._clock.now, metrics=self._metrics,
+                            limiter=self._config.tenant_limiter, trace=self._trace)
         if self._trace is not None:
             self._trace.picked(decision.request, decision.result)
             _log.debug("request %s (x-request-id %s, trace %s): picked %s", decision.request.request_id,
@@ -369,6 +438,9 @@ class RequestLifecycle:
         return []
 
     def _fail(self, error: BaseException) -> list[Action]:
+        if self._held is not None:  # refused while it waited (a protocol violation): out of the queue
+            self._held[1].leave(self._held[0].request.request_id)
+            self._held = None
         reply = immediate_response(error)
         code = error.code if isinstance(error, KvgateError) else "internal_error"
         self._metrics.request_error(self._labels, code)
@@ -385,8 +457,12 @@ class RequestLifecycle:
 
     def _finish(self, *, ok: bool, count_outcome: bool = True) -> None:
         """The request's end, once, when it was picked (``PickedRequest.finish``)."""
-        if self._picked is not None:
-            self._picked.finish(ok=ok, count_outcome=count_outcome)
+        picked = self._picked
+        if picked is not None and not picked.finished:
+            picked.finish(ok=ok, count_outcome=count_outcome)
+            area = self._pool.holding if self._pool is not None else None
+            if area is not None:  # after the scheduler hears of the end: room may have freed
+                self._defer("holding kick", area.kick)
 
     @property
     def _status_ok(self) -> bool:
@@ -415,6 +491,8 @@ TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
         (State.REQUEST_BODY, RequestTrailers): RequestLifecycle._on_request_trailers_in_body,
         (State.REQUEST_BODY, StreamClosed): RequestLifecycle._on_closed,
         (State.PREFILL, PrefillDone): RequestLifecycle._on_prefill_done,
+        (State.HOLDING, HoldEnded): RequestLifecycle._on_hold_ended,
+        (State.HOLDING, StreamClosed): RequestLifecycle._on_closed_while_held,
         (State.PREFILL, StreamClosed): RequestLifecycle._on_closed,
         (State.UPSTREAM, RequestTrailers): RequestLifecycle._on_trailers_passing,
         (State.UPSTREAM, ResponseHeaders): RequestLifecycle._on_response_headers,

@@ -56,6 +56,10 @@ class LifecycleConfig:
     log: ``extproc.outcomes``, ``ExtProcSettings.outcome_reports``): a skipped request carries
     ``x-kvgate-outcome`` so that it is logged, and its success or failure counts when the report
     comes, not when its stream closes."""
+    message_timeout_s: float = 30.0
+    """The data plane's ext_proc message timeout (kvgate up's Envoy: 30 s): a request held for room
+    asks Envoy to wait its queue timeout plus this (``override_message_timeout``, capped by the
+    filter's ``max_message_timeout``)."""
     attempt_timeout: AttemptTimeout | None = None
     """Bound each attempt of a non-streamed request by its ``max_tokens`` (Envoy's per-try timeout
     header): for data planes whose routes retry on the picker's fallbacks, as kvgate's do. None:

@@ -51,6 +51,10 @@ class PickedRequest:
     def request(self) -> InferenceRequest:
         return self.decision.request
 
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
     def picked(self, *, first_token_unseen: bool) -> None:
         """At the pick: the request counted in flight on its endpoint; ``first_token_unseen``: no
         response will show its first token (a skipped stream), so its prefill ends at the

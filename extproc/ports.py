@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvgate.policies.contracts import Scheduler, SchedulingResult
+from kvgate.policies.flow_control import HoldOutcome
 from kvgate.policies.framework import SchedulingTrace
+from kvgate.policies.holding_queue import Waiting
 from kvgate.policies.types import EndpointView, InferenceRequest, Usage
 
 
@@ -66,6 +68,51 @@ class Pool(Protocol):
         """A disaggregated request's prefill is run by the picker before it releases the request
         (``extproc.prefill``); False: the data plane's decode-side sidecar runs it, told the prefill
         endpoint in ``x-prefiller-host-port`` (llm-d)."""
+        ...
+
+    @property
+    def holding(self) -> HoldingPort | None:
+        """The pool's holding area when it has flow control (None: requests are never held)."""
+        ...
+
+
+class HoldingPort(Protocol):
+    """A pool's holding area (``extproc.holding.HoldingArea``): flow control, issue 34."""
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a request waits at most."""
+        ...
+
+    @property
+    def retry_after_s(self) -> float: ...
+
+    def must_wait(self) -> bool:
+        """Whether a request arriving now waits (no room, or others wait)."""
+        ...
+
+    def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
+        """``request`` as the queue holds it (band, tenant, cost, deadline)."""
+        ...
+
+    def hold(self, item: Waiting) -> bool:
+        """Queue ``item``; False when it is shed at once (the queue is full)."""
+        ...
+
+    async def outcome(self, request_id: str) -> HoldOutcome:
+        """How the held request's wait ends."""
+        ...
+
+    def grant_used(self, request_id: str) -> None:
+        """The dispatched request was picked (told after the scheduler heard of the pick)."""
+        ...
+
+    def leave(self, request_id: str) -> None:
+        """The request's stream ended while it was held or dispatched and not yet picked."""
+        ...
+
+    def kick(self) -> None:
+        """A request of the pool ended (told after the scheduler heard): look for room now."""
         ...
 
 

@@ -1,8 +1,9 @@
 """The grpc.aio ExternalProcessor: a thin loop around :class:`extproc.lifecycle.RequestLifecycle`.
 
-Its one piece of IO besides the stream: a ``RunPrefill`` step the lifecycle returns (a disaggregated
-request whose prefill the picker runs, ``extproc.prefill_step``) is awaited here and its
-``PrefillDone`` handed back to the lifecycle, whose answer goes on to Envoy.
+Its IO besides the stream: a ``RunPrefill`` step the lifecycle returns (a disaggregated request
+whose prefill the picker runs, ``extproc.prefill_step``) is awaited here and its ``PrefillDone``
+handed back to the lifecycle, whose answer goes on to Envoy; an ``AwaitHold`` (a request held for
+room in its pool, ``extproc.holding``) likewise, its outcome handed back as ``HoldEnded``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from opentelemetry.trace import Status, StatusCode
 
 from kvgate.extproc import codec, names
-from kvgate.extproc.actions import RunPrefill, Step
+from kvgate.extproc.actions import AwaitHold, RunPrefill, Step
 from kvgate.extproc.after_reply import AfterReply, DeferredMetrics
 from kvgate.extproc.bbr import BBR_ROLE, ROLE_METADATA_KEY, BodyBasedRouter
-from kvgate.extproc.events import Event, PrefillDone, StreamClosed
+from kvgate.extproc.events import Event, HoldEnded, PrefillDone, StreamClosed
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
 from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
@@ -129,16 +130,19 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     continue
                 steps = machine.handle(event)
                 while True:
-                    prefill: RunPrefill | None = None
+                    awaited: RunPrefill | AwaitHold | None = None
                     for step in steps:
-                        if isinstance(step, RunPrefill):
-                            prefill = step
+                        if isinstance(step, (RunPrefill, AwaitHold)):
+                            awaited = step
                         else:
                             yield codec.encode(step)
                     self._after_reply.flush()
-                    if prefill is None:
+                    if awaited is None:
                         break
-                    steps = machine.handle(await self._run_prefill(prefill, span))
+                    if isinstance(awaited, RunPrefill):
+                        steps = machine.handle(await self._run_prefill(awaited, span))
+                    else:
+                        steps = machine.handle(HoldEnded(await awaited.area.outcome(awaited.request_id)))
             cancelled = False
         finally:
             # Half-close, reset or cancellation: the machine ends exactly once (on_finished).

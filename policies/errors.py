@@ -15,7 +15,8 @@
     │   ├── RequestShedError          429 rate_limit_error / request_shed
     │   └── RateLimitedError          429 rate_limit_error / rate_limit_exceeded
     ├── NoEligibleEndpointError       503 service_unavailable / no_eligible_endpoint
-    │   └── PoolNotFoundError         503 service_unavailable / pool_not_found
+    │   ├── PoolNotFoundError         503 service_unavailable / pool_not_found
+    │   └── QueueTimeoutError         503 service_unavailable / queue_timeout (carries retry_after)
     └── ConfigError                   500 internal_error / invalid_config  (never reaches a client)
 
 The mapping to a data-plane answer lives in one place: ``extproc.errors.immediate_response``.
@@ -129,6 +130,16 @@ class NoEligibleEndpointError(KvgateError):
 
 class PoolNotFoundError(NoEligibleEndpointError):
     code = "pool_not_found"
+
+
+class QueueTimeoutError(NoEligibleEndpointError):
+    """A request held for room in its pool (flow control) waited its whole queue timeout."""
+
+    code = "queue_timeout"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message, headers={"retry-after": str(max(1, round(retry_after)))})
+        self.retry_after = retry_after
 
 
 class ConfigError(KvgateError):

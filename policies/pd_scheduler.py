@@ -78,6 +78,10 @@ class DisaggregatedScheduler:
         whose KV has not reached its decode endpoint: until the decode's first token, or its finish
         when the first token goes unseen (``policies.plugins.deciders``: arriving blocks)."""
 
+    def expected_cached_tokens(self, request: InferenceRequest, now: float) -> int:
+        """``ProfileScheduler.expected_cached_tokens`` on the decode side (one state for both)."""
+        return self.decode.expected_cached_tokens(request, now)
+
     # --- scheduling ---------------------------------------------------------------------------
 
     def schedule(

@@ -214,6 +214,14 @@ class ProfileScheduler:
         for plugin in self._on_finished:
             plugin.on_finished(request, endpoint, ok=ok, now=now)
 
+    def expected_cached_tokens(self, request: InferenceRequest, now: float) -> int:
+        """Prompt tokens the endpoint that caches most of ``request``'s prompt probably holds (the
+        engines' reports where the profile reads them, else the approximate index): what its
+        prefill will not cost (flow control's cost of a held request, ``policies.flow_control``)."""
+        ctx = self.context(request, now)
+        matches = ctx.prefix_matches()
+        return max(matches.values(), default=0) * ctx.tokens_per_block
+
     # --- pool membership ----------------------------------------------------------------------
 
     @property

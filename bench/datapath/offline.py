@@ -66,6 +66,7 @@ class StaticPool:
 
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
+    holding: None = None
 
     def model_known(self, model: str) -> bool | None:
         return True  # the replay's one model, served by every endpoint (as a pool that knows it)

@@ -25,6 +25,7 @@ from typing import Any, get_args
 
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.controlplane.envoy_config import ONE_PASS
+from kvgate.gateway.controlplane.flow_annotations import flow_control
 from kvgate.gateway.controlplane.models.catalog import declared_models
 from kvgate.gateway.controlplane.resources import (
     ConfigProvider,
@@ -187,6 +188,7 @@ def pool_spec(
             "roles": {e.address: e.role.value for e in pool.endpoints if e.role is not Role.BOTH},
             "pd_execution": _pd_execution(pool, annotations, warnings),
             "kv_events": _kv_events(pool, annotations, warnings),
+            "flow_control": flow_control(pool.id, annotations, warnings),
         }
     )
     return spec, warnings

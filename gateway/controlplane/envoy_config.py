@@ -63,6 +63,9 @@ class ExtProcSettings:
     request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     message_timeout_s: float = 30.0
+    max_message_timeout_s: float = 3630.0
+    """The most a picker may extend one message's timeout to (a held request: its queue timeout,
+    at most an hour, plus ``message_timeout_s``)."""
     grpc_timeout_s: float = 30.0
     max_body_bytes: int = 8 * 1024 * 1024
     send_served_endpoint: bool = True
@@ -326,6 +329,9 @@ def ext_proc_filter(settings: ExtProcSettings) -> JsonDict:
             settings.request_body_mode, settings.response_body_mode, settings.response_header_mode
         ),
         "message_timeout": duration(settings.message_timeout_s),
+        # A request the picker holds for room (flow control, extproc.holding) asks for longer
+        # (override_message_timeout), up to this; 0 would turn the override off.
+        "max_message_timeout": duration(settings.max_message_timeout_s),
         # The picker sets the router's per-try timeout header (extproc.attempt_timeout); ext_proc
         # refuses x-envoy-* mutations unless allowed. A client's copies never reach it: Envoy removes
         # the router's x-envoy-* headers from external requests, and with no internal_address_config

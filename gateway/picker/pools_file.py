@@ -24,6 +24,10 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
           header: x-gateway-inference-fairness-id   # the default
           requestsPerMinute: 600
           tokensPerMinute: 200000     # prompt + completion, from the response's usage
+        flowControl:                  # hold requests in the picker while the pool is full
+          queueTimeoutSeconds: 30     #   then 429 (sheddable) or 503, with Retry-After
+          maxQueueLength: 1000        #   beyond it the lowest priority's newest is shed (429)
+          maxInflightPerEndpoint: 64  #   optional; besides queueThreshold / kvCacheThreshold
     defaultPool: llama                # optional; the only pool when there is one
     redis: redis://127.0.0.1:6379/0   # optional; share picker state and limits across replicas
 """
@@ -39,6 +43,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.flow_control import FlowControlSettings
+from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.types import Endpoint, FailureMode, Role
 
 Dialect = Literal["vllm", "sglang", "trtllm", "triton"]
@@ -137,6 +143,30 @@ class KvEventsSpec(BaseModel):
         return f"tcp://{host}:{self.port}", (f"tcp://{host}:{replay}" if replay else None)
 
 
+class FlowControlSpec(BaseModel):
+    """Hold requests in the picker when the pool is full (``policies.flow_control``, docs/flow-control.md):
+    its presence turns flow control on for the pool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    queue_timeout_s: float = Field(default=30.0, gt=0, le=3600, alias="queueTimeoutSeconds")
+    max_queue_length: int = Field(default=1000, ge=1, le=1_000_000, alias="maxQueueLength")
+    max_inflight_per_endpoint: int | None = Field(default=None, ge=1, alias="maxInflightPerEndpoint")
+    queue_threshold: int = Field(default=5, ge=1, alias="queueThreshold")
+    kv_cache_threshold: float = Field(default=0.8, gt=0, le=1.0, alias="kvCacheThreshold")
+    metrics_staleness_s: float = Field(default=0.2, gt=0, alias="metricsStalenessSeconds")
+    retry_after_s: float = Field(default=1.0, ge=0, alias="retryAfterSeconds")
+
+    def settings(self) -> FlowControlSettings:
+        return FlowControlSettings(
+            queue_timeout_s=self.queue_timeout_s, max_queue_length=self.max_queue_length,
+            max_inflight_per_endpoint=self.max_inflight_per_endpoint,
+            thresholds=SaturationThresholds(self.queue_threshold, self.kv_cache_threshold,
+                                            self.metrics_staleness_s),
+            retry_after_s=self.retry_after_s,
+        )
+
+
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -162,6 +192,8 @@ class PoolSpec(BaseModel):
     """Who runs a disaggregated request's prefill: the picker, or the decode side's sidecar."""
     kv_events: KvEventsSpec | None = Field(default=None, alias="kvEvents")
     """Subscribe to the engines' KV-cache events (None: none published)."""
+    flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
+    """Hold requests in the picker while the pool is full (None: never held)."""
 
     def role_of(self, address: str) -> Role:
         return Role.parse(self.roles.get(address))

@@ -14,17 +14,20 @@ import asyncio
 import dataclasses
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
+from kvgate.extproc.holding import HoldingArea, PoolLoad
 from kvgate.extproc.lifecycle_config import LifecycleConfig
-from kvgate.extproc.ports import Pool
+from kvgate.extproc.ports import MonotonicClock, Pool
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
 from kvgate.extproc.server import ExtProcServer
 from kvgate.extproc.tracing import RequestTracer
 from kvgate.gateway.picker.admin_http import AdminServer
+from kvgate.gateway.picker.flow_telemetry import FlowTelemetry
 from kvgate.gateway.picker.kv_events.runtime import KvEventsCollector, KvEventsRuntime
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
@@ -57,12 +60,18 @@ class PoolRuntime:
     extra_paths: frozenset[str] = frozenset()
     rng: random.Random = field(default_factory=random.Random, compare=False)
     """Draws the weighted model-rewrite target of each request."""
+    holding_area: HoldingArea | None = None
+    """Where its requests wait for room (flow control on), else None."""
 
     @staticmethod
     def of(spec: PoolSpec, scheduler: PoolScheduler, scraper: MetricsScraper,
-           replica_names: Callable[[str], PoolModelNames]) -> PoolRuntime:
+           replica_names: Callable[[str], PoolModelNames], holding: HoldingArea | None = None) -> PoolRuntime:
         return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models(),
-                           frozenset(spec.extra_paths))
+                           frozenset(spec.extra_paths), holding_area=holding)
+
+    @property
+    def holding(self) -> HoldingArea | None:
+        return self.holding_area
 
     @property
     def name(self) -> str:
@@ -212,12 +221,36 @@ class PickerService:
             tracer=RequestTracer(self.tracer_provider.get_tracer("kvgate.extproc"))
             if self.tracer_provider is not None else None,
         )
+        self.flow_telemetry = FlowTelemetry(self.telemetry.registry, self._held_counts)
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         outcomes = self.extproc.outcomes
         self.telemetry.registry.register(OutcomeReportsCollector(lambda: outcomes.counts))
         self._serving = False
         self._readiness_updates: set[asyncio.Task[None]] = set()
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
+
+    def _held_counts(self) -> Mapping[str, Mapping[tuple[int, str], int]]:
+        return {name: pool.holding_area.waiting() for name, pool in self.table.pools.items()
+                if pool.holding_area is not None}
+
+    def _holding_area(self, spec: PoolSpec, scheduler: PoolScheduler,
+                      previous: PoolRuntime | None) -> HoldingArea | None:
+        """The pool's holding area: kept while its flow control and scheduler are unchanged (its
+        held requests go on waiting), else a new one (the old one's requests are answered 503 by
+        ``stop``)."""
+        if spec.flow_control is None:
+            return None
+        settings = spec.flow_control.settings()
+        kept = previous.holding_area if previous is not None else None
+        if kept is not None and kept.settings == settings and previous is not None \
+                and previous.scheduler_impl is scheduler:
+            return kept
+        name = spec.name
+        scraper = self.scraper
+        load = PoolLoad(endpoints=lambda: scraper.snapshot().endpoints(name),
+                        inflight=scheduler.state.inflight_by_endpoint,
+                        cached_tokens=scheduler.expected_cached_tokens)
+        return HoldingArea(name, settings, load, MonotonicClock(), metrics=self.flow_telemetry)
 
     def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:
         return {e.address: (c.successes, c.failures) for e, c in self.scraper.counters().items()}
@@ -249,9 +282,16 @@ class PickerService:
         self.sharing.apply(specs)
         self.kv_events.apply(specs, tokenizers)
         names = self.replica_models.names
-        pools = {spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names)
-                 for spec in specs}
+        pools = {
+            spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names,
+                                      self._holding_area(spec, schedulers[spec.name], old.get(spec.name)))
+            for spec in specs
+        }
         self.table = PoolTable(pools=MappingProxyType(pools), default=default)
+        live_areas = {id(p.holding_area) for p in pools.values() if p.holding_area is not None}
+        for previous in old.values():
+            if previous.holding_area is not None and id(previous.holding_area) not in live_areas:
+                self._stop_later(previous.holding_area.stop())
         self._publish_readiness()
         log.info("serving pools: %s", ", ".join(sorted(pools)) or "(none)")
 
@@ -298,6 +338,17 @@ class PickerService:
         self._serving = True
         await self.extproc.set_ready(bool(self.table.pools))
 
+    def _stop_later(self, stopping: Coroutine[Any, Any, None]) -> None:
+        """Run ``stopping`` on the loop (a holding area replaced by a configuration change)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            stopping.close()  # no loop: nothing can be waiting in it
+            return
+        task = loop.create_task(stopping)
+        self._readiness_updates.add(task)
+        task.add_done_callback(self._readiness_updates.discard)
+
     def _publish_readiness(self) -> None:
         """The gRPC readiness names answer SERVING while at least one pool is served (the
         Inference Extension's meaning: its pool is known); /readyz also wants fresh metrics."""
@@ -309,6 +360,9 @@ class PickerService:
 
     async def stop(self) -> None:
         self._serving = False
+        for pool in self.table.pools.values():
+            if pool.holding_area is not None:
+                await pool.holding_area.stop()
         await asyncio.gather(*self._readiness_updates, return_exceptions=True)
         await self.admin.stop()
         await self.extproc.stop(0.5)

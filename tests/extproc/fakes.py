@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 from kvgate.extproc import codec
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig
-from kvgate.extproc.ports import RequestLabels, RequestTrace
+from kvgate.extproc.ports import HoldingPort, RequestLabels, RequestTrace
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import PoolNotFoundError
 from kvgate.policies.framework import SchedulingTrace
@@ -99,6 +99,7 @@ class FakePool:
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
     roles: Mapping[str, Role] = field(default_factory=dict)
+    holding: HoldingPort | None = None
 
     def model_known(self, model: str) -> bool | None:
         if model in self.served_models or model in self.rewrites or model in self.rewrites.values():

@@ -17,11 +17,13 @@ from kvgate.gateway.controlplane.control_plane import (
 from kvgate.gateway.controlplane.resources import FileProvider, ValidationOptions, parse_manifests, validate
 from kvgate.gateway.controlplane.status_cli import format_status
 from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
+from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.service import PickerService, PickerSettings, PoolRuntime
 from kvgate.gateway.processes.simulator import SimFleetProcess
 from kvgate.gateway.up import UpOptions, bundled_example
 from kvgate.gateway.up_sim import find_pool, sim_pods, sim_tokenizer
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.flow_control import FlowControlSettings
 
 POOL = """
 apiVersion: inference.networking.k8s.io/v1
@@ -282,3 +284,38 @@ def test_kv_events_and_tokenizer_annotations_reach_the_pool_spec_and_the_simulat
     [spec], warnings = pool_specs(resources, config, SETTINGS)
     assert spec.kv_events is None
     assert "without kvgate.io/kv-events-port" in warnings[0]
+
+
+def annotated_spec(annotations: str) -> tuple[PoolSpec, list[str]]:
+    text = POOL.replace("annotations: {{", "annotations: {{" + annotations).format(profile="default",
+                                                                                   engine="vllm")
+    resources = parse_manifests([("x.yaml", text + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    return spec, warnings
+
+
+def test_flow_control_annotations_reach_the_pool_spec_and_bad_values_are_warned_about() -> None:
+    spec, warnings = annotated_spec("kvgate.io/flow-control: 'true', ")
+    assert warnings == []
+    assert spec.flow_control is not None
+    assert spec.flow_control.settings() == FlowControlSettings()  # the defaults
+    spec, warnings = annotated_spec("kvgate.io/queue-timeout: 1m30s, kvgate.io/max-queue-length: '50', "
+                                    "kvgate.io/max-inflight-per-endpoint: '8', ")
+    assert warnings == []
+    assert spec.flow_control is not None
+    settings = spec.flow_control.settings()
+    assert (settings.queue_timeout_s, settings.max_queue_length, settings.max_inflight_per_endpoint) == (
+        90.0, 50, 8)
+    spec, warnings = annotated_spec("kvgate.io/queue-timeout: soon, kvgate.io/max-queue-length: '0', ")
+    assert spec.flow_control is not None
+    assert spec.flow_control.settings() == FlowControlSettings()
+    assert len(warnings) == 2
+    assert "kvgate.io/queue-timeout" in warnings[0]
+    spec, warnings = annotated_spec("kvgate.io/flow-control: 'false', kvgate.io/queue-timeout: 10s, ")
+    assert spec.flow_control is None
+    assert warnings == []
+    spec, warnings = annotated_spec("kvgate.io/flow-control: maybe, ")
+    assert spec.flow_control is None
+    assert "kvgate.io/flow-control" in warnings[0]
+    assert annotated_spec("")[0].flow_control is None

@@ -96,3 +96,25 @@ redis: redis://127.0.0.1:6379/0
 def test_rejects_bad_admission_config(text: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         parse_pools(text)
+
+
+def test_flow_control_is_off_unless_named_and_checked_when_it_is() -> None:
+    [plain] = parse_pools("pools: [{name: a}]").pools
+    assert plain.flow_control is None
+    [pool] = parse_pools("""
+pools:
+  - name: a
+    flowControl:
+      {queueTimeoutSeconds: 5, maxQueueLength: 10, maxInflightPerEndpoint: 4, kvCacheThreshold: 0.9}
+""").pools
+    assert pool.flow_control is not None
+    settings = pool.flow_control.settings()
+    bounds = (settings.queue_timeout_s, settings.max_queue_length, settings.max_inflight_per_endpoint)
+    assert bounds == (5, 10, 4)
+    assert (settings.thresholds.kv_threshold, settings.thresholds.queue_threshold) == (0.9, 5)
+    [defaults] = parse_pools("pools: [{name: a, flowControl: {}}]").pools
+    assert defaults.flow_control is not None
+    assert defaults.flow_control.settings().queue_timeout_s == 30
+    for bad in ("{queueTimeoutSeconds: 0}", "{maxQueueLength: 0}", "{queueTimeout: 5}"):
+        with pytest.raises(ConfigError, match="flowControl"):
+            parse_pools(f"pools: [{{name: a, flowControl: {bad}}}]")

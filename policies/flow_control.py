@@ -1,0 +1,163 @@
+"""Flow control (issue 34): when a pool has room, what a held request costs, which held request
+goes next. Sans-IO: no clock, no tasks; the picker's shell (``extproc.holding``) calls it.
+
+A request is **held** in the picker (not sent into a replica's queue) when its pool has no room or
+others already wait (no overtaking); a held request is **dispatched** when room appears (a request
+finished, a fresh scrape), one grant at a time: the next grant waits until the last one has been
+picked (its pick is then counted in the in-flight state the room rule reads), or its client has
+gone. The order is :class:`~policies.holding_queue.HoldingQueue`'s (bands, cost-weighted fairness
+between tenants, bounded length, deadlines).
+
+**Room** (:func:`endpoint_has_room`): an endpoint has room when it is not saturated by the
+Inference Extension's rule (healthy, fresh metrics, queue below ``queue_threshold``, KV cache below
+``kv_threshold``), the requests this picker sent it since its last scrape do not make up such a
+queue either (this picker's in-flight requests there beyond the scrape's running ones), and it
+holds fewer than the user's ``max_inflight_per_endpoint`` of this picker's requests. A pool has room
+when one of its endpoints has. A pool with no endpoint has none: its requests wait for a replica
+(scale from zero).
+
+**Cost** (:func:`work_seconds`): the GPU seconds a request will take, from kvgate's own estimate:
+uncached prompt tokens at the prefill rate, cached ones at a small rate, the expected output at the
+decode rate. The defaults are the BLIS linear fit for Llama-3.1-8B on one H100 that the simulator
+uses (17.25 µs per uncached prompt token; a decode token 6 µs plus its share of the 5.75 ms step
+base at a batch of 32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvgate.policies.holding_queue import HoldingQueue, Waiting
+from kvgate.policies.saturation import SaturationThresholds
+from kvgate.policies.state import InFlight
+from kvgate.policies.types import EndpointView
+
+CHARS_PER_TOKEN = 4
+"""The prompt's length in tokens, estimated from its characters (the prefix index's convention)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkCosts:
+    """GPU seconds per token of each kind (:func:`work_seconds`)."""
+
+    prefill_s_per_token: float = 17.25e-6
+    cached_s_per_token: float = 0.5e-6
+    decode_s_per_token: float = 6.0e-6 + 5.7527e-3 / 32
+    default_output_tokens: int = 256
+    """Output tokens expected of a request that sets no ``max_tokens``."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControlSettings:
+    """One pool's flow control (pools file ``flowControl``, annotations ``kvgate.io/queue-*``)."""
+
+    queue_timeout_s: float = 30.0
+    """How long a request waits at most (then 429 when sheddable, else 503, with Retry-After)."""
+    max_queue_length: int = 1000
+    """Held requests at most; beyond it the lowest band's newest is shed (429)."""
+    max_inflight_per_endpoint: int | None = None
+    """This picker's requests on one endpoint at most (None: no limit beyond the thresholds)."""
+    thresholds: SaturationThresholds = field(default_factory=SaturationThresholds)
+    """When an endpoint is full (the Inference Extension's saturation defaults)."""
+    retry_after_s: float = 1.0
+    """The Retry-After of a request that timed out or was shed."""
+    work: WorkCosts = field(default_factory=WorkCosts)
+
+    def __post_init__(self) -> None:
+        if not self.queue_timeout_s > 0:
+            raise ValueError("the queue timeout must be > 0")
+        if self.max_queue_length < 1:
+            raise ValueError("the maximum queue length must be at least 1")
+        if self.max_inflight_per_endpoint is not None and self.max_inflight_per_endpoint < 1:
+            raise ValueError("the in-flight limit per endpoint must be at least 1")
+
+
+def work_seconds(prompt_chars: int, cached_tokens: int, max_tokens: int | None, costs: WorkCosts) -> float:
+    """A request's estimated GPU seconds (> 0): its uncached and cached prompt tokens and its
+    expected output (``max_tokens``, else the default)."""
+    prompt = prompt_chars // CHARS_PER_TOKEN
+    cached = min(max(cached_tokens, 0), prompt)
+    output = max_tokens if max_tokens is not None and max_tokens > 0 else costs.default_output_tokens
+    seconds = ((prompt - cached) * costs.prefill_s_per_token + cached * costs.cached_s_per_token
+               + output * costs.decode_s_per_token)
+    return max(seconds, 1e-6)
+
+
+def endpoint_has_room(view: EndpointView, own: InFlight | None, settings: FlowControlSettings,
+                      now: float) -> bool:
+    """Whether one more request may go to ``view`` now (module docstring); ``own``: this picker's
+    requests in flight there (None: none)."""
+    thresholds = settings.thresholds
+    if thresholds.saturated(view, now):
+        return False
+    if own is None:
+        return True
+    metrics = view.metrics
+    assert metrics is not None  # saturated() is True without metrics
+    if own.requests - metrics.running >= thresholds.queue_threshold:
+        return False  # sent since the scrape: a queue the scrape does not show yet
+    limit = settings.max_inflight_per_endpoint
+    return limit is None or own.requests < limit
+
+
+def pool_has_room(views: Iterable[EndpointView], inflight: Mapping[str, InFlight],
+                  settings: FlowControlSettings, now: float) -> bool:
+    """Whether any of the pool's endpoints has room (False for a pool without endpoints)."""
+    return any(endpoint_has_room(view, inflight.get(view.address), settings, now) for view in views)
+
+
+class HoldOutcome(Enum):
+    """How a held request's wait ended (the Inference Extension's flow-control outcome names)."""
+
+    DISPATCHED = "Dispatched"
+    REJECTED_CAPACITY = "RejectedCapacity"
+    """Shed to keep the queue within its bound (or not queued: it was the one to shed)."""
+    EVICTED_TTL = "EvictedTTL"
+    """Its deadline passed (or the pool stopped serving)."""
+    EVICTED_CANCELLED = "EvictedContextCancelled"
+    """Its client went away."""
+
+
+class FlowController:
+    """One pool's held requests and the grant in progress (module docstring)."""
+
+    def __init__(self, settings: FlowControlSettings) -> None:
+        self.settings = settings
+        self.queue = HoldingQueue(settings.max_queue_length)
+        self._granted = 0
+        """Requests dispatched whose pick has not been made yet (0 or 1)."""
+
+    def must_wait(self, has_room: bool) -> bool:
+        """Whether an arriving request is held: others wait (no overtaking) or there is no room."""
+        return bool(self.queue) or self._granted > 0 or not has_room
+
+    def hold(self, item: Waiting) -> Waiting | None:
+        """Queue ``item``; the request shed to stay within bounds (maybe ``item``), or None."""
+        return self.queue.push(item)
+
+    def dispatch(self, has_room: bool) -> Waiting | None:
+        """The held request to release now (None: no room, none held, or a grant in progress).
+        The caller reports its pick with :meth:`grant_used`."""
+        if self._granted or not has_room:
+            return None
+        item = self.queue.pop()
+        if item is not None:
+            self._granted += 1
+        return item
+
+    def grant_used(self) -> None:
+        """The dispatched request was picked, or gave up before (its client went away)."""
+        if self._granted:
+            self._granted -= 1
+
+    def expired(self, now: float) -> list[Waiting]:
+        return self.queue.expired(now)
+
+    def remove(self, request_id: str) -> Waiting | None:
+        return self.queue.remove(request_id)
+
+    @property
+    def granting(self) -> bool:
+        return self._granted > 0

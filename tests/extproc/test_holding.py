@@ -1,0 +1,193 @@
+"""``extproc.holding.HoldingArea`` on a real event loop: held requests are dispatched when room
+appears (one grant at a time, fair between tenants), time out, leave, and stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvgate.extproc.holding import HoldingArea, PoolLoad
+from kvgate.extproc.ports import MonotonicClock
+from kvgate.policies.flow_control import FlowControlSettings, HoldOutcome
+from kvgate.policies.holding_queue import Waiting
+from kvgate.policies.state import InFlight
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
+
+
+@dataclass
+class Pool:
+    """A pool whose one endpoint has ``free`` room (requests in flight below it), or none at all."""
+
+    free: int = 0
+    endpoints_up: bool = True
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+    ended: list[tuple[str, HoldOutcome, float]] = field(default_factory=list)
+
+    def views(self) -> tuple[EndpointView, ...]:
+        if not self.endpoints_up:
+            return ()
+        metrics = EndpointMetrics(updated_at=MonotonicClock().now())
+        return (EndpointView(Endpoint("10.0.0.1:8000", "p"), metrics),)
+
+    def load(self) -> PoolLoad:
+        return PoolLoad(self.views, lambda: self.inflight, lambda request, now: 0)
+
+    def take(self) -> None:
+        """One more request of ours in flight."""
+        own = self.inflight.get("10.0.0.1:8000", InFlight())
+        self.inflight["10.0.0.1:8000"] = InFlight(own.requests + 1)
+
+    def hold_ended(self, pool: str, item: Waiting, outcome: HoldOutcome, seconds: float) -> None:
+        self.ended.append((item.request_id, outcome, seconds))
+
+
+def area_for(pool: Pool, **settings: object) -> HoldingArea:
+    limit = FlowControlSettings(max_inflight_per_endpoint=max(pool.free, 1), **settings)  # type: ignore[arg-type]
+    if pool.free == 0:
+        pool.inflight["10.0.0.1:8000"] = InFlight(1)  # at the limit of 1: no room
+    return HoldingArea("p", limit, pool.load(), MonotonicClock(), metrics=pool, poll_s=0.002)
+
+
+def request(rid: str, tenant: str = "t", priority: int = 0) -> InferenceRequest:
+    return InferenceRequest(request_id=rid, pool="p", model="m", target_model="m", prompt="x" * 400,
+                            fairness_id=tenant, priority=priority)
+
+
+async def test_held_requests_go_one_grant_at_a_time_as_room_appears() -> None:
+    pool = Pool()
+    area = area_for(pool)
+    assert area.must_wait()
+    for rid in ("a", "b"):
+        assert area.hold(area.waiting_item(request(rid), MonotonicClock().now()))
+    waiting = {rid: asyncio.ensure_future(area.outcome(rid)) for rid in ("a", "b")}
+    await asyncio.sleep(0.02)
+    assert not any(w.done() for w in waiting.values())
+    assert dict(area.waiting()) == {(0, "t"): 2}
+    pool.inflight.clear()  # the request in flight finished: room for one
+    area.kick()
+    assert await asyncio.wait_for(waiting["a"], 1) is HoldOutcome.DISPATCHED
+    await asyncio.sleep(0.02)
+    assert not waiting["b"].done()  # until a's pick is counted
+    pool.take()
+    area.grant_used("a")
+    await asyncio.sleep(0.02)
+    assert not waiting["b"].done()  # a's pick took the room
+    pool.inflight.clear()
+    assert await asyncio.wait_for(waiting["b"], 1) is HoldOutcome.DISPATCHED  # found by polling
+    area.grant_used("b")
+    assert not area.must_wait()
+    assert len(area) == 0
+    assert [(rid, outcome) for rid, outcome, _ in pool.ended] == [("a", HoldOutcome.DISPATCHED),
+                                                                  ("b", HoldOutcome.DISPATCHED)]
+    await area.stop()
+
+
+async def test_a_light_tenant_does_not_wait_behind_a_heavy_tenants_backlog() -> None:
+    pool = Pool()
+    area = area_for(pool)
+    for i in range(20):
+        area.hold(area.waiting_item(request(f"heavy-{i}", "heavy"), MonotonicClock().now()))
+    area.hold(area.waiting_item(request("light-0", "light"), MonotonicClock().now()))
+    order = []
+    pool.inflight.clear()
+    while len(area):
+        outcome_of = {rid: asyncio.ensure_future(area.outcome(rid)) for rid in list(area._waiters)}
+        done, _ = await asyncio.wait(outcome_of.values(), timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        [rid] = [r for r, f in outcome_of.items() if f in done]
+        order.append(rid)
+        area.grant_used(rid)
+        for f in outcome_of.values():
+            f.cancel()
+    assert order.index("light-0") <= 1
+    await area.stop()
+
+
+async def test_a_request_waits_at_most_its_timeout() -> None:
+    pool = Pool()
+    area = area_for(pool, queue_timeout_s=0.05)
+    area.hold(area.waiting_item(request("a"), MonotonicClock().now()))
+    assert await asyncio.wait_for(area.outcome("a"), 1) is HoldOutcome.EVICTED_TTL
+    assert not area.must_wait() or pool.inflight  # the queue is empty again
+    [(_, outcome, seconds)] = pool.ended
+    assert outcome is HoldOutcome.EVICTED_TTL
+    assert seconds >= 0.05
+    await area.stop()
+
+
+async def test_a_pool_without_replicas_holds_until_one_is_ready() -> None:
+    """Scale from zero: no endpoint, no room; the first ready replica takes the held request."""
+    pool = Pool(free=1, endpoints_up=False)
+    area = area_for(pool)
+    assert area.must_wait()
+    area.hold(area.waiting_item(request("a"), MonotonicClock().now()))
+    waiting = asyncio.ensure_future(area.outcome("a"))
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    pool.endpoints_up = True
+    assert await asyncio.wait_for(waiting, 1) is HoldOutcome.DISPATCHED
+    await area.stop()
+
+
+async def test_a_full_queue_sheds_the_lowest_band_first() -> None:
+    pool = Pool()
+    area = area_for(pool, max_queue_length=2)
+    now = MonotonicClock().now()
+    assert area.hold(area.waiting_item(request("batch", priority=-1), now))
+    assert area.hold(area.waiting_item(request("chat-1"), now))
+    shed = asyncio.ensure_future(area.outcome("batch"))
+    assert area.hold(area.waiting_item(request("chat-2"), now))  # displaces the sheddable one
+    assert await asyncio.wait_for(shed, 1) is HoldOutcome.REJECTED_CAPACITY
+    assert not area.hold(area.waiting_item(request("batch-2", priority=-1), now))  # shed on arrival
+    assert dict(area.waiting()) == {(0, "t"): 2}
+    await area.stop()
+
+
+async def test_leaving_takes_a_request_out_and_gives_back_an_unused_grant() -> None:
+    pool = Pool()
+    area = area_for(pool)
+    now = MonotonicClock().now()
+    for rid in ("a", "b", "c"):
+        area.hold(area.waiting_item(request(rid), now))
+    area.leave("b")  # its client went away while held
+    pool.inflight.clear()
+    assert await asyncio.wait_for(area.outcome("a"), 1) is HoldOutcome.DISPATCHED
+    area.leave("a")  # dispatched, then its client went away before the pick
+    assert await asyncio.wait_for(area.outcome("c"), 1) is HoldOutcome.DISPATCHED
+    assert await area.outcome("b") is HoldOutcome.EVICTED_CANCELLED
+    outcomes: Mapping[str, HoldOutcome] = {rid: outcome for rid, outcome, _ in pool.ended}
+    assert outcomes == {"a": HoldOutcome.DISPATCHED, "b": HoldOutcome.EVICTED_CANCELLED,
+                        "c": HoldOutcome.DISPATCHED}
+    await area.stop()
+
+
+async def test_a_grant_never_reported_does_not_stop_the_queue() -> None:
+    pool = Pool()
+    area = HoldingArea("p", FlowControlSettings(), pool.load(), MonotonicClock(), poll_s=0.002,
+                       grant_timeout_s=0.05)
+    pool.endpoints_up = False
+    now = MonotonicClock().now()
+    area.hold(area.waiting_item(request("a"), now))
+    area.hold(area.waiting_item(request("b"), now))
+    pool.endpoints_up = True
+    assert await asyncio.wait_for(area.outcome("a"), 1) is HoldOutcome.DISPATCHED
+    # "a" never reports its pick: after the grant timeout "b" goes
+    assert await asyncio.wait_for(area.outcome("b"), 1) is HoldOutcome.DISPATCHED
+    await area.stop()
+
+
+async def test_stopping_ends_every_wait() -> None:
+    pool = Pool()
+    area = area_for(pool)
+    area.hold(area.waiting_item(request("a"), MonotonicClock().now()))
+    waiting = asyncio.ensure_future(area.outcome("a"))
+    await area.stop()
+    assert await waiting is HoldOutcome.EVICTED_TTL
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0])
+def test_settings_refuse_a_timeout_that_is_not_positive(timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        FlowControlSettings(queue_timeout_s=timeout)

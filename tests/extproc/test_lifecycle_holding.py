@@ -1,0 +1,185 @@
+"""A request held for room through the lifecycle, sans IO (flow control, issue 34): the AwaitHold step
+(with Envoy's message timer extended), then the HoldEnded the servicer hands back: picked and
+released when dispatched; 503 or 429 with Retry-After when its wait ends otherwise; out of the queue
+when its client goes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from kvgate.extproc import codec
+from kvgate.extproc.actions import AwaitHold, ExtendTimeout, Step
+from kvgate.extproc.events import HoldEnded, StreamClosed
+from kvgate.extproc.lifecycle import RequestLifecycle, State
+from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.policies.flow_control import HoldOutcome
+from kvgate.policies.holding_queue import Waiting
+from kvgate.policies.types import InferenceRequest
+from tests.extproc.fakes import (
+    BUFFERED,
+    FULL_DUPLEX,
+    NONE,
+    RecordingMetrics,
+    completion,
+    make_machine,
+    make_pool,
+    request_body,
+    request_headers,
+    set_headers,
+    streamed,
+)
+
+
+@dataclass
+class FakeHolding:
+    """A holding area that holds while ``full``; records what the lifecycle tells it."""
+
+    full: bool = True
+    accept: bool = True
+    timeout_s: float = 20.0
+    retry_after_s: float = 3.0
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    held: list[Waiting] = field(default_factory=list)
+
+    def must_wait(self) -> bool:
+        return self.full
+
+    def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
+        return Waiting(request.request_id, request.priority, request.fairness_id or "", 1.0,
+                       now + self.timeout_s)
+
+    def hold(self, item: Waiting) -> bool:
+        self.held.append(item)
+        return self.accept
+
+    async def outcome(self, request_id: str) -> HoldOutcome:
+        raise AssertionError("sans IO: the test hands the outcome to the lifecycle")
+
+    def grant_used(self, request_id: str) -> None:
+        self.calls.append(("grant_used", request_id))
+
+    def leave(self, request_id: str) -> None:
+        self.calls.append(("leave", request_id))
+
+    def kick(self) -> None:
+        self.calls.append(("kick", ""))
+
+
+def held_request(holding: FakeHolding, *, mode: int = BUFFERED, objective: str | None = None,
+                 metrics: RecordingMetrics | None = None) -> tuple[RequestLifecycle, Any, Sequence[Step]]:
+    pool = make_pool("10.0.0.1:8000", holding=holding, objectives={"batch": -1})
+    machine = make_machine(pool, metrics=metrics, config=LifecycleConfig(message_timeout_s=30.0))
+    extra = [("x-gateway-inference-fairness-id", "tenant-a")]
+    if objective:
+        extra.append(("x-gateway-inference-objective", objective))
+    headers = request_headers(mode=mode, response_mode=NONE, extra=extra)
+    codec.encode_replies(machine.handle(codec.decode(headers)))
+    steps = machine.handle(codec.decode(request_body(completion(prompt="held"), eos=True)))
+    return machine, pool, steps
+
+
+def test_a_request_without_room_is_held_with_envoys_timer_extended_then_picked_when_dispatched() -> None:
+    holding = FakeHolding()
+    machine, pool, steps = held_request(holding)
+    extend, hold = steps
+    assert extend == ExtendTimeout(20.0 + 30.0)  # its queue timeout plus the usual message timeout
+    assert isinstance(hold, AwaitHold)
+    assert hold.area is holding
+    assert machine.state is State.HOLDING
+    [item] = holding.held
+    assert (item.request_id, item.tenant, item.band) == (hold.request_id, "tenant-a", 0)
+    assert pool.scheduler.seen == []  # not picked while it waits
+    [reply] = codec.encode_replies(machine.handle(HoldEnded(HoldOutcome.DISPATCHED)))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    assert pool.scheduler.calls == [("picked", "10.0.0.1:8000")]
+    assert holding.calls == [("grant_used", hold.request_id)]  # told after the pick
+    assert machine.state is State.UPSTREAM
+    machine.handle(StreamClosed())
+    assert holding.calls[-1] == ("kick", "")  # its end may free room for the next one
+
+
+def test_the_timer_override_goes_only_where_envoy_waits_for_one_message() -> None:
+    """Full duplex: the body's chunks already went to the picker; there is no message timer to extend."""
+    _, _, steps = held_request(FakeHolding(), mode=FULL_DUPLEX)
+    assert [type(s) for s in steps] == [AwaitHold]
+
+
+def test_full_duplex_streams_the_body_once_dispatched() -> None:
+    machine, _, _ = held_request(FakeHolding(), mode=FULL_DUPLEX)
+    replies = codec.encode_replies(machine.handle(HoldEnded(HoldOutcome.DISPATCHED)))
+    assert json.loads(streamed(replies))["prompt"] == "held"
+
+
+def test_a_request_with_room_is_picked_at_once() -> None:
+    holding = FakeHolding(full=False)
+    machine, _pool, steps = held_request(holding)
+    assert set_headers(codec.encode_replies(steps)[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    assert holding.held == []
+    assert machine.state is State.UPSTREAM
+
+
+def answer(machine: RequestLifecycle, outcome: HoldOutcome) -> pb.ProcessingResponse:
+    [reply] = codec.encode_replies(machine.handle(HoldEnded(outcome)))
+    return reply
+
+
+def error_of(reply: pb.ProcessingResponse) -> tuple[int, dict[str, str], dict[str, Any]]:
+    immediate = reply.immediate_response
+    headers = {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}
+    return immediate.status.code, headers, json.loads(immediate.body)["error"]
+
+
+def test_a_timed_out_request_gets_503_with_retry_after() -> None:
+    holding = FakeHolding()
+    metrics = RecordingMetrics()
+    machine, pool, steps = held_request(holding, metrics=metrics)
+    [reply] = codec.encode_replies(machine.handle(HoldEnded(HoldOutcome.EVICTED_TTL)))
+    status, headers, error = error_of(reply)
+    assert (status, headers["retry-after"], error["code"]) == (503, "3", "queue_timeout")
+    assert "20 s" in error["message"]
+    assert pool.scheduler.seen == []
+    assert machine.state is State.DONE
+    assert ("leave", steps[-1].request_id) in holding.calls  # type: ignore[union-attr]
+    assert ("error", "queue_timeout") in metrics.events
+
+
+def test_a_sheddable_request_that_times_out_or_any_request_shed_gets_429() -> None:
+    machine, _, _ = held_request(FakeHolding(), objective="batch")
+    status, headers, error = error_of(answer(machine, HoldOutcome.EVICTED_TTL))
+    assert (status, headers["retry-after"], error["code"]) == (429, "3", "request_shed")
+    machine, _, _ = held_request(FakeHolding())
+    status, _, error = error_of(answer(machine, HoldOutcome.REJECTED_CAPACITY))
+    assert (status, error["code"]) == (429, "request_shed")
+
+
+def test_a_full_queue_sheds_the_arrival_at_once() -> None:
+    holding = FakeHolding(accept=False)
+    machine, _, steps = held_request(holding)
+    status, headers, error = error_of(codec.encode_replies(steps)[0])
+    assert (status, headers["retry-after"], error["code"]) == (429, "3", "request_shed")
+    assert machine.state is State.DONE
+
+
+def test_a_client_gone_while_held_leaves_the_queue_and_nothing_is_picked() -> None:
+    holding = FakeHolding()
+    machine, pool, steps = held_request(holding)
+    assert machine.handle(StreamClosed(cancelled=True)) == []
+    assert holding.calls == [("leave", steps[-1].request_id)]  # type: ignore[union-attr]
+    assert pool.scheduler.calls == []
+    assert machine.state is State.DONE
+
+
+def test_a_pick_that_fails_after_dispatch_still_reports_the_grant() -> None:
+    """The scheduler refuses the dispatched request (every endpoint went away meanwhile): the client
+    gets its error and the queue goes on (the grant is reported used)."""
+    holding = FakeHolding()
+    machine, pool, steps = held_request(holding)
+    pool.addresses = ()
+    status, _, error = error_of(codec.encode_replies(machine.handle(HoldEnded(HoldOutcome.DISPATCHED)))[0])
+    assert (status, error["code"]) == (503, "no_eligible_endpoint")
+    assert holding.calls == [("grant_used", steps[-1].request_id)]  # type: ignore[union-attr]
