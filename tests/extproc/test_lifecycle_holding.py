@@ -98,7 +98,7 @@ def test_a_request_without_room_is_held_with_envoys_timer_extended_then_picked_w
     assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
     assert pool.scheduler.calls == [("picked", "10.0.0.1:8000")]
     assert holding.calls == [("grant_used", hold.request_id)]  # told after the pick
-    assert machine.state is State.UPSTREAM
+    assert machine.state.value == "upstream"  # (mypy narrowed the state above)
     machine.handle(StreamClosed())
     assert holding.calls[-1] == ("kick", "")  # its end may free room for the next one
 
