@@ -288,7 +288,7 @@ class RequestLifecycle:
         self.state = State.HOLDING
         steps: list[Step] = []
         if not self._plan.full_duplex_request:  # Envoy's timer for this message must outlast the wait
-            steps.append(ExtendTimeout(area.timeout_s + self._config.message_timeout_s))
+            steps.append(ExtendTimeout(min(area.timeout_s + self._config.message_timeout_s, 3600.0)))
         steps.append(AwaitHold(request.request_id, area))
         return steps
 

@@ -34,6 +34,8 @@ from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.state import InFlight
 from kvgate.policies.types import EndpointView
 
+MAX_QUEUE_TIMEOUT_S = 1800.0
+"""Held at most 30 minutes: Envoy's ext_proc extends one message's timer by an hour at most."""
 CHARS_PER_TOKEN = 4
 """The prompt's length in tokens, estimated from its characters (the prefix index's convention)."""
 
@@ -54,7 +56,8 @@ class FlowControlSettings:
     """One pool's flow control (pools file ``flowControl``, annotations ``kvgate.io/queue-*``)."""
 
     queue_timeout_s: float = 30.0
-    """How long a request waits at most (then 429 when sheddable, else 503, with Retry-After)."""
+    """How long a request waits at most (then 429 when sheddable, else 503, with Retry-After); at
+    most :data:`MAX_QUEUE_TIMEOUT_S`."""
     max_queue_length: int = 1000
     """Held requests at most; beyond it the lowest band's newest is shed (429)."""
     max_inflight_per_endpoint: int | None = None
@@ -66,8 +69,8 @@ class FlowControlSettings:
     work: WorkCosts = field(default_factory=WorkCosts)
 
     def __post_init__(self) -> None:
-        if not self.queue_timeout_s > 0:
-            raise ValueError("the queue timeout must be > 0")
+        if not 0 < self.queue_timeout_s <= MAX_QUEUE_TIMEOUT_S:
+            raise ValueError(f"the queue timeout must be > 0 and at most {MAX_QUEUE_TIMEOUT_S:g} s")
         if self.max_queue_length < 1:
             raise ValueError("the maximum queue length must be at least 1")
         if self.max_inflight_per_endpoint is not None and self.max_inflight_per_endpoint < 1:

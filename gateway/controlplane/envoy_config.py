@@ -63,9 +63,9 @@ class ExtProcSettings:
     request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     message_timeout_s: float = 30.0
-    max_message_timeout_s: float = 3630.0
-    """The most a picker may extend one message's timeout to (a held request: its queue timeout,
-    at most an hour, plus ``message_timeout_s``)."""
+    max_message_timeout_s: float = 3600.0
+    """The most a picker may extend one message's timeout to (Envoy's limit, an hour; a held
+    request asks for its queue timeout, at most 30 minutes, plus ``message_timeout_s``)."""
     grpc_timeout_s: float = 30.0
     max_body_bytes: int = 8 * 1024 * 1024
     send_served_endpoint: bool = True

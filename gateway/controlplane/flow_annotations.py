@@ -36,12 +36,12 @@ def flow_control(pool_id: str, annotations: Mapping[str, str], warnings: list[st
     if text is not None:
         try:
             seconds = parse_duration(text.strip())
-            if not 0 < seconds <= 3600:
-                raise ValueError("not within (0, 1h]")
+            if not 0 < seconds <= 1800:
+                raise ValueError("not within (0, 30m]")
             fields["queue_timeout_s"] = seconds
         except ValueError:
             warnings.append(f"InferencePool {pool_id}: {QUEUE_TIMEOUT_ANNOTATION} {text!r} is not a duration "
-                            "within (0, 1h] (e.g. 30s); using the default")
+                            "within (0, 30m] (e.g. 30s); using the default")
     for key, name in ((MAX_QUEUE_LENGTH_ANNOTATION, "max_queue_length"),
                       (MAX_INFLIGHT_ANNOTATION, "max_inflight_per_endpoint")):
         text = annotations.get(key)

@@ -149,7 +149,7 @@ class FlowControlSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    queue_timeout_s: float = Field(default=30.0, gt=0, le=3600, alias="queueTimeoutSeconds")
+    queue_timeout_s: float = Field(default=30.0, gt=0, le=1800, alias="queueTimeoutSeconds")
     max_queue_length: int = Field(default=1000, ge=1, le=1_000_000, alias="maxQueueLength")
     max_inflight_per_endpoint: int | None = Field(default=None, ge=1, alias="maxInflightPerEndpoint")
     queue_threshold: int = Field(default=5, ge=1, alias="queueThreshold")
