@@ -15,8 +15,10 @@ client goes away.
   virtual start goes first (ties: arrival order), and the band's virtual time moves to it. A tenant
   sending eight times more work is served its share, and a light tenant's request does not wait
   behind a heavy tenant's backlog.
-- **Bounds**: at most ``max_length`` requests; a push beyond it sheds the newest request of the
-  lowest band (the pushed one, when it is in the lowest band). Each request has a deadline;
+- **Bounds**: at most ``max_length`` requests; a push beyond it sheds from the lowest band (the
+  pushed request itself when its band is lower still): that band's newest request of the tenant
+  with the most queued work there (counting the pushed one), so a full queue costs the tenant who
+  filled it, not a light tenant's next request. Each request has a deadline;
   ``expired`` takes out those past it (call it regularly: it also drops what the deadline heap
   keeps of requests dispatched or removed before their deadline).
 """
@@ -49,7 +51,11 @@ class _Band:
     heap: list[tuple[float, int, str]] = field(default_factory=list)
     """(virtual start, arrival number, request id); entries of removed requests are skipped."""
     order: dict[str, None] = field(default_factory=dict)
-    """Request ids in arrival order (the newest last: the one shed first)."""
+    """Request ids in arrival order."""
+    tenants: dict[str, dict[str, None]] = field(default_factory=dict)
+    """Tenant → its waiting request ids in arrival order (the newest last: the one shed first)."""
+    queued: dict[str, float] = field(default_factory=dict)
+    """Tenant → the cost of its waiting requests."""
 
 
 class HoldingQueue:
@@ -77,15 +83,20 @@ class HoldingQueue:
             raise ValueError(f"request {item.request_id!r} is already waiting")
         if not item.cost > 0:
             raise ValueError("a waiting request's cost must be > 0")
+        shed = None
         if len(self._items) >= self.max_length:
             lowest = min(self._bands)
-            if item.band <= lowest:
+            if item.band < lowest:
                 return item
-            shed_id = next(reversed(self._bands[lowest].order))
-            shed = self._items[shed_id]
-            self.remove(shed_id)
-        else:
-            shed = None
+            band = self._bands[lowest]
+            queued = dict(band.queued)
+            if item.band == lowest:
+                queued[item.tenant] = queued.get(item.tenant, 0.0) + item.cost
+            heaviest = max(queued, key=queued.__getitem__)
+            if item.band == lowest and heaviest == item.tenant:
+                return item  # its own tenant's backlog is the largest: the newest of it is this one
+            shed = self._items[next(reversed(band.tenants[heaviest]))]
+            self.remove(shed.request_id)
         band = self._bands.get(item.band)
         if band is None:
             band = self._bands[item.band] = _Band()
@@ -95,6 +106,8 @@ class HoldingQueue:
         heapq.heappush(band.heap, (start, self._arrivals, item.request_id))
         heapq.heappush(self._deadlines, (item.deadline, self._arrivals, item.request_id))
         band.order[item.request_id] = None
+        band.tenants.setdefault(item.tenant, {})[item.request_id] = None
+        band.queued[item.tenant] = band.queued.get(item.tenant, 0.0) + item.cost
         self._items[item.request_id] = item
         self._arrival_of[item.request_id] = self._arrivals
         return shed
@@ -141,5 +154,12 @@ class HoldingQueue:
         del self._arrival_of[item.request_id]
         band = self._bands[item.band]
         del band.order[item.request_id]
+        mine = band.tenants[item.tenant]
+        del mine[item.request_id]
+        if mine:
+            band.queued[item.tenant] -= item.cost
+        else:
+            del band.tenants[item.tenant]
+            del band.queued[item.tenant]
         if not band.order:  # an empty band starts afresh (its heap holds only skipped entries)
             del self._bands[item.band]

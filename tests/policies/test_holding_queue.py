@@ -58,8 +58,30 @@ def test_a_higher_band_always_goes_first_and_overflow_sheds_the_lowest_bands_new
     shed = queue.push(waiting("mid2", band=0))
     assert shed is not None
     assert shed.request_id == "low2"  # the lowest band's newest
-    assert queue.push(waiting("low3", band=-1)) == waiting("low3", band=-1)  # itself: nothing lower
+    assert queue.push(waiting("low3", band=-1)) == waiting("low3", band=-1)  # itself: its tenant's newest
+    assert queue.push(waiting("lower", band=-2)) == waiting("lower", band=-2)  # lower still: itself
     assert [item.request_id for item in drain(queue)] == ["high", "mid", "mid2", "low1"]
+
+
+def test_a_full_queue_sheds_the_newest_of_the_tenant_with_the_most_queued_work() -> None:
+    """A heavy tenant filled the queue: a light tenant's arrival displaces the heavy one's newest; the
+    heavy tenant's own arrival is shed itself."""
+    queue = HoldingQueue(4)
+    for i in range(3):
+        queue.push(waiting(f"heavy-{i}", tenant="heavy"))
+    queue.push(waiting("light-0", tenant="light"))
+    shed = queue.push(waiting("light-1", tenant="light"))
+    assert shed is not None
+    assert shed.request_id == "heavy-2"
+    assert queue.push(waiting("heavy-3", tenant="heavy")) == waiting("heavy-3", tenant="heavy")
+    # by work, not by count: one expensive request outweighs two cheap ones
+    queue = HoldingQueue(3)
+    queue.push(waiting("big", tenant="a", cost=10.0))
+    queue.push(waiting("small-0", tenant="b"))
+    queue.push(waiting("small-1", tenant="b"))
+    shed = queue.push(waiting("small-2", tenant="b"))
+    assert shed is not None
+    assert shed.request_id == "big"
 
 
 def test_deadlines_and_removal_take_requests_out_and_ids_can_come_back() -> None:
@@ -96,7 +118,16 @@ def test_any_sequence_keeps_the_bounds_and_the_bands_order(
             shed = queue.push(item)
             live[item.request_id] = item
             if shed is not None:
-                assert shed.band == min(w.band for w in live.values())
+                lowest = min(w.band for w in live.values())
+                assert shed.band == lowest
+                work: dict[str, float] = {}
+                for w in live.values():
+                    if w.band == lowest:
+                        work[w.tenant] = work.get(w.tenant, 0.0) + w.cost
+                assert work[shed.tenant] == pytest.approx(max(work.values()))  # the heaviest tenant's
+                assert shed.request_id == max((w.request_id for w in live.values()  # newest
+                                               if w.band == lowest and w.tenant == shed.tenant),
+                                              key=lambda rid: int(rid[1:]))
                 del live[shed.request_id]
         elif op == "pop":
             popped = queue.pop()
