@@ -88,14 +88,14 @@ class HoldingQueue:
             lowest = min(self._bands)
             if item.band < lowest:
                 return item
-            band = self._bands[lowest]
-            queued = dict(band.queued)
+            low = self._bands[lowest]
+            queued = dict(low.queued)
             if item.band == lowest:
                 queued[item.tenant] = queued.get(item.tenant, 0.0) + item.cost
             heaviest = max(queued, key=queued.__getitem__)
             if item.band == lowest and heaviest == item.tenant:
                 return item  # its own tenant's backlog is the largest: the newest of it is this one
-            shed = self._items[next(reversed(band.tenants[heaviest]))]
+            shed = self._items[next(reversed(low.tenants[heaviest]))]
             self.remove(shed.request_id)
         band = self._bands.get(item.band)
         if band is None:
