@@ -70,7 +70,7 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: PlannedReques
     status = 0
     try:
         async with session.post(base_url + req.path, data=req.body,
-                                headers={"content-type": "application/json"},
+                                headers={"content-type": "application/json", **dict(req.headers)},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             status = resp.status
             if status != 200:

@@ -145,6 +145,8 @@ class PlannedRequest:
     model: str
     prompt_tokens: int
     output_tokens: int
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent besides ``content-type`` (a tenant, an objective)."""
 
 
 LORAS = tuple(f"lora-{i:02d}" for i in range(15))

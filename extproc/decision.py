@@ -158,9 +158,9 @@ def schedule(
     limiter: TenantLimiter | None = None,
     trace: SchedulingTrace | None = None,
 ) -> Decision:
-    """Schedule a prepared request over the pool's live endpoints (the caller tells the scheduler
-    ``on_picked``). Raises 503 when nothing is eligible (also when the subset hint matches nothing)
-    or whatever the scheduler raises (429 shed)."""
+    """Schedule a prepared request over the pool's live endpoints (with flow control, those with
+    room; the caller tells the scheduler ``on_picked``). Raises 503 when nothing is eligible (also
+    when the subset hint matches nothing) or whatever the scheduler raises (429 shed)."""
     request = prepared.request
     candidates = in_subset(pool.endpoints(), request.subset)
     if not candidates:
@@ -168,6 +168,9 @@ def schedule(
             "no endpoint of the pool matches the subset hint" if request.subset is not None
             else f"pool {pool.name!r} has no endpoints"
         )
+    holding = pool.holding
+    if holding is not None:  # flow control: the pick among endpoints with room (all, if none has)
+        candidates = holding.with_room(candidates) or candidates
     started = now()
     result = pool.scheduler.schedule(request, candidates, started, trace)
     metrics.scheduled(pool.name, now() - started)

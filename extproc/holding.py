@@ -25,6 +25,7 @@ from kvgate.policies.flow_control import (
     FlowController,
     FlowControlSettings,
     HoldOutcome,
+    endpoint_has_room,
     pool_has_room,
     work_seconds,
 )
@@ -88,6 +89,10 @@ class HoldingArea:
     # --- the lifecycle's calls (synchronous) ----------------------------------------------------
     def must_wait(self) -> bool:
         return self._controller.must_wait(self._has_room())
+
+    def with_room(self, endpoints: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
+        inflight, now, settings = self._load.inflight(), self._clock.now(), self.settings
+        return tuple(v for v in endpoints if endpoint_has_room(v, inflight.get(v.address), settings, now))
 
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         """``request`` as the queue holds it: its band, tenant, cost and deadline."""

@@ -91,6 +91,10 @@ class HoldingPort(Protocol):
         """Whether a request arriving now waits (no room, or others wait)."""
         ...
 
+    def with_room(self, endpoints: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
+        """Those of ``endpoints`` with room now (the pick is made among them)."""
+        ...
+
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         """``request`` as the queue holds it (band, tenant, cost, deadline)."""
         ...

@@ -191,3 +191,13 @@ async def test_stopping_ends_every_wait() -> None:
 def test_settings_refuse_a_timeout_that_is_not_positive(timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout"):
         FlowControlSettings(queue_timeout_s=timeout)
+
+
+async def test_with_room_keeps_the_endpoints_that_have_it() -> None:
+    pool = Pool(free=1)
+    area = area_for(pool)
+    [view] = pool.views()
+    assert area.with_room((view,)) == (view,)
+    pool.take()
+    assert area.with_room((view,)) == ()
+    await area.stop()

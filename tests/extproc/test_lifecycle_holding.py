@@ -19,7 +19,7 @@ from kvgate.extproc.lifecycle import RequestLifecycle, State
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.policies.flow_control import HoldOutcome
 from kvgate.policies.holding_queue import Waiting
-from kvgate.policies.types import InferenceRequest
+from kvgate.policies.types import EndpointView, InferenceRequest
 from tests.extproc.fakes import (
     BUFFERED,
     FULL_DUPLEX,
@@ -45,9 +45,14 @@ class FakeHolding:
     retry_after_s: float = 3.0
     calls: list[tuple[str, str]] = field(default_factory=list)
     held: list[Waiting] = field(default_factory=list)
+    room: tuple[str, ...] | None = None
+    """Addresses with room (None: every one)."""
 
     def must_wait(self) -> bool:
         return self.full
+
+    def with_room(self, endpoints: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
+        return endpoints if self.room is None else tuple(v for v in endpoints if v.address in self.room)
 
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         return Waiting(request.request_id, request.priority, request.fairness_id or "", 1.0,
@@ -183,3 +188,20 @@ def test_a_pick_that_fails_after_dispatch_still_reports_the_grant() -> None:
     status, _, error = error_of(codec.encode_replies(machine.handle(HoldEnded(HoldOutcome.DISPATCHED)))[0])
     assert (status, error["code"]) == (503, "no_eligible_endpoint")
     assert holding.calls == [("grant_used", steps[-1].request_id)]  # type: ignore[union-attr]
+
+
+def test_the_pick_is_made_among_the_endpoints_with_room() -> None:
+    """The scheduler's favourite may be full (its prefix, its adapter): a request released into the
+    pool goes where there is room; when none has (a grant raced), among all."""
+    holding = FakeHolding(full=False, room=("10.0.0.2:8000",))
+    pool = make_pool("10.0.0.1:8000", "10.0.0.2:8000", holding=holding)
+    machine = make_machine(pool)
+    machine.handle(codec.decode(request_headers(mode=BUFFERED, response_mode=NONE)))
+    [reply] = codec.encode_replies(machine.handle(codec.decode(request_body(completion(), eos=True))))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.2:8000"
+    assert pool.scheduler.seen[-1][1] == ("10.0.0.2:8000",)
+    holding.room = ()
+    machine = make_machine(pool)
+    machine.handle(codec.decode(request_headers(mode=BUFFERED, response_mode=NONE)))
+    machine.handle(codec.decode(request_body(completion(), eos=True)))
+    assert len(pool.scheduler.seen[-1][1]) == 2
