@@ -10,8 +10,10 @@ replicas; its annotations turn flow control on: ``kvgate.io/flow-control``,
 ``--max-num-seqs``, ``kvgate.io/queue-timeout``), then sends open-loop traffic
 (``bench/overload_plan.py``):
 
-1. **capacity**: flow control on, the heavy tenant alone at 3x the model estimate; the pool's
-   capacity is the completions per second once the queue is full.
+1. **capacity**: the heavy tenant alone at 3x the model estimate, flow control on without the
+   in-flight limit (the replicas always have a short queue of their own; the rest waits and times
+   out in the picker, so no backlog outlives the run); the pool's capacity is the completions per
+   second in the run's last 60 %.
 2. **unloaded**: the light tenants alone at 0.2x capacity (their TTFT p90 is the reference).
 3. **queue off** (today's behaviour) and 4. **queue on**: the three tenants at ``--load`` x capacity
    for ``--duration`` s, and the sheddable band.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import platform
 import shutil
@@ -35,6 +38,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.bench.datapath.procs import Child, cpu_share, cpu_snapshot, kvgate_command, start_child
 from kvgate.bench.loadgen import RequestResult, run_open_loop
@@ -63,21 +69,28 @@ class Phase:
     flow_control: bool
     streams: tuple[Stream, ...]
     duration_s: float
+    limit: bool = True
+    """With flow control: the in-flight limit per replica (False: the thresholds alone)."""
+    waits: dict[str, float] | None = None
+    """Tenant → p90 of its dispatched requests' waits in the picker (from its histogram)."""
     stats: dict[str, StreamStats] | None = None
     cores: dict[str, float] | None = None
     throughput: float = 0.0
 
 
-def manifests(directory: Path, args: argparse.Namespace, sim_port: int, flow_control: bool) -> None:
-    """The bundled example, its pool's Pods the simulated replicas, flow control as asked."""
+def manifests(directory: Path, args: argparse.Namespace, sim_port: int, flow_control: bool,
+              limit: bool = True) -> None:
+    """The bundled example, its pool's Pods the simulated replicas, flow control as asked (``limit``
+    False: without the in-flight limit, the replicas' own queues kept short by the thresholds)."""
     shutil.copytree(bundled_example(), directory)
     pool = directory / "pool.yaml"
     text = pool.read_text().replace("    - number: 8000", f"    - number: {sim_port}")
     if flow_control:
+        inflight = args.inflight_limit or args.max_num_seqs
         text = text.replace("    kvgate.io/engine: vllm\n", (
             "    kvgate.io/engine: vllm\n    kvgate.io/flow-control: \"true\"\n"
-            f"    kvgate.io/max-inflight-per-endpoint: \"{args.inflight_limit or args.max_num_seqs}\"\n"
-            f"    kvgate.io/queue-timeout: {QUEUE_TIMEOUT_S:g}s\n"))
+            + (f"    kvgate.io/max-inflight-per-endpoint: \"{inflight}\"\n" if limit else "")
+            + f"    kvgate.io/queue-timeout: {QUEUE_TIMEOUT_S:g}s\n"))
     pods = "".join(
         f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: sim-{i}, namespace: default, labels: "
         f"{{app: vllm-llama}}}}\nstatus: {{podIP: {args.sim_net}.{i + 1}}}\n" for i in range(args.replicas))
@@ -88,7 +101,7 @@ async def run_phase(phase: Phase, capacity: float, args: argparse.Namespace,
                     workdir: Path) -> list[RequestResult]:
     config = workdir / phase.name.replace(" ", "-")
     sim_port = free_port()
-    manifests(config, args, sim_port, phase.flow_control)
+    manifests(config, args, sim_port, phase.flow_control, phase.limit)
     async with contextlib.AsyncExitStack() as stack:
         sim = await start_child("simulator", [
             sys.executable, "-m", "kvgate.simulator", "--replicas", str(args.replicas),
@@ -96,9 +109,9 @@ async def run_phase(phase: Phase, capacity: float, args: argparse.Namespace,
             "--time-scale", str(args.time_scale), "--max-num-seqs", str(args.max_num_seqs),
             "--stream-interval", str(args.stream_interval)], SIM_READY, config / "sim.log")
         stack.push_async_callback(sim.stop)
-        port = free_port()
+        port, admin = free_port(), free_port()
         up = await start_child("kvgate_up", [*kvgate_command(), "up", "-f", str(config), "--port", str(port),
-                                             "--admin-port", "0"], UP_READY, config / "up.log")
+                                             "--admin-port", str(admin)], UP_READY, config / "up.log")
         stack.push_async_callback(up.stop)
         await asyncio.sleep(1.0)  # a few scrapes
         requests, owner = plan(phase.streams, capacity, phase.duration_s, args.prompt_tokens,
@@ -111,8 +124,32 @@ async def run_phase(phase: Phase, capacity: float, args: argparse.Namespace,
         phase.cores = cpu_share(before, cpu_snapshot(pids), wall)
         window = (phase.duration_s * WARMUP_SHARE, phase.duration_s)
         phase.stats = account(results, requests, owner, window, QUEUE_TIMEOUT_S)
-        phase.throughput = completions_per_s(results, requests, window)
+        # finished within the run's last 60 %: by then the first requests (seconds long at this
+        # time scale) have ended and the replicas are as full as the traffic makes them
+        phase.throughput = completions_per_s(results, requests, (phase.duration_s * 0.4, phase.duration_s))
+        phase.waits = await picker_waits(f"http://127.0.0.1:{admin}/metrics")
     return results
+
+
+async def picker_waits(url: str) -> dict[str, float]:
+    """Each tenant's p90 wait in the picker before dispatch, from kvgate's histogram
+    (``inference_extension_flow_control_request_queue_duration_seconds``, outcome Dispatched): the
+    upper bound of the bucket holding the 90th percentile."""
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        page = await response.text()
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if (sample.name == "inference_extension_flow_control_request_queue_duration_seconds_bucket"
+                    and sample.labels.get("outcome") == "Dispatched"):
+                buckets.setdefault(sample.labels["fairness_id"], []).append(
+                    (float(sample.labels["le"]), sample.value))
+    waits = {}
+    for tenant, counts in buckets.items():
+        counts.sort()
+        total = counts[-1][1]
+        waits[tenant] = next((le for le, count in counts if total and count >= 0.9 * total), math.nan)
+    return waits
 
 
 def envoy_of(up: Child) -> dict[str, int]:
@@ -137,6 +174,10 @@ def estimate(args: argparse.Namespace) -> float:
     return float(args.replicas / busy / args.time_scale)
 
 
+def wait_text(seconds: float | None) -> str:
+    return "" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.0f}"
+
+
 def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> str:
     unloaded = phases[1].stats or {}
     reference = percentile([t for name in ("light-a", "light-b") for t in (unloaded[name].ttft_s or [])], 0.9)
@@ -145,8 +186,10 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
              f"Machine: {platform.machine()}, Python {platform.python_version()}, {os.cpu_count()} cores. "
              f"Fleet: {args.replicas} simulated replicas, max-num-seqs "
              f"{args.max_num_seqs}, time scale {args.time_scale:g} (every simulated time x it); prompts "
-             f"{args.prompt_tokens} tokens (unique), {args.output_tokens} output tokens, streamed.", "",
-             f"Capacity (phase 1, heavy tenant alone, flow control on): **{capacity:.1f} requests/s** "
+             f"{args.prompt_tokens} tokens (unique), output "
+             f"{args.output_tokens // 4}-{args.output_tokens * 7 // 4} tokens (uniform), streamed "
+             f"{args.stream_interval} tokens a chunk.", "",
+             f"Capacity (phase 1, heavy tenant alone at 3x): **{capacity:.1f} requests/s** "
              f"(model estimate {estimate(args):.1f}). Light tenants' unloaded TTFT p90 (phase 2, 0.2x): "
              f"**{reference * 1000:.0f} ms**. Queue timeout {QUEUE_TIMEOUT_S:g} s; in-flight limit "
              f"{args.inflight_limit or args.max_num_seqs} per replica. Window: requests sent after the "
@@ -160,8 +203,9 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
                   f"Served {phase.throughput:.1f} requests/s. Cores: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in sorted((phase.cores or {}).items())), "",
                   "| stream | sent | served | 429 | 503 timeout | other failures | failed before timeout "
-                  "| TTFT p50 ms | p90 ms | p90 / unloaded | served work s | fair share s | served / fair |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| TTFT p50 ms | p90 ms | p90 / unloaded | picker wait p90 ≤ ms | served work s "
+                  "| fair share s | served / fair |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name in [s.name for s in phase.streams]:
             s = stats.get(name, StreamStats(ttft_s=[]))
             p50, p90 = percentile(s.ttft_s or [], 0.5), percentile(s.ttft_s or [], 0.9)
@@ -169,7 +213,8 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
             lines.append(
                 f"| {name} | {s.sent} | {s.ok} | {s.shed_429} | {s.timeout_503} | {s.other_failures} | "
                 f"{s.early_failures} | {p50 * 1000:.0f} | {p90 * 1000:.0f} | {p90 / reference:.2f} | "
-                f"{s.served_work:.2f} | {'' if share is None else f'{share:.2f}'} | "
+                f"{wait_text((phase.waits or {}).get(name))} | {s.served_work:.2f} | "
+                f"{'' if share is None else f'{share:.2f}'} | "
                 f"{'' if not share else f'{s.served_work / share:.2f}'} |")
         lines.append("")
     return "\n".join(lines)
@@ -178,7 +223,7 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
 async def main_async(args: argparse.Namespace) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-overload-"))
     guess = estimate(args)
-    calibration = Phase("capacity", True, (Stream("heavy", 3.0),), args.reference_s)
+    calibration = Phase("capacity", True, (Stream("heavy", 3.0),), args.reference_s, limit=False)
     await run_phase(calibration, guess, args, workdir)
     capacity = calibration.throughput
     print(f"capacity {capacity:.1f} requests/s (estimate {guess:.1f})", flush=True)
@@ -199,17 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvgate.bench.overload",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--inflight-limit", type=int, default=0, help="per replica (0: --max-num-seqs)")
     parser.add_argument("--time-scale", type=float, default=20.0)
-    parser.add_argument("--prompt-tokens", type=int, default=1024)
-    parser.add_argument("--output-tokens", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--stream-interval", type=int, default=16,
                         help="tokens per streamed chunk after the first (CPU on 2 cores)")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--load", type=float, default=2.0, help="the three tenants together, x capacity")
     parser.add_argument("--sheddable", type=float, default=0.2, help="the sheddable band, x capacity")
-    parser.add_argument("--reference-s", type=float, default=30.0,
+    parser.add_argument("--reference-s", type=float, default=45.0,
                         help="length of the capacity and unloaded phases")
     parser.add_argument("--client-timeout", type=float, default=300.0)
     parser.add_argument("--sim-net", default="127.0.4", help="the replicas' addresses: NET.1, NET.2, ...")

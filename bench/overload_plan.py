@@ -3,7 +3,8 @@
 Streams: three tenants at one priority (``heavy`` sending 8 times what ``light-a`` and ``light-b``
 each send: together ``load`` × the pool's capacity) and a sheddable band (objective ``batch``,
 priority -1, ``sheddable`` × capacity on top), open-loop Poisson, each request a unique prompt (no
-prefix sharing: every request costs the same prefill) streamed back.
+prefix sharing: every request costs the same prefill) and an output length drawn uniformly around
+the mean, streamed back.
 
 Served GPU work is counted as flow control estimates it (``policies.flow_control.work_seconds``)
 from each response's usage. Each tenant's fair share of the work the pool served them is the
@@ -61,11 +62,14 @@ def plan(streams_: Sequence[Stream], capacity: float, duration_s: float, prompt_
     requests: list[PlannedRequest] = []
     owner: dict[int, str] = {}
     for index, (at, name, sheddable) in enumerate(timed):
-        body = json.dumps({"model": MODEL, "prompt": text_of(rng, prompt_tokens), "max_tokens": output_tokens,
+        # output lengths vary (uniform, the mean output_tokens): with equal lengths the replicas'
+        # slots free in synchronised waves and nothing frees between them
+        output = rng.randint(max(1, output_tokens // 4), output_tokens * 7 // 4)
+        body = json.dumps({"model": MODEL, "prompt": text_of(rng, prompt_tokens), "max_tokens": output,
                            "stream": True, "stream_options": {"include_usage": True}}).encode()
         headers = ((OBJECTIVE_HEADER, "batch"),) if sheddable else ((TENANT_HEADER, name),)
         requests.append(PlannedRequest(index, at, "/v1/completions", body, MODEL, prompt_tokens,
-                                       output_tokens, headers))
+                                       output, headers))
         owner[index] = name
     return requests, owner
 
