@@ -108,3 +108,6 @@ class DeferredMetrics:
 
     def _prefill_finished(self, labels: RequestLabels, seconds: float, ok: bool) -> None:
         self.target.prefill_finished(labels, seconds, ok=ok)
+
+    def spilled(self, pool: str, to_pool: str) -> None:
+        self.queue.defer("request metrics", self.target.spilled, pool, to_pool)

@@ -8,7 +8,9 @@ goes away is taken out by :meth:`HoldingArea.leave` (the lifecycle's end of stre
 Room is looked for when a request of the pool ends (:meth:`HoldingArea.kick`, after the scheduler
 has been told), when a grant is used, and every ``poll_s`` while requests wait (fresh scrapes, a
 replica becoming ready, deadlines). A grant not used within ``grant_timeout_s`` is given up (a
-lifecycle that never reported it must not stop the queue).
+lifecycle that never reported it must not stop the queue). A pool that spills
+(``kvgate.io/spill-to``) has room while a pool down its chain has: its held requests then go there
+(the lifecycle picks the tier).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class PoolLoad:
     endpoints: Callable[[], Sequence[EndpointView]]
     inflight: Callable[[], Mapping[str, InFlight]]
     cached_tokens: Callable[[InferenceRequest, float], int]
+    spill_room: Callable[[], bool] = lambda: False
+    """Whether a pool down this one's spill chain has room (then held requests go, to it)."""
 
 
 class HoldingArea:
@@ -151,7 +155,9 @@ class HoldingArea:
 
     # --- inside -----------------------------------------------------------------------------------
     def _has_room(self) -> bool:
-        return pool_has_room(self._load.endpoints(), self._load.inflight(), self.settings, self._clock.now())
+        load = self._load
+        return pool_has_room(load.endpoints(), load.inflight(), self.settings, self._clock.now()) \
+            or load.spill_room()
 
     def _dispatch(self) -> None:
         now = self._clock.now()

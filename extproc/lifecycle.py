@@ -140,6 +140,8 @@ class RequestLifecycle:
         """This request's plan (``extproc.request_plan``), decided when its headers come."""
         self._started = 0.0
         self._pool: Pool | None = None
+        self._target: Pool | None = None
+        """The pool the request was scheduled in: its own, or one its pool spilled it to."""
         self._headers: MappingProxyType[str, str] = MappingProxyType({})
         self._strip: tuple[str, ...] = ()
         self._api = ApiKind.OTHER
@@ -325,17 +327,33 @@ class RequestLifecycle:
         else:
             call(*args)
 
+    def _tier(self) -> Pool:
+        """Where the request goes: its pool, or while that is full the first pool down its spill
+        chain with room (none has: its own)."""
+        pool = self._pool
+        assert pool is not None
+        tier = pool.fallback
+        if tier is None or pool.has_room():
+            return pool
+        while tier is not None:
+            if tier.has_room():
+                self._metrics.spilled(pool.name, tier.name)
+                return tier
+            tier = tier.fallback
+        return pool
+
     def _pick(self, prepared: Prepared) -> Decision:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick counted before this one is scored
-        decision = schedule(prepared, pool=self._pool, now=self._clock.now, metrics=self._metrics,
+        target = self._target = self._tier()
+        decision = schedule(prepared, pool=target, now=self._clock.now, metrics=self._metrics,
                             limiter=self._config.tenant_limiter, trace=self._trace)
         if self._trace is not None:
             self._trace.picked(decision.request, decision.result)
             _log.debug("request %s (x-request-id %s, trace %s): picked %s", decision.request.request_id,
                        self._headers.get("x-request-id"), self._trace.trace_id, decision.result.pick.address)
-        picked = PickedRequest(decision, self._pool.scheduler, metrics=self._metrics,
+        picked = PickedRequest(decision, target.scheduler, metrics=self._metrics,
                                clock=self._clock, started=self._started, after_reply=self._after_reply)
         self._picked = picked
         self.state = State.UPSTREAM
@@ -460,9 +478,10 @@ class RequestLifecycle:
         picked = self._picked
         if picked is not None and not picked.finished:
             picked.finish(ok=ok, count_outcome=count_outcome)
-            area = self._pool.holding if self._pool is not None else None
-            if area is not None:  # after the scheduler hears of the end: room may have freed
-                self._defer("holding kick", area.kick)
+            for pool in {id(p): p for p in (self._pool, self._target) if p is not None}.values():
+                area = pool.holding
+                if area is not None:  # after the scheduler hears of the end: room may have freed
+                    self._defer("holding kick", area.kick)
 
     @property
     def _status_ok(self) -> bool:

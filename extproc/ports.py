@@ -75,6 +75,16 @@ class Pool(Protocol):
         """The pool's holding area when it has flow control (None: requests are never held)."""
         ...
 
+    @property
+    def fallback(self) -> Pool | None:
+        """The pool this one's requests spill to while it is full (``kvgate.io/spill-to``), if any."""
+        ...
+
+    def has_room(self) -> bool:
+        """Whether one of its endpoints has room now (``policies.flow_control``: its flow control's
+        thresholds, else the Inference Extension's)."""
+        ...
+
 
 class HoldingPort(Protocol):
     """A pool's holding area (``extproc.holding.HoldingArea``): flow control, issue 34."""
@@ -253,6 +263,11 @@ class RequestMetrics(Protocol):
         ``kvgate_prefill_duration_seconds``)."""
         ...
 
+    def spilled(self, pool: str, to_pool: str) -> None:
+        """``pool`` was full and a request went to ``to_pool``, its spill target
+        (kvgate: ``kvgate_spilled_requests_total``)."""
+        ...
+
 
 class NoMetrics:
     def request_picked(self, labels: RequestLabels, body_size: int) -> None:
@@ -277,6 +292,9 @@ class NoMetrics:
         pass
 
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
+        pass
+
+    def spilled(self, pool: str, to_pool: str) -> None:
         pass
 
     def prefix_checked(

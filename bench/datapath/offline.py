@@ -67,6 +67,10 @@ class StaticPool:
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
     holding: None = None
+    fallback: None = None
+
+    def has_room(self) -> bool:
+        return True
 
     def model_known(self, model: str) -> bool | None:
         return True  # the replay's one model, served by every endpoint (as a pool that knows it)

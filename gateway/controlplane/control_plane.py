@@ -189,6 +189,7 @@ def pool_spec(
             "pd_execution": _pd_execution(pool, annotations, warnings),
             "kv_events": _kv_events(pool, annotations, warnings),
             "flow_control": flow_control(pool.id, annotations, warnings),
+            "spill_to": str(pool.spill_to) if pool.spill_to is not None else None,
         }
     )
     return spec, warnings

@@ -28,6 +28,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
           queueTimeoutSeconds: 30     #   then 429 (sheddable) or 503, with Retry-After
           maxQueueLength: 1000        #   beyond it the lowest priority's newest is shed (429)
           maxInflightPerEndpoint: 64  #   optional; besides queueThreshold / kvCacheThreshold
+        spillTo: llama-spot           # while full, requests go to this pool (before they wait)
     defaultPool: llama                # optional; the only pool when there is one
     redis: redis://127.0.0.1:6379/0   # optional; share picker state and limits across replicas
 """
@@ -194,6 +195,8 @@ class PoolSpec(BaseModel):
     """Subscribe to the engines' KV-cache events (None: none published)."""
     flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
     """Hold requests in the picker while the pool is full (None: never held)."""
+    spill_to: str | None = Field(default=None, alias="spillTo")
+    """The pool that takes this pool's requests while it is full (docs/flow-control.md)."""
 
     def role_of(self, address: str) -> Role:
         return Role.parse(self.roles.get(address))
@@ -272,6 +275,9 @@ class PoolsFile(BaseModel):
         names = [pool.name for pool in self.pools]
         if len(set(names)) != len(names):
             raise ValueError("pool names must be unique")
+        for pool in self.pools:
+            if pool.spill_to is not None and (pool.spill_to not in names or pool.spill_to == pool.name):
+                raise ValueError(f"pool {pool.name!r}: spillTo {pool.spill_to!r} names no other pool")
         if self.default_pool is not None and self.default_pool not in names:
             raise ValueError(f"defaultPool {self.default_pool!r} names no pool")
         return self

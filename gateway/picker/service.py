@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from kvgate.gateway.picker.tls import server_credentials
 from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
 from kvgate.policies.contracts import Scheduler
 from kvgate.policies.errors import PoolNotFoundError, RouteNotFoundError
+from kvgate.policies.flow_control import FlowControlSettings, pool_has_room
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.schedulers import PoolScheduler, make_scheduler
 from kvgate.policies.types import EndpointView
@@ -62,16 +64,39 @@ class PoolRuntime:
     """Draws the weighted model-rewrite target of each request."""
     holding_area: HoldingArea | None = None
     """Where its requests wait for room (flow control on), else None."""
+    fallback_pool: PoolRuntime | None = None
+    """The next pool of its spill chain (``spec.spill_to``), if any."""
+    room: FlowControlSettings = field(default_factory=FlowControlSettings, compare=False)
+    """When an endpoint has room: its flow control's settings, else the Inference Extension's
+    thresholds alone."""
 
     @staticmethod
     def of(spec: PoolSpec, scheduler: PoolScheduler, scraper: MetricsScraper,
            replica_names: Callable[[str], PoolModelNames], holding: HoldingArea | None = None) -> PoolRuntime:
+        room = spec.flow_control.settings() if spec.flow_control is not None else FlowControlSettings()
         return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models(),
-                           frozenset(spec.extra_paths), holding_area=holding)
+                           frozenset(spec.extra_paths), holding_area=holding, room=room)
 
     @property
     def holding(self) -> HoldingArea | None:
         return self.holding_area
+
+    @property
+    def fallback(self) -> PoolRuntime | None:
+        return self.fallback_pool
+
+    def has_room(self) -> bool:
+        return pool_has_room(self.endpoints(), self.scheduler_impl.state.inflight_by_endpoint(), self.room,
+                             time.monotonic())
+
+    def spill_room(self) -> bool:
+        """Whether a pool down its spill chain has room."""
+        tier = self.fallback_pool
+        while tier is not None:
+            if tier.has_room():
+                return True
+            tier = tier.fallback_pool
+        return False
 
     @property
     def name(self) -> str:
@@ -113,6 +138,20 @@ class PoolRuntime:
             return targets[0].model
         [target] = self.rng.choices(targets, weights=[t.weight for t in targets])
         return target.model
+
+
+def with_spill_chains(pools: Mapping[str, PoolRuntime]) -> dict[str, PoolRuntime]:
+    """``pools`` each with the runtime of the pool it spills to (and that one's, down the chain;
+    a chain stops before a pool it has already passed)."""
+
+    def resolve(name: str, passed: frozenset[str]) -> PoolRuntime:
+        pool = pools[name]
+        target = pool.spec.spill_to
+        if target is None or target in passed or target not in pools:
+            return pool
+        return dataclasses.replace(pool, fallback_pool=resolve(target, passed | {name}))
+
+    return {name: resolve(name, frozenset()) for name in pools}
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +288,9 @@ class PickerService:
         scraper = self.scraper
         load = PoolLoad(endpoints=lambda: scraper.snapshot().endpoints(name),
                         inflight=scheduler.state.inflight_by_endpoint,
-                        cached_tokens=scheduler.expected_cached_tokens)
+                        cached_tokens=scheduler.expected_cached_tokens,
+                        spill_room=lambda: (pool := self.table.pools.get(name)) is not None
+                        and pool.spill_room())
         return HoldingArea(name, settings, load, MonotonicClock(), metrics=self.flow_telemetry)
 
     def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:
@@ -282,11 +323,11 @@ class PickerService:
         self.sharing.apply(specs)
         self.kv_events.apply(specs, tokenizers)
         names = self.replica_models.names
-        pools = {
+        pools = with_spill_chains({
             spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names,
                                       self._holding_area(spec, schedulers[spec.name], old.get(spec.name)))
             for spec in specs
-        }
+        })
         self.table = PoolTable(pools=MappingProxyType(pools), default=default)
         live_areas = {id(p.holding_area) for p in pools.values() if p.holding_area is not None}
         for previous in old.values():

@@ -168,6 +168,12 @@ class GatewayTelemetry:
             ["pool", "outcome"],
             registry=r,
         )
+        self._spilled = Counter(
+            "kvgate_spilled_requests_total",
+            "Requests a full pool sent down its spill chain (kvgate.io/spill-to), by the pool they went to.",
+            ["inference_pool", "to_pool"],
+            registry=r,
+        )
         self._prefill_duration = Histogram(
             "kvgate_prefill_duration_seconds",
             "Time from sending a disaggregated request's prefill to its answer (or failure).",
@@ -268,6 +274,9 @@ class GatewayTelemetry:
         series = self._of(labels)
         series.duration.observe(seconds)
         series.running.dec()
+
+    def spilled(self, pool: str, to_pool: str) -> None:
+        self._spilled.labels(pool, to_pool).inc()
 
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self._prefills.labels(labels.pool, "ok" if ok else "failed").inc()

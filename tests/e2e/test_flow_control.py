@@ -127,3 +127,33 @@ async def metric_samples(http: aiohttp.ClientSession, picker: PickerService,
         page = await response.text()
     return {tuple(value for _, value in sorted(s.labels.items())): s.value
             for family in text_string_to_metric_families(page) for s in family.samples if s.name == name}
+
+
+async def test_a_full_pool_spills_to_its_fallback_pool_and_traffic_returns_when_it_has_room(
+    start_fleet: StartFleet, start_picker: StartPicker, start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+) -> None:
+    fleet = await start_fleet(2, 1.0, ["--admin-port", "0"])
+    preferred, spot = fleet.addresses
+    picker = await start_picker([
+        {"name": "llama", "endpoints": [preferred], "spillTo": "spot",
+         "flowControl": {"maxInflightPerEndpoint": 1}},
+        {"name": "spot", "endpoints": [spot]},
+    ])
+    gateway = await start_gateway(picker.grpc_port, [PoolBackend("llama")], settings=ONE_PASS)
+    long = asyncio.create_task(post_json(http, gateway, completion_body("occupies the preferred pool",
+                                                                        max_tokens=300), timeout_s=60))
+
+    async def preferred_busy() -> bool:
+        return [r["requests_received"] for r in await fleet_stats(http, fleet)] == [1, 0]
+
+    await wait_until(preferred_busy, "the first request reached the preferred pool")
+    spilled = await post_json(http, gateway, completion_body("overflow"))
+    assert spilled.status == 200, spilled.text
+    assert [r["requests_received"] for r in await fleet_stats(http, fleet)] == [1, 1]
+    assert (await long).status == 200
+    back = await post_json(http, gateway, completion_body("preferred again"))
+    assert back.status == 200, back.text
+    assert [r["requests_received"] for r in await fleet_stats(http, fleet)] == [2, 1]
+    counts = await metric_samples(http, picker, "kvgate_spilled_requests_total")
+    assert counts == {("llama", "spot"): 1.0}

@@ -100,6 +100,11 @@ class FakePool:
     picker_runs_prefill: bool = True
     roles: Mapping[str, Role] = field(default_factory=dict)
     holding: HoldingPort | None = None
+    fallback: FakePool | None = None
+    room: bool = True
+
+    def has_room(self) -> bool:
+        return self.room
 
     def model_known(self, model: str) -> bool | None:
         if model in self.served_models or model in self.rewrites or model in self.rewrites.values():
@@ -165,6 +170,9 @@ class RecordingMetrics:
         self, labels: RequestLabels, predicted: int, best: int, actual: int, block: int
     ) -> None:
         self.events.append(("prefix", (predicted, best, actual)))
+
+    def spilled(self, pool: str, to_pool: str) -> None:
+        self.events.append(("spilled", (pool, to_pool)))
 
 
 def make_pool(*addresses: str, name: str = "llama", **kwargs: object) -> FakePool:

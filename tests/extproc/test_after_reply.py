@@ -61,6 +61,9 @@ class Recorder:
     ) -> None:
         self.calls.append(("prefix", labels, predicted, best, actual))
 
+    def spilled(self, pool: str, to_pool: str) -> None:
+        self.calls.append(("spilled", pool, to_pool))
+
 
 def test_calls_wait_for_flush_and_keep_their_order() -> None:
     target = Recorder()

@@ -205,3 +205,36 @@ def test_the_pick_is_made_among_the_endpoints_with_room() -> None:
     machine.handle(codec.decode(request_headers(mode=BUFFERED, response_mode=NONE)))
     machine.handle(codec.decode(request_body(completion(), eos=True)))
     assert len(pool.scheduler.seen[-1][1]) == 2
+
+
+def test_a_full_pool_spills_to_the_first_pool_down_its_chain_with_room() -> None:
+    spot = make_pool("10.0.1.1:8000", name="spot", room=False)
+    reserve = make_pool("10.0.2.1:8000", name="reserve")
+    spot.fallback = reserve
+    pool = make_pool("10.0.0.1:8000", room=False, fallback=spot)
+    metrics = RecordingMetrics()
+    machine = make_machine(pool, metrics=metrics)
+    machine.handle(codec.decode(request_headers(mode=BUFFERED, response_mode=NONE)))
+    [reply] = codec.encode_replies(machine.handle(codec.decode(request_body(completion(), eos=True))))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.2.1:8000"
+    assert ("spilled", ("llama", "reserve")) in metrics.events
+    assert reserve.scheduler.calls == [("picked", "10.0.2.1:8000")]  # its own scheduler's bookkeeping
+    assert pool.scheduler.calls == []
+    machine.handle(StreamClosed())
+    assert reserve.scheduler.count("finished") == 1
+    pool.room = True  # recovered: back to it
+    machine = make_machine(pool, metrics=metrics)
+    machine.handle(codec.decode(request_headers(mode=BUFFERED, response_mode=NONE)))
+    [reply] = codec.encode_replies(machine.handle(codec.decode(request_body(completion(), eos=True))))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+
+
+def test_a_full_pool_whose_chain_is_full_too_keeps_its_requests() -> None:
+    spot = make_pool("10.0.1.1:8000", name="spot", room=False)
+    pool = make_pool("10.0.0.1:8000", room=False, fallback=spot)
+    metrics = RecordingMetrics()
+    machine = make_machine(pool, metrics=metrics)
+    machine.handle(codec.decode(request_headers(mode=BUFFERED, response_mode=NONE)))
+    [reply] = codec.encode_replies(machine.handle(codec.decode(request_body(completion(), eos=True))))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    assert not any(kind == "spilled" for kind, _ in metrics.events)

@@ -59,6 +59,10 @@ class ResolvedPool:
     target_ports: tuple[int, ...]
     picker: ResolvedPicker
     endpoints: tuple[Endpoint, ...]
+    spill_to: ObjectKey | None = None
+    """The pool its overflow goes to when it is full (``kvgate.io/spill-to``), if any."""
+    spill_addresses: tuple[str, ...] = ()
+    """The endpoints of every pool down its spill chain (its data-plane cluster reaches them too)."""
 
     @property
     def id(self) -> str:

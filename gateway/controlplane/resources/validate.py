@@ -6,6 +6,7 @@ Each resource is judged on its own: an invalid one is left out (or, for a backen
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -19,7 +20,11 @@ from kvgate.gateway.controlplane.resources.conditions import (
     condition,
 )
 from kvgate.gateway.controlplane.resources.gateway_api import Gateway, Listener
-from kvgate.gateway.controlplane.resources.inference import InferenceModelRewrite, PoolObjectReference
+from kvgate.gateway.controlplane.resources.inference import (
+    InferenceModelRewrite,
+    InferencePool,
+    PoolObjectReference,
+)
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
 from kvgate.gateway.controlplane.resources.resolved import (
@@ -196,6 +201,43 @@ def _rewrite_tables(
     return MappingProxyType(tables), statuses
 
 
+SPILL_ANNOTATION = "kvgate.io/spill-to"
+"""On an InferencePool: the pool (a name in its namespace) that takes its requests when it is full."""
+
+
+def spill_chains(pools: list[ResolvedPool], sources: Mapping[ObjectKey, InferencePool]
+                 ) -> tuple[list[ResolvedPool], list[str]]:
+    """``pools`` with their spill targets and the endpoints down each chain; a target that is not a
+    resolved pool, or one that leads back, is left out with a note."""
+    by_key = {pool.key: pool for pool in pools}
+    targets: dict[ObjectKey, ObjectKey] = {}
+    notes: list[str] = []
+    for pool in pools:
+        name = sources[pool.key].metadata.annotations.get(SPILL_ANNOTATION, "").strip()
+        if not name:
+            continue
+        target = ObjectKey(pool.key.namespace, name)
+        if target not in by_key or target == pool.key:
+            notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r} names no other resolved "
+                         "InferencePool in its namespace; no spill")
+            continue
+        targets[pool.key] = target
+    out = []
+    for pool in pools:
+        chain: list[ObjectKey] = []
+        step = targets.get(pool.key)
+        while step is not None and step != pool.key and step not in chain:
+            chain.append(step)
+            step = targets.get(step)
+        if step == pool.key:
+            notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} leads back to it; no spill")
+            chain = []
+        addresses = tuple(dict.fromkeys(a for key in chain for a in by_key[key].addresses
+                                        if a not in pool.addresses))
+        out.append(dataclasses.replace(pool, spill_to=chain[0] if chain else None, spill_addresses=addresses))
+    return out, notes
+
+
 def validate(resources: ResourceSet, options: ValidationOptions | None = None) -> ValidatedConfig:
     """Resolve every reference and compute every resource's status conditions."""
     options = options or ValidationOptions()
@@ -253,7 +295,8 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None) -
     statuses.extend(rewrite_statuses)
 
     routes: list[ResolvedRoute] = [result.route for result in route_results if result.route is not None]
-    pools = [res.pool for res in resolutions.values() if res.pool is not None]
+    pools, spill_notes = spill_chains([res.pool for res in resolutions.values() if res.pool is not None],
+                                      {pool.key: pool for pool in resources.inference_pools})
     return ValidatedConfig(
         gateways=tuple(sorted((gw for gw, _ in gateways.values()), key=lambda gw: gw.key)),
         routes=tuple(sorted(routes, key=lambda route: route.key)),
@@ -261,5 +304,5 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None) -
         objectives=tuple(sorted(objectives, key=lambda objective: objective.key)),
         rewrites=tables,
         status=StatusReport.of(sorted(statuses, key=lambda s: (s.resource, str(s.parent), s.section or ""))),
-        notes=resources.notes,
+        notes=(*resources.notes, *spill_notes),
     )

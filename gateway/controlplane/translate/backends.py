@@ -98,7 +98,8 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
     external picker or with ``endpoint_fallbacks`` off), the FailOpen fallback (possibly empty) and an
     external picker's cluster."""
     if follows_fallbacks(pool, settings):
-        clusters = [ec.pool_override_cluster(pool.id, pool.addresses)]
+        # the spill chain's endpoints too: the picker may name one when the pool is full
+        clusters = [ec.pool_override_cluster(pool.id, (*pool.addresses, *pool.spill_addresses))]
     else:
         clusters = [ec.pool_cluster(pool.id)]
     if pool.picker.failure_mode is FailureMode.FAIL_OPEN:

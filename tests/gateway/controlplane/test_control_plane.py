@@ -14,8 +14,10 @@ from kvgate.gateway.controlplane.control_plane import (
     pool_specs,
     with_pods,
 )
+from kvgate.gateway.controlplane.envoy_config import pool_cluster_name
 from kvgate.gateway.controlplane.resources import FileProvider, ValidationOptions, parse_manifests, validate
 from kvgate.gateway.controlplane.status_cli import format_status
+from kvgate.gateway.controlplane.translate import translate
 from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.service import PickerService, PickerSettings, PoolRuntime
@@ -319,3 +321,57 @@ def test_flow_control_annotations_reach_the_pool_spec_and_bad_values_are_warned_
     assert spec.flow_control is None
     assert "kvgate.io/flow-control" in warnings[0]
     assert annotated_spec("")[0].flow_control is None
+
+
+SPOT = """
+---
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: {name}, annotations: {{{annotations}}}}}
+spec:
+  selector: {{matchLabels: {{app: {name}}}}}
+  targetPorts: [{{number: 8000}}]
+  endpointPickerRef: {{name: epp}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}-0, labels: {{app: {name}}}}}
+status: {{podIP: {ip}}}
+"""
+
+
+def spill_config(llama: str, spot: str) -> tuple[list[PoolSpec], list[str], dict[str, tuple[str, ...]]]:
+    text = POOL.replace("annotations: {{", "annotations: {{" + llama).format(profile="default", engine="vllm")
+    text += "---" + REST + SPOT.format(name="spot", annotations=spot, ip="10.0.0.8")
+    resources = parse_manifests([("x.yaml", text)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    specs, _ = pool_specs(resources, config, SETTINGS)
+    return list(specs), list(config.notes), {p.id: p.spill_addresses for p in config.pools}
+
+
+def test_a_pools_spill_target_reaches_its_spec_and_its_cluster_reaches_the_targets_endpoints() -> None:
+    specs, notes, spill_addresses = spill_config("kvgate.io/spill-to: spot, ", "")
+    llama = next(s for s in specs if s.name == "default/llama")
+    assert llama.spill_to == "default/spot"
+    assert spill_addresses["default/llama"] == ("10.0.0.8:8000",)
+    assert notes == []
+    text = POOL.replace("annotations: {{", "annotations: {{kvgate.io/spill-to: spot, ").format(
+        profile="default", engine="vllm")
+    text += "---" + REST + SPOT.format(name="spot", annotations="", ip="10.0.0.8")
+    resources = parse_manifests([("x.yaml", text)])
+    envoy = translate(validate(resources, ValidationOptions(require_picker_service=False)),
+                      SETTINGS.translation())
+    [cluster] = [c for c in envoy.clusters if c["name"] == pool_cluster_name("default/llama")]
+    hosts = [e["endpoint"]["address"]["socket_address"]["address"]
+             for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == ["10.0.0.7", "10.0.0.8"]
+
+
+def test_a_spill_target_that_is_missing_or_leads_back_is_left_out_with_a_note() -> None:
+    specs, notes, _ = spill_config("kvgate.io/spill-to: nowhere, ", "")
+    assert all(s.spill_to is None for s in specs)
+    assert "names no other resolved InferencePool" in notes[0]
+    specs, notes, _ = spill_config("kvgate.io/spill-to: spot, ", "kvgate.io/spill-to: llama")
+    assert all(s.spill_to is None for s in specs)
+    assert len(notes) == 2
+    assert "leads back" in notes[0]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.replica_models import PoolModelNames
-from kvgate.gateway.picker.service import PoolRuntime
+from kvgate.gateway.picker.service import PoolRuntime, with_spill_chains
 
 
 def runtime(reported: PoolModelNames, **spec: object) -> PoolRuntime:
-    pool = PoolSpec.model_validate({"name": "p", **spec})
+    pool = PoolSpec.model_validate({"name": "p"} | spec)
     return PoolRuntime.of(pool, None, None, lambda name: reported)  # type: ignore[arg-type]
 
 
@@ -47,3 +47,21 @@ def test_a_pool_that_forwards_unknown_names_never_refuses_one() -> None:
     pool = runtime(SERVED, checkModels=False)
     assert pool.model_known("base") is True
     assert pool.model_known("loaded-on-first-use") is None
+
+
+def test_spill_chains_link_each_pool_to_the_next_and_stop_before_a_pool_passed() -> None:
+    def pool(name: str, spill_to: str | None) -> PoolRuntime:
+        return runtime(SERVED, name=name, **({"spillTo": spill_to} if spill_to else {}))
+
+    chained = with_spill_chains({"a": pool("a", "b"), "b": pool("b", "c"), "c": pool("c", None)})
+    a = chained["a"]
+    assert a.fallback is not None
+    assert a.fallback.name == "b"
+    assert a.fallback.fallback is not None
+    assert a.fallback.fallback.name == "c"
+    assert a.fallback.fallback.fallback is None
+    looped = with_spill_chains({"a": pool("a", "b"), "b": pool("b", "a")})
+    assert looped["a"].fallback is not None
+    assert looped["a"].fallback.fallback is None  # b's own spill (to a) is not followed back
+    assert looped["b"].fallback is not None
+    assert looped["b"].fallback.name == "a"

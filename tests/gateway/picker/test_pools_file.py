@@ -118,3 +118,11 @@ pools:
     for bad in ("{queueTimeoutSeconds: 0}", "{maxQueueLength: 0}", "{queueTimeout: 5}"):
         with pytest.raises(ConfigError, match="flowControl"):
             parse_pools(f"pools: [{{name: a, flowControl: {bad}}}]")
+
+
+def test_spill_to_names_another_pool() -> None:
+    a, _ = parse_pools("pools: [{name: a, spillTo: b}, {name: b}]").pools
+    assert a.spill_to == "b"
+    for bad in ("[{name: a, spillTo: c}, {name: b}]", "[{name: a, spillTo: a}]"):
+        with pytest.raises(ConfigError, match="spillTo"):
+            parse_pools(f"pools: {bad}")
