@@ -31,6 +31,8 @@ class RequestResult:
     e2e_s: float
     completion_tokens: int
     cached_tokens: int
+    served_by: str = ""
+    """The simulated replica that streamed the answer (its ``x-kvgate-sim-replica``), if it said."""
 
     @property
     def ok(self) -> bool:
@@ -73,6 +75,7 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: PlannedReques
                                 headers={"content-type": "application/json", **dict(req.headers)},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             status = resp.status
+            served_by = resp.headers.get("x-kvgate-sim-replica", "")
             if status != 200:
                 text = (await resp.read())[:200].decode(errors="replace")
                 return RequestResult(req.index, status, text or f"HTTP {status}", lag, ttft,
@@ -89,7 +92,7 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: PlannedReques
     completion, cached, error = _usage_from_tail(tail)
     if not error and completion == 0:
         error = "no usage in the stream"
-    return RequestResult(req.index, status, error, lag, ttft, end, completion, cached)
+    return RequestResult(req.index, status, error, lag, ttft, end, completion, cached, served_by)
 
 
 async def run_open_loop(base_url: str, requests: Sequence[PlannedRequest], time_scale: float,

@@ -178,6 +178,42 @@ def wait_text(seconds: float | None) -> str:
     return "" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.0f}"
 
 
+def plot(phases: list[Phase], path: Path) -> None:
+    """Each stream's TTFT p90 (log scale) and served / fair share, queue off beside queue on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unloaded = phases[1].stats or {}
+    reference = percentile([t for n in ("light-a", "light-b") for t in (unloaded[n].ttft_s or [])], 0.9)
+    names = ["heavy", "light-a", "light-b"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.38
+    for offset, phase in ((-width / 2, phases[2]), (width / 2, phases[3])):
+        stats = phase.stats or {}
+        p90 = [percentile(stats[n].ttft_s or [], 0.9) for n in names]
+        left.bar([i + offset for i in range(len(names))], p90, width, label=phase.name)
+        tenants = {n: stats[n] for n in names}
+        fair = max_min_shares(sum(s.served_work for s in tenants.values()),
+                              {n: s.offered_work for n, s in tenants.items()})
+        right.bar([i + offset for i in range(len(names))], [tenants[n].served_work / fair[n] for n in names],
+                  width, label=phase.name)
+    left.axhline(reference, color="gray", linestyle="--", label="light tenants unloaded")
+    left.axhline(2 * reference, color="gray", linestyle=":", label="2x unloaded")
+    left.set_yscale("log")
+    left.set_ylabel("TTFT p90 (s)")
+    right.axhline(1.0, color="gray", linestyle="--")
+    right.set_ylabel("served GPU work / max-min fair share")
+    for axis in (left, right):
+        axis.set_xticks(range(len(names)), names)
+        axis.legend(fontsize=7)
+    figure.suptitle("2x capacity, three tenants (8:1:1) and a sheddable band")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> str:
     unloaded = phases[1].stats or {}
     reference = percentile([t for name in ("light-a", "light-b") for t in (unloaded[name].ttft_s or [])], 0.9)
@@ -194,6 +230,9 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
              f"**{reference * 1000:.0f} ms**. Queue timeout {QUEUE_TIMEOUT_S:g} s; in-flight limit "
              f"{args.inflight_limit or args.max_num_seqs} per replica. Window: requests sent after the "
              f"first {WARMUP_SHARE:.0%} of each run.", ""]
+    if args.output is not None:
+        image = args.output.with_suffix(".png").name
+        lines += [f"![TTFT p90 and served work against fair shares]({image})", ""]
     for phase in phases[2:]:
         stats = phase.stats or {}
         tenants = {name: s for name, s in stats.items() if name != "batch"}
@@ -237,6 +276,8 @@ async def main_async(args: argparse.Namespace) -> str:
         phases.append(phase)
         print(f"{name}: served {phase.throughput:.1f} requests/s", flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
+    if args.output is not None:
+        plot(phases, args.output.with_suffix(".png"))
     return report(phases, capacity, args)
 
 
@@ -244,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvgate.bench.overload",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--inflight-limit", type=int, default=0, help="per replica (0: --max-num-seqs)")
     parser.add_argument("--time-scale", type=float, default=20.0)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--stream-interval", type=int, default=16,
                         help="tokens per streamed chunk after the first (CPU on 2 cores)")

@@ -42,6 +42,8 @@ from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
+REPLICA_HEADER = "x-kvgate-sim-replica"
+"""On a streamed answer: the replica's index (benchmarks tell which pool served a request)."""
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,8 @@ class Replica:
         self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache"})
+                                               "Cache-Control": "no-cache",
+                                               REPLICA_HEADER: str(self.config.index)})
         await response.prepare(request)
         with contextlib.suppress(ConnectionResetError):  # the client went away; the caller aborts
             await self._write_stream(request, response, parsed, request_id, delivery)
