@@ -90,6 +90,8 @@ def manifests(directory: Path, args: argparse.Namespace, sim_port: int, flow_con
         text = text.replace("    kvgate.io/engine: vllm\n", (
             "    kvgate.io/engine: vllm\n    kvgate.io/flow-control: \"true\"\n"
             + (f"    kvgate.io/max-inflight-per-endpoint: \"{inflight}\"\n" if limit else "")
+            + (f"    kvgate.io/reserved-inflight-per-endpoint: \"{args.reserved}\"\n"
+               if limit and args.reserved else "")
             + f"    kvgate.io/queue-timeout: {QUEUE_TIMEOUT_S:g}s\n"))
     pods = "".join(
         f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: sim-{i}, namespace: default, labels: "
@@ -228,7 +230,8 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
              f"Capacity (phase 1, heavy tenant alone at 3x): **{capacity:.1f} requests/s** "
              f"(model estimate {estimate(args):.1f}). Light tenants' unloaded TTFT p90 (phase 2, 0.2x): "
              f"**{reference * 1000:.0f} ms**. Queue timeout {QUEUE_TIMEOUT_S:g} s; in-flight limit "
-             f"{args.inflight_limit or args.max_num_seqs} per replica. Window: requests sent after the "
+             f"{args.inflight_limit or args.max_num_seqs} per replica ({args.reserved} more reserved for "
+             f"tenants with nothing waiting). Window: requests sent after the "
              f"first {WARMUP_SHARE:.0%} of each run.", ""]
     if args.output is not None:
         image = args.output.with_suffix(".png").name
@@ -287,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--inflight-limit", type=int, default=0, help="per replica (0: --max-num-seqs)")
+    parser.add_argument("--reserved", type=int, default=0,
+                        help="slots per replica beyond the limit for tenants with nothing waiting")
     parser.add_argument("--time-scale", type=float, default=20.0)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=64)

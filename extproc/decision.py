@@ -157,6 +157,7 @@ def schedule(
     metrics: RequestMetrics,
     limiter: TenantLimiter | None = None,
     trace: SchedulingTrace | None = None,
+    reserved: bool = False,
 ) -> Decision:
     """Schedule a prepared request over the pool's live endpoints (with flow control, those with
     room; the caller tells the scheduler ``on_picked``). Raises 503 when nothing is eligible (also
@@ -170,7 +171,7 @@ def schedule(
         )
     holding = pool.holding
     if holding is not None:  # flow control: the pick among endpoints with room (all, if none has)
-        candidates = holding.with_room(candidates) or candidates
+        candidates = holding.with_room(candidates, reserved=reserved) or candidates
     started = now()
     result = pool.scheduler.schedule(request, candidates, started, trace)
     metrics.scheduled(pool.name, now() - started)

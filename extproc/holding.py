@@ -94,9 +94,20 @@ class HoldingArea:
     def must_wait(self) -> bool:
         return self._controller.must_wait(self._has_room())
 
-    def with_room(self, endpoints: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
+    def may_take_reserved(self, tenant: str, band: int) -> bool:
+        """Whether a request of ``tenant`` (nothing of it waiting in ``band``) may go now into a slot
+        reserved for tenants without a backlog (``FlowControlSettings.reserved_per_endpoint``)."""
+        settings = self.settings
+        if not settings.reserved_per_endpoint or self._controller.queue.has_waiting(band, tenant):
+            return False
+        load = self._load
+        return pool_has_room(load.endpoints(), load.inflight(), settings, self._clock.now(), reserved=True)
+
+    def with_room(self, endpoints: tuple[EndpointView, ...], *,
+                  reserved: bool = False) -> tuple[EndpointView, ...]:
         inflight, now, settings = self._load.inflight(), self._clock.now(), self.settings
-        return tuple(v for v in endpoints if endpoint_has_room(v, inflight.get(v.address), settings, now))
+        return tuple(v for v in endpoints
+                     if endpoint_has_room(v, inflight.get(v.address), settings, now, reserved=reserved))
 
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         """``request`` as the queue holds it: its band, tenant, cost and deadline."""

@@ -283,6 +283,8 @@ class RequestLifecycle:
         if area is None or not area.must_wait():
             return then(self._pick(prepared))
         request = prepared.request
+        if area.may_take_reserved(request.fairness_id or "", request.priority):
+            return then(self._pick(prepared, reserved=True))
         if not area.hold(area.waiting_item(request, self._clock.now())):
             raise RequestShedError(f"pool {self._pool.name!r} is full and its queue too; request shed",
                                    retry_after=area.retry_after_s)
@@ -342,13 +344,14 @@ class RequestLifecycle:
             tier = tier.fallback
         return pool
 
-    def _pick(self, prepared: Prepared) -> Decision:
+    def _pick(self, prepared: Prepared, *, reserved: bool = False) -> Decision:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick counted before this one is scored
         target = self._target = self._tier()
         decision = schedule(prepared, pool=target, now=self._clock.now, metrics=self._metrics,
-                            limiter=self._config.tenant_limiter, trace=self._trace)
+                            limiter=self._config.tenant_limiter, trace=self._trace,
+                            reserved=reserved and target is self._pool)
         if self._trace is not None:
             self._trace.picked(decision.request, decision.result)
             _log.debug("request %s (x-request-id %s, trace %s): picked %s", decision.request.request_id,

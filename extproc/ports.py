@@ -101,8 +101,15 @@ class HoldingPort(Protocol):
         """Whether a request arriving now waits (no room, or others wait)."""
         ...
 
-    def with_room(self, endpoints: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
-        """Those of ``endpoints`` with room now (the pick is made among them)."""
+    def with_room(self, endpoints: tuple[EndpointView, ...], *,
+                  reserved: bool = False) -> tuple[EndpointView, ...]:
+        """Those of ``endpoints`` with room now (the pick is made among them); ``reserved``: the
+        slots reserved for tenants without a backlog count too."""
+        ...
+
+    def may_take_reserved(self, tenant: str, band: int) -> bool:
+        """Whether a request of ``tenant``, which has nothing waiting in ``band``, may go now into a
+        reserved slot instead of waiting."""
         ...
 
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:

@@ -62,6 +62,10 @@ class FlowControlSettings:
     """Held requests at most; beyond it the lowest band's newest is shed (429)."""
     max_inflight_per_endpoint: int | None = None
     """This picker's requests on one endpoint at most (None: no limit beyond the thresholds)."""
+    reserved_per_endpoint: int = 0
+    """Slots per endpoint beyond ``max_inflight_per_endpoint`` that only a request whose tenant has
+    nothing waiting may take, at once, past the queue: a light tenant does not wait for a slot to
+    free behind a heavy tenant's backlog (set the two to add up to the engine's ``max_num_seqs``)."""
     thresholds: SaturationThresholds = field(default_factory=SaturationThresholds)
     """When an endpoint is full (the Inference Extension's saturation defaults)."""
     retry_after_s: float = 1.0
@@ -75,6 +79,9 @@ class FlowControlSettings:
             raise ValueError("the maximum queue length must be at least 1")
         if self.max_inflight_per_endpoint is not None and self.max_inflight_per_endpoint < 1:
             raise ValueError("the in-flight limit per endpoint must be at least 1")
+        reserved = self.reserved_per_endpoint
+        if reserved < 0 or (reserved and self.max_inflight_per_endpoint is None):
+            raise ValueError("reserved slots need an in-flight limit per endpoint, and are never negative")
 
 
 def work_seconds(prompt_chars: int, cached_tokens: int, max_tokens: int | None, costs: WorkCosts) -> float:
@@ -89,9 +96,10 @@ def work_seconds(prompt_chars: int, cached_tokens: int, max_tokens: int | None, 
 
 
 def endpoint_has_room(view: EndpointView, own: InFlight | None, settings: FlowControlSettings,
-                      now: float) -> bool:
+                      now: float, *, reserved: bool = False) -> bool:
     """Whether one more request may go to ``view`` now (module docstring); ``own``: this picker's
-    requests in flight there (None: none)."""
+    requests in flight there (None: none); ``reserved``: counting the slots reserved for tenants
+    without a backlog (``reserved_per_endpoint``) as room too."""
     thresholds = settings.thresholds
     if thresholds.saturated(view, now):
         return False
@@ -102,13 +110,16 @@ def endpoint_has_room(view: EndpointView, own: InFlight | None, settings: FlowCo
     if own.requests - metrics.running >= thresholds.queue_threshold:
         return False  # sent since the scrape: a queue the scrape does not show yet
     limit = settings.max_inflight_per_endpoint
-    return limit is None or own.requests < limit
+    if limit is None:
+        return True
+    return own.requests < limit + (settings.reserved_per_endpoint if reserved else 0)
 
 
 def pool_has_room(views: Iterable[EndpointView], inflight: Mapping[str, InFlight],
-                  settings: FlowControlSettings, now: float) -> bool:
+                  settings: FlowControlSettings, now: float, *, reserved: bool = False) -> bool:
     """Whether any of the pool's endpoints has room (False for a pool without endpoints)."""
-    return any(endpoint_has_room(view, inflight.get(view.address), settings, now) for view in views)
+    return any(endpoint_has_room(view, inflight.get(view.address), settings, now, reserved=reserved)
+               for view in views)
 
 
 class HoldOutcome(Enum):

@@ -145,6 +145,11 @@ class HoldingQueue:
                 out.append(item)
         return out
 
+    def has_waiting(self, band: int, tenant: str) -> bool:
+        """Whether ``tenant`` has a request waiting in ``band``."""
+        found = self._bands.get(band)
+        return found is not None and tenant in found.tenants
+
     def waiting(self) -> Mapping[tuple[int, str], int]:
         """Requests waiting per (band, tenant), for metrics."""
         return Counter((item.band, item.tenant) for item in self._items.values())

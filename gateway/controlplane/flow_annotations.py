@@ -2,8 +2,8 @@
 
 - ``kvgate.io/flow-control: "true"`` turns it on with the defaults (``policies.flow_control``);
 - ``kvgate.io/queue-timeout`` (a Gateway API duration: ``30s``, ``500ms``, ``2m``),
-  ``kvgate.io/max-queue-length`` and ``kvgate.io/max-inflight-per-endpoint`` set its bounds (and turn
-  it on too).
+  ``kvgate.io/max-queue-length``, ``kvgate.io/max-inflight-per-endpoint`` and
+  ``kvgate.io/reserved-inflight-per-endpoint`` set its bounds (and turn it on too).
 
 A bad value is warned about and the default used: a typo never takes the pool down.
 """
@@ -19,7 +19,9 @@ FLOW_CONTROL_ANNOTATION = "kvgate.io/flow-control"
 QUEUE_TIMEOUT_ANNOTATION = "kvgate.io/queue-timeout"
 MAX_QUEUE_LENGTH_ANNOTATION = "kvgate.io/max-queue-length"
 MAX_INFLIGHT_ANNOTATION = "kvgate.io/max-inflight-per-endpoint"
-_BOUNDS = (QUEUE_TIMEOUT_ANNOTATION, MAX_QUEUE_LENGTH_ANNOTATION, MAX_INFLIGHT_ANNOTATION)
+RESERVED_ANNOTATION = "kvgate.io/reserved-inflight-per-endpoint"
+_BOUNDS = (QUEUE_TIMEOUT_ANNOTATION, MAX_QUEUE_LENGTH_ANNOTATION, MAX_INFLIGHT_ANNOTATION,
+           RESERVED_ANNOTATION)
 
 
 def flow_control(pool_id: str, annotations: Mapping[str, str], warnings: list[str]) -> FlowControlSpec | None:
@@ -43,7 +45,8 @@ def flow_control(pool_id: str, annotations: Mapping[str, str], warnings: list[st
             warnings.append(f"InferencePool {pool_id}: {QUEUE_TIMEOUT_ANNOTATION} {text!r} is not a duration "
                             "within (0, 30m] (e.g. 30s); using the default")
     for key, name in ((MAX_QUEUE_LENGTH_ANNOTATION, "max_queue_length"),
-                      (MAX_INFLIGHT_ANNOTATION, "max_inflight_per_endpoint")):
+                      (MAX_INFLIGHT_ANNOTATION, "max_inflight_per_endpoint"),
+                      (RESERVED_ANNOTATION, "reserved_per_endpoint")):
         text = annotations.get(key)
         if text is None:
             continue
@@ -55,4 +58,8 @@ def flow_control(pool_id: str, annotations: Mapping[str, str], warnings: list[st
         except ValueError:
             warnings.append(f"InferencePool {pool_id}: {key} {text!r} is not a positive integer; "
                             "using the default")
+    if "reserved_per_endpoint" in fields and "max_inflight_per_endpoint" not in fields:
+        warnings.append(f"InferencePool {pool_id}: {RESERVED_ANNOTATION} needs {MAX_INFLIGHT_ANNOTATION}; "
+                        "no reserved slots")
+        del fields["reserved_per_endpoint"]
     return FlowControlSpec.model_validate(fields)

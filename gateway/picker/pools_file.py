@@ -27,7 +27,8 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
         flowControl:                  # hold requests in the picker while the pool is full
           queueTimeoutSeconds: 30     #   then 429 (sheddable) or 503, with Retry-After
           maxQueueLength: 1000        #   beyond it the lowest priority's newest is shed (429)
-          maxInflightPerEndpoint: 64  #   optional; besides queueThreshold / kvCacheThreshold
+          maxInflightPerEndpoint: 60  #   optional; besides queueThreshold / kvCacheThreshold
+          reservedPerEndpoint: 4      #   more, for tenants with nothing waiting (taken at once)
         spillTo: llama-spot           # while full, requests go to this pool (before they wait)
     defaultPool: llama                # optional; the only pool when there is one
     redis: redis://127.0.0.1:6379/0   # optional; share picker state and limits across replicas
@@ -153,15 +154,23 @@ class FlowControlSpec(BaseModel):
     queue_timeout_s: float = Field(default=30.0, gt=0, le=1800, alias="queueTimeoutSeconds")
     max_queue_length: int = Field(default=1000, ge=1, le=1_000_000, alias="maxQueueLength")
     max_inflight_per_endpoint: int | None = Field(default=None, ge=1, alias="maxInflightPerEndpoint")
+    reserved_per_endpoint: int = Field(default=0, ge=0, alias="reservedPerEndpoint")
     queue_threshold: int = Field(default=5, ge=1, alias="queueThreshold")
     kv_cache_threshold: float = Field(default=0.8, gt=0, le=1.0, alias="kvCacheThreshold")
     metrics_staleness_s: float = Field(default=0.2, gt=0, alias="metricsStalenessSeconds")
     retry_after_s: float = Field(default=1.0, ge=0, alias="retryAfterSeconds")
 
+    @model_validator(mode="after")
+    def _reserve_needs_a_limit(self) -> FlowControlSpec:
+        if self.reserved_per_endpoint and self.max_inflight_per_endpoint is None:
+            raise ValueError("flowControl reservedPerEndpoint needs maxInflightPerEndpoint")
+        return self
+
     def settings(self) -> FlowControlSettings:
         return FlowControlSettings(
             queue_timeout_s=self.queue_timeout_s, max_queue_length=self.max_queue_length,
             max_inflight_per_endpoint=self.max_inflight_per_endpoint,
+            reserved_per_endpoint=self.reserved_per_endpoint,
             thresholds=SaturationThresholds(self.queue_threshold, self.kv_cache_threshold,
                                             self.metrics_staleness_s),
             retry_after_s=self.retry_after_s,

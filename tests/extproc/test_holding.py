@@ -201,3 +201,20 @@ async def test_with_room_keeps_the_endpoints_that_have_it() -> None:
     pool.take()
     assert area.with_room((view,)) == ()
     await area.stop()
+
+
+async def test_a_tenant_with_nothing_waiting_may_take_a_reserved_slot() -> None:
+    pool = Pool(free=1)
+    area = HoldingArea("p", FlowControlSettings(max_inflight_per_endpoint=1, reserved_per_endpoint=1),
+                       pool.load(), MonotonicClock(), poll_s=0.002)
+    pool.take()  # at the limit: no room, but the reserved slot is free
+    assert area.must_wait()
+    area.hold(area.waiting_item(request("heavy-1", "heavy"), MonotonicClock().now()))
+    assert area.may_take_reserved("light", 0)
+    assert not area.may_take_reserved("heavy", 0)  # it has a backlog: it waits its turn
+    [view] = pool.views()
+    assert area.with_room((view,)) == ()
+    assert area.with_room((view,), reserved=True) == (view,)
+    pool.take()  # the reserved slot taken
+    assert not area.may_take_reserved("light", 0)
+    await area.stop()

@@ -51,8 +51,17 @@ class FakeHolding:
     def must_wait(self) -> bool:
         return self.full
 
-    def with_room(self, endpoints: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
+    reserve: bool = False
+    """Whether a tenant with nothing waiting may take a reserved slot now."""
+
+    def with_room(self, endpoints: tuple[EndpointView, ...], *,
+                  reserved: bool = False) -> tuple[EndpointView, ...]:
+        if reserved:
+            self.calls.append(("reserved pick", ""))
         return endpoints if self.room is None else tuple(v for v in endpoints if v.address in self.room)
+
+    def may_take_reserved(self, tenant: str, band: int) -> bool:
+        return self.reserve
 
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         return Waiting(request.request_id, request.priority, request.fairness_id or "", 1.0,
@@ -238,3 +247,12 @@ def test_a_full_pool_whose_chain_is_full_too_keeps_its_requests() -> None:
     [reply] = codec.encode_replies(machine.handle(codec.decode(request_body(completion(), eos=True))))
     assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
     assert not any(kind == "spilled" for kind, _ in metrics.events)
+
+
+def test_a_request_that_may_take_a_reserved_slot_goes_at_once() -> None:
+    holding = FakeHolding(reserve=True)
+    _, _, steps = held_request(holding)
+    [reply] = codec.encode_replies(steps)
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    assert holding.held == []
+    assert holding.calls == [("reserved pick", "")]

@@ -96,3 +96,13 @@ def test_settings_are_checked() -> None:
         FlowControlSettings(max_queue_length=0)
     with pytest.raises(ValueError, match="in-flight limit"):
         FlowControlSettings(max_inflight_per_endpoint=0)
+
+
+def test_reserved_slots_count_only_for_whom_they_are_reserved() -> None:
+    settings = FlowControlSettings(max_inflight_per_endpoint=3, reserved_per_endpoint=2)
+    busy = view(1, running=4)
+    assert not endpoint_has_room(busy, InFlight(requests=3), settings, NOW)
+    assert endpoint_has_room(busy, InFlight(requests=4), settings, NOW, reserved=True)
+    assert not endpoint_has_room(busy, InFlight(requests=5), settings, NOW, reserved=True)
+    with pytest.raises(ValueError, match="reserved slots"):
+        FlowControlSettings(reserved_per_endpoint=2)
