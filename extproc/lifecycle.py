@@ -39,11 +39,9 @@ from typing import Any
 
 from kvgate.extproc.actions import (
     Action,
-    AwaitHold,
     ContinueBody,
     ContinueHeaders,
     ContinueTrailers,
-    ExtendTimeout,
     HeaderEdit,
     Phase,
     Step,
@@ -66,6 +64,7 @@ from kvgate.extproc.events import (
     ResponseTrailers,
     StreamClosed,
 )
+from kvgate.extproc.hold_step import hold_refusal, hold_steps, spill_target
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
 from kvgate.extproc.openai_request import BodyBuffer
 from kvgate.extproc.openai_response import ResponseBodyProcessor
@@ -85,7 +84,7 @@ from kvgate.extproc.prefill_step import decode_decision, prefill_step
 from kvgate.extproc.request_headers import PendingHeaders, read_request_headers, resolve_pool
 from kvgate.extproc.request_plan import RequestPlan, plan_request
 from kvgate.extproc.response_head import response_head, response_processor
-from kvgate.policies.errors import KvgateError, QueueTimeoutError, RequestShedError
+from kvgate.policies.errors import KvgateError
 from kvgate.policies.flow_control import HoldOutcome
 from kvgate.policies.types import ApiKind
 
@@ -285,15 +284,10 @@ class RequestLifecycle:
         request = prepared.request
         if area.may_take_reserved(request.fairness_id or "", request.priority):
             return then(self._pick(prepared, reserved=True))
-        if not area.hold(area.waiting_item(request, self._clock.now())):
-            raise RequestShedError(f"pool {self._pool.name!r} is full and its queue too; request shed",
-                                   retry_after=area.retry_after_s)
+        steps = hold_steps(area, request, self._clock.now(), message_timeout_s=self._config.message_timeout_s,
+                           extend_timer=not self._plan.full_duplex_request)
         self._held = (prepared, area, then)
         self.state = State.HOLDING
-        steps: list[Step] = []
-        if not self._plan.full_duplex_request:  # Envoy's timer for this message must outlast the wait
-            steps.append(ExtendTimeout(min(area.timeout_s + self._config.message_timeout_s, 3600.0)))
-        steps.append(AwaitHold(request.request_id, area))
         return steps
 
     def _on_hold_ended(self, event: HoldEnded) -> Sequence[Step]:
@@ -308,13 +302,7 @@ class RequestLifecycle:
                 self._defer("grant_used", area.grant_used, request.request_id)
             return then(decision)
         area.leave(request.request_id)
-        if request.sheddable or event.outcome is HoldOutcome.REJECTED_CAPACITY:
-            raise RequestShedError(
-                f"pool {request.pool!r} had no room for this request within its queue "
-                f"{'bound' if event.outcome is HoldOutcome.REJECTED_CAPACITY else 'timeout'}; request shed",
-                retry_after=area.retry_after_s)
-        raise QueueTimeoutError(f"pool {request.pool!r} had no room for this request within "
-                                f"{area.timeout_s:g} s", retry_after=area.retry_after_s)
+        raise hold_refusal(event.outcome, request, area)
 
     def _on_closed_while_held(self, event: StreamClosed) -> list[Action]:
         if self._held is not None:
@@ -329,26 +317,11 @@ class RequestLifecycle:
         else:
             call(*args)
 
-    def _tier(self) -> Pool:
-        """Where the request goes: its pool, or while that is full the first pool down its spill
-        chain with room (none has: its own)."""
-        pool = self._pool
-        assert pool is not None
-        tier = pool.fallback
-        if tier is None or pool.has_room():
-            return pool
-        while tier is not None:
-            if tier.has_room():
-                self._metrics.spilled(pool.name, tier.name)
-                return tier
-            tier = tier.fallback
-        return pool
-
     def _pick(self, prepared: Prepared, *, reserved: bool = False) -> Decision:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick counted before this one is scored
-        target = self._target = self._tier()
+        target = self._target = spill_target(self._pool, self._metrics)
         decision = schedule(prepared, pool=target, now=self._clock.now, metrics=self._metrics,
                             limiter=self._config.tenant_limiter, trace=self._trace,
                             reserved=reserved and target is self._pool)

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
-import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -30,147 +28,19 @@ from kvgate.extproc.tracing import RequestTracer
 from kvgate.gateway.picker.admin_http import AdminServer
 from kvgate.gateway.picker.flow_telemetry import FlowTelemetry
 from kvgate.gateway.picker.kv_events.runtime import KvEventsCollector, KvEventsRuntime
+from kvgate.gateway.picker.pool_runtime import PoolRuntime, PoolTable, with_spill_chains
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
-from kvgate.gateway.picker.replica_models import PoolModelNames, ReplicaModels
+from kvgate.gateway.picker.replica_models import ReplicaModels
 from kvgate.gateway.picker.scraper import MetricsScraper
 from kvgate.gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
 from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
 from kvgate.gateway.picker.tls import server_credentials
 from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
-from kvgate.policies.contracts import Scheduler
-from kvgate.policies.errors import PoolNotFoundError, RouteNotFoundError
-from kvgate.policies.flow_control import FlowControlSettings, pool_has_room
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.schedulers import PoolScheduler, make_scheduler
-from kvgate.policies.types import EndpointView
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRuntime:
-    """One pool as ext_proc sees it (``extproc.ports.Pool``): config plus its scheduler."""
-
-    spec: PoolSpec
-    scheduler_impl: PoolScheduler
-    scraper: MetricsScraper
-    replica_names: Callable[[str], PoolModelNames]
-    """What a pool's ready replicas serve (``ReplicaModels.names``)."""
-    declared: frozenset[str] = frozenset()
-    """``spec.declared_models()``, once."""
-    extra_paths: frozenset[str] = frozenset()
-    rng: random.Random = field(default_factory=random.Random, compare=False)
-    """Draws the weighted model-rewrite target of each request."""
-    holding_area: HoldingArea | None = None
-    """Where its requests wait for room (flow control on), else None."""
-    fallback_pool: PoolRuntime | None = None
-    """The next pool of its spill chain (``spec.spill_to``), if any."""
-    room: FlowControlSettings = field(default_factory=FlowControlSettings, compare=False)
-    """When an endpoint has room: its flow control's settings, else the Inference Extension's
-    thresholds alone."""
-
-    @staticmethod
-    def of(spec: PoolSpec, scheduler: PoolScheduler, scraper: MetricsScraper,
-           replica_names: Callable[[str], PoolModelNames], holding: HoldingArea | None = None) -> PoolRuntime:
-        room = spec.flow_control.settings() if spec.flow_control is not None else FlowControlSettings()
-        return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models(),
-                           frozenset(spec.extra_paths), holding_area=holding, room=room)
-
-    @property
-    def holding(self) -> HoldingArea | None:
-        return self.holding_area
-
-    @property
-    def fallback(self) -> PoolRuntime | None:
-        return self.fallback_pool
-
-    def has_room(self) -> bool:
-        return pool_has_room(self.endpoints(), self.scheduler_impl.state.inflight_by_endpoint(), self.room,
-                             time.monotonic())
-
-    def spill_room(self) -> bool:
-        """Whether a pool down its spill chain has room."""
-        tier = self.fallback_pool
-        while tier is not None:
-            if tier.has_room():
-                return True
-            tier = tier.fallback_pool
-        return False
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def rewrites_models(self) -> bool:
-        return bool(self.spec.model_rewrites)
-
-    @property
-    def picker_runs_prefill(self) -> bool:
-        return self.spec.pd_execution == "picker"
-
-    def model_known(self, model: str) -> bool | None:
-        if model in self.declared:
-            return True
-        served = self.replica_names(self.spec.name)
-        if model in served.names:
-            return True
-        if self.spec.models:
-            return False  # a declared list is the whole list
-        return False if self.spec.check_models and served.complete else None
-
-    @property
-    def scheduler(self) -> Scheduler:
-        return self.scheduler_impl
-
-    def endpoints(self) -> tuple[EndpointView, ...]:
-        return self.scraper.snapshot().endpoints(self.spec.name)
-
-    def objective_priority(self, objective: str) -> int | None:
-        return self.spec.objective_priority(objective)
-
-    def rewrite_model(self, model: str, headers: Mapping[str, str]) -> str:
-        targets = self.spec.rewrite_targets(model)
-        if not targets:
-            return model
-        if len(targets) == 1:
-            return targets[0].model
-        [target] = self.rng.choices(targets, weights=[t.weight for t in targets])
-        return target.model
-
-
-def with_spill_chains(pools: Mapping[str, PoolRuntime]) -> dict[str, PoolRuntime]:
-    """``pools`` each with the runtime of the pool it spills to (and that one's, down the chain;
-    a chain stops before a pool it has already passed)."""
-
-    def resolve(name: str, passed: frozenset[str]) -> PoolRuntime:
-        pool = pools[name]
-        target = pool.spec.spill_to
-        if target is None or target in passed or target not in pools:
-            return pool
-        return dataclasses.replace(pool, fallback_pool=resolve(target, passed | {name}))
-
-    return {name: resolve(name, frozenset()) for name in pools}
-
-
-@dataclass(frozen=True, slots=True)
-class PoolTable:
-    """An immutable ``extproc.ports.PoolDirectory``; the service swaps in a new one on change."""
-
-    pools: Mapping[str, PoolRuntime]
-    default: str | None
-
-    def resolve(self, name: str | None) -> Pool:
-        key = name if name is not None else self.default
-        if key is None:
-            # Envoy matched no route carrying a pool (e.g. a model no HTTPRoute serves): 404, as the
-            # Gateway API answers a request no route matches.
-            raise RouteNotFoundError("no route matches this request (is the model served here?)")
-        pool = self.pools.get(key)
-        if pool is None:
-            raise PoolNotFoundError(f"pool {key!r} is not configured")
-        return pool
 
 
 class _LiveDirectory:

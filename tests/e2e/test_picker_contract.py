@@ -10,7 +10,7 @@ import pytest
 
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.gateway.controlplane.envoy_config import PoolBackend, RouteSpec
-from kvgate.gateway.picker.service import PoolRuntime
+from kvgate.gateway.picker.pool_runtime import PoolRuntime
 from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (

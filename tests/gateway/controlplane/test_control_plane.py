@@ -19,8 +19,9 @@ from kvgate.gateway.controlplane.resources import FileProvider, ValidationOption
 from kvgate.gateway.controlplane.status_cli import format_status
 from kvgate.gateway.controlplane.translate import translate
 from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
+from kvgate.gateway.picker.pool_runtime import PoolRuntime
 from kvgate.gateway.picker.pools_file import PoolSpec
-from kvgate.gateway.picker.service import PickerService, PickerSettings, PoolRuntime
+from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.processes.simulator import SimFleetProcess
 from kvgate.gateway.up import UpOptions, bundled_example
 from kvgate.gateway.up_sim import find_pool, sim_pods, sim_tokenizer

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kvgate.gateway.picker.pool_runtime import PoolRuntime, with_spill_chains
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.replica_models import PoolModelNames
-from kvgate.gateway.picker.service import PoolRuntime, with_spill_chains
 
 
 def runtime(reported: PoolModelNames, **spec: object) -> PoolRuntime:
