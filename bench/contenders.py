@@ -17,7 +17,9 @@ so that no peer is measured crippled, then :meth:`Contender.stop` ends its proce
   response chunk through the picker: exact first tokens), to compare the two in one run. On a
   fleet that publishes KV events (``--kv-events``) kvgate subscribes and routes on them (the pool
   names the simulated model's tokenizer); a ``-approx`` suffix (``kvgate-default-approx``) leaves
-  the pool without events: the approximate index alone, on the same fleet.
+  the pool without events: the approximate index alone, on the same fleet. A ``-flow`` suffix
+  (``kvgate-default-flow``) turns the pool's flow control on (``docs/flow-control.md``; its defaults,
+  the metrics staleness and queue timeout in simulated time).
 - ``vllm-router-cache_aware`` / ``vllm-router-round_robin``: PyPI ``vllm-router`` (Rust).
 - ``sglang-router-cache_aware``: PyPI ``sglang-router`` (``sglang-router launch``, Rust).
 - ``oracle``: :mod:`bench.oracle_router` (greedy least estimated TTFT); ``oracle-spill``: the same
@@ -165,6 +167,8 @@ class Contender:
     async def _start_kvgate(self, replicas: list[str], workdir: Path, port: int) -> None:
         addresses = [url.removeprefix("http://") for url in replicas]
         option, workers = split_workers(self.option)
+        flow = option.endswith("-flow")
+        option = option.removesuffix("-flow")
         approximate = option.endswith("-approx")
         option = option.removesuffix("-approx")
         full_duplex = option.endswith("-fd")
@@ -173,6 +177,9 @@ class Contender:
         pool: dict[str, object] = {"name": "bench", "endpoints": addresses, "profile": str(profile)}
         if self.kv_events is not None and not approximate:
             pool["kvEvents"] = self.kv_events
+        if flow:  # flow control with its defaults, its wall-clock thresholds in simulated time
+            pool["flowControl"] = {"metricsStalenessSeconds": 0.2 * self.time_scale,
+                                   "queueTimeoutSeconds": min(1800.0, 30.0 * self.time_scale)}
         self._pool = pool
         if any(role != "both" for role in self.roles):
             pool["roles"] = dict(zip(addresses, self.roles, strict=True))
