@@ -82,6 +82,15 @@ class HoldingArea:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    def reconfigure(self, settings: FlowControlSettings, load: PoolLoad) -> None:
+        """New settings and a new view of the pool (a configuration change): held requests keep
+        their place and deadlines; the new bounds apply from now on (over a shorter bound, each
+        arrival sheds one request, as any arrival at the bound does)."""
+        self.settings = settings
+        self._load = load
+        self._controller.reconfigure(settings)
+        self.kick()
+
     @property
     def timeout_s(self) -> float:
         return self.settings.queue_timeout_s

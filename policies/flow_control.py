@@ -143,6 +143,10 @@ class FlowController:
         self._granted = 0
         """Requests dispatched whose pick has not been made yet (0 or 1)."""
 
+    def reconfigure(self, settings: FlowControlSettings) -> None:
+        self.settings = settings
+        self.queue.max_length = settings.max_queue_length
+
     def must_wait(self, has_room: bool) -> bool:
         """Whether an arriving request is held: others wait (no overtaking) or there is no room."""
         return bool(self.queue) or self._granted > 0 or not has_room

@@ -144,16 +144,12 @@ class PickerService:
 
     def _holding_area(self, spec: PoolSpec, scheduler: PoolScheduler,
                       previous: PoolRuntime | None) -> HoldingArea | None:
-        """The pool's holding area: kept while its flow control and scheduler are unchanged (its
-        held requests go on waiting), else a new one (the old one's requests are answered 503 by
-        ``stop``)."""
+        """The pool's holding area: the one it had, its settings and scheduler brought up to date
+        (its held requests go on waiting), else a new one; None when flow control is off (the old
+        area's requests are then answered 503 by ``stop``)."""
         if spec.flow_control is None:
             return None
         settings = spec.flow_control.settings()
-        kept = previous.holding_area if previous is not None else None
-        if kept is not None and kept.settings == settings and previous is not None \
-                and previous.scheduler_impl is scheduler:
-            return kept
         name = spec.name
         scraper = self.scraper
         load = PoolLoad(endpoints=lambda: scraper.snapshot().endpoints(name),
@@ -161,6 +157,10 @@ class PickerService:
                         cached_tokens=scheduler.expected_cached_tokens,
                         spill_room=lambda: (pool := self.table.pools.get(name)) is not None
                         and pool.spill_room())
+        kept = previous.holding_area if previous is not None else None
+        if kept is not None:
+            kept.reconfigure(settings, load)
+            return kept
         return HoldingArea(name, settings, load, MonotonicClock(), metrics=self.flow_telemetry)
 
     def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:

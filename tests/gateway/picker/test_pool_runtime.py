@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from kvgate.gateway.picker.pool_runtime import PoolRuntime, with_spill_chains
-from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.pools_file import FlowControlSpec, PoolSpec
 from kvgate.gateway.picker.replica_models import PoolModelNames
+from kvgate.gateway.picker.service import PickerService, PickerSettings
 
 
 def runtime(reported: PoolModelNames, **spec: object) -> PoolRuntime:
@@ -65,3 +66,20 @@ def test_spill_chains_link_each_pool_to_the_next_and_stop_before_a_pool_passed()
     assert looped["a"].fallback.fallback is None  # b's own spill (to a) is not followed back
     assert looped["b"].fallback is not None
     assert looped["b"].fallback.name == "a"
+
+
+def test_a_configuration_change_keeps_the_pools_holding_area_and_its_held_requests() -> None:
+    service = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
+    first = PoolSpec.model_validate({"name": "p", "endpoints": ["127.0.0.1:9"],
+                                     "flowControl": {"maxQueueLength": 10}})
+    service.apply_pools([first], "p")
+    area = service.table.pools["p"].holding_area
+    assert area is not None
+    changed = first.model_copy(update={"flow_control": FlowControlSpec.model_validate(
+        {"maxQueueLength": 3, "queueTimeoutSeconds": 5})})
+    service.apply_pools([changed], "p")
+    kept = service.table.pools["p"].holding_area
+    assert kept is area
+    assert (kept.settings.max_queue_length, kept.timeout_s) == (3, 5)
+    service.apply_pools([first.model_copy(update={"flow_control": None})], "p")
+    assert service.table.pools["p"].holding_area is None
