@@ -36,6 +36,12 @@ from kvgate.policies.types import EndpointView
 
 MAX_QUEUE_TIMEOUT_S = 1800.0
 """Held at most 30 minutes: Envoy's ext_proc extends one message's timer by an hour at most."""
+DEFAULT_THRESHOLDS = SaturationThresholds(queue_threshold=32, kv_threshold=1.0, metrics_staleness_s=0.2)
+"""kvgate's default profile's saturation filter (docs/routing.md, finding 15), not the Inference
+Extension's queue 5 / KV 0.8: a fleet that caches prompt prefixes keeps its KV caches near full and
+short queues below its capacity, and those held its requests while it had room (the routing
+benchmark's shared-prefix-fit at 1.2x the estimate: p90 TTFT 337 ms against 49 without holding, the
+prefix hit rate 0.54 against 0.77: docs/flow-control.md)."""
 CHARS_PER_TOKEN = 4
 """The prompt's length in tokens, estimated from its characters (the prefix index's convention)."""
 
@@ -66,8 +72,8 @@ class FlowControlSettings:
     """Slots per endpoint beyond ``max_inflight_per_endpoint`` that only a request whose tenant has
     nothing waiting may take, at once, past the queue: a light tenant does not wait for a slot to
     free behind a heavy tenant's backlog (set the two to add up to the engine's ``max_num_seqs``)."""
-    thresholds: SaturationThresholds = field(default_factory=SaturationThresholds)
-    """When an endpoint is full (the Inference Extension's saturation defaults)."""
+    thresholds: SaturationThresholds = field(default_factory=lambda: DEFAULT_THRESHOLDS)
+    """When an endpoint is full (:data:`DEFAULT_THRESHOLDS`)."""
     retry_after_s: float = 1.0
     """The Retry-After of a request that timed out or was shed."""
     work: WorkCosts = field(default_factory=WorkCosts)

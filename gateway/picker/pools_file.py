@@ -45,7 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgate.policies.errors import ConfigError
-from kvgate.policies.flow_control import FlowControlSettings
+from kvgate.policies.flow_control import DEFAULT_THRESHOLDS, FlowControlSettings
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.types import Endpoint, FailureMode, Role
 
@@ -155,8 +155,9 @@ class FlowControlSpec(BaseModel):
     max_queue_length: int = Field(default=1000, ge=1, le=1_000_000, alias="maxQueueLength")
     max_inflight_per_endpoint: int | None = Field(default=None, ge=1, alias="maxInflightPerEndpoint")
     reserved_per_endpoint: int = Field(default=0, ge=0, alias="reservedPerEndpoint")
-    queue_threshold: int = Field(default=5, ge=1, alias="queueThreshold")
-    kv_cache_threshold: float = Field(default=0.8, gt=0, le=1.0, alias="kvCacheThreshold")
+    queue_threshold: int = Field(default=DEFAULT_THRESHOLDS.queue_threshold, ge=1, alias="queueThreshold")
+    kv_cache_threshold: float = Field(default=DEFAULT_THRESHOLDS.kv_threshold, gt=0, le=1.0,
+                                      alias="kvCacheThreshold")
     metrics_staleness_s: float = Field(default=0.2, gt=0, alias="metricsStalenessSeconds")
     retry_after_s: float = Field(default=1.0, ge=0, alias="retryAfterSeconds")
 

@@ -13,10 +13,18 @@ from kvgate.policies.flow_control import (
     work_seconds,
 )
 from kvgate.policies.holding_queue import Waiting
+from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.state import InFlight
 from tests.policies.helpers import NOW, view
 
-SETTINGS = FlowControlSettings()
+SETTINGS = FlowControlSettings(thresholds=SaturationThresholds())
+"""With the Inference Extension's thresholds (queue 5, KV 0.8): the rule's cases are easy to read."""
+
+
+def test_the_default_thresholds_are_kvgates_saturation_filters() -> None:
+    assert FlowControlSettings().thresholds == SaturationThresholds(32, 1.0, 0.2)
+    assert endpoint_has_room(view(1, waiting=31, kv=0.99), None, FlowControlSettings(), NOW)
+    assert not endpoint_has_room(view(1, waiting=32), None, FlowControlSettings(), NOW)
 
 
 def test_an_endpoint_has_room_below_the_inference_extensions_thresholds() -> None:
@@ -36,7 +44,7 @@ def test_requests_sent_since_the_scrape_count_as_the_queue_it_does_not_show_yet(
 
 
 def test_the_users_in_flight_limit_per_endpoint() -> None:
-    limited = FlowControlSettings(max_inflight_per_endpoint=3)
+    limited = FlowControlSettings(max_inflight_per_endpoint=3, thresholds=SaturationThresholds())
     running = view(1, running=3)
     assert endpoint_has_room(running, InFlight(requests=2), limited, NOW)
     assert not endpoint_has_room(running, InFlight(requests=3), limited, NOW)
@@ -99,7 +107,8 @@ def test_settings_are_checked() -> None:
 
 
 def test_reserved_slots_count_only_for_whom_they_are_reserved() -> None:
-    settings = FlowControlSettings(max_inflight_per_endpoint=3, reserved_per_endpoint=2)
+    settings = FlowControlSettings(max_inflight_per_endpoint=3, reserved_per_endpoint=2,
+                                   thresholds=SaturationThresholds())
     busy = view(1, running=4)
     assert not endpoint_has_room(busy, InFlight(requests=3), settings, NOW)
     assert endpoint_has_room(busy, InFlight(requests=4), settings, NOW, reserved=True)

@@ -68,7 +68,7 @@ def test_spill_chains_link_each_pool_to_the_next_and_stop_before_a_pool_passed()
     assert looped["b"].fallback.name == "a"
 
 
-def test_a_configuration_change_keeps_the_pools_holding_area_and_its_held_requests() -> None:
+async def test_a_configuration_change_keeps_the_pools_holding_area_and_its_held_requests() -> None:
     service = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
     first = PoolSpec.model_validate({"name": "p", "endpoints": ["127.0.0.1:9"],
                                      "flowControl": {"maxQueueLength": 10}})

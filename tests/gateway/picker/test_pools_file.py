@@ -111,7 +111,7 @@ pools:
     settings = pool.flow_control.settings()
     bounds = (settings.queue_timeout_s, settings.max_queue_length, settings.max_inflight_per_endpoint)
     assert bounds == (5, 10, 4)
-    assert (settings.thresholds.kv_threshold, settings.thresholds.queue_threshold) == (0.9, 5)
+    assert (settings.thresholds.kv_threshold, settings.thresholds.queue_threshold) == (0.9, 32)
     [defaults] = parse_pools("pools: [{name: a, flowControl: {}}]").pools
     assert defaults.flow_control is not None
     assert defaults.flow_control.settings().queue_timeout_s == 30
