@@ -113,7 +113,8 @@ async def run_phase(phase: Phase, capacity: float, args: argparse.Namespace,
         stack.push_async_callback(sim.stop)
         port, admin = free_port(), free_port()
         up = await start_child("kvgate_up", [*kvgate_command(), "up", "-f", str(config), "--port", str(port),
-                                             "--admin-port", str(admin)], UP_READY, config / "up.log")
+                                             "--admin-port", str(admin), "--workers", str(args.workers)],
+                               UP_READY, config / "up.log")
         stack.push_async_callback(up.stop)
         await asyncio.sleep(1.0)  # a few scrapes
         requests, owner = plan(phase.streams, capacity, phase.duration_s, args.prompt_tokens,
@@ -226,7 +227,7 @@ def report(phases: list[Phase], capacity: float, args: argparse.Namespace) -> st
              f"{args.max_num_seqs}, time scale {args.time_scale:g} (every simulated time x it); prompts "
              f"{args.prompt_tokens} tokens (unique), output "
              f"{args.output_tokens // 4}-{args.output_tokens * 7 // 4} tokens (uniform), streamed "
-             f"{args.stream_interval} tokens a chunk.", "",
+             f"{args.stream_interval} tokens a chunk. `kvgate up --workers {args.workers}`.", "",
              f"Capacity (phase 1, heavy tenant alone at 3x): **{capacity:.1f} requests/s** "
              f"(model estimate {estimate(args):.1f}). Light tenants' unloaded TTFT p90 (phase 2, 0.2x): "
              f"**{reference * 1000:.0f} ms**. Queue timeout {QUEUE_TIMEOUT_S:g} s; in-flight limit "
@@ -290,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--inflight-limit", type=int, default=0, help="per replica (0: --max-num-seqs)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="kvgate up --workers: picker processes, each holding its own requests "
+                        "(the picker-wait column then reads one of them)")
     parser.add_argument("--reserved", type=int, default=0,
                         help="slots per replica beyond the limit for tenants with nothing waiting")
     parser.add_argument("--time-scale", type=float, default=20.0)
