@@ -236,6 +236,9 @@ class PickerService:
                     "failure_mode": runtime.spec.failure_mode.value,
                     "models": list(runtime.spec.models),
                     "endpoints": endpoints,
+                    **({"flow_control": {"held": len(area), "queue_timeout_s": area.timeout_s}}
+                       if (area := runtime.holding_area) is not None else {}),
+                    **({"spill_to": runtime.spec.spill_to} if runtime.spec.spill_to else {}),
                 }
             )
         return report

@@ -57,6 +57,8 @@ async def test_a_pool_scaled_to_zero_holds_the_request_until_its_replica_is_read
     await asyncio.sleep(2.5)  # over twice Envoy's message timeout
     assert not waiting.done()
     assert await held(http, picker) == 1
+    [report] = picker.pool_report()
+    assert report["flow_control"] == {"held": 1, "queue_timeout_s": 20.0}
     await start_fleet(1, 1.0, ["--port", str(port)])
     reply = await waiting
     assert reply.status == 200, reply.text
@@ -157,3 +159,21 @@ async def test_a_full_pool_spills_to_its_fallback_pool_and_traffic_returns_when_
     assert [r["requests_received"] for r in await fleet_stats(http, fleet)] == [2, 1]
     counts = await metric_samples(http, picker, "kvgate_spilled_requests_total")
     assert counts == {("llama", "spot"): 1.0}
+
+
+async def test_a_client_that_goes_away_while_held_leaves_the_queue_at_once(
+    start_picker: StartPicker, start_gateway: StartGateway, http: aiohttp.ClientSession,
+) -> None:
+    pool = {"name": "llama", "endpoints": [f"127.0.0.1:{free_port()}"],
+            "flowControl": {"queueTimeoutSeconds": 60}}
+    picker = await start_picker([pool])
+    gateway = await start_gateway(picker.grpc_port, [PoolBackend("llama")], settings=ONE_PASS)
+    with pytest.raises(TimeoutError):
+        await post_json(http, gateway, completion_body("impatient"), timeout_s=1.0)
+
+    async def left() -> bool:
+        counts = await metric_samples(http, picker, QUEUE_DURATION_COUNT)
+        return counts.get(("", "llama", "EvictedContextCancelled", "0")) == 1.0
+
+    await wait_until(left, "the held request counted as cancelled", timeout_s=5.0)
+    assert await held(http, picker) == 0
