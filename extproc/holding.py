@@ -11,6 +11,11 @@ replica becoming ready, deadlines). A grant not used within ``grant_timeout_s`` 
 lifecycle that never reported it must not stop the queue). A pool that spills
 (``kvgate.io/spill-to``) has room while a pool down its chain has: its held requests then go there
 (the lifecycle picks the tier).
+
+With a :class:`~policies.tenant_ledger.TenantLedger` (several pickers sharing state through
+Redis), fairness between tenants counts every picker's dispatches: peers' work is charged to the
+tenants' places in this queue, and a dispatch is held back (at most ``max_yield_s`` at a time) while
+a peer holds a tenant served clearly less or a higher band (tenant_ledger.py says why).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from kvgate.policies.flow_control import (
 )
 from kvgate.policies.holding_queue import Waiting
 from kvgate.policies.state import InFlight
+from kvgate.policies.tenant_ledger import TenantLedger
 from kvgate.policies.types import EndpointView, InferenceRequest
 
 _log = logging.getLogger(__name__)
@@ -67,7 +73,8 @@ class HoldingArea:
 
     def __init__(self, pool: str, settings: FlowControlSettings, load: PoolLoad, clock: Clock, *,
                  metrics: HoldingMetrics | None = None, poll_s: float = 0.005,
-                 grant_timeout_s: float = 1.0) -> None:
+                 grant_timeout_s: float = 1.0, ledger: TenantLedger | None = None,
+                 max_yield_s: float = 0.1) -> None:
         self.pool = pool
         self.settings = settings
         self._load = load
@@ -81,6 +88,11 @@ class HoldingArea:
         self._granted: tuple[str, float] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.ledger = ledger
+        self._max_yield_s = max_yield_s
+        self._yielding_since: float | None = None
+        self.yields = 0
+        """Dispatch rounds held back for a peer (shared fairness)."""
 
     def reconfigure(self, settings: FlowControlSettings, load: PoolLoad) -> None:
         """New settings and a new view of the pool (a configuration change): held requests keep
@@ -125,10 +137,20 @@ class HoldingArea:
         return Waiting(request.request_id, request.priority, request.fairness_id or "",
                        cost, now + self.settings.queue_timeout_s)
 
+    def passed(self, request: InferenceRequest) -> None:
+        """``request`` goes to an endpoint without waiting (room, or a reserved slot): with a
+        ledger, its work counts as served to its tenant."""
+        ledger = self.ledger
+        if ledger is not None:
+            now = self._clock.now()
+            item = self.waiting_item(request, now)
+            ledger.served((item.band, item.tenant), item.cost, now)
+
     def hold(self, item: Waiting) -> bool:
         """Queue ``item``; False when it was shed at once (the queue is full of requests that
         rank above it). The request it displaced, if any, ends REJECTED_CAPACITY."""
         now = self._clock.now()
+        self._take_credits()  # peers' dispatches count before this request's place is set
         shed = self._controller.hold(item)
         if shed is item:
             self._metrics.hold_ended(self.pool, item, HoldOutcome.REJECTED_CAPACITY, 0.0)
@@ -189,12 +211,43 @@ class HoldingArea:
                          self.pool, granted[0], now - granted[1])
             self._granted = None
             self._controller.grant_used()
-        if not self._controller.queue:
+        queue = self._controller.queue
+        ledger = self.ledger
+        if ledger is not None:
+            self._take_credits()
+            ledger.set_waiting(queue.queued_work())
+        if not queue:
             return
-        item = self._controller.dispatch(self._has_room())
+        room = self._has_room()
+        if room and ledger is not None and not self._controller.granting and self._holds_back(ledger, now):
+            return
+        item = self._controller.dispatch(room)
         if item is not None:
             self._granted = (item.request_id, now)
+            if ledger is not None:
+                ledger.served((item.band, item.tenant), item.cost, now)
             self._end(item.request_id, HoldOutcome.DISPATCHED)
+
+    def _take_credits(self) -> None:
+        if self.ledger is not None:
+            queue = self._controller.queue
+            for (band, tenant), seconds in self.ledger.take_credits().items():
+                queue.credit(band, tenant, seconds)
+
+    def _holds_back(self, ledger: TenantLedger, now: float) -> bool:
+        """Whether to leave the room to a peer this round (at most ``max_yield_s`` in a row)."""
+        head = self._controller.queue.peek()
+        if head is None or not ledger.should_yield((head.band, head.tenant), now,
+                                                    self._controller.queue.has_waiting):
+            self._yielding_since = None
+            return False
+        if self._yielding_since is None:
+            self._yielding_since = now
+        if now - self._yielding_since < self._max_yield_s:
+            self.yields += 1
+            return True
+        self._yielding_since = None  # the peer did not take the room: this picker does
+        return False
 
     def _end(self, request_id: str, outcome: HoldOutcome) -> None:
         waiter = self._waiters.get(request_id)
@@ -220,6 +273,8 @@ class HoldingArea:
                 _log.exception("pool %s: dispatching held requests failed", self.pool)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_s)
+        if self.ledger is not None:
+            self.ledger.set_waiting({})
 
     async def stop(self) -> None:
         """End every wait (the pool was removed or the picker stops): they time out now."""

@@ -279,10 +279,14 @@ class RequestLifecycle:
             request_id=self._request_ids(), limiter=self._config.tenant_limiter,
         )
         area = self._pool.holding
-        if area is None or not area.must_wait():
+        if area is None:
             return then(self._pick(prepared))
         request = prepared.request
+        if not area.must_wait():
+            area.passed(request)
+            return then(self._pick(prepared))
         if area.may_take_reserved(request.fairness_id or "", request.priority):
+            area.passed(request)
             return then(self._pick(prepared, reserved=True))
         steps = hold_steps(area, request, self._clock.now(), message_timeout_s=self._config.message_timeout_s,
                            extend_timer=not self._plan.full_duplex_request)

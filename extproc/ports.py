@@ -112,6 +112,10 @@ class HoldingPort(Protocol):
         reserved slot instead of waiting."""
         ...
 
+    def passed(self, request: InferenceRequest) -> None:
+        """``request`` goes to an endpoint without waiting (its work counts for fairness)."""
+        ...
+
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         """``request`` as the queue holds it (band, tenant, cost, deadline)."""
         ...

@@ -149,6 +149,9 @@ class UpOptions:
     shared_scrapes: bool = True
     """With Redis (``--redis``, ``--workers``): one picker per pool scrapes for all
     (``gateway.picker.shared_state.scrapes``)."""
+    shared_fairness: bool = True
+    """With Redis and flow control: fairness between tenants across pickers
+    (``RedisSettings.share_fairness``)."""
     status_lease_s: float = 15.0
     """How long the status Lease holds without renewal (another replica takes over after it)."""
     lease_namespace: str | None = None
@@ -311,7 +314,8 @@ class KvgateUp:
                 options.workers - 1, scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after, attempt_timeout=attempt_bound,
                 skip_unread_responses=options.skip_unread_responses,
-                shared_scrapes=options.shared_scrapes, loop=options.loop, tracing=options.tracing,
+                shared_scrapes=options.shared_scrapes, shared_fairness=options.shared_fairness,
+                loop=options.loop, tracing=options.tracing,
                 read_usage_every=options.read_usage_every,
             )
             self._stack.push_async_callback(workers.stop)
@@ -324,7 +328,8 @@ class KvgateUp:
                 scrape_interval=options.scrape_interval,
                 stale_after=options.stale_after,
                 redis=(
-                    RedisSettings(url=redis_url, share_scrapes=options.shared_scrapes)
+                    RedisSettings(url=redis_url, share_scrapes=options.shared_scrapes,
+                                  share_fairness=options.shared_fairness)
                     if redis_url else None
                 ),
                 lifecycle=LifecycleConfig(

@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared-scrapes", action=argparse.BooleanOptionalAction, default=True,
                         help="with Redis (--redis or --workers): one picker per pool scrapes the model "
                         "servers for all (default on); --no-shared-scrapes: each scrapes them itself")
+    parser.add_argument("--shared-fairness", action=argparse.BooleanOptionalAction, default=True,
+                        help="with Redis and flow control: pickers share each tenant's held and "
+                        "dispatched work, so fairness between tenants holds across them (default on)")
     parser.add_argument("--workers", type=count(1), default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
@@ -255,6 +258,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         ),
         redis_url=args.redis,
         shared_scrapes=args.shared_scrapes,
+        shared_fairness=args.shared_fairness,
         tracing=tracing_from_args(args),
         read_usage_every=args.read_usage_every,
     )

@@ -126,6 +126,34 @@ class HoldingQueue:
                 return item
         return None
 
+    def peek(self) -> Waiting | None:
+        """The request :meth:`pop` would return, left waiting."""
+        for priority in sorted(self._bands, reverse=True):
+            heap = self._bands[priority].heap
+            while heap:
+                _, arrival, request_id = heap[0]
+                item = self._items.get(request_id)
+                if item is not None and self._arrival_of[request_id] == arrival:
+                    return item
+                heapq.heappop(heap)  # an entry of a request removed or expired earlier
+        return None
+
+    def credit(self, band: int, tenant: str, seconds: float) -> None:
+        """Charge ``tenant`` for ``seconds`` of work served elsewhere (other pickers: issue 34's
+        shared fairness) while it waits in ``band``: its next request starts that much later, at
+        most behind all the band's queued work. Nothing when it waits nowhere in the band here."""
+        found = self._bands.get(band)
+        if found is None or tenant not in found.tenants or seconds <= 0:
+            return
+        begin = max(found.finish.get(tenant, 0.0), found.virtual_time)
+        ceiling = found.virtual_time + sum(found.queued.values())
+        found.finish[tenant] = max(found.finish.get(tenant, 0.0), min(begin + seconds, ceiling))
+
+    def queued_work(self) -> dict[tuple[int, str], float]:
+        """The cost of the waiting requests per (band, tenant)."""
+        return {(priority, tenant): cost for priority, band in self._bands.items()
+                for tenant, cost in band.queued.items()}
+
     def remove(self, request_id: str) -> Waiting | None:
         """Take a request out (its client went away); None when it was not waiting."""
         item = self._items.get(request_id)

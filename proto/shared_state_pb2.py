@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fkvgate/proto/shared_state.proto\x12\x16kvgate.shared_state.v1\"A\n\x0cPrefixInsert\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x06\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\"1\n\nSessionPin\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"~\n\x05\x45vent\x12\x36\n\x06prefix\x18\x01 \x01(\x0b\x32$.kvgate.shared_state.v1.PrefixInsertH\x00\x12\x35\n\x07session\x18\x02 \x01(\x0b\x32\".kvgate.shared_state.v1.SessionPinH\x00\x42\x06\n\x04kind\"K\n\nEventBatch\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\r\x12-\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x1d.kvgate.shared_state.v1.Event\",\n\x08InFlight\x12\x10\n\x08requests\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\"\xfa\x01\n\x0f\x45ndpointMetrics\x12\x0f\n\x07waiting\x18\x01 \x01(\r\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x14\n\x0c\x61\x63tive_loras\x18\x04 \x03(\t\x12\x15\n\rwaiting_loras\x18\x05 \x03(\t\x12\x11\n\tmax_loras\x18\x06 \x01(\r\x12\x17\n\nblock_size\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0enum_gpu_blocks\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x15\n\rserved_models\x18\t \x03(\tB\r\n\x0b_block_sizeB\x11\n\x0f_num_gpu_blocks\"|\n\x0e\x45ndpointScrape\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x38\n\x07metrics\x18\x03 \x01(\x0b\x32\'.kvgate.shared_state.v1.EndpointMetrics\x12\x0e\n\x06\x61ge_ms\x18\x04 \x01(\r\"X\n\x0bScrapeBatch\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\r\x12\x39\n\tendpoints\x18\x02 \x03(\x0b\x32&.kvgate.shared_state.v1.EndpointScrapeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fkvgate/proto/shared_state.proto\x12\x16kvgate.shared_state.v1\"A\n\x0cPrefixInsert\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x06\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\"1\n\nSessionPin\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"~\n\x05\x45vent\x12\x36\n\x06prefix\x18\x01 \x01(\x0b\x32$.kvgate.shared_state.v1.PrefixInsertH\x00\x12\x35\n\x07session\x18\x02 \x01(\x0b\x32\".kvgate.shared_state.v1.SessionPinH\x00\x42\x06\n\x04kind\"K\n\nEventBatch\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\r\x12-\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x1d.kvgate.shared_state.v1.Event\",\n\x08InFlight\x12\x10\n\x08requests\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\"2\n\x0bTenantUsage\x12\x10\n\x08served_s\x18\x01 \x01(\x01\x12\x11\n\twaiting_s\x18\x02 \x01(\x01\"\xfa\x01\n\x0f\x45ndpointMetrics\x12\x0f\n\x07waiting\x18\x01 \x01(\r\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x14\n\x0c\x61\x63tive_loras\x18\x04 \x03(\t\x12\x15\n\rwaiting_loras\x18\x05 \x03(\t\x12\x11\n\tmax_loras\x18\x06 \x01(\r\x12\x17\n\nblock_size\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x0enum_gpu_blocks\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x15\n\rserved_models\x18\t \x03(\tB\r\n\x0b_block_sizeB\x11\n\x0f_num_gpu_blocks\"|\n\x0e\x45ndpointScrape\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x38\n\x07metrics\x18\x03 \x01(\x0b\x32\'.kvgate.shared_state.v1.EndpointMetrics\x12\x0e\n\x06\x61ge_ms\x18\x04 \x01(\r\"X\n\x0bScrapeBatch\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\r\x12\x39\n\tendpoints\x18\x02 \x03(\x0b\x32&.kvgate.shared_state.v1.EndpointScrapeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,10 +41,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENTBATCH']._serialized_end=380
   _globals['_INFLIGHT']._serialized_start=382
   _globals['_INFLIGHT']._serialized_end=426
-  _globals['_ENDPOINTMETRICS']._serialized_start=429
-  _globals['_ENDPOINTMETRICS']._serialized_end=679
-  _globals['_ENDPOINTSCRAPE']._serialized_start=681
-  _globals['_ENDPOINTSCRAPE']._serialized_end=805
-  _globals['_SCRAPEBATCH']._serialized_start=807
-  _globals['_SCRAPEBATCH']._serialized_end=895
+  _globals['_TENANTUSAGE']._serialized_start=428
+  _globals['_TENANTUSAGE']._serialized_end=478
+  _globals['_ENDPOINTMETRICS']._serialized_start=481
+  _globals['_ENDPOINTMETRICS']._serialized_end=731
+  _globals['_ENDPOINTSCRAPE']._serialized_start=733
+  _globals['_ENDPOINTSCRAPE']._serialized_end=857
+  _globals['_SCRAPEBATCH']._serialized_start=859
+  _globals['_SCRAPEBATCH']._serialized_end=947
 # @@protoc_insertion_point(module_scope)

@@ -48,6 +48,14 @@ class InFlight(_message.Message):
     tokens: int
     def __init__(self, requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
+class TenantUsage(_message.Message):
+    __slots__ = ("served_s", "waiting_s")
+    SERVED_S_FIELD_NUMBER: _ClassVar[int]
+    WAITING_S_FIELD_NUMBER: _ClassVar[int]
+    served_s: float
+    waiting_s: float
+    def __init__(self, served_s: _Optional[float] = ..., waiting_s: _Optional[float] = ...) -> None: ...
+
 class EndpointMetrics(_message.Message):
     __slots__ = ("waiting", "running", "kv_cache_usage", "active_loras", "waiting_loras", "max_loras", "block_size", "num_gpu_blocks", "served_models")
     WAITING_FIELD_NUMBER: _ClassVar[int]

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the others adopt its scrapes, so N pickers do not scrape each server N times; a picker "
         "goes back to its own scrapes while none arrive (default on)",
     )
+    parser.add_argument(
+        "--shared-fairness", action=argparse.BooleanOptionalAction, default=True,
+        help="with Redis and flow control: pickers share each tenant's held and dispatched work, so "
+        "fairness between tenants holds across them (default on)",
+    )
     parser.add_argument("--reuse-port", action="store_true",
                         help="bind the gRPC port with SO_REUSEPORT (set for each of --workers)")
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
@@ -214,7 +219,8 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         admin_port=args.admin_port,
         scrape_interval=args.scrape_interval,
         stale_after=args.stale_after,
-        redis=RedisSettings(url=redis_url, share_scrapes=args.shared_scrapes) if redis_url else None,
+        redis=RedisSettings(url=redis_url, share_scrapes=args.shared_scrapes,
+                            share_fairness=args.shared_fairness) if redis_url else None,
         reuse_port=args.reuse_port,
         own_grpc_address=f"{args.host}:{args.own_port}" if args.worker_index is not None else None,
         lifecycle=LifecycleConfig(

@@ -49,6 +49,10 @@ class RedisSettings:
     share_scrapes: bool = True
     """One picker per pool scrapes the replicas and the others adopt its scrapes
     (gateway/picker/shared_state/scrapes.py); False: every picker scrapes every replica itself."""
+    share_fairness: bool = True
+    """Pickers holding requests of one flow-controlled pool share each tenant's dispatched and held
+    work, so fairness between tenants holds across them (policies/tenant_ledger.py); False: each
+    picker is fair among its own requests only."""
     scrape_lease_s: float = 1.0
     """A dead scraping picker's lease lapses after this; the followers scrape for themselves from
     ``stale_after`` after its last batch until one of them takes the lease."""

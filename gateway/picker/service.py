@@ -157,11 +157,13 @@ class PickerService:
                         cached_tokens=scheduler.expected_cached_tokens,
                         spill_room=lambda: (pool := self.table.pools.get(name)) is not None
                         and pool.spill_room())
+        ledger = self.sharing.ledger_for(name)
         kept = previous.holding_area if previous is not None else None
         if kept is not None:
             kept.reconfigure(settings, load)
+            kept.ledger = ledger
             return kept
-        return HoldingArea(name, settings, load, MonotonicClock(), metrics=self.flow_telemetry)
+        return HoldingArea(name, settings, load, MonotonicClock(), metrics=self.flow_telemetry, ledger=ledger)
 
     def _scrape_counts(self) -> Mapping[str, tuple[int, int]]:
         return {e.address: (c.successes, c.failures) for e, c in self.scraper.counters().items()}

@@ -218,3 +218,66 @@ async def test_a_tenant_with_nothing_waiting_may_take_a_reserved_slot() -> None:
     pool.take()  # the reserved slot taken
     assert not area.may_take_reserved("light", 0)
     await area.stop()
+
+
+async def test_with_a_ledger_a_dispatch_waits_a_little_for_a_peer_whose_tenant_was_served_less() -> None:
+    """Shared fairness: this picker holds only tenant a, a peer holds b (served nothing lately):
+    the room is left to the peer for ``max_yield_s``, then this picker takes it after all; its
+    dispatches and direct passes count as a's service, published with its waiting work."""
+    from kvgate.policies.tenant_ledger import TenantLedger, TenantUsage
+
+    pool = Pool()
+    ledger = TenantLedger()
+    limit = FlowControlSettings(max_inflight_per_endpoint=1)
+    pool.inflight["10.0.0.1:8000"] = InFlight(1)
+    area = HoldingArea("p", limit, pool.load(), MonotonicClock(), metrics=pool, poll_s=0.002,
+                       ledger=ledger, max_yield_s=0.15)
+    area.passed(request("direct", "a"))
+    assert ledger.own()[(0, "a")].served_s > 0
+    ledger.set_peers({"peer": {(0, "b"): TenantUsage(0.0, 0.0)}}, now=MonotonicClock().now())
+    ledger.set_peers({"peer": {(0, "b"): TenantUsage(0.0, 5.0)}}, now=MonotonicClock().now())
+    area.hold(area.waiting_item(request("a1", "a"), MonotonicClock().now()))
+    waiting = asyncio.ensure_future(area.outcome("a1"))
+    await asyncio.sleep(0.02)
+    assert ledger.own()[(0, "a")].waiting_s > 0  # published for the peers
+    started = MonotonicClock().now()
+    pool.inflight.clear()
+    area.kick()
+    assert await asyncio.wait_for(waiting, 1) is HoldOutcome.DISPATCHED
+    assert MonotonicClock().now() - started >= 0.14  # left to the peer first
+    assert area.yields > 0
+    area.grant_used("a1")
+    await asyncio.sleep(0.01)
+    assert ledger.own()[(0, "a")].waiting_s == 0
+    await area.stop()
+
+
+async def test_with_a_ledger_peers_dispatches_are_charged_to_the_tenants_place_here() -> None:
+    from kvgate.policies.tenant_ledger import TenantLedger, TenantUsage
+
+    pool = Pool()
+    ledger = TenantLedger()
+    pool.inflight["10.0.0.1:8000"] = InFlight(1)
+    area = HoldingArea("p", FlowControlSettings(max_inflight_per_endpoint=1), pool.load(), MonotonicClock(),
+                       metrics=pool, poll_s=0.002, ledger=ledger)
+    now = MonotonicClock().now()
+    ledger.set_peers({"peer": {(0, "a"): TenantUsage(0.0, 0.0)}}, now=now)
+    for i in range(3):
+        area.hold(area.waiting_item(request(f"a{i}", "a"), now))
+        area.hold(area.waiting_item(request(f"b{i}", "b"), now))
+    ledger.set_peers({"peer": {(0, "a"): TenantUsage(100.0, 0.0)}}, now=now)  # the peer served a lots
+    for i in range(3, 5):
+        area.hold(area.waiting_item(request(f"a{i}", "a"), now))
+        area.hold(area.waiting_item(request(f"b{i}", "b"), now))
+    order = []
+    pool.inflight.clear()
+    for _ in range(10):
+        outcome_of = {rid: asyncio.ensure_future(area.outcome(rid)) for rid in list(area._waiters)}
+        done, _ = await asyncio.wait(outcome_of.values(), timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        [rid] = [r for r, f in outcome_of.items() if f in done]
+        order.append(rid)
+        area.grant_used(rid)
+        for f in outcome_of.values():
+            f.cancel()
+    assert order.index("b4") < order.index("a3")  # a's later requests go after b's
+    await area.stop()

@@ -63,6 +63,9 @@ class FakeHolding:
     def may_take_reserved(self, tenant: str, band: int) -> bool:
         return self.reserve
 
+    def passed(self, request: InferenceRequest) -> None:
+        self.calls.append(("passed", request.fairness_id or ""))
+
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         return Waiting(request.request_id, request.priority, request.fairness_id or "", 1.0,
                        now + self.timeout_s)
@@ -134,6 +137,7 @@ def test_a_request_with_room_is_picked_at_once() -> None:
     machine, _pool, steps = held_request(holding)
     assert set_headers(codec.encode_replies(steps)[0])["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
     assert holding.held == []
+    assert holding.calls[0] == ("passed", "tenant-a")  # its work counts for fairness
     assert machine.state is State.UPSTREAM
 
 
@@ -255,4 +259,4 @@ def test_a_request_that_may_take_a_reserved_slot_goes_at_once() -> None:
     [reply] = codec.encode_replies(steps)
     assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
     assert holding.held == []
-    assert holding.calls == [("reserved pick", "")]
+    assert holding.calls == [("passed", "tenant-a"), ("reserved pick", "")]

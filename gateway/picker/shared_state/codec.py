@@ -6,6 +6,8 @@ proto/kvgate_proto/shared_state.proto (package ``kvgate.shared_state.v1``).
   format; a reader refuses one it does not know (:class:`UnknownFormat`, counted by the sync and
   skipped), so two kvgate versions side by side never misread each other.
 * A picker's in-flight contribution per endpoint is one hash field holding an ``InFlight``.
+* A picker's held and dispatched work per (band, tenant) of a flow-controlled pool is one hash field
+  holding a ``TenantUsage`` (fairness across pickers).
 
 Format 0, what kvgate wrote before the schema (a hand-packed ``struct`` layout in stream field
 ``b``; in-flight values as the text ``"requests tokens"``), is still read, so pickers of the
@@ -21,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvgate.policies.state import InFlight
+from kvgate.policies.tenant_ledger import TenantKey, TenantUsage
 from kvgate.proto import shared_state_pb2 as pb
 
 FORMAT = 1
@@ -108,6 +111,26 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[SharedEvent]:
 
 def encode_inflight(value: InFlight) -> bytes:
     return pb.InFlight(requests=max(0, value.requests), tokens=max(0, value.tokens)).SerializeToString()
+
+
+def encode_tenant_usage(usage: Mapping[TenantKey, TenantUsage]) -> dict[str, bytes]:
+    """A picker's fairness hash: field ``"<band> <tenant>"`` → a ``TenantUsage``."""
+    return {f"{band} {tenant}": pb.TenantUsage(served_s=u.served_s, waiting_s=u.waiting_s).SerializeToString()
+            for (band, tenant), u in usage.items()}
+
+
+def decode_tenant_usage(fields: Mapping[bytes, bytes]) -> tuple[dict[TenantKey, TenantUsage], int]:
+    """A peer's fairness hash; the fields it could not read are counted, not returned."""
+    out: dict[TenantKey, TenantUsage] = {}
+    bad = 0
+    for name, value in fields.items():
+        try:
+            band, _, tenant = name.decode().partition(" ")
+            message = pb.TenantUsage.FromString(value)
+            out[(int(band), tenant)] = TenantUsage(max(0.0, message.served_s), max(0.0, message.waiting_s))
+        except Exception:  # a field another writer mangled: UnicodeError, ValueError, DecodeError
+            bad += 1
+    return out, bad
 
 
 def decode_inflight(value: bytes | str) -> InFlight:

@@ -21,6 +21,7 @@ from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
 from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
 from kvgate.gateway.picker.shared_state.sync import SharedStateSync
 from kvgate.policies.state import InProcessState, SchedulerState
+from kvgate.policies.tenant_ledger import TenantLedger
 
 
 class SharingRuntime:
@@ -42,6 +43,13 @@ class SharingRuntime:
             return None
         return self.sync.share_scrapes(source, stale_after)
 
+    def ledger_for(self, pool: str) -> TenantLedger | None:
+        """With Redis and ``share_fairness`` on: the pool's tenant ledger, shared with the other
+        pickers (flow control's fairness across them). None: each picker is fair on its own."""
+        if self.sync is None or self.redis is None or not self.redis.share_fairness:
+            return None
+        return self.sync.ledger_for(pool)
+
     def apply(self, specs: Iterable[PoolSpec]) -> None:
         """Configure tenant limits for ``specs``; forget pools no longer listed."""
         specs = list(specs)
@@ -56,6 +64,9 @@ class SharingRuntime:
         if self.sync is not None:
             for pool in set(self.sync.mirrors) - names:
                 self.sync.drop_pool(pool)
+            for spec in specs:
+                if spec.flow_control is None:
+                    self.sync.drop_ledger(spec.name)
 
     async def start(self) -> None:
         if self.sync is not None and self.counter_store is not None and self.redis is not None:

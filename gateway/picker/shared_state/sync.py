@@ -6,6 +6,7 @@ Keys, per pool (``P`` = ``key_prefix``)::
     P:{pool}:session             stream: event batches of session pins (trimmed by age, session_ttl_s)
     P:{pool}:pickers             sorted set: picker id -> last publish (ms)
     P:{pool}:inflight:{picker}   hash: endpoint -> "requests tokens" (expires after inflight_ttl_s)
+    P:{pool}:fairness:{picker}   hash: "band tenant" -> TenantUsage (flow control; same expiry)
     P:{pool}:scrape-lease        string: the picker that scrapes the pool for all (shared scrapes)
     P:{pool}:scrapes             stream: that picker's scrapes, one batch per sync round (short)
 
@@ -20,6 +21,10 @@ peers' in-flight counts older than ``inflight_ttl_s`` are dropped locally too.
 With shared scrapes (:meth:`SharedStateSync.share_scrapes`), each sync round also takes or renews
 each pool's scrape lease and, for the pools this picker leads, appends its scrapes; the read loop
 hands the other pickers' scrape batches to :class:`SharedScrapes` (scrapes.py says why and how).
+
+For a pool with flow control (:meth:`SharedStateSync.ledger_for`), each round also publishes this
+picker's tenant usage (work dispatched and held per band and tenant) and reads its peers' beside
+their in-flight hashes, into the pool's ``TenantLedger`` (policies/tenant_ledger.py).
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from kvgate.gateway.picker.shared_state.codec import (
     UnknownFormat,
     decode_entry,
     decode_inflight,
+    decode_tenant_usage,
     encode_batch,
     encode_inflight,
+    encode_tenant_usage,
 )
 from kvgate.gateway.picker.shared_state.mirror import MirroredState
 from kvgate.gateway.picker.shared_state.scrapes import (
@@ -55,6 +62,7 @@ from kvgate.gateway.picker.shared_state.scrapes import (
     SharedScrapes,
 )
 from kvgate.policies.state import InFlight
+from kvgate.policies.tenant_ledger import TenantLedger, TenantUsage
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +103,7 @@ class SharedStateSync:
         self._wall = wall_clock
         self._clock = clock
         self._mirrors: dict[str, MirroredState] = {}
+        self._ledgers: dict[str, TenantLedger] = {}
         self._last_ids: dict[bytes, bytes] = {}
         self._peers_read_at = clock()
         self._known_peers: list[tuple[str, bytes]] = []
@@ -128,8 +137,20 @@ class SharedStateSync:
                 self._tail_scrapes(pool)
         return mirror
 
+    def ledger_for(self, pool: str) -> TenantLedger:
+        """The pool's tenant ledger (created on first use): shared fairness for its held requests."""
+        ledger = self._ledgers.get(pool)
+        if ledger is None:
+            ledger = self._ledgers[pool] = TenantLedger()
+        return ledger
+
+    def drop_ledger(self, pool: str) -> None:
+        """The pool no longer holds requests (flow control off): nothing more to publish."""
+        self._ledgers.pop(pool, None)
+
     def drop_pool(self, pool: str) -> None:
         self._mirrors.pop(pool, None)
+        self._ledgers.pop(pool, None)
         for kind in ("prefix", "session", "scrapes"):
             self._last_ids.pop(self._key(pool, kind).encode(), None)
         if self.scrapes is not None:
@@ -193,6 +214,7 @@ class SharedStateSync:
         now_ms = self._wall_ms()
         pools = list(self._mirrors)
         known = list(self._known_peers)
+        fair = [pool in self._ledgers for pool, _ in known]
         scrapes = self.scrapes
         leased = pools if scrapes is not None else []
         published = [
@@ -223,8 +245,7 @@ class SharedStateSync:
                 pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
             # The peers the last round knew, read in this same round trip: while nobody joins or
             # leaves (the usual case) a round is one round trip, not two.
-            for pool, member in known:
-                pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
+            self._read_peer_hashes(pipe, known, fair)
 
         taken = sum(len(events) for _, _, events in batches)
         self.counters.events_writing += taken
@@ -241,7 +262,7 @@ class SharedStateSync:
         self.counters.syncs += 1
         self.counters.events_sent += taken
         # The pipeline ends with the lease replies, the pools' picker lists, the known peers' hashes.
-        tail = replies[len(replies) - len(leased) - len(pools) - len(known) :]
+        tail = replies[len(replies) - len(leased) - len(pools) - len(known) - sum(fair) :]
         leases, tail = tail[: len(leased)], tail[len(leased) :]
         members: list[list[bytes]] = tail[: len(pools)]
         peer_replies = tail[len(pools) :]
@@ -251,7 +272,7 @@ class SharedStateSync:
         me = self.picker_id.encode()
         wanted = [(pool, m) for pool, ids in zip(pools, members, strict=True) for m in ids if m != me]
         if wanted == known:
-            self._apply_peers(pools, wanted, peer_replies)
+            self._apply_peers(pools, wanted, fair, peer_replies)
         else:  # someone joined or left: read the peers as they are now
             await self._read_peers(pools, wanted)
 
@@ -264,6 +285,14 @@ class SharedStateSync:
             if own:
                 pipe.hset(key, mapping={a: encode_inflight(v) for a, v in own.items()})
                 pipe.pexpire(key, ttl_ms)
+            ledger = self._ledgers.get(pool)
+            if ledger is not None:
+                key = self._key(pool, f"fairness:{self.picker_id}")
+                usage = ledger.own()
+                pipe.delete(key)
+                if usage:
+                    pipe.hset(key, mapping=encode_tenant_usage(usage))  # type: ignore[arg-type]
+                    pipe.pexpire(key, ttl_ms)
             pickers = self._key(pool, "pickers")
             pipe.zadd(pickers, {self.picker_id: now_ms})
             pipe.zremrangebyscore(pickers, "-inf", now_ms - 10 * ttl_ms)
@@ -272,24 +301,39 @@ class SharedStateSync:
     def _unpublish(self, pipe: Pipeline) -> None:
         for pool in self._mirrors:
             pipe.delete(self._key(pool, f"inflight:{self.picker_id}"))
+            pipe.delete(self._key(pool, f"fairness:{self.picker_id}"))
             pipe.zrem(self._key(pool, "pickers"), self.picker_id)
             if self.scrapes is not None and self.scrapes.leads(pool):
                 pipe.eval(RELEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id)
 
-    async def _read_peers(self, pools: list[str], wanted: list[tuple[str, bytes]]) -> None:
-        def read(pipe: Pipeline) -> None:
-            for pool, member in wanted:
-                pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
+    def _read_peer_hashes(self, pipe: Pipeline, peers: list[tuple[str, bytes]], fair: list[bool]) -> None:
+        """Each peer's in-flight hash, and its fairness hash where ``fair`` says."""
+        for (pool, member), with_fairness in zip(peers, fair, strict=True):
+            pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
+            if with_fairness:
+                pipe.hgetall(self._key(pool, f"fairness:{member.decode()}"))
 
-        replies = await self.link.run("peers", read) if wanted else []
+    async def _read_peers(self, pools: list[str], wanted: list[tuple[str, bytes]]) -> None:
+        fair = [pool in self._ledgers for pool, _ in wanted]
+        replies = await self.link.run(
+            "peers", lambda pipe: self._read_peer_hashes(pipe, wanted, fair)) if wanted else []
         if replies is None:
             return
-        self._apply_peers(pools, wanted, replies)
+        self._apply_peers(pools, wanted, fair, replies)
 
-    def _apply_peers(self, pools: list[str], wanted: list[tuple[str, bytes]], replies: list[Any]) -> None:
+    def _apply_peers(self, pools: list[str], wanted: list[tuple[str, bytes]], fair: list[bool],
+                     replies: list[Any]) -> None:
         self._known_peers = wanted
         per_pool: dict[str, list[dict[str, InFlight]]] = {pool: [] for pool in pools}
-        for (pool, _member), fields in zip(wanted, replies, strict=True):
+        usage: dict[str, dict[str, dict[tuple[int, str], TenantUsage]]] = {pool: {} for pool in self._ledgers}
+        answers = iter(replies)
+        for (pool, member), with_fairness in zip(wanted, fair, strict=True):
+            fields = next(answers)
+            if with_fairness:
+                figures, bad = decode_tenant_usage(next(answers))
+                self.counters.bad_entries += bad
+                if pool in usage:
+                    usage[pool][member.decode()] = figures
             contribution: dict[str, InFlight] = {}
             for address, value in fields.items():
                 try:
@@ -301,6 +345,11 @@ class SharedStateSync:
             mirror = self._mirrors.get(pool)
             if mirror is not None:
                 mirror.set_peer_inflight(contributions)
+        now = self._clock()
+        for pool, peers in usage.items():
+            ledger = self._ledgers.get(pool)
+            if ledger is not None:
+                ledger.set_peers(peers, now)
         self._peers_read_at = self._clock()
         self.counters.peer_reads += 1
         self.counters.peers = len(wanted)
@@ -310,6 +359,8 @@ class SharedStateSync:
             for mirror in self._mirrors.values():
                 if mirror.peer_inflight():
                     mirror.set_peer_inflight([])
+            for ledger in self._ledgers.values():
+                ledger.forget_peers()
 
     async def read_once(self) -> None:
         """Tail the streams once (blocking up to ``read_block_s``) and apply peers' events."""

@@ -202,3 +202,32 @@ async def test_a_round_is_one_round_trip_while_the_peers_stay_the_same(make_sync
     await a.sync_once()
     assert a.link.counters.ops == ops + 2
     assert state_a.inflight("10.0.0.1:80") == InFlight(2, 10)
+
+
+async def test_two_pickers_share_their_tenants_work_for_fairness(make_sync: MakeSync) -> None:
+    """Flow control's ledgers: each round publishes a picker's dispatched and held work per
+    tenant; the peer credits what was dispatched since its last read and sees what waits."""
+    from kvgate.policies.tenant_ledger import TenantUsage
+
+    a, b = make_sync(), make_sync()
+    a.state_for("pool")
+    b.state_for("pool")
+    ledger_a, ledger_b = a.ledger_for("pool"), b.ledger_for("pool")
+    ledger_a.served((0, "heavy"), 2.0, now=0.0)
+    ledger_a.set_waiting({(0, "heavy"): 7.5, (1, "vip tenant"): 1.0})
+    for _ in range(2):  # the first round finds the peer, the second reads it
+        await a.sync_once()
+        await b.sync_once()
+    assert dict(ledger_b.peers_waiting()) == {(0, "heavy"): 7.5, (1, "vip tenant"): 1.0}
+    assert ledger_b.take_credits() == {}  # the first read of a peer is its baseline
+    ledger_a.served((0, "heavy"), 3.0, now=0.1)
+    await a.sync_once()
+    await b.sync_once()
+    assert ledger_b.take_credits() == {(0, "heavy"): 3.0}
+    assert ledger_a.take_credits() == {}  # b dispatched nothing
+    # A picker that stops takes its figures with it.
+    await a.stop()
+    await b.sync_once()
+    await b.sync_once()
+    assert dict(ledger_b.peers_waiting()) == {}
+    assert TenantUsage(5.0, 7.5) == ledger_a.own()[(0, "heavy")]
