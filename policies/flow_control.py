@@ -113,7 +113,7 @@ def endpoint_has_room(view: EndpointView, own: InFlight | None, settings: FlowCo
         return True
     metrics = view.metrics
     assert metrics is not None  # saturated() is True without metrics
-    if own.requests - metrics.running >= thresholds.queue_threshold:
+    if metrics.running_reported and own.requests - metrics.running >= thresholds.queue_threshold:
         return False  # sent since the scrape: a queue the scrape does not show yet
     limit = settings.max_inflight_per_endpoint
     if limit is None:

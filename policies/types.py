@@ -106,6 +106,9 @@ class EndpointMetrics:
     num_gpu_blocks: int | None = None
     updated_at: float = 0.0
     served_models: frozenset[str] = frozenset()
+    running_reported: bool = True
+    """False for an engine whose page has no count of running requests (JetStream: decode slots
+    in use, as a fraction, only): ``running`` is then 0 and says nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ class TenantUsage(_message.Message):
     def __init__(self, served_s: _Optional[float] = ..., waiting_s: _Optional[float] = ...) -> None: ...
 
 class EndpointMetrics(_message.Message):
-    __slots__ = ("waiting", "running", "kv_cache_usage", "active_loras", "waiting_loras", "max_loras", "block_size", "num_gpu_blocks", "served_models")
+    __slots__ = ("waiting", "running", "kv_cache_usage", "active_loras", "waiting_loras", "max_loras", "block_size", "num_gpu_blocks", "served_models", "running_unreported")
     WAITING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class EndpointMetrics(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_UNREPORTED_FIELD_NUMBER: _ClassVar[int]
     waiting: int
     running: int
     kv_cache_usage: float
@@ -76,7 +77,8 @@ class EndpointMetrics(_message.Message):
     block_size: int
     num_gpu_blocks: int
     served_models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., waiting_loras: _Optional[_Iterable[str]] = ..., max_loras: _Optional[int] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., served_models: _Optional[_Iterable[str]] = ...) -> None: ...
+    running_unreported: bool
+    def __init__(self, waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., active_loras: _Optional[_Iterable[str]] = ..., waiting_loras: _Optional[_Iterable[str]] = ..., max_loras: _Optional[int] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., served_models: _Optional[_Iterable[str]] = ..., running_unreported: _Optional[bool] = ...) -> None: ...
 
 class EndpointScrape(_message.Message):
     __slots__ = ("address", "healthy", "metrics", "age_ms")

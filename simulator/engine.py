@@ -370,6 +370,7 @@ class Engine:
             preemptions_total=self._preemptions,
             requests_submitted_total=self._submitted,
             requests_aborted_total=self._aborted,
+            max_num_seqs=cfg.max_num_seqs,
         )
 
     @property

@@ -139,6 +139,7 @@ class EngineMetrics:
     preemptions_total: int
     requests_submitted_total: int
     requests_aborted_total: int
+    max_num_seqs: int = 0  # batch slots (JetStream reports the share of its decode slots in use)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,13 @@ Names, labels and semantics follow the engines' own (docs/metrics.md):
 - ``trtllm`` (trtllm-serve): ``trtllm_num_requests_waiting``, ``trtllm_num_requests_running``,
   ``trtllm_kv_cache_utilization``, ``trtllm_kv_cache_tokens_per_block``, ``trtllm_kv_cache_max_blocks``,
   ``trtllm_request_success_total`` and the two histograms.
+- ``jetstream`` (JetStream on TPUs, ``jetstream/core/metrics/prometheus.py``): labels ``id`` (the
+  host) and ``model_name``; ``jetstream_prefill_backlog_size`` (the waiting requests),
+  ``jetstream_transfer_backlog_size{idx}`` and ``jetstream_generate_backlog_size{idx}`` (0: the
+  simulated engine has no such stages), ``jetstream_slots_used_percentage{idx}`` (running /
+  max-num-seqs, a fraction), the newer ``num_requests_waiting`` and ``kv_cache_utilization_perc``,
+  ``jetstream_request_success_count_total``, histograms ``jetstream_time_to_first_token`` and
+  ``jetstream_time_per_request``; no running count (JetStream has none).
 
 Latencies are in simulated seconds. Each replica has its own ``CollectorRegistry``.
 """
@@ -35,8 +42,8 @@ from prometheus_client.registry import Collector
 
 from kvgate.simulator.engine import EngineMetrics, Finished
 
-Dialect = Literal["vllm", "sglang", "trtllm"]
-DIALECTS: tuple[Dialect, ...] = ("vllm", "sglang", "trtllm")
+Dialect = Literal["vllm", "sglang", "trtllm", "jetstream"]
+DIALECTS: tuple[Dialect, ...] = ("vllm", "sglang", "trtllm", "jetstream")
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -70,6 +77,8 @@ _NAMES: dict[Dialect, _Names] = {
     "trtllm": _Names("trtllm_", "trtllm_num_requests_waiting", "trtllm_num_requests_running",
                      ("trtllm_kv_cache_utilization",),
                      "trtllm_time_to_first_token_seconds", "trtllm_e2e_request_latency_seconds"),
+    "jetstream": _Names("jetstream_", "jetstream_prefill_backlog_size", "", ("kv_cache_utilization_perc",),
+                        "jetstream_time_to_first_token", "jetstream_time_per_request"),
 }
 
 
@@ -84,6 +93,9 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         m = self._snapshot()
+        if self._dialect == "jetstream":
+            yield from self._jetstream(m)
+            return
         names = _NAMES[self._dialect]
         yield self._gauge(names.waiting, "Number of requests waiting to be processed.", m.waiting)
         yield self._gauge(names.running, "Number of requests in model execution batches.", m.running)
@@ -95,6 +107,29 @@ class _EngineCollector(Collector):
             yield from self._sglang_only(m)
         else:
             yield from self._trtllm_only(m)
+
+    def _jetstream(self, m: EngineMetrics) -> Iterable[Metric]:
+        host = f"sim-{self._model}"
+        model = self._model.replace("-", "_")  # JetStream's label-safe model name
+
+        def gauge(name: str, doc: str, value: float, idx: bool = False) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["id", "model_name", *(["idx"] if idx else [])])
+            family.add_metric([host, model, *(["0"] if idx else [])], value)
+            return family
+
+        yield gauge("jetstream_prefill_backlog_size", "Size of prefill queue", m.waiting)
+        yield gauge("jetstream_transfer_backlog_size", "Size of transfer queue", 0, idx=True)
+        yield gauge("jetstream_generate_backlog_size", "Size of generate queue", 0, idx=True)
+        yield gauge("jetstream_slots_used_percentage", "The percentage of decode slots currently being used",
+                    m.running / m.max_num_seqs if m.max_num_seqs else 0.0, idx=True)
+        yield gauge("num_requests_waiting", "Number of requests waiting to be processed for inference.",
+                    m.waiting)
+        yield gauge("kv_cache_utilization_perc", "kv-cache utilization % by the requests under processing.",
+                    m.kv_cache_usage)
+        success = CounterMetricFamily("jetstream_request_success_count", "Number of requests successfully "
+                                      "completed", labels=["id", "model_name"])
+        success.add_metric([host, model], m.request_success_total)
+        yield success
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["model_name"])

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 PROFILE_ANNOTATION = "kvgate.io/profile"
 ENGINE_ANNOTATION = "kvgate.io/engine"
+METRICS_PORT_ANNOTATION = "kvgate.io/metrics-port"
+"""The port the pool's engines serve their metrics on, when it is not their serving port (Triton's
+8002, JetStream's ``prometheus_port``)."""
 # Per-tenant limits of a pool (no Gateway API resource carries them): requests and tokens per
 # minute per value of the fairness header (default x-gateway-inference-fairness-id).
 RPM_ANNOTATION = "kvgate.io/requests-per-minute"
@@ -179,6 +182,7 @@ def pool_spec(
             "failure_mode": pool.picker.failure_mode,
             "profile": annotations.get(PROFILE_ANNOTATION, settings.default_profile),
             "engine": engine,
+            "metrics_port": _metrics_port(pool, annotations, warnings),
             "objectives": objectives,
             "model_rewrites": rewrites,
             "rate_limits": rate_limits,
@@ -238,6 +242,22 @@ def _pd_execution(pool: ResolvedPool, annotations: Mapping[str, str], warnings: 
                         "sidecar; using picker")
         return "picker"
     return value
+
+
+def _metrics_port(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> int | None:
+    """The pool's ``kvgate.io/metrics-port`` (None: the endpoints' own port, also for a bad value)."""
+    text = annotations.get(METRICS_PORT_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        port = int(text.strip())
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        warnings.append(f"InferencePool {pool.id}: {METRICS_PORT_ANNOTATION} {text!r} is not a port; "
+                        "scraping the endpoints' own port")
+        return None
+    return port
 
 
 def _extra_paths(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> tuple[str, ...]:

@@ -16,7 +16,9 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
                                       #   told x-prefiller-host-port (llm-d)
         failureMode: FailClose        # FailOpen | FailClose
         profile: default              # a profile name under policies/profiles, or a path
-        engine: vllm                  # metrics dialect: vllm | sglang | trtllm | triton
+        engine: vllm                  # metrics dialect: vllm | sglang | trtllm | triton | jetstream
+        # metricsPort: 9100           # where the engines serve /metrics, when not on their serving
+                                      # port (Triton's 8002, JetStream's prometheus_port)
         objectives:                   # InferenceObjective-shaped; priority < 0 is sheddable
           - {name: batch, priority: -1}
           - {name: chat, priority: 10}
@@ -49,7 +51,7 @@ from kvgate.policies.flow_control import DEFAULT_THRESHOLDS, FlowControlSettings
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.types import Endpoint, FailureMode, Role
 
-Dialect = Literal["vllm", "sglang", "trtllm", "triton"]
+Dialect = Literal["vllm", "sglang", "trtllm", "triton", "jetstream"]
 RoleName = Literal["prefill", "decode", "both", "prefill-decode"]
 PdExecution = Literal["picker", "sidecar"]
 
@@ -187,6 +189,8 @@ class PoolSpec(BaseModel):
     failure_mode: FailureMode = Field(default=FailureMode.FAIL_CLOSE, alias="failureMode")
     profile: str = "default"
     engine: Dialect = "vllm"
+    metrics_port: int | None = Field(default=None, alias="metricsPort", ge=1, le=65535)
+    """The port the engines serve their metrics on (None: each endpoint's own port)."""
     objectives: tuple[ObjectiveSpec, ...] = ()
     rate_limits: RateLimitSpec | None = Field(default=None, alias="rateLimits")
     model_rewrites: tuple[ModelRewriteSpec, ...] = Field(default=(), alias="modelRewrites")

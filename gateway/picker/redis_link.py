@@ -47,15 +47,12 @@ class RedisSettings:
     """Events per stream entry (one entry per pool and flush at most this large)."""
     stream_max_entries: int = 100_000
     share_scrapes: bool = True
-    """One picker per pool scrapes the replicas and the others adopt its scrapes
-    (gateway/picker/shared_state/scrapes.py); False: every picker scrapes every replica itself."""
+    """The pickers divide each pool's replicas among them, scrape their share and adopt the others'
+    scrapes (gateway/picker/shared_state/scrapes.py); False: every picker scrapes every replica."""
     share_fairness: bool = True
     """Pickers holding requests of one flow-controlled pool share each tenant's dispatched and held
     work, so fairness between tenants holds across them (policies/tenant_ledger.py); False: each
     picker is fair among its own requests only."""
-    scrape_lease_s: float = 1.0
-    """A dead scraping picker's lease lapses after this; the followers scrape for themselves from
-    ``stale_after`` after its last batch until one of them takes the lease."""
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 2.0
     log_every_s: float = 10.0

@@ -51,8 +51,8 @@ SnapshotListener = Callable[[EndpointSnapshot], None]
 class ScrapeDelegate(Protocol):
     """Tells the scraper which endpoints another picker scrapes for it now."""
 
-    def covers(self, endpoint: Endpoint, now: float) -> bool:
-        """True: skip this round's scrape of ``endpoint`` (its views come by ``adopt``)."""
+    def covered_until(self, endpoint: Endpoint, now: float) -> float | None:
+        """Skip scraping ``endpoint`` until then (its views come by ``adopt``); None: scrape now."""
         ...
 
 
@@ -63,6 +63,10 @@ class _ScrapeFailure(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
+
+
+PUBLISH_DELAY_S = 0.001
+"""Scrapes ending this close together publish one snapshot (a view is at most this much later)."""
 
 
 def grid_tick(now: float, phase: float, interval: float) -> float:
@@ -104,8 +108,14 @@ class MetricsScraper:
         self._delegate: ScrapeDelegate | None = None
         self._lines = LineMemo()
         """The metrics pages' lines parsed so far (every endpoint's: most repeat between scrapes)."""
+        self._dirty: set[str] = set()
+        """Pools whose views changed since the last snapshot (published together, ``PUBLISH_DELAY_S``)."""
 
     # -- readers -------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The scraper's clock (what its views' ``updated_at`` are read on)."""
+        return self._clock()
 
     def snapshot(self) -> EndpointSnapshot:
         """The latest published snapshot (immutable; a new object after every change)."""
@@ -135,6 +145,18 @@ class MetricsScraper:
         """``pool``'s endpoints in the latest snapshot."""
         return self._snapshot.endpoints(pool)
 
+    def own_views(self, pool: str, since: float) -> tuple[EndpointView, ...]:
+        """``pool``'s endpoints this scraper scraped itself (not adopted from another picker) at
+        ``since`` or later, or found unhealthy (what it shares with other pickers)."""
+        out = []
+        for target in self._targets.get(pool, {}).values():
+            view = target.view
+            if target.adopted:
+                continue
+            if not view.healthy or (view.metrics is not None and view.metrics.updated_at >= since):
+                out.append(view)
+        return tuple(out)
+
     # -- shared scrapes ------------------------------------------------------------------------
 
     def delegate_to(self, delegate: ScrapeDelegate | None) -> None:
@@ -147,7 +169,7 @@ class MetricsScraper:
         Endpoints this scraper does not have are ignored; a record older than this scraper's own
         healthy view of the endpoint is too (it scraped the endpoint itself since). A view adopted
         before is always replaced: batches come in order, and the same metrics re-timed from their
-        age differ by each batch's transit, so comparing them could drop a leader's later
+        age differ by each batch's transit, so comparing them could drop an owner's later
         "unhealthy" over unchanged metrics. A record without metrics keeps the endpoint's last
         metrics with the record's health. One snapshot is published for the pool when anything
         changed.
@@ -298,32 +320,39 @@ class MetricsScraper:
         next_at = grid_tick(loop.time(), self._phase, self._interval)
         while True:
             await asyncio.sleep(next_at - loop.time())
-            await self._scrape_once(target)
+            covered_s = await self._scrape_once(target)
             next_at += self._interval
             now = loop.time()
-            if next_at < now:  # a scrape overran the interval: the grid's next tick, without a burst
+            if covered_s is not None and now + covered_s > next_at:  # another picker's: look again then
+                next_at = grid_tick(now + covered_s, self._phase, self._interval)
+            elif next_at < now:  # a scrape overran the interval: the grid's next tick, without a burst
                 next_at = grid_tick(now, self._phase, self._interval)
 
-    async def _scrape_once(self, target: ScrapeTarget) -> None:
+    async def _scrape_once(self, target: ScrapeTarget) -> float | None:
+        """Scrape ``target`` unless another picker does; returns for how many seconds more that
+        one does, else None."""
         if not self._running:
-            return
+            return None
         delegate = self._delegate
-        if delegate is not None and delegate.covers(target.endpoint, self._clock()):
-            target.delegated += 1
-            return
+        if delegate is not None:
+            now = self._clock()
+            covered = delegate.covered_until(target.endpoint, now)
+            if covered is not None:
+                target.delegated += 1
+                return covered - now
         try:
             page = await self._fetch(target)
             metrics = parse_metrics(page, target.dialect, self._clock(), self._lines)
         except _ScrapeFailure as failure:
             self._failed(target, failure.kind, str(failure))
-            return
+            return None
         except MetricsPageError as exc:
             self._failed(target, "page", exc.message)
-            return
+            return None
         except Exception as exc:  # a bug must not end this endpoint's loop silently
             log.exception("scrape of %s failed unexpectedly", target.url)
             self._failed(target, "internal", repr(exc))
-            return
+            return None
         target.successes += 1
         if not target.view.healthy:
             log.warning("endpoint %s/%s answers its metrics again after %d failed scrapes",
@@ -331,7 +360,8 @@ class MetricsScraper:
         target.consecutive_failures = 0
         target.view = EndpointView(target.endpoint, metrics, healthy=True)
         target.adopted = False
-        self._publish(target.endpoint.pool, target)
+        self._publish_soon(target)
+        return None
 
     async def _fetch(self, target: ScrapeTarget) -> str:
         try:
@@ -359,16 +389,35 @@ class MetricsScraper:
                         target.endpoint.address, detail)
             target.view = EndpointView(target.endpoint, view.metrics, healthy=False)
             target.adopted = False
-            self._publish(target.endpoint.pool, target)
+            self._publish_soon(target)
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def _publish(self, pool: str, changed: ScrapeTarget | None = None) -> None:
+    def _publish_soon(self, changed: ScrapeTarget) -> None:
+        """Publish ``changed``'s pool with the other scrapes that end within ``PUBLISH_DELAY_S``: a
+        snapshot per scrape rebuilt the pool's views each time (O(pool) per scrape, O(pool²) per
+        interval: bench/results/scrape_publish.md)."""
+        pool = changed.endpoint.pool
+        targets = self._targets.get(pool)
+        if targets is None or targets.get(changed.endpoint.address) is not changed:
+            return  # a retired endpoint's last scrape: not ours to publish any more
+        if not self._dirty:
+            asyncio.get_running_loop().call_later(PUBLISH_DELAY_S, self._publish_dirty)
+        self._dirty.add(pool)
+
+    def _publish_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        pools = dict(self._snapshot.pools)
+        for pool in dirty:
+            targets = self._targets.get(pool)
+            if targets is not None:
+                pools[pool] = tuple(t.view for t in targets.values())
+        self._swap(pools)
+
+    def _publish(self, pool: str) -> None:
         targets = self._targets.get(pool)
         if targets is None:
             return
-        if changed is not None and targets.get(changed.endpoint.address) is not changed:
-            return  # a retired endpoint's last scrape: not ours to publish any more
         pools = dict(self._snapshot.pools)
         pools[pool] = tuple(t.view for t in targets.values())
         self._swap(pools)

@@ -186,7 +186,8 @@ class PickerService:
         for name in old.keys() - {spec.name for spec in specs}:
             self.scraper.remove_pool(name)
         for spec in specs:
-            self.scraper.set_endpoints(spec.name, spec.engine, spec.endpoint_objects())
+            self.scraper.set_endpoints(spec.name, spec.engine, spec.endpoint_objects(),
+                                       metrics_port=spec.metrics_port)
             kept = set(spec.endpoints)
             previous = old.get(spec.name)
             if previous is not None:
@@ -211,6 +212,7 @@ class PickerService:
     def pool_report(self) -> list[dict[str, object]]:
         """What the admin endpoint shows: each pool, its endpoints and their latest metrics."""
         snapshot = self.scraper.snapshot()
+        now = self.scraper.now()
         report: list[dict[str, object]] = []
         for name, runtime in sorted(self.table.pools.items()):
             endpoints: list[dict[str, object]] = []
@@ -221,6 +223,7 @@ class PickerService:
                     {
                         "address": view.address,
                         "healthy": view.healthy,
+                        "metrics_age_s": None if m is None else round(view.age(now), 4),
                         "waiting": None if m is None else m.waiting,
                         "running": None if m is None else m.running,
                         "kv_cache_usage": None if m is None else m.kv_cache_usage,

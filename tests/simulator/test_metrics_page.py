@@ -41,6 +41,15 @@ TRTLLM_NAMES = (
     "trtllm_kv_cache_tokens_per_block",
     "trtllm_kv_cache_max_blocks",
 )
+JETSTREAM_NAMES = (
+    "jetstream_prefill_backlog_size",
+    "jetstream_transfer_backlog_size",
+    "jetstream_generate_backlog_size",
+    "jetstream_slots_used_percentage",
+    "num_requests_waiting",
+    "kv_cache_utilization_perc",
+    "jetstream_time_to_first_token_count",
+)
 
 
 async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, list[Sample]]:
@@ -99,7 +108,8 @@ async def test_lora_info_lists_running_adapters(
         await response.read()
 
 
-@pytest.mark.parametrize(("dialect", "names"), [("sglang", SGLANG_NAMES), ("trtllm", TRTLLM_NAMES)])
+@pytest.mark.parametrize(("dialect", "names"), [("sglang", SGLANG_NAMES), ("trtllm", TRTLLM_NAMES),
+                                               ("jetstream", JETSTREAM_NAMES)])
 async def test_other_dialects(
     make_fleet: FleetFactory, http: aiohttp.ClientSession, dialect: Dialect, names: tuple[str, ...]
 ) -> None:

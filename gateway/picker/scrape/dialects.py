@@ -35,6 +35,7 @@ class MetricsDialect(StrEnum):
     SGLANG = "sglang"
     TRTLLM = "trtllm"
     TRITON = "triton"
+    JETSTREAM = "jetstream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +234,48 @@ def _triton(samples: Samples, updated_at: float) -> EndpointMetrics:
     )
 
 
+JETSTREAM_PREFILL_BACKLOG = "jetstream_prefill_backlog_size"
+JETSTREAM_TRANSFER_BACKLOG = "jetstream_transfer_backlog_size"
+JETSTREAM_GENERATE_BACKLOG = "jetstream_generate_backlog_size"
+JETSTREAM_SLOTS_USED = "jetstream_slots_used_percentage"
+JETSTREAM_WAITING = "num_requests_waiting"
+JETSTREAM_KV_USAGE = "kv_cache_utilization_perc"
+JETSTREAM_LORA_INFO = "lora_request_info"
+
+
+def _jetstream(samples: Samples, updated_at: float) -> EndpointMetrics:
+    """JetStream (TPU): a request waits in the prefill backlog, then (prefilled) in the transfer and
+    generate backlogs until a decode slot frees: all three are its queue. Its KV cache is allocated
+    per decode slot, so the slots in use (``jetstream_slots_used_percentage``, a fraction per
+    generate engine ``idx``, despite its name) are its KV usage, as the Inference Extension reads
+    it. It reports no running count. Newer releases add ``num_requests_waiting`` and
+    ``kv_cache_utilization_perc`` (read when the older families are absent) and
+    ``lora_request_info`` (vLLM's shape, no waiting adapters)."""
+    backlog = _finite(samples[JETSTREAM_PREFILL_BACKLOG])
+    if backlog:
+        backlog += _finite(samples[JETSTREAM_TRANSFER_BACKLOG]) + _finite(samples[JETSTREAM_GENERATE_BACKLOG])
+    waiting = _total(backlog) if backlog else _total(_finite(samples[JETSTREAM_WAITING]))
+    kv = _mean(_finite(samples[JETSTREAM_SLOTS_USED]))
+    if kv is None:
+        kv = _mean(_finite(samples[JETSTREAM_KV_USAGE]))
+    _check_present(MetricsDialect.JETSTREAM, waiting, kv)
+    active: frozenset[str] = frozenset()
+    max_loras = 0
+    lora_series = samples[JETSTREAM_LORA_INFO]
+    if lora_series:
+        newest = max(reversed(lora_series), key=lambda s: s.value if math.isfinite(s.value) else -math.inf)
+        active = _adapters(newest.labels.get("running_lora_adapters", ""))
+        max_loras = _int_label(newest, "max_lora") or 0
+    return EndpointMetrics(
+        waiting=_count(waiting),
+        kv_cache_usage=_fraction(kv),
+        active_loras=active,
+        max_loras=max_loras,
+        updated_at=updated_at,
+        running_reported=False,
+    )
+
+
 DIALECTS: Mapping[MetricsDialect, DialectSpec] = MappingProxyType(
     {
         MetricsDialect.VLLM: DialectSpec(
@@ -269,6 +312,15 @@ DIALECTS: Mapping[MetricsDialect, DialectSpec] = MappingProxyType(
             "/metrics",
             SampleReader({TRITON_REQUESTS, TRITON_KV_BLOCKS}),
             _triton,
+        ),
+        # JetStream serves its metrics on their own port (``prometheus_port``: give the pool's
+        # metrics port) at any path (prometheus_client's server).
+        MetricsDialect.JETSTREAM: DialectSpec(
+            MetricsDialect.JETSTREAM,
+            "/metrics",
+            SampleReader({JETSTREAM_PREFILL_BACKLOG, JETSTREAM_TRANSFER_BACKLOG, JETSTREAM_GENERATE_BACKLOG,
+                          JETSTREAM_SLOTS_USED, JETSTREAM_WAITING, JETSTREAM_KV_USAGE, JETSTREAM_LORA_INFO}),
+            _jetstream,
         ),
     }
 )

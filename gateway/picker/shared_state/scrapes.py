@@ -1,34 +1,41 @@
-"""Shared scrapes: one picker per pool scrapes the replicas, the others adopt what it publishes.
+"""Shared scrapes: the pickers sharing state through Redis divide each pool's endpoints among
+them; each scrapes its share and publishes what it saw, the others adopt it.
 
 Why: without it every picker (each ``--workers`` process, each replica of a picker Deployment)
 scrapes every replica every interval, so N pickers cost each model server N renders of its
 ``/metrics`` page per interval (vLLM renders it in its API server's Python process) and each picker
 its own scraping CPU (bench/results/scrape_client.md: the whole of an idle picker's CPU;
-bench/results/shared-scrapes.md measures what sharing saves).
+bench/results/shared-scrapes.md measures what sharing saves). With one picker scraping a whole pool
+for all (this module's first form, a lease per pool), that picker's CPU bounded the pool at a few
+hundred replicas (issue 35); divided, each picker scrapes 1/N of it.
 
 How (this module is sans-IO; :class:`~gateway.picker.shared_state.sync.SharedStateSync` moves the
 bytes through Redis in the round trips it already makes):
 
-- **Leadership per pool**: a Redis lease (``P:{pool}:scrape-lease``, ``lease_s``) taken with
-  ``SET NX`` and renewed by its holder every sync round (:data:`LEASE_SCRIPT`); a picker that
-  stops gives it up at once (:data:`RELEASE_SCRIPT`), one that dies loses it after ``lease_s``.
-- **The leader** scrapes every endpoint as before and appends the pool's views to the stream
+- **Shares by rendezvous hashing**: each sync round reads the pool's live pickers (the sorted set
+  each picker refreshes every round; :meth:`SharedScrapes.set_members`); an endpoint belongs to the
+  picker with the highest hash of (picker, endpoint), so a picker joining or leaving moves only its
+  own share. Alone, a picker owns every endpoint.
+- **Each picker** scrapes its share and appends the views it scraped itself to the stream
   ``P:{pool}:scrapes`` once per round (:func:`encode_scrapes`: per endpoint, health, metrics and
-  their *age*, not a clock reading, so the hosts' clocks need not agree).
-- **A follower** adopts each batch into its scraper (:meth:`SharedScrapes.received`) and skips its
-  own scrape of an endpoint while the last batch naming it arrived less than ``stale_after`` ago
-  (:meth:`SharedScrapes.covers`). An endpoint the leader does not name (configurations differ for a
-  moment), a leader that stopped publishing, or Redis gone: after ``stale_after`` the follower's own
-  scrapes resume, exactly as without sharing, until batches arrive again.
+  their *age*, not a clock reading, so the hosts' clocks need not agree), and adopts the others'
+  batches (:meth:`SharedScrapes.received`).
+- **An endpoint it does not own** is skipped while a batch naming it arrived less than
+  ``stale_after`` ago (:meth:`SharedScrapes.covered_until`; the scraper's loop for it sleeps until
+  then). A picker that stopped (it leaves the set at once) or died (its entry ages out after the
+  in-flight TTL), an endpoint its owner does not name (configurations differ for a moment), Redis
+  gone: after ``stale_after`` the others scrape it themselves, exactly as without sharing, until
+  batches name it again.
 
-What a follower gives up: its own view of a replica. A leader that cannot reach a replica that the
-followers could (a partial network partition between hosts) makes every picker see it unhealthy;
-pickers on one host (``--workers``) cannot differ there. ``--no-shared-scrapes`` keeps each picker's
-own view where that matters more than the model servers' scrape load.
+What a picker gives up: its own view of the replicas others scrape. An owner that cannot reach a
+replica the others could (a partial network partition between hosts) makes every picker see it
+unhealthy; pickers on one host (``--workers``) cannot differ there. ``--no-shared-scrapes`` keeps
+each picker's own view where that matters more than the model servers' scrape load.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
@@ -38,27 +45,6 @@ from kvgate.proto import shared_state_pb2 as pb
 SCRAPE_FORMAT = 1
 """The scrape-batch format this version writes (``ScrapeBatch.format``)."""
 _U32_MAX = 0xFFFFFFFF
-
-LEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-return 0
-"""
-"""Take or renew the pool's scrape lease for ``ARGV[1]`` (``ARGV[2]`` ms); 1 when held after."""
-
-RELEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-"""Give the lease up if ``ARGV[1]`` holds it (a stopping leader: a follower takes over at once)."""
-
 
 class ScrapeRecord(NamedTuple):
     """One endpoint as another picker scraped it, its metrics re-timed on this picker's clock."""
@@ -71,8 +57,9 @@ class ScrapeRecord(NamedTuple):
 class ScrapeSource(Protocol):
     """What shared scrapes read from and write into: the picker's scraper."""
 
-    def views(self, pool: str) -> tuple[EndpointView, ...]:
-        """The pool's endpoints as this picker sees them now (to publish, when leading)."""
+    def own_views(self, pool: str, since: float) -> tuple[EndpointView, ...]:
+        """The pool's endpoints this picker scraped itself (not adopted) at ``since`` or later, or
+        found unhealthy: what it publishes."""
         ...
 
     def adopt(self, pool: str, records: Sequence[ScrapeRecord]) -> None:
@@ -101,6 +88,7 @@ def encode_scrapes(views: Iterable[EndpointView], now: float) -> bytes:
         if m.num_gpu_blocks is not None:
             out.num_gpu_blocks = _u32(m.num_gpu_blocks)
         out.served_models.extend(sorted(m.served_models))
+        out.running_unreported = not m.running_reported
     return batch.SerializeToString()
 
 
@@ -129,6 +117,7 @@ def decode_scrapes(data: bytes, now: float) -> list[ScrapeRecord]:
                 num_gpu_blocks=m.num_gpu_blocks if m.HasField("num_gpu_blocks") else None,
                 updated_at=now - entry.age_ms / 1000,
                 served_models=frozenset(m.served_models),
+                running_reported=not m.running_unreported,
             )
         records.append(ScrapeRecord(entry.address, metrics, entry.healthy))
     return records
@@ -138,34 +127,57 @@ def _u32(value: int) -> int:
     return max(0, min(int(value), _U32_MAX))
 
 
-class SharedScrapes:
-    """Who scrapes which pool, and which endpoints another picker's batches cover now.
+def owner_of(members: Sequence[str], address: str) -> str:
+    """The picker of ``members`` that scrapes ``address``: rendezvous (highest random weight)
+    hashing, the same answer in every process (not Python's salted ``hash``)."""
+    key = address.encode()
+    return max(members, key=lambda m: hashlib.blake2b(key, digest_size=8, key=m.encode()[:64]).digest())
 
-    The sync tells it the lease replies (:meth:`set_leader`), asks it for the batches of the pools
-    this picker leads (:meth:`batch`) and hands it each batch another picker wrote
-    (:meth:`received`); the scraper asks :meth:`covers` before each scrape.
+
+class SharedScrapes:
+    """Which endpoints of each pool this picker scrapes, and which other pickers' batches cover.
+
+    The sync tells it each round's live pickers (:meth:`set_members`), asks it for this picker's
+    batch of each pool (:meth:`batch`) and hands it each batch another picker wrote
+    (:meth:`received`); the scraper asks :meth:`covered_until` before each scrape.
     """
 
-    def __init__(self, source: ScrapeSource, stale_after: float, clock: Callable[[], float]) -> None:
+    def __init__(self, source: ScrapeSource, stale_after: float, clock: Callable[[], float],
+                 me: str) -> None:
         self.source = source
         self.stale_after = stale_after
         self._clock = clock
+        self.me = me
+        self._members: dict[str, tuple[str, ...]] = {}
+        """Per pool: the live pickers as the last round read them (this one among them)."""
+        self._owners: dict[str, dict[str, bool]] = {}
+        """Per pool: endpoint → whether this picker owns it (for the members above)."""
+        self._batches: dict[str, dict[str, tuple[float, frozenset[str]]]] = {}
+        """Per pool and publishing picker: when its last batch arrived and the endpoints it named."""
         self._leading: set[str] = set()
-        self._last_batch: dict[str, tuple[float, frozenset[str]]] = {}
-        """Per pool: when the last batch arrived and the endpoints it named (a batch names them all)."""
         self.batches_sent = 0
         self.batches_received = 0
         self.bad_batches = 0
 
-    # --- leadership ---------------------------------------------------------------------------
-    def leads(self, pool: str) -> bool:
-        return pool in self._leading
+    # --- shares -------------------------------------------------------------------------------
+    def set_members(self, pool: str, members: Iterable[str]) -> None:
+        """The pool's live pickers now (this one is added if missing)."""
+        live = tuple(sorted({*members, self.me}))
+        if self._members.get(pool) != live:
+            self._members[pool] = live
+            self._owners.pop(pool, None)
 
-    def set_leader(self, pool: str, leading: bool) -> None:
-        if leading:
-            self._leading.add(pool)
-        else:
-            self._leading.discard(pool)
+    def owns(self, pool: str, address: str) -> bool:
+        owners = self._owners.setdefault(pool, {})
+        mine = owners.get(address)
+        if mine is None:
+            members = self._members.get(pool)
+            mine = owners[address] = members is None or owner_of(members, address) == self.me
+        return mine
+
+    def leads(self, pool: str) -> bool:
+        """Whether this picker's last batch of ``pool`` named any endpoint (it scrapes a share)."""
+        return pool in self._leading
 
     @property
     def leading(self) -> frozenset[str]:
@@ -173,16 +185,25 @@ class SharedScrapes:
 
     def forget_pool(self, pool: str) -> None:
         self._leading.discard(pool)
-        self._last_batch.pop(pool, None)
+        self._members.pop(pool, None)
+        self._owners.pop(pool, None)
+        self._batches.pop(pool, None)
 
-    # --- what the leader writes and the followers read ----------------------------------------
-    def batch(self, pool: str) -> bytes:
+    # --- what each picker writes and the others read ------------------------------------------
+    def batch(self, pool: str) -> bytes | None:
+        """This picker's views of ``pool`` scraped within ``stale_after`` (None: it scraped none)."""
+        now = self._clock()
+        views = self.source.own_views(pool, now - self.stale_after)
+        if not views:
+            self._leading.discard(pool)
+            return None
+        self._leading.add(pool)
         self.batches_sent += 1
-        return encode_scrapes(self.source.views(pool), self._clock())
+        return encode_scrapes(views, now)
 
-    def received(self, pool: str, data: bytes) -> None:
-        """Adopt another picker's batch for ``pool`` (ignored while this picker leads it)."""
-        if pool in self._leading:
+    def received(self, pool: str, data: bytes, origin: str = "") -> None:
+        """Adopt the batch another picker (``origin``) wrote for ``pool``."""
+        if origin == self.me:
             return
         now = self._clock()
         try:
@@ -191,13 +212,24 @@ class SharedScrapes:
             self.bad_batches += 1
             return
         self.batches_received += 1
-        self._last_batch[pool] = (now, frozenset(record.address for record in records))
-        self.source.adopt(pool, records)
+        publishers = self._batches.setdefault(pool, {})
+        publishers[origin] = (now, frozenset(record.address for record in records))
+        if len(publishers) > 1:  # pickers gone long ago are forgotten
+            for name in [n for n, (at, _) in publishers.items() if now - at > 10 * self.stale_after]:
+                del publishers[name]
+        # This picker's own share is its own scrapes' (another's view of it, taken while the shares
+        # moved, would stand in for them until the next scrape and drop out of this picker's batch).
+        self.source.adopt(pool, [r for r in records if not self.owns(pool, r.address)])
 
     # --- what the scraper asks ----------------------------------------------------------------
-    def covers(self, endpoint: Endpoint, now: float) -> bool:
-        """True while another picker's batches keep ``endpoint`` fresh: skip scraping it."""
-        if endpoint.pool in self._leading:
-            return False
-        last = self._last_batch.get(endpoint.pool)
-        return last is not None and endpoint.address in last[1] and now - last[0] < self.stale_after
+    def covered_until(self, endpoint: Endpoint, now: float) -> float | None:
+        """Until when another picker's batches keep ``endpoint`` fresh (skip scraping it till
+        then); None: scrape it now (this picker owns it, or nobody has named it lately)."""
+        pool = endpoint.pool
+        if self.owns(pool, endpoint.address):
+            return None
+        latest = max((at for at, names in self._batches.get(pool, {}).values() if endpoint.address in names),
+                     default=None)
+        if latest is None or now - latest >= self.stale_after:
+            return None
+        return latest + self.stale_after

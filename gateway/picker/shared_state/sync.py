@@ -7,8 +7,7 @@ Keys, per pool (``P`` = ``key_prefix``)::
     P:{pool}:pickers             sorted set: picker id -> last publish (ms)
     P:{pool}:inflight:{picker}   hash: endpoint -> "requests tokens" (expires after inflight_ttl_s)
     P:{pool}:fairness:{picker}   hash: "band tenant" -> TenantUsage (flow control; same expiry)
-    P:{pool}:scrape-lease        string: the picker that scrapes the pool for all (shared scrapes)
-    P:{pool}:scrapes             stream: that picker's scrapes, one batch per sync round (short)
+    P:{pool}:scrapes             stream: each picker's scrapes of its share, one batch per round (short)
 
 Two background tasks. The *sync* loop, every ``sync_interval_s``: appends each mirror's outbox as
 one batch entry per stream, republishes this picker's in-flight hash (with its TTL, so a dead
@@ -18,9 +17,10 @@ picker starts reading the streams ``ttl`` back, so it learns the recent prefix m
 When Redis fails, both loops back off (``RedisLink``) and routing goes on with the local view;
 peers' in-flight counts older than ``inflight_ttl_s`` are dropped locally too.
 
-With shared scrapes (:meth:`SharedStateSync.share_scrapes`), each sync round also takes or renews
-each pool's scrape lease and, for the pools this picker leads, appends its scrapes; the read loop
-hands the other pickers' scrape batches to :class:`SharedScrapes` (scrapes.py says why and how).
+With shared scrapes (:meth:`SharedStateSync.share_scrapes`), each round also tells
+:class:`SharedScrapes` the pool's live pickers (who scrapes which endpoint follows from them) and
+appends this picker's scrapes of its share; the read loop hands the other pickers' batches to it
+(scrapes.py says why and how).
 
 For a pool with flow control (:meth:`SharedStateSync.ledger_for`), each round also publishes this
 picker's tenant usage (work dispatched and held per band and tenant) and reads its peers' beside
@@ -55,12 +55,7 @@ from kvgate.gateway.picker.shared_state.codec import (
     encode_tenant_usage,
 )
 from kvgate.gateway.picker.shared_state.mirror import MirroredState
-from kvgate.gateway.picker.shared_state.scrapes import (
-    LEASE_SCRIPT,
-    RELEASE_SCRIPT,
-    ScrapeSource,
-    SharedScrapes,
-)
+from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
 from kvgate.policies.state import InFlight
 from kvgate.policies.tenant_ledger import TenantLedger, TenantUsage
 
@@ -114,13 +109,13 @@ class SharedStateSync:
 
     def share_scrapes(self, source: ScrapeSource, stale_after: float) -> SharedScrapes:
         """Share ``source``'s scrapes with the other pickers (the scraper's delegate is returned)."""
-        self.scrapes = SharedScrapes(source, stale_after, self._clock)
+        self.scrapes = SharedScrapes(source, stale_after, self._clock, self.picker_id)
         for pool in self._mirrors:
             self._tail_scrapes(pool)
         return self.scrapes
 
     def _tail_scrapes(self, pool: str) -> None:
-        # The last second of batches: a picker starting next to a leader adopts its views at once.
+        # The last second of batches: a picker starting beside others adopts their views at once.
         self._last_ids[self._key(pool, "scrapes").encode()] = f"{self._wall_ms() - 1000}-0".encode()
 
     # --- pools --------------------------------------------------------------------------------
@@ -216,9 +211,9 @@ class SharedStateSync:
         known = list(self._known_peers)
         fair = [pool in self._ledgers for pool, _ in known]
         scrapes = self.scrapes
-        leased = pools if scrapes is not None else []
         published = [
-            (pool, scrapes.batch(pool)) for pool in leased if scrapes is not None and scrapes.leads(pool)
+            (pool, batch) for pool in (pools if scrapes is not None else [])
+            if scrapes is not None and (batch := scrapes.batch(pool)) is not None
         ]
 
         def write(pipe: Pipeline) -> None:
@@ -238,9 +233,6 @@ class SharedStateSync:
                     self._key(pool, "scrapes"), {"o": self.picker_id, BATCH_FIELD: batch},
                     maxlen=64, approximate=True,
                 )
-            lease_ms = str(int(s.scrape_lease_s * 1000))
-            for pool in leased:
-                pipe.eval(LEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id, lease_ms)
             for pool in pools:
                 pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
             # The peers the last round knew, read in this same round trip: while nobody joins or
@@ -255,20 +247,16 @@ class SharedStateSync:
             self.counters.events_writing -= taken
         if replies is None:
             self.counters.events_lost += taken
-            if scrapes is not None:  # its lease lapses: take the others' batches meanwhile
-                for pool in leased:
-                    scrapes.set_leader(pool, False)
             return
         self.counters.syncs += 1
         self.counters.events_sent += taken
-        # The pipeline ends with the lease replies, the pools' picker lists, the known peers' hashes.
-        tail = replies[len(replies) - len(leased) - len(pools) - len(known) - sum(fair) :]
-        leases, tail = tail[: len(leased)], tail[len(leased) :]
+        # The pipeline ends with the pools' picker lists and the known peers' hashes.
+        tail = replies[len(replies) - len(pools) - len(known) - sum(fair) :]
         members: list[list[bytes]] = tail[: len(pools)]
         peer_replies = tail[len(pools) :]
         if scrapes is not None:
-            for pool, held in zip(leased, leases, strict=True):
-                scrapes.set_leader(pool, held == 1)
+            for pool, ids in zip(pools, members, strict=True):
+                scrapes.set_members(pool, (m.decode() for m in ids))
         me = self.picker_id.encode()
         wanted = [(pool, m) for pool, ids in zip(pools, members, strict=True) for m in ids if m != me]
         if wanted == known:
@@ -303,8 +291,6 @@ class SharedStateSync:
             pipe.delete(self._key(pool, f"inflight:{self.picker_id}"))
             pipe.delete(self._key(pool, f"fairness:{self.picker_id}"))
             pipe.zrem(self._key(pool, "pickers"), self.picker_id)
-            if self.scrapes is not None and self.scrapes.leads(pool):
-                pipe.eval(RELEASE_SCRIPT, 1, self._key(pool, "scrape-lease"), self.picker_id)
 
     def _read_peer_hashes(self, pipe: Pipeline, peers: list[tuple[str, bytes]], fair: list[bool]) -> None:
         """Each peer's in-flight hash, and its fairness hash where ``fair`` says."""
@@ -392,8 +378,9 @@ class SharedStateSync:
                     continue
                 if scrape_batches:
                     batch = fields.get(BATCH_FIELD)
+                    origin = fields.get(b"o", b"")
                     if self.scrapes is not None and batch is not None:
-                        self.scrapes.received(pool, batch)
+                        self.scrapes.received(pool, batch, origin.decode(errors="replace"))
                     continue
                 try:
                     events = decode_entry(fields)

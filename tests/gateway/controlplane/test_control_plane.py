@@ -123,6 +123,18 @@ def test_unknown_engine_annotation_falls_back_with_a_warning() -> None:
     assert "tgi" in warnings[0]
 
 
+@pytest.mark.parametrize(("value", "port", "warned"), [("9100", 9100, False), ("http", None, True),
+                                                      ("70000", None, True)])
+def test_a_jetstream_pool_with_its_metrics_port(value: str, port: int | None, warned: bool) -> None:
+    annotated = POOL.replace("annotations: {{", f"annotations: {{{{kvgate.io/metrics-port: '{value}', ")
+    resources = parse_manifests([("x.yaml", annotated.format(profile="default", engine="jetstream")
+                                  + "---" + REST)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], warnings = pool_specs(resources, config, SETTINGS)
+    assert (spec.engine, spec.metrics_port) == ("jetstream", port)
+    assert any("kvgate.io/metrics-port" in w for w in warnings) is warned
+
+
 def test_rate_limit_annotations_become_tenant_limits_and_bad_values_are_warned_about() -> None:
     limited = POOL.replace(
         "annotations: {{", "annotations: {{kvgate.io/requests-per-minute: '60', "

@@ -116,6 +116,26 @@ def test_triton_page_reads_labelled_series_and_sums_models() -> None:
     assert (metrics.block_size, metrics.num_gpu_blocks) == (64, 8192)
 
 
+def test_jetstream_page_queues_are_its_three_backlogs_and_kv_its_decode_slots() -> None:
+    """JetStream's page (rendered from its metric definitions, bench/metrics_pages.py): waiting =
+    prefill backlog + transfer and generate backlogs per engine; KV = the mean share of decode slots
+    in use; no running count; the newest LoRA series."""
+    metrics = parse_metrics(page("jetstream.prom"), "jetstream", 4.0)
+    assert metrics.waiting == 3 + 1 + 0 + 2 + 0
+    assert metrics.kv_cache_usage == pytest.approx(0.625)
+    assert (metrics.running, metrics.running_reported) == (0, False)
+    assert (metrics.active_loras, metrics.max_loras) == (frozenset({"sql-lora", "chat-lora"}), 4)
+    assert metrics.updated_at == 4.0
+
+
+def test_jetstream_without_its_backlog_families_reads_the_newer_ones() -> None:
+    text = 'num_requests_waiting{id="h"} 5\nkv_cache_utilization_perc{id="h"} 0.25\n'
+    metrics = parse_metrics(text, "jetstream", 0.0)
+    assert (metrics.waiting, metrics.kv_cache_usage) == (5, 0.25)
+    only_slots = parse_metrics('jetstream_slots_used_percentage{id="h",idx="0"} 1.5\n', "jetstream", 0.0)
+    assert (only_slots.waiting, only_slots.kv_cache_usage) == (0, 1.0)
+
+
 def test_kv_usage_is_clamped() -> None:
     assert parse_metrics("sglang:token_usage 1.7\n", "sglang", 0.0).kv_cache_usage == 1.0
     assert parse_metrics("sglang:token_usage -0.2\n", "sglang", 0.0).kv_cache_usage == 0.0
@@ -128,6 +148,8 @@ def test_kv_usage_is_clamped() -> None:
         ("vllm_0_11.prom", "sglang"),
         ("vllm_0_11.prom", "trtllm"),
         ("sglang.prom", "triton"),
+        ("vllm_0_11.prom", "jetstream"),
+        ("jetstream.prom", "vllm"),
     ],
 )
 def test_a_page_of_another_dialect_is_an_error(fixture: str, dialect: str) -> None:
@@ -154,7 +176,8 @@ def test_a_line_memo_gives_what_a_fresh_parse_gives(limit: int) -> None:
     read the same as without it; a bounded memo that forgets still does."""
     memo = LineMemo(limit)
     dialects = {"vllm": MetricsDialect.VLLM, "sglang": MetricsDialect.SGLANG,
-                "trtllm": MetricsDialect.TRTLLM, "triton": MetricsDialect.TRITON}
+                "trtllm": MetricsDialect.TRTLLM, "triton": MetricsDialect.TRITON,
+                "jetstream": MetricsDialect.JETSTREAM}
     pages = [(page(name), dialect) for name in sorted(PAGES)
              for prefix, dialect in dialects.items() if name.startswith(prefix)]
     assert len(pages) >= 4

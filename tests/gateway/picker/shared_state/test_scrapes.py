@@ -14,6 +14,7 @@ from kvgate.gateway.picker.shared_state.scrapes import (
     SharedScrapes,
     decode_scrapes,
     encode_scrapes,
+    owner_of,
 )
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView
 from kvgate.proto import shared_state_pb2 as pb
@@ -48,6 +49,11 @@ def test_a_batch_carries_every_field_and_ages_not_clock_readings() -> None:
         waiting_loras=frozenset({"c"}), max_loras=4, block_size=16, num_gpu_blocks=9000,
         updated_at=first.metrics.updated_at, served_models=frozenset({"m"}),
     )
+    assert first.metrics.running_reported
+    jetstream = EndpointView(Endpoint("10.0.0.4:8000", "p"), EndpointMetrics(running_reported=False))
+    [record] = decode_scrapes(encode_scrapes([jetstream], now=0.0), now=0.0)
+    assert record.metrics is not None
+    assert not record.metrics.running_reported
     second = records[1]
     assert not second.healthy
     assert second.metrics is not None
@@ -67,56 +73,96 @@ def test_unreadable_batches_and_other_formats_are_refused() -> None:
 class Source:
     def __init__(self) -> None:
         self.adopted: list[tuple[str, list[ScrapeRecord]]] = []
+        self.own: tuple[EndpointView, ...] = ()
+        self.since: list[float] = []
 
-    def views(self, pool: str) -> tuple[EndpointView, ...]:
-        return views()
+    def own_views(self, pool: str, since: float) -> tuple[EndpointView, ...]:
+        self.since.append(since)
+        return self.own
 
     def adopt(self, pool: str, records: Sequence[ScrapeRecord]) -> None:
         self.adopted.append((pool, list(records)))
 
 
-def test_a_follower_skips_what_batches_keep_fresh_and_the_leader_skips_nothing() -> None:
+def owned_by(shared: SharedScrapes, pool: str, addresses: list[str]) -> list[str]:
+    return [a for a in addresses if shared.owns(pool, a)]
+
+
+def test_endpoints_are_divided_among_the_live_pickers_and_a_leaving_one_moves_only_its_share() -> None:
+    addresses = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(1000)]
+    pickers = [SharedScrapes(Source(), 0.2, lambda: 0.0, f"host:{n}") for n in range(4)]
+    for shared in pickers:
+        shared.set_members("p", [f"host:{n}" for n in range(4)])
+    shares = [set(owned_by(shared, "p", addresses)) for shared in pickers]
+    assert sum(len(share) for share in shares) == 1000  # each endpoint owned by exactly one
+    assert set().union(*shares) == set(addresses)
+    assert all(200 <= len(share) <= 300 for share in shares), [len(share) for share in shares]
+    assert owner_of([f"host:{n}" for n in range(4)], addresses[0]) in {f"host:{n}" for n in range(4)}
+    # host:3 leaves: the others keep what they had and divide its share.
+    for shared in pickers[:3]:
+        shared.set_members("p", [f"host:{n}" for n in range(3)])
+    after = [set(owned_by(shared, "p", addresses)) for shared in pickers[:3]]
+    for before, now in zip(shares, after, strict=False):
+        assert before <= now
+    assert set().union(*after) == set(addresses)
+    # Alone (or before any round named the members), a picker owns every endpoint.
+    alone = SharedScrapes(Source(), 0.2, lambda: 0.0, "solo")
+    assert owned_by(alone, "p", addresses) == addresses
+    alone.set_members("p", [])
+    assert owned_by(alone, "p", addresses) == addresses
+
+
+def test_an_endpoint_owned_elsewhere_is_skipped_while_batches_name_it() -> None:
     now = [10.0]
     source = Source()
-    shared = SharedScrapes(source, stale_after=0.2, clock=lambda: now[0])
+    shared = SharedScrapes(source, stale_after=0.2, clock=lambda: now[0], me="me")
     one, other = Endpoint("10.0.0.1:8000", "p"), Endpoint("10.0.0.9:8000", "p")
-    assert not shared.covers(one, now[0])  # nothing received yet: scrape
-    shared.received("p", encode_scrapes(views(), now=0.0))
-    assert source.adopted
+    members = ["me", "peer"]
+    shared.set_members("p", members)
+    theirs = next(e for e in (Endpoint(f"10.0.0.{i}:8000", "p") for i in range(1, 50))
+                  if owner_of(members, e.address) == "peer")
+    mine = next(e for e in (Endpoint(f"10.0.0.{i}:8000", "p") for i in range(1, 50))
+                if owner_of(members, e.address) == "me")
+    assert shared.covered_until(theirs, now[0]) is None  # nothing received yet: scrape
+    batch = encode_scrapes([EndpointView(theirs, FULL), EndpointView(mine, FULL)], now=0.0)
+    shared.received("p", batch, "peer")
     assert source.adopted[0][0] == "p"
-    assert shared.covers(one, now[0])
-    assert not shared.covers(other, now[0])  # a batch that does not name it covers nothing
-    assert not shared.covers(Endpoint("10.0.0.1:8000", "q"), now[0])  # nor another pool's
+    assert shared.covered_until(theirs, now[0]) == pytest.approx(10.2)
+    assert shared.covered_until(mine, now[0]) is None  # its own share: always scraped here
+    assert shared.covered_until(Endpoint(theirs.address, "q"), now[0]) is None  # not another pool's
     now[0] += 0.19
-    assert shared.covers(one, now[0])
-    # The next batch no longer names it (the leader dropped it): this picker scrapes it again.
-    shared.received("p", encode_scrapes(views()[1:], now=0.0))
-    assert not shared.covers(one, now[0])
-    shared.received("p", encode_scrapes(views(), now=0.0))
-    now[0] += 0.19
-    assert shared.covers(one, now[0])
-    now[0] += 0.02  # the leader went quiet for stale_after: scrape again
-    assert not shared.covers(one, now[0])
-    # A leader scrapes everything and ignores batches (its own included).
-    shared.set_leader("p", True)
-    shared.received("p", encode_scrapes(views(), now=0.0))
-    assert len(source.adopted) == 3
-    assert not shared.covers(one, now[0])
-    assert shared.batch("p")
-    assert shared.batches_sent == 1
-    assert shared.batches_received == 3
-    shared.received("q", b"garbage")
+    assert shared.covered_until(theirs, now[0]) is not None
+    now[0] += 0.02  # the peer went quiet for stale_after: scrape it here
+    assert shared.covered_until(theirs, now[0]) is None
+    # A batch from another picker covers it too; this picker's own batches are skipped.
+    shared.received("p", batch, "third")
+    assert shared.covered_until(theirs, now[0]) is not None
+    shared.received("p", batch, "me")
+    assert len(source.adopted) == 2
+    # This picker publishes what it scraped itself within stale_after, and nothing when none.
+    assert shared.batch("p") is None
+    assert not shared.leads("p")
+    source.own = (EndpointView(mine, FULL),)
+    data = shared.batch("p")
+    assert data is not None
+    assert [r.address for r in decode_scrapes(data, now[0])] == [mine.address]
+    assert source.since[-1] == pytest.approx(now[0] - 0.2)
+    assert shared.leads("p")
+    assert (shared.batches_sent, shared.batches_received) == (1, 2)
+    shared.received("q", b"garbage", "peer")
     assert shared.bad_batches == 1
     shared.forget_pool("p")
     assert not shared.leads("p")
+    assert shared.covered_until(one, now[0]) is None
+    assert shared.covered_until(other, now[0]) is None
 
 
 class Covers:
     def __init__(self) -> None:
         self.covered: set[str] = set()
 
-    def covers(self, endpoint: Endpoint, now: float) -> bool:
-        return endpoint.address in self.covered
+    def covered_until(self, endpoint: Endpoint, now: float) -> float | None:
+        return now + 0.01 if endpoint.address in self.covered else None
 
 
 def fast(stale_after: float = 0.1) -> MetricsScraper:
