@@ -69,7 +69,7 @@ async def view_ages(http: aiohttp.ClientSession, admin: str) -> tuple[list[float
     async with http.get(f"{admin}/debug/pools") as response:
         report = await response.json()
     ages, missing = [], 0
-    for pool in report:
+    for pool in report["pools"]:
         for endpoint in pool["endpoints"]:
             age = endpoint.get("metrics_age_s")
             if age is None:

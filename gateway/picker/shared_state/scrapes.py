@@ -39,11 +39,14 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
+import msgspec
+
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView
 from kvgate.proto import shared_state_pb2 as pb
 
-SCRAPE_FORMAT = 1
-"""The scrape-batch format this version writes (``ScrapeBatch.format``)."""
+SCRAPE_FORMAT = 2
+"""The scrape-batch format this version writes (:func:`encode_scrapes`); it reads 1 too."""
+_ENCODER = msgspec.msgpack.Encoder()
 _U32_MAX = 0xFFFFFFFF
 
 class ScrapeRecord(NamedTuple):
@@ -68,39 +71,88 @@ class ScrapeSource(Protocol):
 
 
 def encode_scrapes(views: Iterable[EndpointView], now: float) -> bytes:
-    """A ``ScrapeBatch`` of ``views``, each metrics' age taken at ``now`` (the views' clock)."""
-    batch = pb.ScrapeBatch(format=SCRAPE_FORMAT)
+    """A scrape batch of ``views`` (format 2: msgpack), each metrics' age taken at ``now`` (the
+    views' clock): ``[2, [row, ...]]``, a row ``[address, healthy, age_ms, waiting, running, kv,
+    active_loras, waiting_loras, max_loras, block_size, num_gpu_blocks, served_models,
+    running_reported]``, or ``[address, healthy]`` for an endpoint never scraped. Every picker
+    reads every other picker's share each round, and format 1 (the ``ScrapeBatch`` message of
+    proto/shared_state.proto, still read) cost several times more to write and read in Python's
+    protobuf (bench/results/scrape_batch_codec.md)."""
+    rows: list[tuple[object, ...]] = []
     for view in views:
-        entry = batch.endpoints.add(address=view.address, healthy=view.healthy)
         m = view.metrics
         if m is None:
+            rows.append((view.address, view.healthy))
             continue
-        entry.age_ms = min(_U32_MAX, max(0, round((now - m.updated_at) * 1000)))
-        out = entry.metrics
-        out.waiting = _u32(m.waiting)
-        out.running = _u32(m.running)
-        out.kv_cache_usage = m.kv_cache_usage
-        out.active_loras.extend(sorted(m.active_loras))
-        out.waiting_loras.extend(sorted(m.waiting_loras))
-        out.max_loras = _u32(m.max_loras)
-        if m.block_size is not None:
-            out.block_size = _u32(m.block_size)
-        if m.num_gpu_blocks is not None:
-            out.num_gpu_blocks = _u32(m.num_gpu_blocks)
-        out.served_models.extend(sorted(m.served_models))
-        out.running_unreported = not m.running_reported
-    return batch.SerializeToString()
+        age_ms = min(_U32_MAX, max(0, round((now - m.updated_at) * 1000)))
+        rows.append((view.address, view.healthy, age_ms, m.waiting, m.running, m.kv_cache_usage,
+                     sorted(m.active_loras), sorted(m.waiting_loras), m.max_loras, m.block_size,
+                     m.num_gpu_blocks, sorted(m.served_models), m.running_reported))
+    return _ENCODER.encode((SCRAPE_FORMAT, rows))
+
+
+class _Row(msgspec.Struct, array_like=True):
+    """One endpoint in a format-2 batch (:func:`encode_scrapes`); types checked as it is read."""
+
+    address: str
+    healthy: bool
+    age_ms: int | None = None
+    """None: never scraped (the row ends here)."""
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    active_loras: list[str] = []
+    waiting_loras: list[str] = []
+    max_loras: int = 0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    served_models: list[str] = []
+    running_reported: bool = True
+
+
+_HEAD = msgspec.msgpack.Decoder(tuple[int, msgspec.Raw])
+_ROWS = msgspec.msgpack.Decoder(list[_Row])
 
 
 def decode_scrapes(data: bytes, now: float) -> list[ScrapeRecord]:
-    """The records of one ``ScrapeBatch``, metrics timed ``age`` before ``now`` (this picker's
-    clock); raises ValueError for bytes that are not a batch or a format this version cannot read."""
+    """The records of one scrape batch (format 2, or format 1 from a kvgate of the previous
+    version), metrics timed ``age`` before ``now`` (this picker's clock); raises ValueError for
+    bytes that are not a batch or a format this version cannot read."""
+    if data[:1] == b"\x08":  # a protobuf ScrapeBatch: its field 1 (format) comes first
+        return _decode_format1(data, now)
+    try:
+        version, body = _HEAD.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not a scrape batch: {exc}") from exc
+    if version != SCRAPE_FORMAT:
+        raise ValueError(f"scrape batch format {version} (this kvgate reads 1 and {SCRAPE_FORMAT})")
+    try:
+        rows = _ROWS.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not a scrape batch: {exc}") from exc
+    records: list[ScrapeRecord] = []
+    for row in rows:
+        if row.age_ms is None:
+            records.append(ScrapeRecord(row.address, None, row.healthy))
+            continue
+        metrics = EndpointMetrics(
+            waiting=row.waiting, running=row.running, kv_cache_usage=row.kv_cache_usage,
+            active_loras=frozenset(row.active_loras), waiting_loras=frozenset(row.waiting_loras),
+            max_loras=row.max_loras, block_size=row.block_size, num_gpu_blocks=row.num_gpu_blocks,
+            updated_at=now - row.age_ms / 1000, served_models=frozenset(row.served_models),
+            running_reported=row.running_reported,
+        )
+        records.append(ScrapeRecord(row.address, metrics, row.healthy))
+    return records
+
+
+def _decode_format1(data: bytes, now: float) -> list[ScrapeRecord]:
     try:
         batch = pb.ScrapeBatch.FromString(data)
     except Exception as exc:  # protobuf's DecodeError
         raise ValueError(f"not a scrape batch: {exc}") from exc
-    if batch.format != SCRAPE_FORMAT:
-        raise ValueError(f"scrape batch format {batch.format} (this kvgate reads {SCRAPE_FORMAT})")
+    if batch.format != 1:
+        raise ValueError(f"scrape batch format {batch.format} (this kvgate reads 1 and {SCRAPE_FORMAT})")
     records: list[ScrapeRecord] = []
     for entry in batch.endpoints:
         metrics: EndpointMetrics | None = None

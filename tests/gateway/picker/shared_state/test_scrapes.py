@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 
 from kvgate.gateway.picker.scraper import MetricsScraper
@@ -66,8 +67,19 @@ def test_a_batch_carries_every_field_and_ages_not_clock_readings() -> None:
 def test_unreadable_batches_and_other_formats_are_refused() -> None:
     with pytest.raises(ValueError, match="not a scrape batch"):
         decode_scrapes(b"\xff\xff\xff", now=0.0)
-    with pytest.raises(ValueError, match="format 2"):
+    with pytest.raises(ValueError, match="format 2"):  # a protobuf batch is format 1 or nothing
         decode_scrapes(pb.ScrapeBatch(format=2).SerializeToString(), now=0.0)
+    with pytest.raises(ValueError, match="format 3"):
+        decode_scrapes(msgspec.msgpack.encode((3, [])), now=0.0)
+    with pytest.raises(ValueError, match="not a scrape batch"):  # a field of the wrong type
+        decode_scrapes(msgspec.msgpack.encode((2, [["10.0.0.1:8000", True, 5, "many"]])), now=0.0)
+
+
+def test_a_format_1_batch_of_the_previous_kvgate_reads_the_same() -> None:
+    from kvgate.bench.scrape_batch_codec import encode_scrapes_format1
+
+    assert decode_scrapes(encode_scrapes_format1(views(), now=100.0), now=5000.0) == \
+        decode_scrapes(encode_scrapes(views(), now=100.0), now=5000.0)
 
 
 class Source:
