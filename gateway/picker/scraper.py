@@ -184,19 +184,21 @@ class MetricsScraper:
                 continue
             mine = target.view
             if metrics is None:
-                view = EndpointView(target.endpoint, mine.metrics, healthy)
-            elif (
+                target.adopted = True
+                if healthy != mine.healthy:
+                    target.view = EndpointView(target.endpoint, mine.metrics, healthy)
+                    changed = True
+                continue
+            if (
                 not target.adopted  # a view adopted before is superseded by the newer batch, always
                 and mine.healthy
                 and mine.metrics is not None
                 and mine.metrics.updated_at > metrics.updated_at
             ):
                 continue
-            else:
-                view = EndpointView(target.endpoint, metrics, healthy)
             target.adopted = True
-            if view != mine:
-                target.view = view
+            if metrics is not mine.metrics or healthy != mine.healthy:  # (a batch's are new objects)
+                target.view = EndpointView(target.endpoint, metrics, healthy)
                 changed = True
         if changed:
             self._publish(pool)

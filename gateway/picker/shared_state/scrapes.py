@@ -47,6 +47,7 @@ from kvgate.proto import shared_state_pb2 as pb
 SCRAPE_FORMAT = 2
 """The scrape-batch format this version writes (:func:`encode_scrapes`); it reads 1 too."""
 _ENCODER = msgspec.msgpack.Encoder()
+_NONE: frozenset[str] = frozenset()
 _U32_MAX = 0xFFFFFFFF
 
 class ScrapeRecord(NamedTuple):
@@ -137,9 +138,11 @@ def decode_scrapes(data: bytes, now: float) -> list[ScrapeRecord]:
             continue
         metrics = EndpointMetrics(
             waiting=row.waiting, running=row.running, kv_cache_usage=row.kv_cache_usage,
-            active_loras=frozenset(row.active_loras), waiting_loras=frozenset(row.waiting_loras),
+            active_loras=frozenset(row.active_loras) if row.active_loras else _NONE,
+            waiting_loras=frozenset(row.waiting_loras) if row.waiting_loras else _NONE,
             max_loras=row.max_loras, block_size=row.block_size, num_gpu_blocks=row.num_gpu_blocks,
-            updated_at=now - row.age_ms / 1000, served_models=frozenset(row.served_models),
+            updated_at=now - row.age_ms / 1000,
+            served_models=frozenset(row.served_models) if row.served_models else _NONE,
             running_reported=row.running_reported,
         )
         records.append(ScrapeRecord(row.address, metrics, row.healthy))
