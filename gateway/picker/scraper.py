@@ -1,11 +1,12 @@
-"""The metrics scraper: one asyncio loop per replica, publishing immutable endpoint snapshots.
+"""The metrics scraper: every replica's GET started by one timer, publishing immutable snapshots.
 
 ::
 
-    set_endpoints(pool, dialect, addresses) ──▶ one task per endpoint (every `interval`, on the
-                                                scraper's grid: phase + k × interval)
-        GET http://ip:port/metrics  (one kept-alive connection per endpoint, per-scrape timeout:
-                                     scrape/http_get.py)
+    set_endpoints(pool, dialect, addresses) ──▶ a target per endpoint; every `interval`, on the
+                                                scraper's grid (phase + k × interval), one tick
+                                                starts a GET for each target with none in flight
+        GET http://ip:port/metrics  (one kept-alive connection per endpoint, its answer by callback:
+                                     scrape/http_get.py; a GET past `timeout` fails at a tick)
         ──▶ parse_metrics(page, dialect)  ──▶ new frozen EndpointMetrics
         ──▶ new EndpointSnapshot, swapped in as one reference (version + 1) ──▶ on_snapshot(snapshot)
 
@@ -13,14 +14,14 @@ Readers call :meth:`MetricsScraper.snapshot` (or keep what ``on_snapshot`` hande
 lock: a snapshot never changes once published (docs/architecture.md, principle 1).
 
 Shared scrapes (pickers sharing state through Redis): a :class:`ScrapeDelegate` says which
-endpoints another picker scrapes for this one; their loops skip the GET while it does, and
+endpoints another picker scrapes for this one; the ticks skip their GET while it does, and
 :meth:`MetricsScraper.adopt` takes that picker's views (gateway/picker/shared_state/scrapes.py).
 
 Staleness: a failed scrape (connection refused, timeout, HTTP status other than 200, unreadable page)
 keeps the endpoint's last metrics; once those are older than ``stale_after`` (or there never were
 any) the endpoint is published ``healthy=False``. The next good scrape makes it healthy again.
-Each endpoint's task waits only on its own replica over its own connection, so a slow or dead
-replica never delays the others.
+Each endpoint's GET waits only on its own replica over its own connection, so a slow or dead
+replica never delays the others (a GET still in flight at a tick skips that tick).
 
 All methods must be called from the event loop's thread (the scraper is single-threaded asyncio);
 :meth:`snapshot` and :attr:`version` may be read from anywhere, as they only read one reference.
@@ -34,11 +35,11 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, TracebackType
-from typing import Protocol
+from typing import Protocol, cast
 
 from kvgate.gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
 from kvgate.gateway.picker.scrape.exposition import LineMemo, MetricsPageError
-from kvgate.gateway.picker.scrape.http_get import HttpGetError, MetricsConnection
+from kvgate.gateway.picker.scrape.http_get import MetricsConnection
 from kvgate.gateway.picker.scrape.target import ScrapeCounters, ScrapeTarget, checked_endpoint, metrics_url
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
@@ -57,12 +58,6 @@ class ScrapeDelegate(Protocol):
 
 
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
-
-
-class _ScrapeFailure(Exception):
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
 
 
 PUBLISH_DELAY_S = 0.001
@@ -102,7 +97,8 @@ class MetricsScraper:
         wake-up starts them all (the replicas are distinct servers: nothing to spread), and each
         picker has its own phase (many pickers do not scrape one replica at the same instant)."""
         self._targets: dict[str, dict[str, ScrapeTarget]] = {}
-        self._retired: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.TimerHandle | None = None
+        self._next_tick = 0.0
         self._snapshot = EndpointSnapshot()
         self._running = False
         self._delegate: ScrapeDelegate | None = None
@@ -249,9 +245,7 @@ class MetricsScraper:
             port = endpoint.port if metrics_port is None else metrics_port
             connection = MetricsConnection(endpoint.host, port, path, _ACCEPT)
             target = ScrapeTarget(endpoint, spec.dialect, url, connection)
-            updated[address] = target
-            if self.running:
-                self._launch(target)
+            updated[address] = target  # scraped from the next tick on
         for address, old in current.items():
             if address not in wanted:
                 self._retire(old)
@@ -273,24 +267,21 @@ class MetricsScraper:
         if self._running:
             return
         self._running = True
-        for targets in self._targets.values():
-            for target in targets.values():
-                self._launch(target)
+        loop = asyncio.get_running_loop()
+        self._next_tick = grid_tick(loop.time(), self._phase, self._interval)
+        self._ticker = loop.call_at(self._next_tick, self._tick)
 
     async def stop(self) -> None:
-        """Cancel every scrape loop, wait for them, close the connections. The last snapshot stays
-        readable."""
+        """Stop scraping and close the connections (GETs in flight are dropped). The last snapshot
+        stays readable."""
         self._running = False
-        tasks = [t.task for ts in self._targets.values() for t in ts.values() if t.task is not None]
-        tasks += self._retired
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         for targets in self._targets.values():
             for target in targets.values():
-                target.task = None
                 target.connection.close()
-        self._retired.clear()
+                target.sent_at = None
 
     async def __aenter__(self) -> MetricsScraper:
         await self.start()
@@ -301,81 +292,78 @@ class MetricsScraper:
     ) -> None:
         await self.stop()
 
-    # -- the per-endpoint loop -----------------------------------------------------------------
-
-    def _launch(self, target: ScrapeTarget) -> None:
-        name = f"scrape {target.endpoint.pool}/{target.endpoint.address}"
-        target.task = asyncio.get_running_loop().create_task(self._run(target), name=name)
+    # -- the tick: every endpoint's GET starts here --------------------------------------------
 
     def _retire(self, target: ScrapeTarget) -> None:
-        task, target.task = target.task, None
-        if task is not None and not task.done():
-            task.cancel()
-            self._retired.add(task)
-            task.add_done_callback(self._retired.discard)
-            task.add_done_callback(lambda _: target.connection.close())
-        else:
-            target.connection.close()
+        target.connection.close()  # a GET in flight is dropped: its answer is nobody's
+        target.sent_at = None
 
-    async def _run(self, target: ScrapeTarget) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = grid_tick(loop.time(), self._phase, self._interval)
-        while True:
-            await asyncio.sleep(next_at - loop.time())
-            covered_s = await self._scrape_once(target)
-            next_at += self._interval
-            now = loop.time()
-            if covered_s is not None and now + covered_s > next_at:  # another picker's: look again then
-                next_at = grid_tick(now + covered_s, self._phase, self._interval)
-            elif next_at < now:  # a scrape overran the interval: the grid's next tick, without a burst
-                next_at = grid_tick(now, self._phase, self._interval)
-
-    async def _scrape_once(self, target: ScrapeTarget) -> float | None:
-        """Scrape ``target`` unless another picker does; returns for how many seconds more that
-        one does, else None."""
+    def _tick(self) -> None:
+        """On the grid: time out the GETs past their bound, start one for every endpoint with none
+        in flight that no other picker covers. One timer for all (each answer comes by the
+        connection's callbacks): no task, future or timeout context per scrape."""
         if not self._running:
-            return None
-        delegate = self._delegate
-        if delegate is not None:
-            now = self._clock()
-            covered = delegate.covered_until(target.endpoint, now)
-            if covered is not None:
-                target.delegated += 1
-                return covered - now
+            return
+        loop = asyncio.get_running_loop()
         try:
-            page = await self._fetch(target)
-            metrics = parse_metrics(page, target.dialect, self._clock(), self._lines)
-        except _ScrapeFailure as failure:
-            self._failed(target, failure.kind, str(failure))
-            return None
-        except MetricsPageError as exc:
-            self._failed(target, "page", exc.message)
-            return None
-        except Exception as exc:  # a bug must not end this endpoint's loop silently
+            now = self._clock()
+            for targets in self._targets.values():
+                for target in targets.values():
+                    self._poll(target, now)
+        except Exception:  # a bug must not end scraping: logged, the next tick goes on
+            log.exception("scrape tick failed")
+        self._next_tick += self._interval
+        if self._next_tick < loop.time():  # a tick ran late: the grid's next one, without a burst
+            self._next_tick = grid_tick(loop.time(), self._phase, self._interval)
+        self._ticker = loop.call_at(self._next_tick, self._tick)
+
+    def _poll(self, target: ScrapeTarget, now: float) -> None:
+        sent = target.sent_at
+        if sent is not None:
+            if now - sent >= self._timeout_s:
+                target.connection.close()
+                target.sent_at = None
+                self._failed(target, "timeout", f"no answer within {self._timeout_s:g} s")
+            return  # one GET at a time: a slow one skips ticks until it ends
+        delegate = self._delegate
+        if delegate is not None and delegate.covered_until(target.endpoint, now) is not None:
+            target.delegated += 1
+            return
+        target.sent_at = now
+        target.connection.send(self._answered, self._unanswered, target)
+
+    def _answered(self, tag: object, status: int, body: bytes) -> None:
+        target = cast(ScrapeTarget, tag)
+        target.sent_at = None
+        if not self._running:
+            return
+        try:
+            if status != 200:
+                self._failed(target, "status", f"HTTP {status}")
+                return
+            try:
+                metrics = parse_metrics(body.decode("utf-8", errors="replace"), target.dialect, self._clock(),
+                                        self._lines)
+            except MetricsPageError as exc:
+                self._failed(target, "page", exc.message)
+                return
+            target.successes += 1
+            if not target.view.healthy:
+                log.warning("endpoint %s/%s answers its metrics again after %d failed scrapes",
+                            target.endpoint.pool, target.endpoint.address, target.consecutive_failures)
+            target.consecutive_failures = 0
+            target.view = EndpointView(target.endpoint, metrics, healthy=True)
+            target.adopted = False
+            self._publish_soon(target)
+        except Exception as exc:  # a bug must not end this endpoint's scrapes silently
             log.exception("scrape of %s failed unexpectedly", target.url)
             self._failed(target, "internal", repr(exc))
-            return None
-        target.successes += 1
-        if not target.view.healthy:
-            log.warning("endpoint %s/%s answers its metrics again after %d failed scrapes",
-                        target.endpoint.pool, target.endpoint.address, target.consecutive_failures)
-        target.consecutive_failures = 0
-        target.view = EndpointView(target.endpoint, metrics, healthy=True)
-        target.adopted = False
-        self._publish_soon(target)
-        return None
 
-    async def _fetch(self, target: ScrapeTarget) -> str:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                status, body = await target.connection.get()
-        except TimeoutError as exc:
-            raise _ScrapeFailure("timeout", repr(exc)) from None
-        except HttpGetError as exc:
-            raise _ScrapeFailure(exc.kind, str(exc)) from None
-        if status != 200:
-            raise _ScrapeFailure("status", f"HTTP {status}")
-        return body.decode("utf-8", errors="replace")
+    def _unanswered(self, tag: object, kind: str, detail: str) -> None:
+        target = cast(ScrapeTarget, tag)
+        target.sent_at = None
+        if self._running:
+            self._failed(target, kind, detail)
 
     def _failed(self, target: ScrapeTarget, kind: str, detail: str) -> None:
         target.consecutive_failures += 1

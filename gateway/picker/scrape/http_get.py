@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import cast
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -33,10 +34,12 @@ class HttpGetError(Exception):
 
 
 class _Reader(asyncio.Protocol):
-    def __init__(self) -> None:
+    """The connection's protocol: bytes into the buffer, each arrival handed to its owner."""
+
+    def __init__(self, owner: MetricsConnection) -> None:
+        self.owner = owner
         self.buffer = bytearray()
         self.closed = False
-        self.waiter: asyncio.Future[None] | None = None
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -46,34 +49,33 @@ class _Reader(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        self._wake()
+        self.owner._arrived(self)
 
     def eof_received(self) -> bool | None:
         self.closed = True
-        self._wake()
+        self.owner._arrived(self)
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._wake()
+        if not self.closed:
+            self.closed = True
+            self.owner._arrived(self)
 
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
 
-    async def more(self) -> None:
-        """Wait for more bytes (or the close)."""
-        if self.closed:
-            raise HttpGetError("connection", "the connection closed before the answer was complete")
-        self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
+Answered = Callable[[object, int, bytes], None]
+"""``answered(tag, status, body)``: a GET's answer."""
+Failed = Callable[[object, str, str], None]
+"""``failed(tag, kind, detail)``: a GET that got no answer (kind ``connection`` or ``http``)."""
 
 
 class MetricsConnection:
-    """GETs of one URL path on one ``host:port`` over a kept-alive connection."""
+    """GETs of one URL path on one ``host:port`` over a kept-alive connection.
+
+    :meth:`send` starts a GET whose answer (or failure) comes to a callback from the protocol's
+    own callbacks: no task, no future, no timer per GET (the scraper's loop makes 20 a second per
+    replica; bench/results/scrape_engine.md). The caller bounds each GET: :meth:`close` drops one
+    that took too long, and its callbacks are never called. :meth:`get` is the same as a coroutine.
+    """
 
     def __init__(self, host: str, port: int, path: str, accept: str) -> None:
         self._host = host.strip("[]")
@@ -84,48 +86,123 @@ class MetricsConnection:
             "User-Agent: kvgate-scraper\r\n\r\n"
         ).encode("latin-1")
         self._reader: _Reader | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._pending: tuple[Answered, Failed, object] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A GET is in flight (sent, or waiting for the connection)."""
+        return self._pending is not None
+
+    def send(self, answered: Answered, failed: Failed, tag: object) -> None:
+        """Start a GET (one at a time): ``answered(tag, status, body)`` or ``failed(tag, kind,
+        detail)`` follows, once, unless :meth:`close` comes first."""
+        if self._pending is not None:
+            raise RuntimeError("a GET is already in flight on this connection")
+        self._pending = (answered, failed, tag)
+        reader = self._reader
+        if reader is not None and not reader.closed and reader.transport is not None:
+            reader.transport.write(self._request)
+        elif self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
 
     async def get(self) -> tuple[int, bytes]:
         """The status and body of one GET. Cancel it (a timeout) and the connection is dropped."""
-        reader = self._reader
-        if reader is None or reader.closed:
-            reader = await self._connect()
-        ok = False
-        try:
-            assert reader.transport is not None
-            reader.transport.write(self._request)
-            status, body, keep = await _read_response(reader)
-            ok = keep
-            return status, body
-        finally:
-            if not ok:
-                self.close()
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
 
-    async def _connect(self) -> _Reader:
+        def answered(_: object, status: int, body: bytes) -> None:
+            if not future.done():
+                future.set_result((status, body))
+
+        def failed(_: object, kind: str, detail: str) -> None:
+            if not future.done():
+                future.set_exception(HttpGetError(kind, detail))
+
+        self.send(answered, failed, None)
+        try:
+            return await future
+        except BaseException:
+            if self._pending is not None or not future.done():
+                self.close()
+            raise
+
+    async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            _, reader = await loop.create_connection(_Reader, self._host, self._port)
+            _, reader = await loop.create_connection(lambda: _Reader(self), self._host, self._port)
         except OSError as exc:
-            raise HttpGetError("connection", repr(exc)) from None
+            self._connecting = None
+            self._fail("connection", repr(exc))
+            return
+        finally:
+            self._connecting = None
         self._reader = reader
-        return reader
+        if self._pending is None:  # closed while connecting
+            reader.closed = True
+            if reader.transport is not None:
+                reader.transport.close()
+            self._reader = None
+            return
+        assert reader.transport is not None
+        reader.transport.write(self._request)
+
+    def _arrived(self, reader: _Reader) -> None:
+        if reader is not self._reader:
+            return  # a connection dropped before: its last bytes are nobody's
+        if self._pending is None:
+            if reader.closed:
+                self._reader = None
+            return
+        try:
+            answer = parse_response(reader.buffer, reader.closed)
+        except HttpGetError as exc:
+            self.close_transport()
+            self._fail(exc.kind, str(exc))
+            return
+        if answer is None:
+            if reader.closed:
+                self.close_transport()
+                self._fail("connection", "the connection closed before the answer was complete")
+            return
+        status, body, keep = answer
+        if not keep:
+            self.close_transport()
+        answered, _, tag = self._pending
+        self._pending = None
+        answered(tag, status, body)
+
+    def _fail(self, kind: str, detail: str) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1](pending[2], kind, detail)
+
+    def close_transport(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.closed = True
+            if reader.transport is not None:
+                with contextlib.suppress(Exception):
+                    reader.transport.close()
 
     def close(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None and reader.transport is not None:
-            with contextlib.suppress(Exception):
-                reader.transport.close()
+        """Drop the connection and any GET in flight (its callbacks are not called)."""
+        self._pending = None
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            connecting.cancel()
+        self.close_transport()
 
 
-async def _read_response(reader: _Reader) -> tuple[int, bytes, bool]:
-    """(status, body, whether the connection may be reused)."""
-    buffer = reader.buffer
-    while (end := buffer.find(b"\r\n\r\n")) < 0:
+def parse_response(buffer: bytearray, closed: bool) -> tuple[int, bytes, bool] | None:
+    """One answer from the start of ``buffer`` (taken out of it): (status, body, whether the
+    connection may be reused), or None while incomplete (``closed``: no more bytes will come, so a
+    body without a length ends here). Raises :class:`HttpGetError` (``http``) for a malformed one."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
         if len(buffer) > MAX_HEADER_BYTES:
             raise HttpGetError("http", "header block too large")
-        await reader.more()
+        return None
     head = bytes(buffer[:end]).decode("latin-1")
-    del buffer[: end + 4]
     status_line, _, header_text = head.partition("\r\n")
     parts = status_line.split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
@@ -138,51 +215,58 @@ async def _read_response(reader: _Reader) -> tuple[int, bytes, bool]:
             raise HttpGetError("http", f"malformed header line: {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
     keep = parts[0] == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    start = end + 4
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return status, await _read_chunked(reader), keep
+        chunked = _parse_chunked(buffer, start)
+        if chunked is None:
+            return None
+        body, used = chunked
+        del buffer[:used]
+        return status, body, keep
     length = headers.get("content-length")
     if length is not None:
         if not length.isdigit() or int(length) > MAX_BODY_BYTES:
             raise HttpGetError("http", f"bad content-length: {length[:40]!r}")
         size = int(length)
-        while len(buffer) < size:
-            await reader.more()
-        body = bytes(buffer[:size])
-        del buffer[:size]
+        if len(buffer) - start < size:
+            return None
+        body = bytes(buffer[start : start + size])
+        del buffer[: start + size]
         return status, body, keep
-    while not reader.closed:  # no length: the body ends with the connection
-        if len(buffer) > MAX_BODY_BYTES:
-            raise HttpGetError("http", "body too large")
-        with contextlib.suppress(HttpGetError):
-            await reader.more()
-    body = bytes(buffer)
+    if len(buffer) - start > MAX_BODY_BYTES:  # no length: the body ends with the connection
+        raise HttpGetError("http", "body too large")
+    if not closed:
+        return None
+    body = bytes(buffer[start:])
     buffer.clear()
     return status, body, False
 
 
-async def _read_chunked(reader: _Reader) -> bytes:
-    buffer = reader.buffer
+def _parse_chunked(buffer: bytearray, start: int) -> tuple[bytes, int] | None:
+    """A chunked body from ``start``: (body, bytes used up to the end of its trailers), or None."""
     body = bytearray()
+    at = start
     while True:
-        while (end := buffer.find(b"\r\n")) < 0:
-            await reader.more()
-        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
+        end = buffer.find(b"\r\n", at)
+        if end < 0:
+            return None
+        size_text = bytes(buffer[at:end]).split(b";", 1)[0].strip()
         try:
             size = int(size_text, 16)
         except ValueError:
             raise HttpGetError("http", f"bad chunk size: {size_text[:20]!r}") from None
-        del buffer[: end + 2]
+        at = end + 2
         if size == 0:
-            while (end := buffer.find(b"\r\n")) != 0:  # trailers, up to the empty line
-                if end > 0:
-                    del buffer[: end + 2]
-                else:
-                    await reader.more()
-            del buffer[:2]
-            return bytes(body)
-        while len(buffer) < size + 2:
-            await reader.more()
-        body += buffer[:size]
-        del buffer[: size + 2]
+            while True:  # trailers, up to the empty line
+                end = buffer.find(b"\r\n", at)
+                if end < 0:
+                    return None
+                if end == at:
+                    return bytes(body), at + 2
+                at = end + 2
+        if len(buffer) < at + size + 2:
+            return None
+        body += buffer[at : at + size]
+        at += size + 2
         if len(body) > MAX_BODY_BYTES:
             raise HttpGetError("http", "body too large")

@@ -6,7 +6,6 @@ module holds its loops and publishing alone.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -35,7 +34,8 @@ class ScrapeCounters:
 
 
 class ScrapeTarget:
-    """One endpoint being scraped: its loop task, latest view and counters (loop-thread only)."""
+    """One endpoint being scraped: its connection, GET in flight, latest view and counters
+    (loop-thread only)."""
 
     __slots__ = (
         "adopted",
@@ -46,8 +46,8 @@ class ScrapeTarget:
         "endpoint",
         "errors",
         "last_error",
+        "sent_at",
         "successes",
-        "task",
         "url",
         "view",
     )
@@ -62,7 +62,8 @@ class ScrapeTarget:
         self.view = EndpointView(endpoint)
         self.adopted = False
         """``view`` came from another picker's batch (``MetricsScraper.adopt``), not this one's scrape."""
-        self.task: asyncio.Task[None] | None = None
+        self.sent_at: float | None = None
+        """When the GET in flight was sent (None: none in flight)."""
         self.successes = 0
         self.delegated = 0
         self.consecutive_failures = 0
