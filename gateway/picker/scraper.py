@@ -56,6 +56,10 @@ class ScrapeDelegate(Protocol):
         """Skip scraping ``endpoint`` until then (its views come by ``adopt``); None: scrape now."""
         ...
 
+    def scraped(self, pool: str) -> None:
+        """This scraper published new scrapes (or verdicts) of ``pool``'s endpoints."""
+        ...
+
 
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
@@ -403,6 +407,9 @@ class MetricsScraper:
             if targets is not None:
                 pools[pool] = tuple(t.view for t in targets.values())
         self._swap(pools)
+        if self._delegate is not None:
+            for pool in dirty:
+                self._delegate.scraped(pool)
 
     def _publish(self, pool: str) -> None:
         targets = self._targets.get(pool)

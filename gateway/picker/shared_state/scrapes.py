@@ -16,16 +16,18 @@ bytes through Redis in the round trips it already makes):
   each picker refreshes every round; :meth:`SharedScrapes.set_members`); an endpoint belongs to the
   picker with the highest hash of (picker, endpoint), so a picker joining or leaving moves only its
   own share. Alone, a picker owns every endpoint.
-- **Each picker** scrapes its share and appends the views it scraped itself to the stream
-  ``P:{pool}:scrapes`` once per round (:func:`encode_scrapes`: per endpoint, health, metrics and
-  their *age*, not a clock reading, so the hosts' clocks need not agree), and adopts the others'
-  batches (:meth:`SharedScrapes.received`).
-- **An endpoint it does not own** is skipped while a batch naming it arrived less than
-  ``stale_after`` ago (:meth:`SharedScrapes.covered_until`; the scraper's loop for it sleeps until
-  then). A picker that stopped (it leaves the set at once) or died (its entry ages out after the
-  in-flight TTL), an endpoint its owner does not name (configurations differ for a moment), Redis
-  gone: after ``stale_after`` the others scrape it themselves, exactly as without sharing, until
-  batches name it again.
+- **Each picker** scrapes its share and, as soon as a tick's answers are in (the scraper says so:
+  :meth:`SharedScrapes.scraped`; the sync's publisher gathers 5 ms more), appends the views it
+  scraped since its last batch to the stream ``P:{pool}:scrapes`` (:func:`encode_scrapes`: per
+  endpoint, health, metrics and their *age*, not a clock reading, so the hosts' clocks need not
+  agree); it adopts the others' batches (:meth:`SharedScrapes.received`). Published on the sync
+  round instead, an adopted view was older by up to a round (50 ms) more.
+- **An endpoint it does not own** is skipped while the picker that last named it named it lately
+  and still publishes (:meth:`SharedScrapes.covered_until`). A picker that stopped (it leaves the
+  set at once) or died (its entry ages out after the in-flight TTL), an endpoint its owner does not
+  name (configurations differ for a moment), Redis gone: after ``stale_after`` (or
+  ``NAMED_WITHIN`` of them for an endpoint its owner stopped naming) the others scrape it
+  themselves, exactly as without sharing, until batches name it again.
 
 What a picker gives up: its own view of the replicas others scrape. An owner that cannot reach a
 replica the others could (a partial network partition between hosts) makes every picker see it
@@ -36,6 +38,7 @@ each picker's own view where that matters more than the model servers' scrape lo
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
@@ -182,6 +185,11 @@ def _u32(value: int) -> int:
     return max(0, min(int(value), _U32_MAX))
 
 
+NAMED_WITHIN = 5
+"""An endpoint another picker named within this many ``stale_after`` is still that picker's while it
+publishes (its GET of the endpoint may be slow: the owner times it out and says so itself)."""
+
+
 def owner_of(members: Sequence[str], address: str) -> str:
     """The picker of ``members`` that scrapes ``address``: rendezvous (highest random weight)
     hashing, the same answer in every process (not Python's salted ``hash``)."""
@@ -207,9 +215,19 @@ class SharedScrapes:
         """Per pool: the live pickers as the last round read them (this one among them)."""
         self._owners: dict[str, dict[str, bool]] = {}
         """Per pool: endpoint → whether this picker owns it (for the members above)."""
-        self._batches: dict[str, dict[str, tuple[float, frozenset[str]]]] = {}
+        self._named: dict[str, dict[str, tuple[str, float]]] = {}
+        """Per pool and endpoint: the picker whose batch last named it, and when."""
+        self._heard: dict[str, dict[str, float]] = {}
+        """Per pool and publishing picker: when its last batch arrived."""
         """Per pool and publishing picker: when its last batch arrived and the endpoints it named."""
-        self._leading: set[str] = set()
+        self._leading: dict[str, float] = {}
+        """Per pool: when this picker last published scrapes of it."""
+        self._due: set[str] = set()
+        """Pools with scrapes made since their last batch."""
+        self._batched_at: dict[str, float] = {}
+        """Per pool: when its last batch was made (the next holds the views scraped since)."""
+        self.wake: Callable[[], None] = lambda: None
+        """Called when a scrape is due to be published (the sync's publisher waits for it)."""
         self.batches_sent = 0
         self.batches_received = 0
         self.bad_batches = 0
@@ -231,28 +249,44 @@ class SharedScrapes:
         return mine
 
     def leads(self, pool: str) -> bool:
-        """Whether this picker's last batch of ``pool`` named any endpoint (it scrapes a share)."""
-        return pool in self._leading
+        """Whether this picker published scrapes of ``pool`` within ``stale_after`` (it scrapes a
+        share of it)."""
+        at = self._leading.get(pool)
+        return at is not None and self._clock() - at < self.stale_after
 
     @property
     def leading(self) -> frozenset[str]:
-        return frozenset(self._leading)
+        return frozenset(pool for pool in self._leading if self.leads(pool))
 
     def forget_pool(self, pool: str) -> None:
-        self._leading.discard(pool)
+        self._leading.pop(pool, None)
+        self._due.discard(pool)
+        self._batched_at.pop(pool, None)
         self._members.pop(pool, None)
         self._owners.pop(pool, None)
-        self._batches.pop(pool, None)
+        self._named.pop(pool, None)
+        self._heard.pop(pool, None)
 
     # --- what each picker writes and the others read ------------------------------------------
+    def scraped(self, pool: str) -> None:
+        """The scraper published new scrapes of ``pool``: they are to be shared now."""
+        self._due.add(pool)
+        self.wake()
+
+    def take_due(self) -> list[str]:
+        due, self._due = self._due, set()
+        return sorted(due)
+
     def batch(self, pool: str) -> bytes | None:
-        """This picker's views of ``pool`` scraped within ``stale_after`` (None: it scraped none)."""
+        """This picker's views of ``pool`` scraped since its last batch of it (and those it found
+        unhealthy); None: none."""
         now = self._clock()
-        views = self.source.own_views(pool, now - self.stale_after)
+        since = max(self._batched_at.get(pool, -math.inf), now - self.stale_after)
+        views = self.source.own_views(pool, since)
+        self._batched_at[pool] = now
         if not views:
-            self._leading.discard(pool)
             return None
-        self._leading.add(pool)
+        self._leading[pool] = now
         self.batches_sent += 1
         return encode_scrapes(views, now)
 
@@ -267,24 +301,36 @@ class SharedScrapes:
             self.bad_batches += 1
             return
         self.batches_received += 1
-        publishers = self._batches.setdefault(pool, {})
-        publishers[origin] = (now, frozenset(record.address for record in records))
-        if len(publishers) > 1:  # pickers gone long ago are forgotten
-            for name in [n for n, (at, _) in publishers.items() if now - at > 10 * self.stale_after]:
-                del publishers[name]
+        self._heard.setdefault(pool, {})[origin] = now
+        named = self._named.setdefault(pool, {})
+        stamp = (origin, now)
+        for record in records:
+            named[record.address] = stamp
+        if self.batches_received % 256 == 0:  # endpoints nobody names any more (removed) are forgotten
+            horizon = now - NAMED_WITHIN * self.stale_after
+            for address in [a for a, (_, at) in named.items() if at < horizon]:
+                del named[address]
+            heard = self._heard[pool]
+            for name in [n for n, at in heard.items() if at < horizon and n != origin]:
+                del heard[name]
         # This picker's own share is its own scrapes' (another's view of it, taken while the shares
         # moved, would stand in for them until the next scrape and drop out of this picker's batch).
         self.source.adopt(pool, [r for r in records if not self.owns(pool, r.address)])
 
     # --- what the scraper asks ----------------------------------------------------------------
     def covered_until(self, endpoint: Endpoint, now: float) -> float | None:
-        """Until when another picker's batches keep ``endpoint`` fresh (skip scraping it till
-        then); None: scrape it now (this picker owns it, or nobody has named it lately)."""
+        """Until when another picker keeps ``endpoint`` fresh (skip scraping it till then): the
+        picker that last named it names it still (within ``NAMED_WITHIN`` × ``stale_after``: a batch
+        holds only what was scraped since the last, so a slow GET leaves an endpoint out of a few)
+        and publishes (a batch within ``stale_after``). None: scrape it now (this picker owns it,
+        nobody names it, or its publisher went quiet)."""
         pool = endpoint.pool
         if self.owns(pool, endpoint.address):
             return None
-        latest = max((at for at, names in self._batches.get(pool, {}).values() if endpoint.address in names),
-                     default=None)
-        if latest is None or now - latest >= self.stale_after:
+        named = self._named.get(pool, {}).get(endpoint.address)
+        if named is None or now - named[1] >= NAMED_WITHIN * self.stale_after:
             return None
-        return latest + self.stale_after
+        heard = self._heard.get(pool, {}).get(named[0])
+        if heard is None or now - heard >= self.stale_after:
+            return None
+        return heard + self.stale_after

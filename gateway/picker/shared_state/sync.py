@@ -61,6 +61,9 @@ from kvgate.policies.tenant_ledger import TenantLedger, TenantUsage
 
 log = logging.getLogger(__name__)
 
+SCRAPES_GATHER_S = 0.005
+"""A batch of scrapes waits this long after the first is due, for the others of the same tick."""
+
 
 def new_picker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -165,6 +168,7 @@ class SharedStateSync:
             self._tasks = [
                 asyncio.create_task(self._loop(self.sync_once), name="kvgate-redis-sync"),
                 asyncio.create_task(self._loop(self.read_once), name="kvgate-redis-read"),
+                asyncio.create_task(self._publish_scrapes_loop(), name="kvgate-redis-scrapes"),
             ]
 
     async def stop(self) -> None:
@@ -180,19 +184,60 @@ class SharedStateSync:
             await self.link.run("unpublish", self._unpublish)
 
     async def _loop(self, step: Callable[[], Any]) -> None:
+        """``step`` every sync interval; at once again after a step that returned True (a read
+        that brought entries: more may wait, and a blocking read waits for them itself)."""
         interval = self.settings.sync_interval_s
         task = asyncio.current_task()
         while self._running:
             started = self._clock()
+            again = False
             try:
-                await step()
+                again = await step() is True
             except Exception:  # a bug here must not end sharing for good
                 log.exception("shared-state loop step failed")
             if task is not None and task.cancelling():
                 # A cancellation that reached a Redis call as it timed out can come back as a
                 # timeout (Python 3.11's asyncio.timeout): seen as a loop that outlived its cancel.
                 raise asyncio.CancelledError
-            await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
+            if not again:
+                await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
+
+    async def _publish_scrapes_loop(self) -> None:
+        """Publish this picker's scrapes as soon as they are made (the scraper says so: a batch
+        waiting for the next sync round aged every adopted view by up to an interval more)."""
+        scrapes = self.scrapes
+        if scrapes is None:
+            return
+        due = asyncio.Event()
+        scrapes.wake = due.set
+        while self._running:
+            await due.wait()
+            await asyncio.sleep(SCRAPES_GATHER_S)  # the rest of the tick's answers join this batch
+            due.clear()
+            try:
+                await self.publish_scrapes()
+            except Exception:  # a bug here must not end sharing for good
+                log.exception("publishing scrapes failed")
+
+    async def publish_scrapes(self) -> None:
+        """Append to each pool's stream the views this picker scraped since its last batch there."""
+        scrapes = self.scrapes
+        if scrapes is None:
+            return
+        pools = scrapes.take_due()
+        if not self.link.available:
+            return
+        batches = [(pool, batch) for pool in pools
+                   if pool in self._mirrors and (batch := scrapes.batch(pool)) is not None]
+        if not batches:
+            return
+
+        def write(pipe: Pipeline) -> None:
+            for pool, batch in batches:
+                pipe.xadd(self._key(pool, "scrapes"), {"o": self.picker_id, BATCH_FIELD: batch},
+                          maxlen=256, approximate=True)
+
+        await self.link.run("scrapes", write)
 
     # --- one round of each loop (also called directly by tests) -------------------------------
     async def sync_once(self) -> None:
@@ -211,10 +256,6 @@ class SharedStateSync:
         known = list(self._known_peers)
         fair = [pool in self._ledgers for pool, _ in known]
         scrapes = self.scrapes
-        published = [
-            (pool, batch) for pool in (pools if scrapes is not None else [])
-            if scrapes is not None and (batch := scrapes.batch(pool)) is not None
-        ]
 
         def write(pipe: Pipeline) -> None:
             s = self.settings
@@ -228,11 +269,6 @@ class SharedStateSync:
                         approximate=True,
                     )
             self._publish(pipe, now_ms)
-            for pool, batch in published:
-                pipe.xadd(
-                    self._key(pool, "scrapes"), {"o": self.picker_id, BATCH_FIELD: batch},
-                    maxlen=64, approximate=True,
-                )
             for pool in pools:
                 pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
             # The peers the last round knew, read in this same round trip: while nobody joins or
@@ -348,12 +384,13 @@ class SharedStateSync:
             for ledger in self._ledgers.values():
                 ledger.forget_peers()
 
-    async def read_once(self) -> None:
-        """Tail the streams once (blocking up to ``read_block_s``) and apply peers' events."""
+    async def read_once(self) -> bool:
+        """Tail the streams once (blocking up to ``read_block_s``) and apply peers' events; True
+        when entries came."""
         if not self._last_ids:
-            return
+            return False
         if not self.link.available:
-            return
+            return False
         streams = dict(self._last_ids)
         block_ms = max(1, int(self.settings.read_block_s * 1000))
         replies = await self.link.run(
@@ -362,7 +399,7 @@ class SharedStateSync:
             extra_wait_s=2 * self.settings.read_block_s,
         )
         if not replies or not replies[0]:
-            return
+            return False
         result = replies[0]
         items = result.items() if isinstance(result, dict) else result
         me = self.picker_id.encode()
@@ -394,6 +431,7 @@ class SharedStateSync:
                     continue
                 mirror.apply_peer_events(events)
                 self.counters.events_received += len(events)
+        return True
 
     # --- keys ---------------------------------------------------------------------------------
     def _key(self, pool: str, kind: str) -> str:

@@ -151,16 +151,28 @@ def test_an_endpoint_owned_elsewhere_is_skipped_while_batches_name_it() -> None:
     assert shared.covered_until(theirs, now[0]) is not None
     shared.received("p", batch, "me")
     assert len(source.adopted) == 2
-    # This picker publishes what it scraped itself within stale_after, and nothing when none.
+    # This picker publishes what it scraped itself since its last batch, and nothing when none.
+    woken: list[int] = []
+    shared.wake = lambda: woken.append(1)
+    shared.scraped("p")
+    assert woken == [1]
+    assert shared.take_due() == ["p"]
+    assert shared.take_due() == []
     assert shared.batch("p") is None
+    assert source.since[-1] == pytest.approx(now[0] - 0.2)  # at most stale_after back
     assert not shared.leads("p")
     source.own = (EndpointView(mine, FULL),)
+    now[0] += 0.05
     data = shared.batch("p")
     assert data is not None
+    assert source.since[-1] == pytest.approx(now[0] - 0.05)  # since the last batch
     assert [r.address for r in decode_scrapes(data, now[0])] == [mine.address]
-    assert source.since[-1] == pytest.approx(now[0] - 0.2)
     assert shared.leads("p")
-    assert (shared.batches_sent, shared.batches_received) == (1, 2)
+    now[0] += 0.21
+    assert not shared.leads("p")  # nothing published for stale_after
+    assert shared.batch("p") is not None
+    assert shared.leading == frozenset({"p"})
+    assert (shared.batches_sent, shared.batches_received) == (2, 2)
     shared.received("q", b"garbage", "peer")
     assert shared.bad_batches == 1
     shared.forget_pool("p")
@@ -175,6 +187,9 @@ class Covers:
 
     def covered_until(self, endpoint: Endpoint, now: float) -> float | None:
         return now + 0.01 if endpoint.address in self.covered else None
+
+    def scraped(self, pool: str) -> None:
+        pass
 
 
 def fast(stale_after: float = 0.1) -> MetricsScraper:
