@@ -330,9 +330,15 @@ class MetricsScraper:
                 self._failed(target, "timeout", f"no answer within {self._timeout_s:g} s")
             return  # one GET at a time: a slow one skips ticks until it ends
         delegate = self._delegate
-        if delegate is not None and delegate.covered_until(target.endpoint, now) is not None:
-            target.delegated += 1
-            return
+        if delegate is not None:
+            if now < target.covered_until:  # known covered: no need to ask again each tick
+                target.delegated += 1
+                return
+            covered = delegate.covered_until(target.endpoint, now)
+            if covered is not None:
+                target.covered_until = covered
+                target.delegated += 1
+                return
         target.sent_at = now
         target.connection.send(self._answered, self._unanswered, target)
 

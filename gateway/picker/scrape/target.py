@@ -41,6 +41,7 @@ class ScrapeTarget:
         "adopted",
         "connection",
         "consecutive_failures",
+        "covered_until",
         "delegated",
         "dialect",
         "endpoint",
@@ -62,6 +63,8 @@ class ScrapeTarget:
         self.view = EndpointView(endpoint)
         self.adopted = False
         """``view`` came from another picker's batch (``MetricsScraper.adopt``), not this one's scrape."""
+        self.covered_until = 0.0
+        """Another picker scrapes it until then, as the delegate last said (not asked again before)."""
         self.sent_at: float | None = None
         """When the GET in flight was sent (None: none in flight)."""
         self.successes = 0
