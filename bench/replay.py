@@ -23,6 +23,7 @@ Run: ``python -m kvgate.bench.replay --workload long-prompts --fraction 0.9 --re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import random
@@ -253,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="long-prompts")
     p.add_argument("--hetero", action="store_true")
+    p.add_argument("--replicas", type=int, default=0,
+                   help="the fleet's size instead of the workload's (the offered rate scales with it)")
     p.add_argument("--fraction", type=float, default=0.9)
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--output-tokens", type=int, default=64)
@@ -266,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = WORKLOADS[args.workload].with_output_tokens(args.output_tokens)
     if args.hetero:
         spec = spec.with_fleet(spec.fleet.heterogeneous(), f"{spec.name}-hetero")
+    if args.replicas:
+        spec = spec.with_fleet(dataclasses.replace(spec.fleet, replicas=args.replicas),
+                               f"{spec.name}-r{args.replicas}")
     rate = offered_rate(spec, args.fraction)
     planned, warmup = run_plan(spec, rate, args.fraction, args.requests, args.seed)
     replay = Replay(spec, args.profile, args.scrape_interval, args.seed, args.explain)

@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.plugins.candidates import CandidateSetFilter
 from kvgate.policies.plugins.deciders import ConditionalDecider, PrefixBasedDecider
 from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
 from kvgate.policies.plugins.estimated_ttft import EstimatedTtftScorer
@@ -95,6 +96,7 @@ def builtin_registry() -> PluginRegistry:
     for plugin_type, cls in simple.items():
         registry.register(plugin_type, no_parameters(cls, plugin_type))
     registry.register("saturation-filter", SaturationFilter.from_parameters)
+    registry.register("candidate-set", CandidateSetFilter.from_parameters)
     registry.register("estimated-ttft-scorer", EstimatedTtftScorer.from_parameters)
     registry.register("max-score-picker", MaxScorePicker.from_parameters)
     recorders: dict[str, type[InflightRecorder] | type[PrefixIndexRecorder] | type[SessionRecorder]] = {

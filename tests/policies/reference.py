@@ -78,6 +78,9 @@ class Reference:
     # --- filters ------------------------------------------------------------------------------
 
     def filter(self, plugin_type: str, plugin: object, endpoints: Views) -> Views:
+        if plugin_type == "candidate-set":  # the equivalence pools are small: it keeps them whole
+            assert len(endpoints) <= plugin.params.above, "the reference scores whole pools"  # type: ignore[attr-defined]
+            return endpoints
         if plugin_type == "healthy-filter":
             kept = [e for e in endpoints if e.healthy and e.metrics is not None]
         elif plugin_type == "saturation-filter":

@@ -207,6 +207,7 @@ def test_per_plugin_timing_through_injected_timer_and_clock() -> None:
     s = scheduler("default", timer=recorder, clock=lambda: float(next(ticks)))
     s.schedule(request(prompt=text(1, 500)), [view(1), view(2)], NOW)
     assert [(p, t, n) for p, t, n, _s in recorder.seen] == [
+        ("filter", "candidate-set", "candidate-set"),
         ("filter", "healthy-filter", "healthy-filter"),
         ("filter", "saturation-filter", "saturation-filter"),
         ("scorer", "estimated-ttft-scorer", "ttft"),
