@@ -260,6 +260,8 @@ def chosen(paths: Sequence[str], wanted: Sequence[str] | None) -> tuple[str, ...
 
 async def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     plan = QUICK if args.quick else FULL
+    if args.connections:
+        plan = dataclasses.replace(plan, connections=args.connections)
     # baseline_lean runs exactly when --baseline is given, whatever --paths names
     wanted = None if args.paths is None else [*args.paths, "baseline_lean"]
     unwanted = () if args.baseline is not None else ("baseline_lean",)
@@ -444,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs (about 3 minutes)")
     parser.add_argument("--endpoints", type=int, default=8, help="upstream endpoints in the pool")
+    parser.add_argument("--connections", type=int, default=0,
+                        help="closed-loop connections of the load phase (0: the plan's, 8)")
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     parser.add_argument("--profile", default="default", help="scheduling profile of the pool")
     parser.add_argument("--output", type=Path, default=None, help="also write the report here")
