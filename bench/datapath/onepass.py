@@ -122,6 +122,8 @@ class Row:
     path: str
     case: str
     p50_ms: float = 0.0
+    p99_ms: float | None = None
+    """Closed-loop runs: wrk's p99."""
     ttft_p50_ms: float | None = None
     rps: float = 0.0
     cpu_us_per_request: float | None = None
@@ -241,7 +243,8 @@ async def load(
         result = await wrk
     wall = time.monotonic() - started
     after = cpu_snapshot(pids)
-    row = Row(path, case, p50_ms=result.p50_ms, rps=result.requests / result.duration_s, errors=result.errors)
+    row = Row(path, case, p50_ms=result.p50_ms, p99_ms=result.p99_ms, rps=result.requests / result.duration_s,
+              errors=result.errors)
     row.cpu_cores = {name: (after[name] - before[name]) / wall for name in pids}
     row.cpu_cores["wrk"] = result.wrk_cpu
     if processor is not None:
@@ -418,9 +421,9 @@ def render(rows: Sequence[Row], header: dict[str, str]) -> str:
     out += ["", "## Closed-loop load: throughput and the processor's CPU per request", "",
             "CPU columns: cores each process used over the run (1.00 = one core busy); processor: the "
             "row's own processor (the null picker, the picker or the lean picker).", "",
-            "| request | path | req/s | p50 ms | processor µs/req | × floor | errors | processor | envoy | "
-            "upstream | picker | picker_lean | null_picker | wrk |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| request | path | req/s | p50 ms | p99 ms | p99 × floor's | processor µs/req | × floor "
+            "| errors | processor | envoy | upstream | picker | picker_lean | null_picker | wrk |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in loads:
         floor = by[("floor", row.case)].cpu_us_per_request
         ratio = (
@@ -428,11 +431,14 @@ def render(rows: Sequence[Row], header: dict[str, str]) -> str:
             if row.cpu_us_per_request is not None and floor else "–"
         )
         cpu = "–" if row.cpu_us_per_request is None else f"{row.cpu_us_per_request:.0f}"
+        floor_p99 = by[("floor", row.case)].p99_ms
+        p99 = "–" if row.p99_ms is None else f"{row.p99_ms:.2f}"
+        p99_ratio = f"{row.p99_ms / floor_p99:.2f}" if row.p99_ms is not None and floor_p99 else "–"
         names = ("processor", "envoy", "upstream", "picker", "picker_lean", "null_picker", "wrk")
         cores = " | ".join(f"{row.cpu_cores.get(name, 0.0):.2f}" for name in names)
         out.append(
-            f"| {row.case} | {row.path} | {row.rps:.0f} | {row.p50_ms:.2f} | {cpu} | {ratio} | "
-            f"{row.errors} | {cores} |"
+            f"| {row.case} | {row.path} | {row.rps:.0f} | {row.p50_ms:.2f} | {p99} | {p99_ratio} | {cpu} | "
+            f"{ratio} | {row.errors} | {cores} |"
         )
     return "\n".join(out) + "\n"
 
