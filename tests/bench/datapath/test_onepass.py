@@ -32,9 +32,9 @@ def test_render_shows_only_the_paths_run_and_each_rows_own_processor() -> None:
         rows += [Row(path, "c=1 1 KB", p50_ms=base), Row(path, "c=1 200 KB", p50_ms=base * 2),
                  Row(path, "c=1 stream 64", p50_ms=base * 3, ttft_p50_ms=base)]
     rows += [
-        Row("floor", "c=8 1 KB", rps=1000.0, cpu_us_per_request=300.0,
+        Row("floor", "c=8 1 KB", rps=1000.0, cpu_us_per_request=300.0, p99_ms=40.0,
             cpu_cores={"processor": 0.3, "null_picker": 0.3}),
-        Row("kvgate_lean", "c=8 1 KB", rps=800.0, cpu_us_per_request=450.0,
+        Row("kvgate_lean", "c=8 1 KB", rps=800.0, cpu_us_per_request=450.0, p99_ms=60.0,
             cpu_cores={"processor": 0.36, "picker_lean": 0.36}),
     ]
     text = render(rows, {"command": "test"})
@@ -43,6 +43,7 @@ def test_render_shows_only_the_paths_run_and_each_rows_own_processor() -> None:
     ) in text
     assert "kvgate_gie" not in text.split("## Closed-loop")[0]
     assert "| c=1 1 KB | 0.500 | 1.500 | 2.000 | +1.000 | +1.500 | +0.500 |" in text
-    # processor, envoy, upstream, picker, picker_lean, null_picker, wrk
-    lean = "| c=8 1 KB | kvgate_lean | 800 | 0.00 | 450 | 1.50 | 0 | 0.36 | 0.00 | 0.00 | 0.00 | 0.36 |"
+    # p99 and its ratio to the floor's; processor, envoy, upstream, picker, picker_lean, null_picker, wrk
+    lean = ("| c=8 1 KB | kvgate_lean | 800 | 0.00 | 60.00 | 1.50 | 450 | 1.50 | 0 | 0.36 | 0.00 | 0.00 "
+            "| 0.00 | 0.36 |")
     assert lean in text
