@@ -390,6 +390,8 @@ class SharedStateSync:
         if not self._last_ids:
             return False
         if not self.link.available:
+            if self.scrapes is not None:
+                self.scrapes.read_failed()
             return False
         streams = dict(self._last_ids)
         block_ms = max(1, int(self.settings.read_block_s * 1000))
@@ -398,6 +400,11 @@ class SharedStateSync:
             lambda pipe: pipe.xread(streams, count=1000, block=block_ms),  # type: ignore[arg-type]
             extra_wait_s=2 * self.settings.read_block_s,
         )
+        if self.scrapes is not None:
+            if replies is None:
+                self.scrapes.read_failed()
+            else:
+                self.scrapes.read_done(self._clock())
         if not replies or not replies[0]:
             return False
         result = replies[0]

@@ -181,6 +181,31 @@ def test_an_endpoint_owned_elsewhere_is_skipped_while_batches_name_it() -> None:
     assert shared.covered_until(other, now[0]) is None
 
 
+def test_a_lagging_reader_judges_its_peers_silence_as_of_its_last_read_within_a_bound() -> None:
+    now = [10.0]
+    shared = SharedScrapes(Source(), stale_after=0.2, clock=lambda: now[0], me="me")
+    members = ["me", "peer"]
+    shared.set_members("p", members)
+    theirs = next(e for e in (Endpoint(f"10.0.0.{i}:8000", "p") for i in range(1, 50))
+                  if owner_of(members, e.address) == "peer")
+    shared.received("p", encode_scrapes([EndpointView(theirs, FULL)], now=0.0), "peer")
+    shared.read_done(now[0])
+    now[0] += 0.5  # this picker's loop lagged: no read came back since, the peer's batches may wait unread
+    assert shared.covered_until(theirs, now[0]) == pytest.approx(10.7)
+    now[0] += 0.69  # judged as of NAMED_WITHIN x stale_after back at most: then quiet for stale_after
+    assert shared.covered_until(theirs, now[0]) is not None
+    now[0] += 0.02
+    assert shared.covered_until(theirs, now[0]) is None
+    shared.read_done(now[0])  # reads come back again, and without the peer's batches: it went quiet
+    assert shared.covered_until(theirs, now[0]) is None
+    now[0] = 20.0
+    shared.received("p", encode_scrapes([EndpointView(theirs, FULL)], now=0.0), "peer")
+    shared.read_done(now[0])
+    shared.read_failed()  # Redis gone: silence is judged as of now
+    now[0] += 0.21
+    assert shared.covered_until(theirs, now[0]) is None
+
+
 class Covers:
     def __init__(self) -> None:
         self.covered: set[str] = set()
