@@ -28,7 +28,7 @@ class PoolRuntime:
     spec: PoolSpec
     scheduler_impl: PoolScheduler
     scraper: MetricsScraper
-    replica_names: Callable[[str], PoolModelNames]
+    replica_names: Callable[[str, bool], PoolModelNames]
     """What a pool's ready replicas serve (``ReplicaModels.names``)."""
     declared: frozenset[str] = frozenset()
     """``spec.declared_models()``, once."""
@@ -45,7 +45,8 @@ class PoolRuntime:
 
     @staticmethod
     def of(spec: PoolSpec, scheduler: PoolScheduler, scraper: MetricsScraper,
-           replica_names: Callable[[str], PoolModelNames], holding: HoldingArea | None = None) -> PoolRuntime:
+           replica_names: Callable[[str, bool], PoolModelNames],
+           holding: HoldingArea | None = None) -> PoolRuntime:
         room = spec.flow_control.settings() if spec.flow_control is not None else FlowControlSettings()
         return PoolRuntime(spec, scheduler, scraper, replica_names, spec.declared_models(),
                            frozenset(spec.extra_paths), holding_area=holding, room=room)
@@ -86,12 +87,17 @@ class PoolRuntime:
     def model_known(self, model: str) -> bool | None:
         if model in self.declared:
             return True
-        served = self.replica_names(self.spec.name)
+        served = self.replica_names(self.spec.name, False)
         if model in served.names:
             return True
         if self.spec.models:
             return False  # a declared list is the whole list
-        return False if self.spec.check_models and served.complete else None
+        if not self.spec.check_models:
+            return None
+        served = self.replica_names(self.spec.name, True)  # the latest views before saying no
+        if model in served.names:
+            return True
+        return False if served.complete else None
 
     @property
     def scheduler(self) -> Scheduler:

@@ -7,7 +7,7 @@ model a page labels its gauges with, the adapters it runs), so a new adapter sho
 
 Two readers, neither on the network: ``GET /v1/models`` through the gateway lists the latest
 (:meth:`ReplicaModels.reports`), and the picker asks per request whether a name is one the pool's
-replicas serve (:meth:`ReplicaModels.names`: a set kept per snapshot, so a request costs a lookup).
+replicas serve (:meth:`ReplicaModels.names`: a set kept per pool, so a request costs a lookup).
 """
 
 from __future__ import annotations
@@ -104,12 +104,35 @@ def pool_model_names(
 ) -> dict[str, PoolModelNames]:
     """Each pool's served names (:func:`pool_models`' ids), complete when every ready replica was
     polled (a pool with no ready replica is never complete: nothing says what it will serve)."""
-    out: dict[str, PoolModelNames] = {}
-    for pool, report in pool_models(snapshot, polled).items():
-        ready = _ready(snapshot.endpoints(pool))
-        complete = bool(ready) and all(view.address in polled for view in ready)
-        out[pool] = PoolModelNames(frozenset(model.id for model in report.models), complete)
-    return out
+    return {pool: views_model_names(views, polled) for pool, views in snapshot.pools.items()}
+
+
+def views_model_names(
+    views: tuple[EndpointView, ...], polled: Mapping[str, tuple[ReportedModel, ...]]
+) -> PoolModelNames:
+    """One pool's :func:`pool_model_names`."""
+    ready = _ready(views)
+    names: set[str] = set()
+    complete = bool(ready)
+    for view in ready:
+        reported = polled.get(view.address)
+        if reported is None:
+            complete = False
+        else:
+            names.update(model.id for model in reported)
+        metrics = view.metrics
+        if metrics is not None:
+            names.update(metrics.served_models)
+            names.update(metrics.active_loras)
+            names.update(metrics.waiting_loras)
+    return PoolModelNames(frozenset(names), complete)
+
+
+NAMES_REFRESH_S = 0.1
+"""A pool's names are computed again when a poll changed them, and otherwise at most this often
+while its endpoints' views change (the scraper publishes a new tuple per scrape tick: at 1,000
+endpoints about one a millisecond, and the names are O(pool)); a name not among them is checked
+against the latest views before it is called unserved (``names(pool, fresh=True)``)."""
 
 
 class ReplicaModels:
@@ -117,31 +140,39 @@ class ReplicaModels:
     serve from the latest polls and the live snapshot."""
 
     def __init__(
-        self, snapshot: Callable[[], EndpointSnapshot], *, interval: float = 5.0, timeout: float = 1.0
+        self, snapshot: Callable[[], EndpointSnapshot], *, interval: float = 5.0, timeout: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._snapshot = snapshot
+        self._clock = clock
         self._interval = interval
         self._timeout = timeout
         self._polled: dict[str, tuple[ReportedModel, ...]] = {}
         self._polled_at: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._names: dict[str, PoolModelNames] = {}
-        self._names_of: tuple[EndpointSnapshot, int] | None = None
-        """What ``_names`` was computed from: the snapshot and the polls' version."""
+        self._names: dict[str, tuple[tuple[EndpointView, ...], int, float, PoolModelNames]] = {}
+        """Per pool: the views and the polls' version its names were computed from, when, and them."""
         self._version = 0
 
     def reports(self) -> dict[str, PoolModels]:
         return pool_models(self._snapshot(), self._polled)
 
-    def names(self, pool: str) -> PoolModelNames:
-        """What ``pool``'s ready replicas serve; computed again only when the snapshot or a poll changed."""
-        snapshot = self._snapshot()
-        cached = self._names_of
-        if cached is None or cached[0] is not snapshot or cached[1] != self._version:
-            self._names = pool_model_names(snapshot, self._polled)
-            self._names_of = (snapshot, self._version)
-        return self._names.get(pool, PoolModelNames())
+    def names(self, pool: str, fresh: bool = False) -> PoolModelNames:
+        """What ``pool``'s ready replicas serve: computed again when a poll changed, and when the
+        pool's views changed ``NAMES_REFRESH_S`` after the last time (at once with ``fresh``)."""
+        views = self._snapshot().endpoints(pool)
+        now = self._clock()
+        cached = self._names.get(pool)
+        if cached is not None and cached[1] == self._version and (
+            cached[0] is views or (not fresh and 0.0 <= now - cached[2] < NAMES_REFRESH_S)
+        ):
+            return cached[3]
+        names = views_model_names(views, self._polled)
+        self._names[pool] = (views, self._version, now, names)
+        if len(self._names) > 2 * len(self._snapshot().pools) + 16:  # pools removed since
+            self._names = {pool: self._names[pool]}
+        return names
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())

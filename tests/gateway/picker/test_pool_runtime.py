@@ -10,7 +10,7 @@ from kvgate.gateway.picker.service import PickerService, PickerSettings
 
 def runtime(reported: PoolModelNames, **spec: object) -> PoolRuntime:
     pool = PoolSpec.model_validate({"name": "p"} | spec)
-    return PoolRuntime.of(pool, None, None, lambda name: reported)  # type: ignore[arg-type]
+    return PoolRuntime.of(pool, None, None, lambda name, fresh: reported)  # type: ignore[arg-type]
 
 
 SERVED = PoolModelNames(frozenset({"base", "sql-lora"}), complete=True)

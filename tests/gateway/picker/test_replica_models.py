@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kvgate.gateway.picker.replica_models import ReplicaModels, ReportedModel, pool_model_names, pool_models
+from kvgate.gateway.picker.replica_models import (
+    NAMES_REFRESH_S,
+    ReplicaModels,
+    ReportedModel,
+    pool_model_names,
+    pool_models,
+)
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 
@@ -68,3 +74,17 @@ async def test_the_poller_answers_names_from_live_polls_and_follows_changes() ->
     finally:
         await poller.stop()
         await runner.cleanup()
+
+
+def test_names_follow_new_views_within_the_refresh_and_at_once_when_asked_fresh() -> None:
+    now = [0.0]
+    views = {"p": (view("10.0.0.1:8000"),)}
+    poller = ReplicaModels(lambda: EndpointSnapshot.of(views), clock=lambda: now[0])
+    assert poller.names("p").names == {"base"}
+    views["p"] = (view("10.0.0.1:8000", loras=frozenset({"fresh-lora"})),)  # a new snapshot per scrape tick
+    now[0] += NAMES_REFRESH_S / 2
+    assert poller.names("p").names == {"base"}  # not computed again per snapshot
+    assert poller.names("p", fresh=True).names == {"base", "fresh-lora"}  # before a name is called unserved
+    views["p"] = (view("10.0.0.1:8000"),)
+    now[0] += NAMES_REFRESH_S
+    assert poller.names("p").names == {"base"}
