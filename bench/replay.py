@@ -123,7 +123,9 @@ class Replay:
         self.engines = engines_for(spec)
         self.endpoints = [Endpoint(f"10.0.0.{i + 1}:8000", "pool") for i in range(len(self.engines))]
         self.scheduler = ProfileScheduler(load_profile(profile_path), rng=random.Random(seed))
-        self.views = [EndpointView(e, None, True) for e in self.endpoints]
+        # a new tuple per scrape, as the scraper publishes them (the scheduler's per-snapshot memos
+        # and the candidate set's incremental ranking trust a tuple they have seen not to change)
+        self.views = tuple(EndpointView(e, None, True) for e in self.endpoints)
         self.scrape_interval = scrape_interval
         self.explain_left = explain
         self._last_pick: dict[str, int] = {}
@@ -147,8 +149,8 @@ class Replay:
         while self._events:
             now, _, _, kind, index = heapq.heappop(self._events)
             if kind == "scrape":
-                self.views[index] = EndpointView(self.endpoints[index],
-                                                 endpoint_metrics(self.engines[index], now), True)
+                scraped = EndpointView(self.endpoints[index], endpoint_metrics(self.engines[index], now), True)
+                self.views = (*self.views[:index], scraped, *self.views[index + 1 :])
                 if now <= end_of_plan or self._in_flight:
                     self._push(now + self.scrape_interval, 2, "scrape", index)
             elif kind == "arrive":

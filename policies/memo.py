@@ -6,7 +6,8 @@ filter keeps, a load score, the per-endpoint constants of a cost model) is done 
 reused while the same tuple object comes back: these memos hold the tuple they were computed from
 and compare by identity, so a recycled ``id`` can never alias a different snapshot. The scraper
 publishes after each endpoint's scrape, so a tuple often differs from the last one by one view:
-:class:`ViewRecords` then rebuilds only that view's record.
+:class:`ViewRecords` then rebuilds only that view's record (and builds none for a subset of views it
+has seen).
 
 Only tuples are memoised (a list could change between calls); any other sequence is computed
 afresh on every call, with the same result. Each memo holds one entry (one pool per scheduler)
@@ -45,15 +46,21 @@ class TupleMemo(Generic[V]):
 class ViewRecords(Generic[R]):
     """One record per endpoint, derived from its view alone, in endpoint order.
 
-    A new tuple that keeps most views (the scraper replaces the view of the endpoint it just
-    scraped) rebuilds only the records of the views that changed at their position.
+    Records are kept per view object, so a new tuple that keeps most views (the scraper replaces
+    the view of the endpoint it just scraped) and a subset of a snapshot (what ``candidate-set``
+    passes on from a large pool, a new tuple per request) build only the records of views not seen
+    before. The cache holds the views themselves, so an ``id`` in it cannot be recycled; it is
+    emptied when it outgrows ``max(MIN_CACHED, 4 × the tuple)``: bounded memory whatever the churn.
     """
 
-    __slots__ = ("_build", "_entry")
+    __slots__ = ("_build", "_by_view", "_entry")
+
+    MIN_CACHED = 8192
 
     def __init__(self, build: Callable[[EndpointView], R]) -> None:
         self._build = build
         self._entry: tuple[tuple[EndpointView, ...], list[R]] | None = None
+        self._by_view: dict[int, tuple[EndpointView, R]] = {}
 
     def get(self, endpoints: Sequence[EndpointView]) -> Sequence[R]:
         """The records of ``endpoints`` (read-only: the same list serves the next call)."""
@@ -61,14 +68,17 @@ class ViewRecords(Generic[R]):
         if entry is not None and entry[0] is endpoints:
             return entry[1]
         build = self._build
-        if type(endpoints) is not tuple:
-            return [build(v) for v in endpoints]
-        if entry is not None and len(entry[0]) == len(endpoints):
-            records = [
-                record if old is view else build(view)
-                for old, view, record in zip(entry[0], endpoints, entry[1], strict=True)
-            ]
-        else:
-            records = list(map(build, endpoints))
-        self._entry = (endpoints, records)
+        by_view = self._by_view
+        if len(by_view) > max(self.MIN_CACHED, 4 * len(endpoints)):
+            by_view.clear()
+        lookup = by_view.get
+        records: list[R] = []
+        append = records.append
+        for view in endpoints:
+            hit = lookup(id(view))
+            if hit is None or hit[0] is not view:
+                hit = by_view[id(view)] = (view, build(view))
+            append(hit[1])
+        if type(endpoints) is tuple:
+            self._entry = (endpoints, records)
         return records

@@ -17,7 +17,8 @@ eviction then trims a cached prompt from its tail, as vLLM's free-block queue do
 an endpoint holds of any prompt is a LEADING RUN of its blocks (a later prompt sharing blocks 0..j
 refreshes all of them together, and eviction takes the least recent, i.e. the tail, first). So the
 matched length per candidate is found by binary search over the prompt's blocks: O(log blocks)
-dict lookups per candidate instead of a walk over all blocks.
+dict lookups per candidate instead of a walk over all blocks, and two when it holds as many blocks as the
+candidate before it (the holders of a shared system prompt: bench/results/pick_cost.md).
 """
 
 from __future__ import annotations
@@ -60,10 +61,14 @@ class PrefixIndex:
         n = len(hashes)
         last = hashes[n - 1]
         matched: dict[str, int] = {}
+        guess = 0  # the last holder's length: holders of a shared prompt mostly hold the same run
         for address in holders:
             lru = self._lru[address]
             if last in lru:
                 matched[address] = n
+                continue
+            if 0 < guess < n and hashes[guess - 1] in lru and hashes[guess] not in lru:
+                matched[address] = guess
                 continue
             lo, hi = 1, n - 1  # hashes[:lo] held; hashes[hi] not held
             while hi - lo > 0:
@@ -72,7 +77,7 @@ class PrefixIndex:
                     lo = mid + 1
                 else:
                     hi = mid
-            matched[address] = lo
+            matched[address] = guess = lo
         return matched
 
     def insert(self, address: str, hashes: Sequence[int], capacity: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from kvgate.policies.plugins.candidates import CandidateSetFilter, CandidateSetParams
 from kvgate.policies.profile import load_profile
@@ -38,7 +39,7 @@ def test_above_it_keeps_the_prefix_holders_the_adapters_the_least_loaded_and_a_s
     assert 7 in kept
     assert 300 in kept
     assert kept == sorted(kept)  # the pool's order
-    assert len(kept) <= 1 + 1 + 1 + 10
+    assert 10 <= len(kept) <= 1 + 1 + 1 + 10
     assert len(chosen) < len(endpoints)
 
 
@@ -52,3 +53,64 @@ def test_the_default_profile_still_picks_the_prefix_holder_in_a_pool_of_a_thousa
     scheduler.on_finished(warm, first, ok=True, now=NOW)
     again = request("again", prompt + " and one more question")
     assert scheduler.schedule(again, endpoints, NOW).pick == first
+
+
+def kept_after(narrow: CandidateSetFilter, endpoints: Sequence[EndpointView], now: float,
+               state: InProcessState | None = None, prompt: str = "", model: str = "base") -> list[int]:
+    ctx = context(request(prompt=prompt, model=model), state)
+    ctx.now = now
+    return [index_of(e.address) for e in narrow.filter(ctx, endpoints)]
+
+
+def test_the_least_loaded_follow_each_new_snapshot_and_the_unchanged_each_rebuild() -> None:
+    narrow = CandidateSetFilter(CandidateSetParams(holders=0, least_loaded=2, sample=0))
+    views = list(pool(300))
+    views[10] = view(10, waiting=0, running=1, kv=0.1)
+    views[11] = view(11, waiting=0, running=2, kv=0.1)
+    views[12] = view(12, waiting=0, running=3, kv=0.1)
+    assert kept_after(narrow, tuple(views), NOW) == [10, 11]
+    soon = NOW + CandidateSetFilter.REBUILD_S / 2
+    views[20] = view(20, waiting=0, running=0, kv=0.0)  # rescraped: now the least loaded
+    assert kept_after(narrow, tuple(views), soon) == [10, 20]
+    views[10] = view(10, waiting=9)  # rescraped: busy now; 11, unchanged, ranks second from the next rebuild
+    assert kept_after(narrow, tuple(views), soon) == [10, 20]
+    later = NOW + 2 * CandidateSetFilter.REBUILD_S
+    assert kept_after(narrow, tuple(views), later) == [11, 20]
+    views[12] = view(12, healthy=False)  # an unhealthy endpoint is never among them
+    views[11] = view(11, healthy=False)
+    assert kept_after(narrow, tuple(views), later + 2 * CandidateSetFilter.REBUILD_S) == [0, 20]  # by place
+
+
+def test_an_adapter_loaded_since_the_last_rebuild_counts_at_once_and_one_unloaded_no_more() -> None:
+    narrow = CandidateSetFilter(CandidateSetParams(holders=0, least_loaded=0, sample=0))
+    views = list(pool(300))
+    views[10] = view(10, active=frozenset({"a"}))
+    assert kept_after(narrow, tuple(views), NOW, model="a") == [10]
+    views[20] = view(20, active=frozenset({"a"}))  # rescraped: it loaded the adapter
+    views[10] = view(10)  # and 10 unloaded it
+    soon = NOW + CandidateSetFilter.REBUILD_S / 2
+    assert kept_after(narrow, tuple(views), soon, model="a") == [20]
+    assert kept_after(narrow, tuple(views), soon, model="b") == []
+    views[30] = view(30, waiting_loras=frozenset({"b"}))  # waiting for a slot counts too
+    assert kept_after(narrow, tuple(views), soon, model="b") == [30]
+    assert kept_after(narrow, views, soon, model="b") == [30]  # a list: rebuilt
+
+
+def test_a_prefix_holder_is_found_when_the_positions_moved_and_a_newcomer_after_the_rebuild_period() -> None:
+    narrow = CandidateSetFilter(CandidateSetParams(holders=2, least_loaded=0, sample=0))
+    endpoints = pool(300)
+    assert kept_after(narrow, endpoints, NOW) == []
+    state = InProcessState()
+    prompt = text(3, 4000)
+    hashes = context(request(prompt=prompt)).prefix_hashes()
+    newcomer = view(999, waiting=3, running=20, kv=0.5)
+    state.prefix_insert(newcomer.address, hashes, 10_000)
+    state.prefix_insert(endpoints[123].address, hashes, 10_000)
+    moved = (*endpoints[1:], newcomer)  # the same size: endpoint 0 left, 999 came
+    soon = NOW + CandidateSetFilter.REBUILD_S / 2
+    assert kept_after(narrow, moved, soon, state, prompt) == [123, 999]  # 123 moved: rebuilt
+    narrow = CandidateSetFilter(CandidateSetParams(holders=2, least_loaded=0, sample=0))
+    kept_after(narrow, endpoints, NOW)
+    replaced = (*endpoints[:50], newcomer, *endpoints[51:])  # in 50's place: nothing else moved
+    assert kept_after(narrow, replaced, soon, state, prompt) == [123]
+    assert kept_after(narrow, replaced, NOW + 2 * CandidateSetFilter.REBUILD_S, state, prompt) == [999, 123]

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import itertools
+import random
 import tracemalloc
+from collections.abc import Mapping
 
 from kvgate.policies.hashing import PromptHasher
 from kvgate.policies.prefix_index import BYTES_PER_ENTRY, PrefixIndex
@@ -58,3 +61,24 @@ def test_bytes_per_entry_documented_bound() -> None:
     tracemalloc.stop()
     assert index.total_entries == 40 * 256
     assert used / index.total_entries <= BYTES_PER_ENTRY
+
+
+def test_match_agrees_with_a_walk_over_the_blocks_whatever_the_holders_lengths() -> None:
+    # many holders of one shared prefix at equal lengths (the matcher's shortcut) and at others
+    rng = random.Random(11)
+    index = PrefixIndex()
+    prompts = [[1, *(rng.randrange(1 << 60) for _ in range(40))] for _ in range(6)]
+    for e in range(60):
+        prompt = prompts[e % len(prompts)]
+        cut = rng.choice([5, 5, 5, 17, 40, rng.randrange(1, 41)])
+        index.insert(f"e{e}", prompt[:cut], capacity=rng.choice([8, 1000]))
+    for prompt in prompts:
+        for length in (1, 3, 5, 6, 17, 30, 41):
+            hashes = prompt[:length]
+            expected: dict[str, int] = {}
+            for e in range(60):
+                lru: Mapping[int, None] = index._lru.get(f"e{e}", {})
+                held = sum(1 for _ in itertools.takewhile(lru.__contains__, hashes))
+                if held:
+                    expected[f"e{e}"] = held
+            assert index.match(hashes) == expected
