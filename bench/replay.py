@@ -149,7 +149,8 @@ class Replay:
         while self._events:
             now, _, _, kind, index = heapq.heappop(self._events)
             if kind == "scrape":
-                scraped = EndpointView(self.endpoints[index], endpoint_metrics(self.engines[index], now), True)
+                metrics = endpoint_metrics(self.engines[index], now)
+                scraped = EndpointView(self.endpoints[index], metrics, True)
                 self.views = (*self.views[:index], scraped, *self.views[index + 1 :])
                 if now <= end_of_plan or self._in_flight:
                     self._push(now + self.scrape_interval, 2, "scrape", index)

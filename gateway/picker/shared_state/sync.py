@@ -5,6 +5,7 @@ Keys, per pool (``P`` = ``key_prefix``)::
     P:{pool}:prefix              stream: event batches of prefix insertions (trimmed by age, prefix_ttl_s)
     P:{pool}:session             stream: event batches of session pins (trimmed by age, session_ttl_s)
     P:{pool}:pickers             sorted set: picker id -> last publish (ms)
+    P:{pool}:scrapers            sorted set: the same, of the pickers that share scrapes
     P:{pool}:inflight:{picker}   hash: endpoint -> "requests tokens" (expires after inflight_ttl_s)
     P:{pool}:fairness:{picker}   hash: "band tenant" -> TenantUsage (flow control; same expiry)
     P:{pool}:scrapes             stream: each picker's scrapes of its share, one batch per round (short)
@@ -18,7 +19,8 @@ When Redis fails, both loops back off (``RedisLink``) and routing goes on with t
 peers' in-flight counts older than ``inflight_ttl_s`` are dropped locally too.
 
 With shared scrapes (:meth:`SharedStateSync.share_scrapes`), each round also tells
-:class:`SharedScrapes` the pool's live pickers (who scrapes which endpoint follows from them) and
+:class:`SharedScrapes` the pool's live pickers that share scrapes (who scrapes which endpoint
+follows from them: a picker run with ``--no-shared-scrapes`` publishes none, so it owns no share) and
 appends this picker's scrapes of its share; the read loop hands the other pickers' batches to it
 (scrapes.py says why and how).
 
@@ -269,8 +271,12 @@ class SharedStateSync:
                         approximate=True,
                     )
             self._publish(pipe, now_ms)
+            since = now_ms - int(s.inflight_ttl_s * 1000)
             for pool in pools:
-                pipe.zrangebyscore(self._key(pool, "pickers"), now_ms - int(s.inflight_ttl_s * 1000), "+inf")
+                pipe.zrangebyscore(self._key(pool, "pickers"), since, "+inf")
+            if scrapes is not None:
+                for pool in pools:
+                    pipe.zrangebyscore(self._key(pool, "scrapers"), since, "+inf")
             # The peers the last round knew, read in this same round trip: while nobody joins or
             # leaves (the usual case) a round is one round trip, not two.
             self._read_peer_hashes(pipe, known, fair)
@@ -286,12 +292,14 @@ class SharedStateSync:
             return
         self.counters.syncs += 1
         self.counters.events_sent += taken
-        # The pipeline ends with the pools' picker lists and the known peers' hashes.
-        tail = replies[len(replies) - len(pools) - len(known) - sum(fair) :]
+        # The pipeline ends with the pools' picker lists, their scrapers' lists (when this picker
+        # shares scrapes) and the known peers' hashes.
+        lists = len(pools) * (1 if scrapes is None else 2)
+        tail = replies[len(replies) - lists - len(known) - sum(fair) :]
         members: list[list[bytes]] = tail[: len(pools)]
-        peer_replies = tail[len(pools) :]
+        peer_replies = tail[lists:]
         if scrapes is not None:
-            for pool, ids in zip(pools, members, strict=True):
+            for pool, ids in zip(pools, tail[len(pools) : lists], strict=True):
                 scrapes.set_members(pool, (m.decode() for m in ids))
         me = self.picker_id.encode()
         wanted = [(pool, m) for pool, ids in zip(pools, members, strict=True) for m in ids if m != me]
@@ -317,16 +325,18 @@ class SharedStateSync:
                 if usage:
                     pipe.hset(key, mapping=encode_tenant_usage(usage))  # type: ignore[arg-type]
                     pipe.pexpire(key, ttl_ms)
-            pickers = self._key(pool, "pickers")
-            pipe.zadd(pickers, {self.picker_id: now_ms})
-            pipe.zremrangebyscore(pickers, "-inf", now_ms - 10 * ttl_ms)
-            pipe.pexpire(pickers, 10 * ttl_ms)
+            for kind in ("pickers", "scrapers") if self.scrapes is not None else ("pickers",):
+                members = self._key(pool, kind)
+                pipe.zadd(members, {self.picker_id: now_ms})
+                pipe.zremrangebyscore(members, "-inf", now_ms - 10 * ttl_ms)
+                pipe.pexpire(members, 10 * ttl_ms)
 
     def _unpublish(self, pipe: Pipeline) -> None:
         for pool in self._mirrors:
             pipe.delete(self._key(pool, f"inflight:{self.picker_id}"))
             pipe.delete(self._key(pool, f"fairness:{self.picker_id}"))
             pipe.zrem(self._key(pool, "pickers"), self.picker_id)
+            pipe.zrem(self._key(pool, "scrapers"), self.picker_id)
 
     def _read_peer_hashes(self, pipe: Pipeline, peers: list[tuple[str, bytes]], fair: list[bool]) -> None:
         """Each peer's in-flight hash, and its fairness hash where ``fair`` says."""

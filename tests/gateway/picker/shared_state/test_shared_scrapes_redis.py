@@ -55,7 +55,7 @@ MakePicker = Callable[..., Awaitable[Picker]]
 async def make_picker(redis_server: RedisServer) -> AsyncIterator[MakePicker]:
     made: list[Picker] = []
 
-    async def make(server: MetricsServer, picker_id: str | None = None) -> Picker:
+    async def make(server: MetricsServer, picker_id: str | None = None, share: bool = True) -> Picker:
         settings = RedisSettings(
             url=redis_server.url, key_prefix="t", sync_interval_s=0.02, read_block_s=0.05,
             backoff_initial_s=0.05, backoff_max_s=0.2,
@@ -63,7 +63,8 @@ async def make_picker(redis_server: RedisServer) -> AsyncIterator[MakePicker]:
         scraper = MetricsScraper(interval=0.02, timeout=0.3, stale_after=STALE_AFTER, rng=random.Random(1))
         sync = SharedStateSync(RedisLink(settings), picker_id=picker_id)
         sync.state_for("p")
-        scraper.delegate_to(sync.share_scrapes(scraper, STALE_AFTER))
+        if share:
+            scraper.delegate_to(sync.share_scrapes(scraper, STALE_AFTER))
         scraper.set_endpoints("p", "vllm", [server.address])
         await scraper.start()
         await sync.start()
@@ -120,6 +121,24 @@ async def test_one_picker_scrapes_and_the_other_adopts_its_views(
     server.status = 500
     await eventually(lambda: not follower.scraper.views("p")[0].healthy, "the leader's verdict arrives")
     assert waiting_of(follower.scraper, "p", server.address) == 9  # the last metrics stay
+
+
+async def test_a_picker_that_does_not_share_scrapes_owns_no_share(
+    servers: ServerFactory, make_picker: MakePicker
+) -> None:
+    server = await servers(vllm_text(2))
+    # a picker id that would own the endpoint among all three, and two sharing ones
+    loner_id = next(f"loner-{i}" for i in range(1000)
+                    if owner_of([f"loner-{i}", "picker-a", "picker-b"], server.address) == f"loner-{i}")
+    owner, other = owner_ids(server)
+    loner = await make_picker(server, loner_id, share=False)  # an in-flight peer publishing no scrapes
+    sharing_owner = await make_picker(server, owner)
+    sharing_other = await make_picker(server, other)
+    await eventually(lambda: received(sharing_other) > 0, "the sharers divide the endpoint between them")
+    await eventually(lambda: not sharing_other.leads(), "its own scrapes aged out of its batches")
+    assert await steady(sharing_other) == 0  # the loner's would-be share is not scraped twice
+    assert await steady(sharing_owner) > 5
+    assert await steady(loner) > 5  # it scrapes for itself, as without sharing
 
 
 async def test_a_stopping_leader_hands_over_at_once(servers: ServerFactory, make_picker: MakePicker) -> None:
