@@ -230,6 +230,8 @@ class KvgateUp:
             max_batch_ms=options.max_batch_ms,
         )
         self.fleet: SimFleetProcess | None = None
+        self.workers: UpWorkers | None = None
+        """``--workers N``: the other N - 1 picker processes."""
         self.picker: PickerService | None = None
         self.ads: AdsServer | None = None
         self.envoy: EnvoyProcess | None = None
@@ -320,6 +322,7 @@ class KvgateUp:
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
+            self.workers = workers
         picker = PickerService(
             PickerSettings(
                 grpc_address=f"127.0.0.1:{options.picker_port}",

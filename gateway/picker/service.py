@@ -109,6 +109,8 @@ class PickerService:
         self.tracer_provider = tracer_provider(settings.tracing) if settings.tracing is not None else None
         self.kv_events = KvEventsRuntime()
         """The engines' KV-cache events of the pools that publish them (issue 37)."""
+        relay = self.sharing.share_kv_events(self.kv_events.deliver)
+        self.kv_events.relay_to(relay.relay if relay is not None else None)
         self.telemetry.registry.register(KvEventsCollector(self.kv_events))
         lifecycle = settings.lifecycle
         if lifecycle.tenant_limiter is None:
@@ -195,6 +197,8 @@ class PickerService:
                     schedulers[spec.name].forget_endpoint(address)
         self.sharing.apply(specs)
         self.kv_events.apply(specs, tokenizers)
+        self.sharing.follow_kv_events(
+            spec.name for spec in specs if spec.kv_events is not None and spec.kv_events.bind is not None)
         names = self.replica_models.names
         pools = with_spill_chains({
             spec.name: PoolRuntime.of(spec, schedulers[spec.name], self.scraper, names,

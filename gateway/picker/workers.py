@@ -269,6 +269,11 @@ class UpWorkers:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def admin_urls(self) -> tuple[str, ...]:
+        """Each worker's admin server (``/debug/pools``, ``/metrics``), once started."""
+        return tuple(self._supervisor.admin_urls) if self._supervisor is not None else ()
+
     async def redis_url(self, given: str | None) -> str:
         """``given``, else a private redis-server started now (every picker shares through it)."""
         if given is not None:

@@ -148,3 +148,49 @@ async def test_engines_that_connect_to_the_pickers_bound_socket_are_followed_by_
             assert events["in_step"], (address, events)
     finally:
         await up.stop()
+
+
+async def test_with_workers_the_picker_that_cannot_bind_follows_the_engines_through_redis(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """``kvgate up --workers 2`` in llm-d's topology: only one process can bind the address the
+    engines connect to; the other worker follows their caches through the relay on Redis."""
+    bind, replay = free_port(), free_port()
+    pool = POOL.format(events=0).replace(
+        '{"kvgate.io/kv-events-port": "0"}',
+        f'{{"kvgate.io/kv-events-bind": "tcp://127.0.0.1:{bind}", '
+        f'"kvgate.io/kv-events-replay-port": "{replay}"}}')
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(pool)
+    up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=2, workers=2,
+                            sim_hosts_from="127.0.9.81", sim_time_scale=0.01))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        assert up.workers is not None
+        [worker_admin] = up.workers.admin_urls
+        addresses = sorted(await endpoints(http, up))
+        for i in range(12):
+            body = {"model": EXAMPLE_MODEL, "prompt": f"document {i} " + "lorem ipsum dolor " * 40,
+                    "max_tokens": 2}
+            async with http.post(f"{up.url}/v1/completions", data=json.dumps(body),
+                                 headers={"content-type": "application/json"}) as response:
+                assert response.status == 200
+
+        async def worker_view() -> dict[str, Any]:
+            async with http.get(f"{worker_admin}/debug/pools") as response:
+                pools = (await response.json())["pools"]
+            return {e["address"]: e["kv_events"] for pool in pools for e in pool["endpoints"]}
+
+        for _ in range(100):
+            cached = [await cached_blocks(http, a) for a in addresses]
+            seen = await worker_view()
+            if [seen[a]["blocks"] for a in addresses] == cached and all(cached):
+                break
+            await asyncio.sleep(0.05)
+        seen = await worker_view()
+        for address in addresses:
+            assert seen[address]["blocks"] == await cached_blocks(http, address) > 0, (address, seen)
+            assert seen[address]["in_step"], (address, seen)
+    finally:
+        await up.stop()

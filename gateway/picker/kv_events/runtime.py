@@ -4,7 +4,7 @@ subscribers that keep it (``kv_events.subscriber``), what ``/debug/pools`` shows
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,17 @@ class KvEventsRuntime:
         self._loaded: dict[str, tuple[float, ModelTokenizer]] = {}
         """Path → (its modification time, the tokenizer loaded from it)."""
         self._subscribers: KvEventSubscribers | None = None
+        self._relay: Callable[[str, list[bytes]], None] | None = None
+
+    def relay_to(self, relay: Callable[[str, list[bytes]], None] | None) -> None:
+        """Share each message a bound socket receives with the pool's other pickers (``relay(pool,
+        frames)``; call before :meth:`apply`); their messages come back through :meth:`deliver`."""
+        self._relay = relay
+
+    def deliver(self, pool: str, frames: list[bytes]) -> None:
+        """A message another picker's bound socket received for ``pool``."""
+        if self._subscribers is not None:
+            self._subscribers.deliver(pool, frames)
 
     def load_tokenizers(self, specs: Sequence[PoolSpec]) -> dict[str, ModelTokenizer]:
         """Each pool's tokenizer, loaded from disk unless unchanged since the last load; ConfigError
@@ -108,7 +119,7 @@ class KvEventsRuntime:
         if not wanted and self._subscribers is None:
             return
         if self._subscribers is None:
-            self._subscribers = KvEventSubscribers(self._index)
+            self._subscribers = KvEventSubscribers(self._index, self._relay)
         for spec in specs:
             events = spec.kv_events
             publishers = {a: events.addresses(a) for a in spec.endpoints} if events is not None else {}

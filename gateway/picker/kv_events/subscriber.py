@@ -10,6 +10,12 @@ Two topologies, as deployments run them:
 - **bind** (llm-d's): the picker binds one SUB socket that the engines connect their publishers to;
   the topic ``kv@<pod-ip>@<model>`` names the endpoint (its ``<pod-ip>`` with the pool's port).
 
+Several pickers of one pool (``kvgate up --workers N``, replicas on Redis) and the bound topology:
+one of them binds; each message its socket receives is also handed to the relay (``relay``: the
+shared state shell puts it on Redis), and the others, whose bind fails or whose engines connect
+elsewhere, get it from there (:meth:`KvEventSubscribers.deliver`) exactly as if their own socket had
+received it (sequence, gaps and replays per endpoint as below; a message seen twice is a duplicate).
+
 A gap in the sequence is filled from the replay socket; when it cannot be (no replay socket, or the
 publisher's buffer no longer reaches back), the endpoint's entries are dropped and it is marked not
 in step (``in_step``), so scoring falls back to the approximate index for that endpoint alone until
@@ -44,6 +50,9 @@ from kvgate.gateway.picker.kv_events.wire import (
 from kvgate.policies.engine_blocks import EngineBlockIndex
 
 _log = logging.getLogger(__name__)
+
+INBOX_LIMIT = 10_000
+"""Messages relayed by other pickers waiting to be applied (``KvEventSubscribers.deliver``)."""
 
 
 @dataclass(slots=True)
@@ -220,10 +229,13 @@ class BoundSubscriber:
     in ``unrouted`` and dropped."""
 
     def __init__(self, context: zmq.asyncio.Context, address: str,
-                 route: Callable[[str], EndpointSubscription | None]) -> None:
+                 route: Callable[[str], EndpointSubscription | None],
+                 routed: Callable[[str, list[bytes]], None] | None = None) -> None:
+        """``routed(host, frames)``: told of each message that named an endpoint (the relay)."""
         self.address = address
         self.unrouted = 0
         self._route = route
+        self._routed = routed
         self._sub = context.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -235,9 +247,11 @@ class BoundSubscriber:
             frames = await self._sub.recv_multipart()
             host = host_of_topic(frames[0]) if len(frames) == 3 else None
             sub = self._route(host) if host is not None else None
-            if sub is None:
+            if sub is None or host is None:
                 self.unrouted += 1
                 continue
+            if self._routed is not None:
+                self._routed(host, frames)
             await sub.receive(frames)
 
     async def stop(self) -> None:
@@ -260,16 +274,25 @@ class KvEventSubscribers:
     """The subscriptions of every endpoint whose pool has KV events configured, and the bound
     sockets of the pools whose engines connect to the picker."""
 
-    def __init__(self, index_of: Callable[[str], EngineBlockIndex]) -> None:
-        """``index_of(pool)``: that pool's index."""
+    def __init__(self, index_of: Callable[[str], EngineBlockIndex],
+                 relay: Callable[[str, list[bytes]], None] | None = None) -> None:
+        """``index_of(pool)``: that pool's index; ``relay(pool, frames)``: each message a bound
+        socket received for one of the pool's endpoints, to share with the pool's other pickers."""
         self._context = zmq.asyncio.Context()
         self._index_of = index_of
+        self._relay = relay
+        self._inbox: asyncio.Queue[tuple[str, list[bytes]]] = asyncio.Queue(maxsize=INBOX_LIMIT)
+        self._delivering: asyncio.Task[None] | None = None
+        self.delivered = 0
+        self.inbox_dropped = 0
         self._subs: dict[tuple[str, str], EndpointSubscription] = {}
         self._bound: dict[str, BoundSubscriber] = {}
         self._bind_of: dict[str, str] = {}
         """Pool → the address its engines connect to (bound topology)."""
         self._by_host: dict[tuple[str, str], EndpointSubscription] = {}
         """(bound address, endpoint host) → its subscription."""
+        self._pool_hosts: set[tuple[str, str]] = set()
+        """(pool, endpoint host) of the bound topology's endpoints."""
 
     def set_endpoints(self, pool: str, publishers: Mapping[str, tuple[str | None, str | None]],
                       bind: str | None = None) -> None:
@@ -278,10 +301,15 @@ class KvEventSubscribers:
         (the pool's endpoints stay out of step: routing keeps the approximate index)."""
         if bind is not None and bind not in self._bound:
             try:
-                self._bound[bind] = BoundSubscriber(self._context, bind, self._router(bind))
+                self._bound[bind] = BoundSubscriber(self._context, bind, self._router(bind),
+                                                    self._relayer(bind) if self._relay is not None else None)
             except zmq.ZMQError as exc:
-                _log.error("pool %s: cannot bind the KV-events socket %s (%s): its engines' events "
-                           "go unseen", pool, bind, exc)
+                if self._relay is None:
+                    _log.error("pool %s: cannot bind the KV-events socket %s (%s): its engines' events "
+                               "go unseen", pool, bind, exc)
+                else:  # another picker of the pool (a --workers sibling) holds it and shares them
+                    _log.info("pool %s: the KV-events socket %s is bound elsewhere (%s): its engines' "
+                              "events come through Redis from the picker that binds it", pool, bind, exc)
         if bind is None:
             self._bind_of.pop(pool, None)
         else:
@@ -308,14 +336,53 @@ class KvEventSubscribers:
 
         return route
 
+    def _relayer(self, bind: str) -> Callable[[str, list[bytes]], None]:
+        def routed(host: str, frames: list[bytes]) -> None:
+            relay = self._relay
+            for pool in [p for p, b in self._bind_of.items() if b == bind]:
+                if relay is not None and (pool, host) in self._pool_hosts:
+                    relay(pool, frames)
+
+        return routed
+
+    def deliver(self, pool: str, frames: list[bytes]) -> None:
+        """A message another picker's bound socket received for ``pool``: applied in arrival order
+        (one task), as if this picker's own socket had received it. Beyond ``INBOX_LIMIT`` waiting
+        messages the newest are dropped (counted): the endpoints' sequences see a gap and replay."""
+        if self._delivering is None or self._delivering.done():
+            loop = asyncio.get_running_loop()
+            self._delivering = loop.create_task(self._deliver(), name="kv-events relayed")
+        try:
+            self._inbox.put_nowait((pool, frames))
+        except asyncio.QueueFull:
+            self.inbox_dropped += 1
+
+    async def _deliver(self) -> None:
+        while True:
+            pool, frames = await self._inbox.get()
+            bind = self._bind_of.get(pool)
+            host = host_of_topic(frames[0]) if len(frames) == 3 else None
+            sub = self._by_host.get((bind, host)) if bind is not None and host is not None else None
+            if sub is None:
+                continue
+            self.delivered += 1
+            try:
+                await sub.receive(frames)
+            except Exception:  # one bad message must not end the relay
+                _log.exception("kv events relayed for %s: applying a message failed", sub.endpoint)
+
     def _route_hosts(self) -> None:
         """The bound sockets' topic routes; a bound socket no pool names any more is closed."""
         routes: dict[tuple[str, str], EndpointSubscription] = {}
+        pool_hosts: set[tuple[str, str]] = set()
         for (pool, endpoint), sub in self._subs.items():
             bind = self._bind_of.get(pool)
             if bind is not None and sub.publisher is None:
-                routes.setdefault((bind, endpoint.rpartition(":")[0].strip("[]")), sub)
+                host = endpoint.rpartition(":")[0].strip("[]")
+                routes.setdefault((bind, host), sub)
+                pool_hosts.add((pool, host))
         self._by_host = routes
+        self._pool_hosts = pool_hosts
         for address in [a for a in self._bound if a not in self._bind_of.values()]:
             asyncio.get_running_loop().create_task(self._bound.pop(address).stop())
 
@@ -331,6 +398,10 @@ class KvEventSubscribers:
         return sum(bound.unrouted for bound in self._bound.values())
 
     async def stop(self) -> None:
+        if self._delivering is not None:
+            self._delivering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._delivering
         await asyncio.gather(*(sub.stop() for sub in self._subs.values()),
                              *(bound.stop() for bound in self._bound.values()), return_exceptions=True)
         self._subs.clear()

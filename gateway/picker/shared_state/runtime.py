@@ -9,7 +9,7 @@ shared scheduler state (``SharedStateSync``) and the limiter's counters (``Redis
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -18,6 +18,7 @@ from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.ratelimit.limiter import TenantLimits, TenantRateLimiter
 from kvgate.gateway.picker.ratelimit.stores import InProcessCounters, RedisCounters
 from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
+from kvgate.gateway.picker.shared_state.kv_relay import KvEventsRelay
 from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
 from kvgate.gateway.picker.shared_state.sync import SharedStateSync
 from kvgate.policies.state import InProcessState, SchedulerState
@@ -42,6 +43,16 @@ class SharingRuntime:
         if self.sync is None or self.redis is None or not self.redis.share_scrapes:
             return None
         return self.sync.share_scrapes(source, stale_after)
+
+    def share_kv_events(self, deliver: Callable[[str, list[bytes]], None]) -> KvEventsRelay | None:
+        """With Redis: the KV-event messages a picker's bound socket receives are relayed to the
+        pool's other pickers (``deliver(pool, frames)`` gets theirs). None: no Redis."""
+        return self.sync.share_kv_events(deliver) if self.sync is not None else None
+
+    def follow_kv_events(self, pools: Iterable[str]) -> None:
+        """The pools whose engines connect to a bound socket: their relayed messages are read."""
+        if self.sync is not None:
+            self.sync.follow_kv_events(pools)
 
     def ledger_for(self, pool: str) -> TenantLedger | None:
         """With Redis and ``share_fairness`` on: the pool's tenant ledger, shared with the other
@@ -105,6 +116,13 @@ class SharingRuntime:
                     shared_scrape_batches_sent=scrapes.batches_sent,
                     shared_scrape_batches_received=scrapes.batches_received,
                     shared_scrape_batches_bad=scrapes.bad_batches,
+                )
+            relay = self.sync.kv_relay
+            if relay is not None:
+                out.update(
+                    shared_kv_events_relayed=relay.sent,
+                    shared_kv_events_received=relay.received,
+                    shared_kv_events_dropped=relay.dropped + relay.bad_entries,
                 )
         return out
 

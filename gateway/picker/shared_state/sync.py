@@ -9,6 +9,7 @@ Keys, per pool (``P`` = ``key_prefix``)::
     P:{pool}:inflight:{picker}   hash: endpoint -> "requests tokens" (expires after inflight_ttl_s)
     P:{pool}:fairness:{picker}   hash: "band tenant" -> TenantUsage (flow control; same expiry)
     P:{pool}:scrapes             stream: each picker's scrapes of its share, one batch per round (short)
+    P:{pool}:kv-events           stream: KV-event messages a picker's bound socket received (kv_relay.py)
 
 Two background tasks. The *sync* loop, every ``sync_interval_s``: appends each mirror's outbox as
 one batch entry per stream, republishes this picker's in-flight hash (with its TTL, so a dead
@@ -37,7 +38,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ from kvgate.gateway.picker.shared_state.codec import (
     encode_inflight,
     encode_tenant_usage,
 )
+from kvgate.gateway.picker.shared_state.kv_relay import FIELD as KV_FIELD
+from kvgate.gateway.picker.shared_state.kv_relay import STREAM_LENGTH as KV_STREAM_LENGTH
+from kvgate.gateway.picker.shared_state.kv_relay import KvEventsRelay
 from kvgate.gateway.picker.shared_state.mirror import MirroredState
 from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
 from kvgate.policies.state import InFlight
@@ -111,10 +115,33 @@ class SharedStateSync:
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.scrapes: SharedScrapes | None = None
+        self.kv_relay: KvEventsRelay | None = None
+        self._due = asyncio.Event()
+        """Set when scrapes or KV-event messages wait to be written (the publisher's loop)."""
+
+    def share_kv_events(self, deliver: Callable[[str, list[bytes]], None]) -> KvEventsRelay:
+        """Relay the KV-event messages bound sockets receive between the pools' pickers
+        (``deliver(pool, frames)``: the others' messages, for this picker's subscribers)."""
+        self.kv_relay = KvEventsRelay(deliver)
+        self.kv_relay.wake = self._due.set
+        return self.kv_relay
+
+    def follow_kv_events(self, pools: Iterable[str]) -> None:
+        """Read the relayed KV events of ``pools`` (and no others), from now on."""
+        relay = self.kv_relay
+        if relay is None:
+            return
+        wanted = set(pools)
+        for pool in relay.followed - wanted:
+            self._last_ids.pop(self._key(pool, "kv-events").encode(), None)
+        for pool in wanted - relay.followed:
+            self._last_ids[self._key(pool, "kv-events").encode()] = f"{self._wall_ms()}-0".encode()
+        relay.followed = wanted
 
     def share_scrapes(self, source: ScrapeSource, stale_after: float) -> SharedScrapes:
         """Share ``source``'s scrapes with the other pickers (the scraper's delegate is returned)."""
         self.scrapes = SharedScrapes(source, stale_after, self._clock, self.picker_id)
+        self.scrapes.wake = self._due.set
         for pool in self._mirrors:
             self._tail_scrapes(pool)
         return self.scrapes
@@ -151,8 +178,10 @@ class SharedStateSync:
     def drop_pool(self, pool: str) -> None:
         self._mirrors.pop(pool, None)
         self._ledgers.pop(pool, None)
-        for kind in ("prefix", "session", "scrapes"):
+        for kind in ("prefix", "session", "scrapes", "kv-events"):
             self._last_ids.pop(self._key(pool, kind).encode(), None)
+        if self.kv_relay is not None:
+            self.kv_relay.followed.discard(pool)
         if self.scrapes is not None:
             self.scrapes.forget_pool(pool)
 
@@ -170,7 +199,7 @@ class SharedStateSync:
             self._tasks = [
                 asyncio.create_task(self._loop(self.sync_once), name="kvgate-redis-sync"),
                 asyncio.create_task(self._loop(self.read_once), name="kvgate-redis-read"),
-                asyncio.create_task(self._publish_scrapes_loop(), name="kvgate-redis-scrapes"),
+                asyncio.create_task(self._publish_loop(), name="kvgate-redis-scrapes"),
             ]
 
     async def stop(self) -> None:
@@ -204,22 +233,36 @@ class SharedStateSync:
             if not again:
                 await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
 
-    async def _publish_scrapes_loop(self) -> None:
+    async def _publish_loop(self) -> None:
         """Publish this picker's scrapes as soon as they are made (the scraper says so: a batch
-        waiting for the next sync round aged every adopted view by up to an interval more)."""
-        scrapes = self.scrapes
-        if scrapes is None:
-            return
-        due = asyncio.Event()
-        scrapes.wake = due.set
+        waiting for the next sync round aged every adopted view by up to an interval more), and the
+        KV-event messages its bound sockets received."""
+        due = self._due
         while self._running:
             await due.wait()
             await asyncio.sleep(SCRAPES_GATHER_S)  # the rest of the tick's answers join this batch
             due.clear()
             try:
                 await self.publish_scrapes()
+                await self.publish_kv_events()
             except Exception:  # a bug here must not end sharing for good
                 log.exception("publishing scrapes failed")
+
+    async def publish_kv_events(self) -> None:
+        """Append each pool's relayed KV-event messages as one entry of its stream."""
+        relay = self.kv_relay
+        if relay is None or not self.link.available:
+            return
+        entries = relay.take()
+        if not entries:
+            return
+
+        def write(pipe: Pipeline) -> None:
+            for pool, payload in entries:
+                pipe.xadd(self._key(pool, "kv-events"), {"o": self.picker_id, KV_FIELD: payload},
+                          maxlen=KV_STREAM_LENGTH, approximate=True)
+
+        await self.link.run("kv-events", write)
 
     async def publish_scrapes(self) -> None:
         """Append to each pool's stream the views this picker scraped since its last batch there."""
@@ -425,10 +468,16 @@ class SharedStateSync:
             pool = self._pool_of(key)
             mirror = self._mirrors.get(pool) if pool is not None else None
             scrape_batches = key.endswith(b":scrapes")
+            kv_events = key.endswith(b":kv-events")
             for entry_id, fields in entries:
                 if key in self._last_ids:
                     self._last_ids[key] = entry_id
                 if mirror is None or pool is None or fields.get(b"o") == me:
+                    continue
+                if kv_events:
+                    payload = fields.get(KV_FIELD)
+                    if self.kv_relay is not None and payload is not None:
+                        self.kv_relay.received_entry(pool, payload)
                     continue
                 if scrape_batches:
                     batch = fields.get(BATCH_FIELD)
