@@ -209,11 +209,13 @@ class Contender:
             pickers = tuple(split_host_port(a) for a in extra["grpc_workers"].split(","))
         outcomes = tuple(split_host_port(a) for a in extra.get("outcomes", "").split(",") if a)
         settings = ExtProcSettings() if full_duplex else REPORTED_ONE_PASS
+        # Envoy refuses a message timeout above an hour (3,600 s: 11 simulated s at time scale 320)
+        message_timeout = min(3600.0, settings.message_timeout_s * self.time_scale)
+        scaled = dataclasses.replace(settings, message_timeout_s=message_timeout)
         config = GatewayConfig(listen_port=port, admin_port=free_port(),
                                picker_addresses=pickers, outcome_addresses=outcomes,
                                pools=(PoolBackend("bench", FailureMode.FAIL_CLOSE, tuple(addresses)),),
-                               settings=dataclasses.replace(
-                                   settings, message_timeout_s=settings.message_timeout_s * self.time_scale))
+                               settings=scaled)
         self.envoy = EnvoyProcess(static_bootstrap(config), EnvoyOptions(concurrency=workers))
         await self.envoy.start()
 

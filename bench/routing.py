@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -274,7 +275,10 @@ async def run_workload(spec: WorkloadSpec, contenders: Sequence[str], profiles: 
                     fig = await run_one(spec, contender, rate, fraction, requests, time_scale, seed,
                                         Path(tmp), sim_processes, bypass, restart_at)
                 except Exception as exc:  # one broken contender must not end the run
+                    where = traceback.extract_tb(exc.__traceback__)[-3:]
                     print(f"  FAILED: {type(exc).__name__}: {exc}"[:600], flush=True)
+                    print("  at " + " <- ".join(f"{f.name} ({Path(f.filename).name}:{f.lineno})"
+                                               for f in reversed(where)), flush=True)
                     continue
                 print(f"  ttft p50/p90 {fig.ttft_p50_ms:.1f}/{fig.ttft_p90_ms:.1f} ms, tok/s "
                       f"{fig.output_tok_s:.0f}, hit {fig.hit_rate:.2f}, err {fig.errors}, lag p99 "
@@ -385,6 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.replicas:
             fleet = dataclasses.replace(spec.fleet, replicas=args.replicas)
             spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
+            base = WORKLOADS[name].fleet.replicas  # the description's sizes are the workload's fleet's
+            spec = dataclasses.replace(spec, description=(
+                f"{spec.description} (sizes for {base} replicas; at {args.replicas} the caches hold "
+                f"{args.replicas * fleet.num_gpu_blocks:,} blocks)"))
         if args.kv_events:
             spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
         if args.bypass > 0:

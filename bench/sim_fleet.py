@@ -104,7 +104,9 @@ class SimFleet:
 
     async def stats(self, window_s: float) -> dict[str, Any]:
         pages = await asyncio.gather(
-            *(http_get_text(f"{url}/stats?window_s={window_s:.1f}") for url in self.admin_urls)
+            # a long run over a large fleet takes the simulator seconds to summarise
+            *(http_get_text(f"{url}/stats?window_s={window_s:.1f}", timeout_s=120.0)
+              for url in self.admin_urls)
         )
         parts: list[dict[str, Any]] = [json.loads(page) for page in pages]
         if len(parts) == 1:
