@@ -45,12 +45,12 @@ def test_requests_sent_since_the_scrape_count_as_the_queue_it_does_not_show_yet(
 
 def test_an_engine_without_a_running_count_is_bounded_by_its_slots_not_by_requests_since_the_scrape() -> None:
     """JetStream reports no running requests: its slots (KV usage) and the in-flight limit bound it."""
-    import dataclasses
+    import msgspec
 
     jetstream = view(1, waiting=0, running=0, kv=0.5)
     assert jetstream.metrics is not None
-    jetstream = dataclasses.replace(jetstream, metrics=dataclasses.replace(jetstream.metrics,
-                                                                           running_reported=False))
+    jetstream = msgspec.structs.replace(
+        jetstream, metrics=msgspec.structs.replace(jetstream.metrics, running_reported=False))
     assert endpoint_has_room(jetstream, InFlight(requests=40), SETTINGS, NOW)
     assert not endpoint_has_room(view(1, waiting=0, running=0, kv=0.5), InFlight(requests=40), SETTINGS, NOW)
 

@@ -7,6 +7,7 @@ import dataclasses
 import random
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvgate.policies.disaggregation import DisaggregatedProfile, build_disaggregated, load_scheduling
@@ -25,7 +26,7 @@ SHORT = text(2, 400)  # ~100
 
 def roled(i: int, role: Role, **metrics: Any) -> EndpointView:
     v = view(i, **metrics)
-    return dataclasses.replace(v, endpoint=dataclasses.replace(v.endpoint, role=role))
+    return msgspec.structs.replace(v, endpoint=dataclasses.replace(v.endpoint, role=role))
 
 
 FLEET = (roled(1, Role.PREFILL), roled(2, Role.PREFILL), roled(3, Role.DECODE), roled(4, Role.DECODE))
