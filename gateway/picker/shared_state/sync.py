@@ -238,6 +238,7 @@ class SharedStateSync:
         waiting for the next sync round aged every adopted view by up to an interval more), and the
         KV-event messages its bound sockets received."""
         due = self._due
+        task = asyncio.current_task()
         while self._running:
             await due.wait()
             await asyncio.sleep(SCRAPES_GATHER_S)  # the rest of the tick's answers join this batch
@@ -247,6 +248,8 @@ class SharedStateSync:
                 await self.publish_kv_events()
             except Exception:  # a bug here must not end sharing for good
                 log.exception("publishing scrapes failed")
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError  # one that came back as a Redis call's timeout (``_loop``)
 
     async def publish_kv_events(self) -> None:
         """Append each pool's relayed KV-event messages as one entry of its stream."""
