@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=None, help="real seconds per simulated second")
     p.add_argument("--replicas", type=int, default=None,
                    help="simulated replicas (default: the workload's, 8); results named <workload>-r<N>")
+    p.add_argument("--scale-groups", action="store_true",
+                   help="with --replicas: the prompt groups scaled with the fleet, so the working set keeps "
+                        "its ratio to the caches; results named <workload>-r<N>-scaled")
     p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
                    help="tokens per SSE chunk from the simulator (default 1); results named <workload>-si<K>")
     p.add_argument("--kv-events", action="store_true",
@@ -390,9 +393,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet = dataclasses.replace(spec.fleet, replicas=args.replicas)
             spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
             base = WORKLOADS[name].fleet.replicas  # the description's sizes are the workload's fleet's
-            spec = dataclasses.replace(spec, description=(
-                f"{spec.description} (sizes for {base} replicas; at {args.replicas} the caches hold "
-                f"{args.replicas * fleet.num_gpu_blocks:,} blocks)"))
+            if args.scale_groups:  # as many prompt groups per replica: the working set keeps its ratio
+                groups = max(1, round(spec.groups * args.replicas / base))
+                spec = dataclasses.replace(spec, name=f"{spec.name}-scaled", groups=groups, description=(
+                    f"{spec.description} (sizes for {base} replicas; at {args.replicas}, {groups:,} groups "
+                    f"and caches of {args.replicas * fleet.num_gpu_blocks:,} blocks)"))
+            else:
+                spec = dataclasses.replace(spec, description=(
+                    f"{spec.description} (sizes for {base} replicas; at {args.replicas} the caches hold "
+                    f"{args.replicas * fleet.num_gpu_blocks:,} blocks)"))
         if args.kv_events:
             spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
         if args.bypass > 0:
