@@ -365,6 +365,37 @@ def kvgate_bench(argv: Sequence[str]) -> int:
     return main(given)
 
 
+def workload_spec(name: str, args: argparse.Namespace, output_tokens: int) -> WorkloadSpec:
+    """The workload ``name`` as the command line shapes it (fleet size, KV events, bypass, ...),
+    named after what changed."""
+    spec = WORKLOADS[name].with_output_tokens(output_tokens)
+    if args.hetero:
+        spec = spec.with_fleet(spec.fleet.heterogeneous(), f"{name}-hetero")
+    if args.replicas:
+        fleet = dataclasses.replace(spec.fleet, replicas=args.replicas)
+        spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
+        base = WORKLOADS[name].fleet.replicas  # the description's sizes are the workload's fleet's
+        if args.scale_groups:  # as many prompt groups per replica: the working set keeps its ratio
+            groups = max(1, round(spec.groups * args.replicas / base))
+            spec = dataclasses.replace(spec, name=f"{spec.name}-scaled", groups=groups, description=(
+                f"{spec.description} (sizes for {base} replicas; at {args.replicas}, {groups:,} groups "
+                f"and caches of {args.replicas * fleet.num_gpu_blocks:,} blocks)"))
+        else:
+            spec = dataclasses.replace(spec, description=(
+                f"{spec.description} (sizes for {base} replicas; at {args.replicas} the caches hold "
+                f"{args.replicas * fleet.num_gpu_blocks:,} blocks)"))
+    if args.kv_events:
+        spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
+    if args.bypass > 0:
+        spec = spec.with_fleet(spec.fleet, f"{spec.name}-bypass{round(args.bypass * 100)}")
+    if args.restart_at is not None:
+        spec = spec.with_fleet(spec.fleet, f"{spec.name}-restart{round(args.restart_at * 100)}")
+    if args.stream_interval != 1:
+        fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
+        spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")
+    return spec
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -386,31 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = report_command(list(sys.argv[1:] if argv is None else argv), fractions, time_scale)
     args.results.mkdir(parents=True, exist_ok=True)
     for name in names:
-        spec = WORKLOADS[name].with_output_tokens(output_tokens)
-        if args.hetero:
-            spec = spec.with_fleet(spec.fleet.heterogeneous(), f"{name}-hetero")
-        if args.replicas:
-            fleet = dataclasses.replace(spec.fleet, replicas=args.replicas)
-            spec = spec.with_fleet(fleet, f"{spec.name}-r{args.replicas}")
-            base = WORKLOADS[name].fleet.replicas  # the description's sizes are the workload's fleet's
-            if args.scale_groups:  # as many prompt groups per replica: the working set keeps its ratio
-                groups = max(1, round(spec.groups * args.replicas / base))
-                spec = dataclasses.replace(spec, name=f"{spec.name}-scaled", groups=groups, description=(
-                    f"{spec.description} (sizes for {base} replicas; at {args.replicas}, {groups:,} groups "
-                    f"and caches of {args.replicas * fleet.num_gpu_blocks:,} blocks)"))
-            else:
-                spec = dataclasses.replace(spec, description=(
-                    f"{spec.description} (sizes for {base} replicas; at {args.replicas} the caches hold "
-                    f"{args.replicas * fleet.num_gpu_blocks:,} blocks)"))
-        if args.kv_events:
-            spec = spec.with_fleet(dataclasses.replace(spec.fleet, kv_events=True), f"{spec.name}-kv")
-        if args.bypass > 0:
-            spec = spec.with_fleet(spec.fleet, f"{spec.name}-bypass{round(args.bypass * 100)}")
-        if args.restart_at is not None:
-            spec = spec.with_fleet(spec.fleet, f"{spec.name}-restart{round(args.restart_at * 100)}")
-        if args.stream_interval != 1:
-            fleet = dataclasses.replace(spec.fleet, stream_interval=args.stream_interval)
-            spec = spec.with_fleet(fleet, f"{spec.name}-si{args.stream_interval}")
+        spec = workload_spec(name, args, output_tokens)
         asyncio.run(run_workload(spec, contenders, args.profile, fractions, requests, time_scale, args.seed,
                                  args.results, "quick" if quick else "full", command, args.sim_processes,
                                  args.bypass, args.restart_at))
