@@ -23,6 +23,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 import xxhash
 
 from kvgate.policies.model_tokenizer import ModelTokenizer
@@ -33,6 +34,10 @@ GPU = "GPU"
 _NOBODY: frozenset[str] = frozenset()
 _NO_HOLDERS: Mapping[int, set[str]] = {}
 MAX_ADAPTERS = 4096
+PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention", "unknown"})
+"""vLLM's ``KVCacheSpecKind`` values of groups that keep every block of a prefix (the others:
+``sliding_window``, ``sliding_window_mla``, ``chunked_local_attention``, ``mamba``, keep a window;
+``cross_attention``, ``encoder_only_attention`` cache no prefix)."""
 
 
 def chain_root(lora: str | None = None, salt: str | None = None) -> int:
@@ -63,6 +68,51 @@ def block_keys(tokens: Sequence[int], block_size: int, *, lora: str | None = Non
     for start in range(0, len(view), width):
         key = digest(view[start:start + width], seed=key)
         append(key)
+    return keys
+
+
+def first_block_salt(extra_keys: Sequence[object] | None, lora: str | None) -> str | None:
+    """The cache salt in a first block's extra keys (vLLM: the adapter's name, the multimodal
+    items' ``(identifier, offset)`` pairs, then the salt, then a prompt-embeds digest)."""
+    extras = extra_keys[0] if extra_keys else None
+    if not isinstance(extras, list | tuple):
+        return None
+    for item in _without_adapter(extras, lora):
+        if isinstance(item, str):
+            return item
+    return None
+
+
+def _without_adapter(extras: Sequence[object], lora: str | None) -> Sequence[object]:
+    return extras[1:] if lora and extras and extras[0] == lora else extras
+
+
+def _unmatched(extras: object, lora: str | None, first: bool) -> bool:
+    """Whether a block's extra keys hold something a request's keys do not carry (a multimodal
+    item, a prompt-embeds digest): anything but the adapter's name and a first block's salt."""
+    if not isinstance(extras, list | tuple):
+        return extras is not None
+    rest = _without_adapter(extras, lora)
+    if first and rest and isinstance(rest[-1], str):
+        rest = rest[:-1]
+    return bool(rest)
+
+
+def block_keys_with_extras(tokens: Sequence[int], block_size: int, parent: int,
+                           extra_keys: Sequence[object], lora: str | None, *, first: bool) -> list[int]:
+    """``block_keys`` where a block whose extra keys name something a request's keys cannot (a
+    multimodal item, a prompt-embeds digest) has that mixed into its key, and so into every key
+    after it: two images behind the same placeholder tokens are other blocks, as in the engine,
+    and no text-only request matches them. ``first``: the blocks start a prompt (the first one's
+    extra keys may hold the salt, which the chain's root has)."""
+    keys: list[int] = []
+    key = parent
+    for i, start in enumerate(range(0, len(tokens) - len(tokens) % block_size, block_size)):
+        key = block_keys(tokens[start:start + block_size], block_size, parent=key)[0]
+        extras = extra_keys[i] if i < len(extra_keys) else None
+        if _unmatched(extras, lora, first and i == 0):
+            key = xxhash.xxh3_64_intdigest(msgspec.msgpack.encode(extras), seed=key)
+        keys.append(key)
     return keys
 
 
@@ -113,12 +163,24 @@ class EngineBlockIndex:
         """LoRA adapter names blocks were stored under (most recent last, bounded)."""
         self.block_size: int | None = None
         """The block size of the last stored blocks (the engines of one pool share one)."""
+        self._followed: dict[str, int] = {}
+        """Endpoint → the KV-cache group whose blocks are indexed (hybrid models report several)."""
+        self.other_groups = 0
+        """Stored blocks of other groups (sliding-window, Mamba, a second full-attention group)."""
 
     # --- events -----------------------------------------------------------------------------------
 
     def stored(self, endpoint: str, engine_hashes: Sequence[Hashable], parent: Hashable | None,
                token_ids: Sequence[int], block_size: int, *, lora: str | None = None,
-               medium: str = GPU) -> None:
+               medium: str = GPU, extra_keys: Sequence[object] | None = None,
+               group: int | None = None, kind: str | None = None) -> None:
+        """Blocks an engine stored, chained from ``parent`` (None: a prompt's first block).
+        ``extra_keys``: vLLM's per-block extra keys (the adapter's name, the cache salt on a first
+        block, a multimodal item's identifier and offset, a prompt-embeds digest), when the engine
+        reports them. ``group``, ``kind``: the KV-cache group and its spec kind (hybrid models)."""
+        if not self._follows(endpoint, group, kind):
+            self.other_groups += len(engine_hashes)
+            return
         self.block_size = block_size
         tier = self._tier(endpoint, medium)
         parent_key = ROOT_KEY if parent is None else self._key_of(endpoint, parent, medium)
@@ -131,7 +193,15 @@ class EngineBlockIndex:
             if len(self._adapters) > MAX_ADAPTERS:
                 self._adapters.popitem(last=False)
         covered = token_ids[:block_size * len(engine_hashes)]
-        keys = block_keys(covered, block_size, lora=lora, parent=parent_key)
+        if parent is None:
+            # the adapter and the salt enter the chain at its root, as the request's keys have them;
+            # a continuation chains on from its parent's key, which has them already
+            parent_key = chain_root(lora, first_block_salt(extra_keys, lora))
+        first = parent is None
+        keys = (block_keys_with_extras(covered, block_size, parent_key, extra_keys, lora, first=first)
+                if extra_keys and any(_unmatched(extras, lora, first and i == 0)
+                                      for i, extras in enumerate(extra_keys))
+                else block_keys(covered, block_size, parent=parent_key))
         holders = self._holders.setdefault(medium, {})
         for engine_hash, key in zip(engine_hashes, keys, strict=True):
             old = tier.by_engine.pop(engine_hash, None)
@@ -143,7 +213,10 @@ class EngineBlockIndex:
             _, oldest = tier.by_engine.popitem(last=False)
             self._drop_holder(holders, oldest, endpoint)
 
-    def removed(self, endpoint: str, engine_hashes: Iterable[Hashable], *, medium: str = GPU) -> None:
+    def removed(self, endpoint: str, engine_hashes: Iterable[Hashable], *, medium: str = GPU,
+                group: int | None = None) -> None:
+        if self._followed.get(endpoint, group or 0) != (group or 0):
+            return  # another KV-cache group's blocks (not indexed)
         tier = self._tiers.get((endpoint, medium))
         if tier is None:
             return
@@ -155,6 +228,7 @@ class EngineBlockIndex:
 
     def forget(self, endpoint: str) -> None:
         """Everything ``endpoint`` held, every medium (AllBlocksCleared, a restart, an unrecoverable gap)."""
+        self._followed.pop(endpoint, None)
         for (address, medium) in [k for k in self._tiers if k[0] == endpoint]:
             tier = self._tiers.pop((address, medium))
             holders = self._holders.get(medium, {})
@@ -224,6 +298,23 @@ class EngineBlockIndex:
             if address == endpoint and engine_hash in other.by_engine:
                 return other.by_engine[engine_hash]
         return None
+
+    def _follows(self, endpoint: str, group: int | None, kind: str | None) -> bool:
+        """Whether ``group``'s stored blocks are indexed for ``endpoint``: the first group of a
+        full-attention kind it reports (or of no stated kind: a model of one group), and only it.
+        A prefix hit needs a full-attention group's every leading block; a sliding-window or Mamba
+        group keeps only the last window's, and its evictions say nothing of the prefix. (vLLM
+        reports the same block hash in each group that stores the tokens, so two groups in one
+        tier would remove each other's blocks.) Other groups' windows are not checked: on a hybrid
+        model a match can overstate the hit by the part whose window was evicted."""
+        group = group or 0
+        followed = self._followed.get(endpoint)
+        if followed is not None:
+            return group == followed
+        if kind is not None and kind not in PREFIX_KINDS:
+            return False
+        self._followed[endpoint] = group
+        return True
 
     @staticmethod
     def _drop_holder(holders: dict[int, set[str]], key: int, endpoint: str) -> None:

@@ -74,12 +74,13 @@ class _Seq:
     __slots__ = (
         "arrival", "blocks", "cached_tokens", "first_token_time", "hashes", "hold_kv", "lora",
         "max_tokens", "num_computed", "num_hashed", "num_output", "prompt_len", "remote_blocks",
-        "request_id", "state", "tokens",
+        "request_id", "salt", "state", "tokens",
     )
 
     def __init__(self, request: SimRequest, arrival: float, hashes: tuple[int, ...]) -> None:
         self.request_id = request.request_id
         self.lora = request.lora
+        self.salt = request.cache_salt
         self.prompt_len = len(request.prompt_tokens)
         self.tokens = request.prompt_tokens  # the same tuple: its blocks' tokens for the KV events
         self.max_tokens = request.max_tokens
@@ -142,7 +143,8 @@ class Engine:
             )
         hashes: tuple[int, ...] = ()
         if cfg.enable_prefix_caching:
-            hashes = prompt_block_hashes(request.prompt_tokens, cfg.block_size, request.lora or cfg.model)
+            hashes = prompt_block_hashes(request.prompt_tokens, cfg.block_size, request.lora or cfg.model,
+                                         request.cache_salt)
         seq = _Seq(request, now, hashes)
         # whole received blocks, leaving at least the prompt's last token to compute here
         seq.remote_blocks = min(max(0, request.remote_tokens) // cfg.block_size, (n - 1) // cfg.block_size)
@@ -334,13 +336,14 @@ class Engine:
         return events
 
     # ---- read-only -------------------------------------------------------------------------------
-    def peek(self, prompt_tokens: Sequence[int], lora: str | None, now: float) -> PeekResult:
+    def peek(self, prompt_tokens: Sequence[int], lora: str | None, now: float,
+             cache_salt: str | None = None) -> PeekResult:
         """What a request would meet now: cached prefix, queue, a rough wait. Changes no state."""
         cfg = self.config
         n = len(prompt_tokens)
         cached = 0
         if cfg.enable_prefix_caching and n > 0:
-            hashes = prompt_block_hashes(prompt_tokens, cfg.block_size, lora or cfg.model)
+            hashes = prompt_block_hashes(prompt_tokens, cfg.block_size, lora or cfg.model, cache_salt)
             cached = len(self._kv.match_prefix(hashes, (n - 1) // cfg.block_size)) * cfg.block_size
         wait = estimate_wait(
             self.profile, cfg, uncached=n - cached, queued_tokens=self._waiting_tokens,
@@ -399,7 +402,7 @@ class Engine:
                 if register(seq.blocks[b], seq.hashes[b]) and events is not None:
                     parent = seq.hashes[b - 1] if b else None
                     tokens = seq.tokens[b * size:(b + 1) * size]
-                    events.append(Stored(seq.hashes[b], parent, tokens, seq.lora))
+                    events.append(Stored(seq.hashes[b], parent, tokens, seq.lora, None if b else seq.salt))
             seq.num_hashed = upto
 
     def _evicted(self, block_hash: int) -> None:

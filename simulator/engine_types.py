@@ -54,6 +54,9 @@ class SimRequest:
     """Keep the prompt's full blocks referenced after the request finishes, for a decode instance to
     read (vLLM's ``do_remote_decode``): ``Finished.held_blocks`` names them and
     ``Engine.release_held`` lets them go."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: hashed into the prompt's first block, so only requests with the same
+    salt share its cached blocks."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ class Stored:
     parent_hash: int | None
     tokens: tuple[int, ...]
     lora: str | None
+    salt: str | None = None
+    """The cache salt, on a prompt's first block (vLLM puts it in that block's extra keys)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,17 +40,19 @@ def seed_hash(seed: str) -> int:
     return int(_xxh64(seed.encode("utf-8")))
 
 
-def prompt_block_hashes(tokens: Sequence[int], block_size: int, seed: str) -> tuple[int, ...]:
+def prompt_block_hashes(tokens: Sequence[int], block_size: int, seed: str,
+                        salt: str | None = None) -> tuple[int, ...]:
     """Chained hashes of the full blocks of ``tokens``: ``h[i] = xxh3_64(block_i, seed=h[i-1])``.
 
-    ``h[-1]`` is ``seed_hash(seed)``. A trailing partial block has no hash.
+    ``h[-1]`` is ``seed_hash(seed)`` (with the cache salt, when given, after a NUL: vLLM hashes the
+    salt into the first block). A trailing partial block has no hash.
     """
     full = len(tokens) // block_size
     if full == 0:
         return ()
     data = array("q", tokens[: full * block_size]).tobytes()
     width = block_size * 8
-    prev = seed_hash(seed)
+    prev = seed_hash(seed if salt is None else f"{seed}\x00{salt}")
     out: list[int] = []
     append = out.append
     for start in range(0, full * width, width):

@@ -5,8 +5,9 @@
   prefix cache: ``(topic, seq, payload)`` with ``seq`` an 8-byte big-endian counter from 0 and the
   payload msgpack of ``EventBatch{ts, events, data_parallel_rank}``; events are maps tagged by
   ``type`` (vLLM's current encoding): ``BlockStored`` (one per newly cached full prompt block, with
-  its parent's hash, its tokens, block size, LoRA name, medium ``GPU``) and ``BlockRemoved`` (an
-  evicted block). Block hashes are the simulator's own 64-bit integers.
+  its parent's hash, its tokens, block size, LoRA name, medium ``GPU``, the extra keys vLLM hashes
+  with (the adapter's name, a first block's cache salt), group 0 of kind ``full_attention``) and
+  ``BlockRemoved`` (an evicted block). Block hashes are the simulator's own 64-bit integers.
 - A ROUTER replay socket on ``port + 1``: a request ``(b"", start_seq)`` from a DEALER is answered
   with each buffered ``(b"", seq, payload)`` from ``start_seq`` on, then ``(b"", -1, b"")``. The
   last ``buffer_steps`` batches are kept.
@@ -50,11 +51,22 @@ class BlockStored(_Event):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
+    extra_keys: list[list[Any] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
 
 
 class BlockRemoved(_Event):
     block_hashes: list[int]
     medium: str | None
+    group_idx: int | None = None
+
+
+def _extras(event: Stored) -> list[Any] | None:
+    """A block's extra keys as vLLM's ``generate_block_hash_extra_keys`` makes them: the adapter's
+    name, then the cache salt on a prompt's first block; None when neither."""
+    keys = ([event.lora] if event.lora else []) + ([event.salt] if event.salt else [])
+    return keys or None
 
 
 def vllm_events(events: list[CacheEvent], block_size: int) -> list[_Event]:
@@ -64,20 +76,25 @@ def vllm_events(events: list[CacheEvent], block_size: int) -> list[_Event]:
     for event in events:
         if isinstance(event, Stored):
             last = out[-1] if out else None
+            extras = _extras(event)
             if (isinstance(last, BlockStored) and last.block_hashes[-1] == event.parent_hash
                     and last.lora_name == event.lora):
                 last.block_hashes.append(event.block_hash)
                 last.token_ids.extend(event.tokens)
+                if last.extra_keys is not None or extras is not None:
+                    last.extra_keys = [*(last.extra_keys or [None] * (len(last.block_hashes) - 1)), extras]
                 continue
             out.append(BlockStored(block_hashes=[event.block_hash], parent_block_hash=event.parent_hash,
                                    token_ids=list(event.tokens), block_size=block_size, lora_id=None,
-                                   medium="GPU", lora_name=event.lora))
+                                   medium="GPU", lora_name=event.lora,
+                                   extra_keys=None if extras is None else [extras], group_idx=0,
+                                   kv_cache_spec_kind="full_attention"))
         else:
             last = out[-1] if out else None
             if isinstance(last, BlockRemoved):
                 last.block_hashes.append(event.block_hash)
                 continue
-            out.append(BlockRemoved(block_hashes=[event.block_hash], medium="GPU"))
+            out.append(BlockRemoved(block_hashes=[event.block_hash], medium="GPU", group_idx=0))
     return out
 
 

@@ -69,6 +69,15 @@ class InferenceRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    cache_salt: str | None = None
+
+
+def cache_salt(body: Mapping[str, Any]) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string when given (vLLM's own check and message)."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    return salt
 
 
 def decode_json_object(raw: bytes) -> JsonObject:
@@ -166,6 +175,7 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
         max_tokens=max_tokens,
         stream=bool(stream),
         include_usage=include_usage,
+        cache_salt=cache_salt(body),
     )
 
 

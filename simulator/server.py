@@ -275,7 +275,8 @@ class Replica:
         sim = SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, lora,
                          remote_tokens=remote_tokens,
                          # a streamed answer has no place for kv_transfer_params: nothing to hold for
-                         hold_kv=isinstance(transfer, RemoteDecode) and not parsed.stream)
+                         hold_kv=isinstance(transfer, RemoteDecode) and not parsed.stream,
+                         cache_salt=parsed.cache_salt)
         try:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:
@@ -451,10 +452,11 @@ class Replica:
             else:
                 prompts = api.completion_prompts(body, self._memo)
                 tokens = prompts[0]
+            salt = api.cache_salt(body)
         except api.ApiError as err:
             return _error(err)
         lora = None if model == self.base_model else model
-        peek = self.engine.peek(tokens, lora, self.driver.now())
+        peek = self.engine.peek(tokens, lora, self.driver.now(), salt)
         return json_response({
             "cached_tokens": peek.cached_tokens,
             "prompt_tokens": len(tokens),

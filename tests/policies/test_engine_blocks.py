@@ -71,3 +71,58 @@ def test_matches_by_binary_search_equal_a_walk_over_leading_runs() -> None:
                 index.stored(endpoint, list(range(run)), None, doc[:16 * run], 16)
         assert index.matches(keys) == {e: run for e, run in runs.items() if run}
         assert index.matches(keys[:10]) == {e: min(run, 10) for e, run in runs.items() if run}
+
+
+def test_an_adapters_continued_chain_matches_as_the_request_keys_it() -> None:
+    """vLLM stores a prompt's new blocks after a prefix hit (or a later prefill chunk) as another
+    event whose parent is the last block before them: under an adapter, those keys chain on from
+    the parent's (the adapter's name entered at the root), as the request's keys do."""
+    index = EngineBlockIndex()
+    index.stored(A, [1, 2], None, DOC[:32], 16, lora="sql")
+    index.stored(A, [3, 4], 2, DOC[32:], 16, lora="sql")
+    assert index.matches(block_keys(DOC, 16, lora="sql")) == {A: 4}
+    assert index.matches(block_keys(DOC, 16)) == {}  # the base model's blocks are others
+
+
+def test_the_cache_salt_in_a_first_blocks_extra_keys_enters_the_chain() -> None:
+    """vLLM's extra keys: the adapter's name on every block, the salt on a prompt's first."""
+    index = EngineBlockIndex()
+    index.stored(A, [1, 2], None, DOC[:32], 16, lora="sql", extra_keys=[["sql", "tenant-a"], ["sql"]])
+    index.stored(A, [3, 4], 2, DOC[32:], 16, lora="sql", extra_keys=[["sql"], ["sql"]])
+    index.stored(B, [1, 2, 3, 4], None, DOC, 16, extra_keys=[["tenant-b"], None, None, None])
+    assert index.matches(block_keys(DOC, 16, lora="sql", salt="tenant-a")) == {A: 4}
+    assert index.matches(block_keys(DOC, 16, salt="tenant-b")) == {B: 4}
+    assert index.matches(block_keys(DOC, 16)) == {}  # salted blocks are no one else's
+
+
+def test_a_multimodal_block_is_its_images_and_no_text_request_matches_past_it() -> None:
+    """Two prompts whose image placeholders are the same tokens but whose images differ are other
+    blocks from the image on, as in the engine; the text before the image matches."""
+    index = EngineBlockIndex()
+    image_a = [None, [["img-a", 4]], [["img-a", -12]], None]
+    image_b = [None, [["img-b", 4]], [["img-b", -12]], None]
+    index.stored(A, [1, 2, 3, 4], None, DOC, 16, extra_keys=image_a)
+    index.stored(B, [1, 2, 3, 4], None, DOC, 16, extra_keys=image_b)
+    assert index.matches(block_keys(DOC, 16)) == {A: 1, B: 1}
+    index.stored(A, [5], 4, DOC[:16], 16)  # a later block chains on from the image's
+    assert index.blocks(A) == 5
+
+
+def test_a_hybrid_models_sliding_window_group_does_not_touch_the_prefix() -> None:
+    """vLLM reports each KV-cache group's blocks, the same hashes in each: the sliding-window
+    group's evictions must not take the full-attention group's blocks away."""
+    index = EngineBlockIndex()
+    index.stored(A, [1, 2, 3, 4], None, DOC, 16, group=0, kind="full_attention")
+    index.stored(A, [1, 2, 3, 4], None, DOC, 16, group=1, kind="sliding_window")
+    index.removed(A, [1, 2], group=1)  # out of the window
+    assert index.matches(block_keys(DOC, 16)) == {A: 4}
+    assert index.other_groups == 4
+    index.removed(A, [4, 3], group=0)
+    assert index.matches(block_keys(DOC, 16)) == {A: 2}
+    # an engine whose first report is a window group's follows the full-attention group after it
+    index.stored(B, [1, 2], None, DOC[:32], 16, group=0, kind="sliding_window")
+    index.stored(B, [1, 2], None, DOC[:32], 16, group=1, kind="mla_attention")
+    assert index.matches(block_keys(DOC, 16)) == {A: 2, B: 2}
+    index.forget(B)  # a restart: the groups are learned again
+    index.stored(B, [1], None, DOC[:16], 16)
+    assert index.matches(block_keys(DOC, 16)) == {A: 2, B: 1}

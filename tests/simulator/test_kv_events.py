@@ -11,10 +11,10 @@ import aiohttp
 import msgspec
 import zmq.asyncio
 
-from kvgate.gateway.picker.kv_events.subscriber import EndpointSubscription
+from kvgate.gateway.picker.kv_events.subscriber import EndpointSubscription, apply_batch
 from kvgate.gateway.picker.kv_events.wire import BlockStored, decode_batch
-from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys
-from kvgate.simulator.engine_types import CacheEvent, Removed, Stored
+from kvgate.policies.engine_blocks import EngineBlockIndex, block_keys, chain_root
+from kvgate.simulator.engine_types import CacheEvent, Removed, SimRequest, Stored
 from kvgate.simulator.kv_events import vllm_events
 from kvgate.simulator.tokenizer import encode
 from tests.ports import free_port_pair
@@ -48,8 +48,37 @@ def test_a_chain_of_stored_blocks_is_one_vllm_event() -> None:
     encoded = vllm_events(events, 16)
     payload = msgspec.msgpack.encode({"ts": 1.0, "events": encoded})
     batch = decode_batch("", 0, payload)
-    assert batch.events[0] == BlockStored((1, 2), None, array("I", [1] * 16 + [2] * 16), 16, None, "GPU")
+    assert batch.events[0] == BlockStored((1, 2), None, array("I", [1] * 16 + [2] * 16), 16, None, "GPU", 0,
+                                          None, "full_attention")
     assert len(batch.events) == 2
+
+
+def test_extra_keys_are_vllms_the_adapter_on_every_block_the_salt_on_the_first() -> None:
+    events: list[CacheEvent] = [Stored(1, None, (1,) * 16, "sql", "tenant-a"), Stored(2, 1, (2,) * 16, "sql"),
+                                Stored(3, None, (3,) * 16, None), Stored(4, 3, (4,) * 16, None),
+                                Stored(5, None, (5,) * 16, None, "tenant-b")]
+    batch = decode_batch("", 0, msgspec.msgpack.encode({"ts": 1.0, "events": vllm_events(events, 16)}))
+    adapter, base = batch.events[0], batch.events[1]
+    assert isinstance(adapter, BlockStored)
+    assert isinstance(base, BlockStored)
+    assert adapter.extra_keys == (["sql", "tenant-a"], ["sql"])
+    assert base.block_hashes == (3, 4)
+    assert base.extra_keys is None
+    assert batch.events[2] == BlockStored((5,), None, array("I", [5] * 16), 16, None, "GPU", 0,
+                                          (["tenant-b"],), "full_attention")
+
+
+def test_a_salted_prompt_shares_its_blocks_only_with_the_same_salt() -> None:
+    engine = make_engine(kv_events=True, num_gpu_blocks=64, block_size=16)
+    tokens = prompt(64)
+    engine.submit(SimRequest("a", tokens, 1, cache_salt="tenant-a"), 0.0)
+    now, _ = _drain(engine, 0.0)
+    first = [e for e in engine.take_kv_events() if isinstance(e, Stored)]
+    assert first[0].salt == "tenant-a"
+    assert all(e.salt is None for e in first[1:])
+    assert engine.peek(tokens, None, now, "tenant-a").cached_tokens == 48  # the last block is recomputed
+    assert engine.peek(tokens, None, now).cached_tokens == 0
+    assert engine.peek(tokens, None, now, "tenant-b").cached_tokens == 0
 
 
 async def test_kvgates_subscriber_follows_a_simulated_replica(
@@ -190,3 +219,26 @@ async def test_a_restarted_replica_starts_empty_and_kvgates_index_drops_it_at_on
     finally:
         await sub.stop()
         context.term()
+
+
+def test_kvgates_index_keys_a_continued_adapter_chain_as_its_requests_do() -> None:
+    """The simulated engine's events, on vLLM's wire, into the picker's index: an adapter's salted
+    prompt, then a longer one that hits its blocks and stores only the new ones (an event whose
+    parent is the last cached block): the longer prompt's keys, as the picker computes them from
+    its tokens, match every block."""
+    engine = make_engine(kv_events=True, num_gpu_blocks=64, block_size=16, max_loras=2)
+    engine.load_lora("sql")
+    tokens = prompt(96)
+    index = EngineBlockIndex()
+    stored: list[BlockStored] = []
+    now = 0.0
+    for seq, (rid, upto) in enumerate([("a", 48), ("b", 96)]):
+        engine.submit(SimRequest(rid, tokens[:upto], 1, "sql", cache_salt="t"), now)
+        now, _ = _drain(engine, now)
+        payload = msgspec.msgpack.encode({"ts": now, "events": vllm_events(engine.take_kv_events(), 16)})
+        batch = decode_batch("", seq, payload)
+        stored += [e for e in batch.events if isinstance(e, BlockStored)]
+        apply_batch(index, "r0", batch)
+    assert [(len(e.block_hashes), e.parent_block_hash is None) for e in stored] == [(3, True), (3, False)]
+    assert index.matches(block_keys(tokens, 16, parent=chain_root("sql", "t"))) == {"r0": 6}
+    assert index.matches(block_keys(tokens, 16, parent=chain_root("sql"))) == {}

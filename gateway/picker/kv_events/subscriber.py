@@ -71,9 +71,10 @@ def apply_batch(index: EngineBlockIndex, endpoint: str, batch: EventBatch) -> No
     for event in batch.events:
         if isinstance(event, BlockStored):
             index.stored(endpoint, event.block_hashes, event.parent_block_hash, event.token_ids,
-                         event.block_size, lora=event.lora_name, medium=event.medium)
+                         event.block_size, lora=event.lora_name, medium=event.medium,
+                         extra_keys=event.extra_keys, group=event.group_idx, kind=event.kv_cache_spec_kind)
         elif isinstance(event, BlockRemoved):
-            index.removed(endpoint, event.block_hashes, medium=event.medium)
+            index.removed(endpoint, event.block_hashes, medium=event.medium, group=event.group_idx)
         elif isinstance(event, AllBlocksCleared):
             index.forget(endpoint)
 

@@ -40,6 +40,10 @@ class BlockStored:
     lora_name: str | None = None
     medium: str = GPU
     group_idx: int | None = None
+    extra_keys: tuple[object, ...] | None = None
+    """Per block: the extra keys vLLM hashed it with (None where it has none), as decoded."""
+    kv_cache_spec_kind: str | None = None
+    """The group's spec kind (``full_attention``, ``sliding_window``, ``mamba``, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,8 @@ class EventBatch:
 
 
 _STORED_FIELDS: Final = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                         "lora_name", "extra_keys", "group_idx")
+                         "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                         "kv_cache_spec_sliding_window")
 _REMOVED_FIELDS: Final = ("block_hashes", "medium", "group_idx")
 _BATCH_FIELDS: Final = ("ts", "events", "data_parallel_rank")
 END_OF_REPLAY: Final = -1
@@ -142,6 +147,8 @@ def _event(raw: Any) -> KvEvent | None:
             lora_name=_str_or_none(fields.get("lora_name")),
             medium=_str_or_none(fields.get("medium")) or GPU,
             group_idx=_int_or_none(fields.get("group_idx")),
+            extra_keys=_extra_keys(fields.get("extra_keys")),
+            kv_cache_spec_kind=_str_or_none(fields.get("kv_cache_spec_kind")),
         )
     if tag == "BlockRemoved":
         return BlockRemoved(_hashes(fields.get("block_hashes")), _str_or_none(fields.get("medium")) or GPU,
@@ -175,6 +182,13 @@ def _ints(value: Any, name: str) -> array[int]:
         return array("I", value)
     except (TypeError, OverflowError):
         raise MalformedBatch(f"{name} is a list of integers from 0 to 2**32 - 1") from None
+
+
+def _extra_keys(value: Any) -> tuple[object, ...] | None:
+    """One entry per block (a list, or None): kept as decoded; anything else is no extra keys."""
+    if not isinstance(value, list):
+        return None
+    return tuple(v if isinstance(v, list) else None for v in value)
 
 
 def _positive(value: Any) -> int:

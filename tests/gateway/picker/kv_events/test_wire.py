@@ -24,7 +24,9 @@ def test_the_current_encoding_maps_tagged_by_type() -> None:
     h1, h2 = b"\x01" * 32, b"\x02" * 32
     frames = v.message(7, [
         v.BlockStored(block_hashes=[h1, h2], parent_block_hash=None, token_ids=TOKENS, block_size=16,
-                      lora_id=None, medium="GPU", lora_name="sql-lora", extra_keys=[None, None], group_idx=0),
+                      lora_id=None, medium="GPU", lora_name="sql-lora",
+                      extra_keys=[("sql-lora", ("img-1", 3)), ("sql-lora",)], group_idx=0,
+                      kv_cache_spec_kind="full_attention"),
         v.BlockRemoved(block_hashes=[h1], medium="CPU"),
         v.AllBlocksCleared(),
     ], rank=1)
@@ -32,7 +34,8 @@ def test_the_current_encoding_maps_tagged_by_type() -> None:
     assert (batch.topic, batch.seq, batch.ts) == ("kv@10.0.0.1@llama", 7, 1700000000.5)
     assert batch.data_parallel_rank == 1
     stored, removed, cleared = batch.events
-    assert stored == BlockStored((h1, h2), None, array("I", TOKENS), 16, "sql-lora", "GPU", 0)
+    assert stored == BlockStored((h1, h2), None, array("I", TOKENS), 16, "sql-lora", "GPU", 0,
+                                 (["sql-lora", ["img-1", 3]], ["sql-lora"]), "full_attention")
     assert removed == BlockRemoved((h1,), "CPU", None)
     assert cleared == AllBlocksCleared()
     assert batch.skipped == 0
