@@ -51,19 +51,15 @@ from kvgate.gateway.picker.shared_state.codec import (
     SharedEvent,
     UnknownFormat,
     decode_entry,
-    decode_inflight,
-    decode_tenant_usage,
     encode_batch,
-    encode_inflight,
-    encode_tenant_usage,
 )
 from kvgate.gateway.picker.shared_state.kv_relay import FIELD as KV_FIELD
 from kvgate.gateway.picker.shared_state.kv_relay import STREAM_LENGTH as KV_STREAM_LENGTH
 from kvgate.gateway.picker.shared_state.kv_relay import KvEventsRelay
 from kvgate.gateway.picker.shared_state.mirror import MirroredState
+from kvgate.gateway.picker.shared_state.peer_hashes import Peer, PeerHashes
 from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
-from kvgate.policies.state import InFlight
-from kvgate.policies.tenant_ledger import TenantLedger, TenantUsage
+from kvgate.policies.tenant_ledger import TenantLedger
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +105,8 @@ class SharedStateSync:
         self._mirrors: dict[str, MirroredState] = {}
         self._ledgers: dict[str, TenantLedger] = {}
         self._last_ids: dict[bytes, bytes] = {}
-        self._peers_read_at = clock()
-        self._known_peers: list[tuple[str, bytes]] = []
-        """The (pool, picker) pairs whose in-flight hashes the last round read."""
+        self._peers = PeerHashes(self.picker_id, self._key, self.settings.inflight_ttl_s, self._mirrors,
+                                 self._ledgers, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.scrapes: SharedScrapes | None = None
@@ -212,7 +207,7 @@ class SharedStateSync:
             if pending:
                 log.warning("shared-state loops did not stop in time")
         if self.link.healthy:  # leave no in-flight counts behind for the peers
-            await self.link.run("unpublish", self._unpublish)
+            await self.link.run("unpublish", self._peers.unpublish)
 
     async def _loop(self, step: Callable[[], Any]) -> None:
         """``step`` every sync interval; at once again after a step that returned True (a read
@@ -290,7 +285,7 @@ class SharedStateSync:
     # --- one round of each loop (also called directly by tests) -------------------------------
     async def sync_once(self) -> None:
         """Flush outboxes, publish own in-flight counts, read the peers' counts."""
-        self._expire_stale_peers()
+        self._peers.expire_stale()
         if not self.link.available:
             return
         batches: list[tuple[str, str, list[SharedEvent]]] = []
@@ -301,8 +296,8 @@ class SharedStateSync:
             batches += [(pool, "prefix", prefix), (pool, "session", sessions)]
         now_ms = self._wall_ms()
         pools = list(self._mirrors)
-        known = list(self._known_peers)
-        fair = [pool in self._ledgers for pool, _ in known]
+        known = list(self._peers.known)
+        fair = self._peers.fairness_wanted(known)
         scrapes = self.scrapes
 
         def write(pipe: Pipeline) -> None:
@@ -316,7 +311,7 @@ class SharedStateSync:
                         minid=now_ms - int(ttl * 1000),
                         approximate=True,
                     )
-            self._publish(pipe, now_ms)
+            self._peers.publish(pipe, now_ms, shares_scrapes=scrapes is not None)
             since = now_ms - int(s.inflight_ttl_s * 1000)
             for pool in pools:
                 pipe.zrangebyscore(self._key(pool, "pickers"), since, "+inf")
@@ -325,7 +320,7 @@ class SharedStateSync:
                     pipe.zrangebyscore(self._key(pool, "scrapers"), since, "+inf")
             # The peers the last round knew, read in this same round trip: while nobody joins or
             # leaves (the usual case) a round is one round trip, not two.
-            self._read_peer_hashes(pipe, known, fair)
+            self._peers.read(pipe, known, fair)
 
         taken = sum(len(events) for _, _, events in batches)
         self.counters.events_writing += taken
@@ -354,91 +349,19 @@ class SharedStateSync:
         else:  # someone joined or left: read the peers as they are now
             await self._read_peers(pools, wanted)
 
-    def _publish(self, pipe: Pipeline, now_ms: int) -> None:
-        ttl_ms = int(self.settings.inflight_ttl_s * 1000)
-        for pool, mirror in self._mirrors.items():
-            key = self._key(pool, f"inflight:{self.picker_id}")
-            own = mirror.own_inflight()
-            pipe.delete(key)
-            if own:
-                pipe.hset(key, mapping={a: encode_inflight(v) for a, v in own.items()})
-                pipe.pexpire(key, ttl_ms)
-            ledger = self._ledgers.get(pool)
-            if ledger is not None:
-                key = self._key(pool, f"fairness:{self.picker_id}")
-                usage = ledger.own()
-                pipe.delete(key)
-                if usage:
-                    pipe.hset(key, mapping=encode_tenant_usage(usage))  # type: ignore[arg-type]
-                    pipe.pexpire(key, ttl_ms)
-            for kind in ("pickers", "scrapers") if self.scrapes is not None else ("pickers",):
-                members = self._key(pool, kind)
-                pipe.zadd(members, {self.picker_id: now_ms})
-                pipe.zremrangebyscore(members, "-inf", now_ms - 10 * ttl_ms)
-                pipe.pexpire(members, 10 * ttl_ms)
-
-    def _unpublish(self, pipe: Pipeline) -> None:
-        for pool in self._mirrors:
-            pipe.delete(self._key(pool, f"inflight:{self.picker_id}"))
-            pipe.delete(self._key(pool, f"fairness:{self.picker_id}"))
-            pipe.zrem(self._key(pool, "pickers"), self.picker_id)
-            pipe.zrem(self._key(pool, "scrapers"), self.picker_id)
-
-    def _read_peer_hashes(self, pipe: Pipeline, peers: list[tuple[str, bytes]], fair: list[bool]) -> None:
-        """Each peer's in-flight hash, and its fairness hash where ``fair`` says."""
-        for (pool, member), with_fairness in zip(peers, fair, strict=True):
-            pipe.hgetall(self._key(pool, f"inflight:{member.decode()}"))
-            if with_fairness:
-                pipe.hgetall(self._key(pool, f"fairness:{member.decode()}"))
-
-    async def _read_peers(self, pools: list[str], wanted: list[tuple[str, bytes]]) -> None:
-        fair = [pool in self._ledgers for pool, _ in wanted]
+    async def _read_peers(self, pools: list[str], wanted: list[Peer]) -> None:
+        fair = self._peers.fairness_wanted(wanted)
         replies = await self.link.run(
-            "peers", lambda pipe: self._read_peer_hashes(pipe, wanted, fair)) if wanted else []
+            "peers", lambda pipe: self._peers.read(pipe, wanted, fair)) if wanted else []
         if replies is None:
             return
         self._apply_peers(pools, wanted, fair, replies)
 
-    def _apply_peers(self, pools: list[str], wanted: list[tuple[str, bytes]], fair: list[bool],
+    def _apply_peers(self, pools: list[str], wanted: list[Peer], fair: list[bool],
                      replies: list[Any]) -> None:
-        self._known_peers = wanted
-        per_pool: dict[str, list[dict[str, InFlight]]] = {pool: [] for pool in pools}
-        usage: dict[str, dict[str, dict[tuple[int, str], TenantUsage]]] = {pool: {} for pool in self._ledgers}
-        answers = iter(replies)
-        for (pool, member), with_fairness in zip(wanted, fair, strict=True):
-            fields = next(answers)
-            if with_fairness:
-                figures, bad = decode_tenant_usage(next(answers))
-                self.counters.bad_entries += bad
-                if pool in usage:
-                    usage[pool][member.decode()] = figures
-            contribution: dict[str, InFlight] = {}
-            for address, value in fields.items():
-                try:
-                    contribution[address.decode()] = decode_inflight(value)
-                except ValueError:
-                    self.counters.bad_entries += 1
-            per_pool[pool].append(contribution)
-        for pool, contributions in per_pool.items():
-            mirror = self._mirrors.get(pool)
-            if mirror is not None:
-                mirror.set_peer_inflight(contributions)
-        now = self._clock()
-        for pool, peers in usage.items():
-            ledger = self._ledgers.get(pool)
-            if ledger is not None:
-                ledger.set_peers(peers, now)
-        self._peers_read_at = self._clock()
+        self.counters.bad_entries += self._peers.apply(pools, wanted, fair, replies)
         self.counters.peer_reads += 1
         self.counters.peers = len(wanted)
-
-    def _expire_stale_peers(self) -> None:
-        if self._clock() - self._peers_read_at > self.settings.inflight_ttl_s:
-            for mirror in self._mirrors.values():
-                if mirror.peer_inflight():
-                    mirror.set_peer_inflight([])
-            for ledger in self._ledgers.values():
-                ledger.forget_peers()
 
     async def read_once(self) -> bool:
         """Tail the streams once (blocking up to ``read_block_s``) and apply peers' events; True
