@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -125,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--kv-bandwidth-gbs", type=float, default=None,
+                   help="the fleet's KV transfer bandwidth (default: the simulator's, 40 GB/s); give the "
+                        "conditional decider the same figure (bench/profiles/pd-conditional-100g.yaml)")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--report-only", action="store_true", help="rewrite pd.md from pd.json")
     return p
@@ -135,12 +139,15 @@ async def _run(args: argparse.Namespace, command: str) -> list[PdFigures]:
     cores = len(os.sched_getaffinity(0))
     meta = {"command": command, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.node()} ({platform.machine()}, {cores} cores)", "seed": args.seed,
-            "time_scale": args.time_scale,
+            "time_scale": args.time_scale, "kv_bandwidth_gbs": args.kv_bandwidth_gbs,
             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms, "wall_s": 0.0}
     runs: list[PdFigures] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-pd-") as tmp:
         for workload in args.workloads:
             spec = PD_WORKLOADS[workload]
+            if args.kv_bandwidth_gbs is not None:
+                spec = dataclasses.replace(spec, fleet=dataclasses.replace(
+                    spec.fleet, kv_bandwidth_gbs=args.kv_bandwidth_gbs))
             for fraction in args.fractions:
                 for name in args.contenders or DEFAULT_RUNS[workload]:
                     print(f"[{workload}] {fraction:g} x {name} ...", flush=True)

@@ -54,8 +54,10 @@ def report(meta: dict[str, Any], runs: Sequence[PdFigures]) -> str:
         "",
         f"- Command: `{meta['command']}`, {meta['date']}, {meta['machine']}; "
         f"wall {meta['wall_s'] / 60:.1f} min.",
-        "- Fleet: `python -m kvgate.simulator` (BLIS Llama-3.1-8B/H100 step model; KV transfers at the "
-        "simulator's defaults, docs/simulator.md), restarted cold for every run; the same Poisson plan "
+        "- Fleet: `python -m kvgate.simulator` (BLIS Llama-3.1-8B/H100 step model; KV transfers at "
+        + (f"{meta['kv_bandwidth_gbs']:g} GB/s, the simulator's other defaults"
+           if meta.get("kv_bandwidth_gbs") else "the simulator's defaults")
+        + ", docs/simulator.md), restarted cold for every run; the same Poisson plan "
         f"(seed {meta['seed']}) for every contender of a workload; time scale {meta['time_scale']}: "
         "all figures are simulated time.",
         f"- SLO: TTFT ≤ {meta['slo_ttft_ms']:g} ms and TPOT ≤ {meta['slo_tpot_ms']:g} ms; goodput = requests "

@@ -72,6 +72,9 @@ class FleetSpec:
     """Of ``replicas``, how many are prefill instances (the first ones), and ``decode`` decode ones
     (next); the rest serve both (a disaggregated fleet: ``kvgate sim --prefill P --decode D``)."""
     decode: int = 0
+    kv_bandwidth_gbs: float | None = None
+    """The KV transfer's bandwidth between prefill and decode instances (``kvgate sim
+    --kv-bandwidth-gbs``; None: the simulator's default, 40)."""
     kv_events: bool = False
     """The replicas publish vLLM's KV-cache events and tokenize with the simulated model's tokenizer
     (``kvgate sim --kv-events-port --tokenizer``; ``bench.sim_fleet`` gives them addresses)."""
@@ -94,6 +97,8 @@ class FleetSpec:
         out = [*sizes, "--num-gpu-blocks", str(self.num_gpu_blocks), "--max-loras", str(self.max_loras)]
         if self.stream_interval != 1:
             out += ["--stream-interval", str(self.stream_interval)]
+        if self.kv_bandwidth_gbs is not None:
+            out += ["--kv-bandwidth-gbs", f"{self.kv_bandwidth_gbs:g}"]
         if self.loras:
             out += ["--loras", ",".join(self.loras)]
         for override in self.overrides:
