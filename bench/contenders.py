@@ -43,12 +43,11 @@ import yaml
 
 from kvgate.bench.processes import ManagedProcess, http_get_text, metric_sum
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, split_host_port
 from kvgate.gateway.controlplane.envoy_config import (
     ONE_PASS,
     ExtProcSettings,
     GatewayConfig,
-    PoolBackend,
-    split_host_port,
     static_bootstrap,
 )
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port

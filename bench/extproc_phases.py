@@ -56,13 +56,8 @@ from kvgate.bench.datapath.procs import (
     start_picker,
     start_upstream,
 )
-from kvgate.gateway.controlplane.envoy_config import (
-    EXT_PROC_FILTER,
-    JsonDict,
-    PoolBackend,
-    bootstrap,
-    pool_clusters,
-)
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, pool_clusters
+from kvgate.gateway.controlplane.envoy_config import EXT_PROC_FILTER, JsonDict, bootstrap
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from kvgate.policies.types import FailureMode

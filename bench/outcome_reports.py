@@ -40,8 +40,9 @@ from kvgate.bench.datapath.onepass import (
     stream_bodies,
 )
 from kvgate.bench.datapath.procs import outcome_address, start_null_picker, start_picker, start_upstream
-from kvgate.gateway.controlplane.envoy_config import ONE_PASS, bootstrap, ext_proc_cluster, pool_clusters
-from kvgate.gateway.controlplane.envoy_config import PoolBackend as Pool
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend as Pool
+from kvgate.gateway.controlplane.envoy_clusters import ext_proc_cluster, pool_clusters
+from kvgate.gateway.controlplane.envoy_config import ONE_PASS, bootstrap
 from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 
 PATHS = ("floor", "roundtrip", "bare", "reports")

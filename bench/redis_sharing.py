@@ -24,13 +24,8 @@ from typing import Any
 import aiohttp
 
 from kvgate.bench.processes import ManagedProcess
-from kvgate.gateway.controlplane.envoy_config import (
-    EXT_PROC_CLUSTER,
-    ExtProcSettings,
-    GatewayConfig,
-    PoolBackend,
-    static_bootstrap,
-)
+from kvgate.gateway.controlplane.envoy_clusters import EXT_PROC_CLUSTER, PoolBackend
+from kvgate.gateway.controlplane.envoy_config import ExtProcSettings, GatewayConfig, static_bootstrap
 from kvgate.gateway.picker.pools_file import parse_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings

@@ -17,21 +17,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvgate.gateway.controlplane.envoy_clusters import (
+    PoolBackend,
+    ext_proc_cluster,
+    pool_clusters,
+    socket_address,
+    split_host_port,
+)
 from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     JsonDict,
-    PoolBackend,
     RouteSpec,
     bootstrap,
-    ext_proc_cluster,
     http_connection_manager,
     listener,
-    pool_clusters,
     pool_routes,
     route_configuration,
     router_filter,
-    socket_address,
-    split_host_port,
 )
 from kvgate.policies.types import FailureMode
 

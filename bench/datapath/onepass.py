@@ -68,18 +68,16 @@ from kvgate.bench.datapath.procs import (
     start_picker,
     start_upstream,
 )
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, ext_proc_cluster, pool_clusters
 from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     ONE_PASS,
     ExtProcSettings,
     JsonDict,
-    PoolBackend,
     RouteSpec,
     bootstrap,
-    ext_proc_cluster,
     http_connection_manager,
     listener,
-    pool_clusters,
     pool_routes,
     route_configuration,
 )

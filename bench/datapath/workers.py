@@ -47,14 +47,13 @@ from kvgate.bench.datapath.procs import (
     start_child,
     start_upstream,
 )
-from kvgate.gateway.controlplane.envoy_config import (
-    ONE_PASS,
+from kvgate.gateway.controlplane.envoy_clusters import (
     PoolBackend,
-    bootstrap,
     ext_proc_cluster,
     pool_clusters,
     split_host_port,
 )
+from kvgate.gateway.controlplane.envoy_config import ONE_PASS, bootstrap
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from kvgate.policies.types import FailureMode
 

@@ -25,10 +25,10 @@ from typing import Any, Final
 
 import yaml
 
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     GatewayConfig,
-    PoolBackend,
     RouteSpec,
     static_bootstrap,
 )

@@ -34,10 +34,10 @@ import yaml
 from aiohttp import web
 
 from kvgate.extproc.lifecycle_config import LifecycleConfig
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from kvgate.gateway.controlplane.envoy_config import (
     ExtProcSettings,
     GatewayConfig,
-    PoolBackend,
     RouteSpec,
     static_bootstrap,
 )

@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 
+from kvgate.gateway.controlplane.envoy_clusters import EXT_PROC_CLUSTER, PoolBackend
 from kvgate.gateway.controlplane.envoy_config import (
-    EXT_PROC_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
-    PoolBackend,
     RouteSpec,
     static_bootstrap,
 )

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from kvgate.bench.redis_sharing import settle
-from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from kvgate.gateway.picker.service import PickerService
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from kvgate.gateway.processes.child_process import ChildProcess
 from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from tests.deploy.charts import NAMESPACE, container, one, render

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from kvgate.gateway.controlplane.envoy_config import GatewayConfig, PoolBackend, RouteSpec, static_bootstrap
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
+from kvgate.gateway.controlplane.envoy_config import GatewayConfig, RouteSpec, static_bootstrap
 from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port
 from kvgate.policies.types import FailureMode
 from tests.e2e.conftest import EchoUpstream, SimFleet

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from kvgate.gateway.controlplane.envoy_config import ONE_PASS, PoolBackend
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
+from kvgate.gateway.controlplane.envoy_config import ONE_PASS
 from kvgate.gateway.picker.service import PickerService
 from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet

@@ -9,7 +9,8 @@ import aiohttp
 import pytest
 
 from kvgate.extproc.lifecycle_config import LifecycleConfig
-from kvgate.gateway.controlplane.envoy_config import PoolBackend, RouteSpec
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
+from kvgate.gateway.controlplane.envoy_config import RouteSpec
 from kvgate.gateway.picker.pool_runtime import PoolRuntime
 from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet

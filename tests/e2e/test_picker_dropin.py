@@ -20,11 +20,8 @@ import aiohttp
 import pytest
 import yaml
 
-from kvgate.gateway.controlplane.envoy_config import (
-    ExtProcSettings,
-    PoolBackend,
-    RouteSpec,
-)
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
+from kvgate.gateway.controlplane.envoy_config import ExtProcSettings, RouteSpec
 from kvgate.gateway.picker.tls import CERT_FILE, KEY_FILE, self_signed
 from kvgate.gateway.processes.child_process import ChildProcess
 from kvgate.gateway.processes.envoy_process import EnvoyProcess, free_port

@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from kvgate.gateway.controlplane.envoy_config import PoolBackend, RouteSpec
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
+from kvgate.gateway.controlplane.envoy_config import RouteSpec
 from kvgate.policies.types import FailureMode
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (

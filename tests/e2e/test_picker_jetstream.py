@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.picker_harness import (
     StartGateway,

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import aiohttp
 import pytest
 
-from kvgate.gateway.controlplane.envoy_config import PoolBackend, RouteSpec
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
+from kvgate.gateway.controlplane.envoy_config import RouteSpec
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     JsonDict,

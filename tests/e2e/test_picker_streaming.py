@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import (
     MODEL,

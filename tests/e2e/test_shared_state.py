@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from kvgate.bench.redis_sharing import hit_rate, settle, shared_prefix_workload
-from kvgate.gateway.controlplane.envoy_config import PoolBackend
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import completion_body, fleet_admin_url, post_json, wait_until
 from tests.e2e.shared_pickers import StartMultiGateway, StartPickers, start_multi_gateway, start_pickers

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.extproc.names import is_system_owned
+from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
 from kvgate.gateway.controlplane.resources.gateway_api import HeaderModifier, HTTPRouteFilter
@@ -79,7 +80,7 @@ class ClusterSet:
 def static_cluster(name: str, addresses: tuple[str, ...] = ()) -> JsonDict:
     """Round robin over ``addresses`` (``ip:port``); none: every request gets 503 "no healthy upstream"."""
     lb_endpoints = [
-        {"endpoint": {"address": ec.socket_address(*ec.split_host_port(address))}} for address in addresses
+        {"endpoint": {"address": ecl.socket_address(*ecl.split_host_port(address))}} for address in addresses
     ]
     return {
         "name": name,
@@ -99,21 +100,21 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
     external picker's cluster."""
     if follows_fallbacks(pool, settings):
         # the spill chain's endpoints too: the picker may name one when the pool is full
-        clusters = [ec.pool_override_cluster(pool.id, (*pool.addresses, *pool.spill_addresses))]
+        clusters = [ecl.pool_override_cluster(pool.id, (*pool.addresses, *pool.spill_addresses))]
     else:
-        clusters = [ec.pool_cluster(pool.id)]
+        clusters = [ecl.pool_cluster(pool.id)]
     if pool.picker.failure_mode is FailureMode.FAIL_OPEN:
-        backend = ec.PoolBackend(pool.id, FailureMode.FAIL_OPEN, pool.addresses)
+        backend = ecl.PoolBackend(pool.id, FailureMode.FAIL_OPEN, pool.addresses)
         if pool.addresses:
-            clusters.append(ec.pool_fallback_cluster(backend))
+            clusters.append(ecl.pool_fallback_cluster(backend))
         else:
-            clusters.append(static_cluster(ec.pool_fallback_cluster_name(pool.id)))
+            clusters.append(static_cluster(ecl.pool_fallback_cluster_name(pool.id)))
     if pool.picker.addresses:
         name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
-        addresses = [ec.split_host_port(address) for address in pool.picker.addresses]
+        addresses = [ecl.split_host_port(address) for address in pool.picker.addresses]
         # another endpoint picker (the Inference Extension's, or kvgate picker elsewhere) serves TLS by
         # default (--secure-serving), with a certificate no one can verify: encrypted, not verified
-        clusters.append(ec.ext_proc_cluster(addresses, name, tls=True))
+        clusters.append(ecl.ext_proc_cluster(addresses, name, tls=True))
     return clusters
 
 
@@ -129,7 +130,7 @@ def pool_per_route(pool: ResolvedPool, settings: TranslationSettings) -> JsonDic
     in GIE's processing mode (full duplex both ways, unless FailOpen needs a buffered request):
     kvgate's one-pass mode is for its own picker.
     """
-    backend = ec.PoolBackend(pool.id, pool.picker.failure_mode)
+    backend = ecl.PoolBackend(pool.id, pool.picker.failure_mode)
     external = bool(pool.picker.addresses)
     ext_proc = settings.ext_proc
     if external:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvgate.gateway.controlplane.envoy_config import pool_cluster_name, pool_fallback_cluster_name
+from kvgate.gateway.controlplane.envoy_clusters import pool_cluster_name, pool_fallback_cluster_name
 from kvgate.gateway.controlplane.resources import ObjectKey
 
 BBR_FILTER = "kvgate.bbr"

@@ -15,7 +15,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane import envoy_clusters as ecl
 
 JsonDict = dict[str, Any]
 
@@ -66,7 +66,7 @@ def request_id_extension() -> JsonDict:
 
 def otlp_cluster(tracing: EnvoyTracing) -> JsonDict:
     """HTTP/2 to the OTLP receiver: ``STATIC`` for an IP, ``STRICT_DNS`` for a name."""
-    cluster = ec.ext_proc_cluster([(tracing.host, tracing.port)], OTLP_CLUSTER, tls=tracing.tls)
+    cluster = ecl.ext_proc_cluster([(tracing.host, tracing.port)], OTLP_CLUSTER, tls=tracing.tls)
     try:
         ipaddress.ip_address(tracing.host)
     except ValueError:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.extproc.names import MODEL_NAME_HEADER
-from kvgate.gateway.controlplane import envoy_config as ec
+from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane.resources import ValidatedConfig
 from kvgate.gateway.controlplane.translate.backends import ClusterSet, pool_clusters
 from kvgate.gateway.controlplane.translate.listeners import envoy_listener
@@ -51,11 +51,11 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     """Translate ``config``; see the package docstring for what each resource is."""
     clusters = ClusterSet()
     warnings: list[str] = []
-    pickers = [ec.split_host_port(address) for address in settings.picker_addresses]
-    clusters.add(ec.ext_proc_cluster(pickers, settings.ext_proc.cluster_name))
+    pickers = [ecl.split_host_port(address) for address in settings.picker_addresses]
+    clusters.add(ecl.ext_proc_cluster(pickers, settings.ext_proc.cluster_name))
     if settings.ext_proc.outcome_reports and settings.outcome_addresses:
-        outcomes = [ec.split_host_port(address) for address in settings.outcome_addresses]
-        clusters.add(ec.ext_proc_cluster(outcomes, settings.ext_proc.outcome_cluster_name))
+        outcomes = [ecl.split_host_port(address) for address in settings.outcome_addresses]
+        clusters.add(ecl.ext_proc_cluster(outcomes, settings.ext_proc.outcome_cluster_name))
     for pool in config.pools:
         for cluster in pool_clusters(pool, settings):
             clusters.add(cluster)

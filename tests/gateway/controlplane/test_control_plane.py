@@ -14,7 +14,7 @@ from kvgate.gateway.controlplane.control_plane import (
     pool_specs,
     with_pods,
 )
-from kvgate.gateway.controlplane.envoy_config import pool_cluster_name
+from kvgate.gateway.controlplane.envoy_clusters import pool_cluster_name
 from kvgate.gateway.controlplane.resources import FileProvider, ValidationOptions, parse_manifests, validate
 from kvgate.gateway.controlplane.status_cli import format_status
 from kvgate.gateway.controlplane.translate import translate

@@ -9,19 +9,21 @@ from typing import Any
 
 import pytest
 
+from kvgate.gateway.controlplane.envoy_clusters import (
+    PoolBackend,
+    ext_proc_cluster,
+    pool_cluster,
+    pool_clusters,
+)
 from kvgate.gateway.controlplane.envoy_config import (
     EXT_PROC_FILTER,
     OUTCOME_CLUSTER,
     ExtProcSettings,
     GatewayConfig,
-    PoolBackend,
     RouteSpec,
     duration,
-    ext_proc_cluster,
     ext_proc_filter,
     ext_proc_per_route,
-    pool_cluster,
-    pool_clusters,
     pool_routes,
     processing_mode,
     static_bootstrap,

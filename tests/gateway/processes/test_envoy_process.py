@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvgate.gateway.controlplane.envoy_config import bootstrap, listener, router_filter, socket_address
+from kvgate.gateway.controlplane.envoy_clusters import socket_address
+from kvgate.gateway.controlplane.envoy_config import bootstrap, listener, router_filter
 from kvgate.gateway.processes.envoy_process import (
     EnvoyOptions,
     EnvoyProcess,
