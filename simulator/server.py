@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +24,9 @@ from aiohttp import web
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
-from kvgate.simulator.engine import Engine, EngineConfig, EngineMetrics, Finished, SimRequest
+from kvgate.simulator.engine import Engine, EngineConfig, EngineMetrics, Finished, PeekResult, SimRequest
 from kvgate.simulator.faults import ErrorInjector, Faults
+from kvgate.simulator.http_replies import error_response, json_response
 from kvgate.simulator.kv_agent import KvTransferAgent
 from kvgate.simulator.kv_events import KvEventPublisher, vllm_events
 from kvgate.simulator.kv_transfer import (
@@ -40,6 +40,7 @@ from kvgate.simulator.kv_transfer import (
 )
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
+from kvgate.simulator.prompt_routes import PromptRoutes
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
 REPLICA_HEADER = "x-kvgate-sim-replica"
@@ -74,18 +75,6 @@ class ReplicaCounters:
     errors_injected: int = 0
     hung: int = 0  # inference requests held by the hang fault
     streams_cut: int = 0  # streamed responses aborted by the cut_streams fault
-
-
-def json_response(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
-
-
-def _json_text_response(text: str) -> web.Response:
-    return web.Response(body=text.encode(), content_type="application/json")
-
-
-def _error(err: api.ApiError) -> web.Response:
-    return json_response(err.body(), err.status)
 
 
 def _local_address(request: web.Request) -> tuple[str, int]:
@@ -232,11 +221,12 @@ class Replica:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/load_lora_adapter", self._load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
-        app.router.add_post("/tokenize", self._tokenize)
-        app.router.add_post("/detokenize", self._detokenize)
-        app.router.add_post("/v1/completions/render", self._render_completions)
-        app.router.add_post("/v1/chat/completions/render", self._render_chat)
-        app.router.add_post("/sim/peek", self._peek)
+        prompts = PromptRoutes(self.base_model, self.served_models, self._memo, self._peek)
+        app.router.add_post("/tokenize", prompts.tokenize)
+        app.router.add_post("/detokenize", prompts.detokenize)
+        app.router.add_post("/v1/completions/render", prompts.render_completions)
+        app.router.add_post("/v1/chat/completions/render", prompts.render_chat)
+        app.router.add_post("/sim/peek", prompts.peek)
         app.router.add_get("/sim/stats", self._stats)
         app.router.add_post("/sim/kv-events/stop", self._stop_kv_events)
         app.router.add_get("/sim/faults", self._get_faults)
@@ -254,7 +244,7 @@ class Replica:
     async def _inference(self, request: web.Request, kind: api.ApiKind) -> web.StreamResponse:
         self.counters.requests_received += 1
         if not self.accepting:
-            return _error(api.ApiError(503, "the replica is stopping"))
+            return error_response(api.ApiError(503, "the replica is stopping"))
         try:
             body = api.decode_json_object(await request.read())
             parsed = api.parse_inference(kind, body, self.base_model, self._memo)
@@ -262,13 +252,13 @@ class Replica:
             transfer = parse_kv_transfer_params(body)
         except api.ApiError as err:
             self.counters.requests_rejected += 1
-            return _error(err)
+            return error_response(err)
         if self.faults.hang:
             self.counters.hung += 1
             await self._hang_cleared.wait()  # until set_faults clears it, or the client goes away
         if self._injector.should_fail(self.faults):
             self.counters.errors_injected += 1
-            return _error(api.ApiError(500, "injected fault: internal server error"))
+            return error_response(api.ApiError(500, "injected fault: internal server error"))
         request_id = api.new_request_id(kind)
         lora = None if parsed.model == self.base_model else parsed.model
         remote_tokens = await self.kv.receive(transfer) if isinstance(transfer, RemotePrefill) else 0
@@ -281,7 +271,7 @@ class Replica:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:
             self.counters.requests_rejected += 1
-            return _error(api.ApiError(400, str(exc), "prompt"))
+            return error_response(api.ApiError(400, str(exc), "prompt"))
         try:
             if parsed.stream:
                 return await self._stream(request, parsed, request_id, delivery)
@@ -299,7 +289,7 @@ class Replica:
             await delivery.wait()
         finished = delivery.finished
         if finished is None:
-            return _error(api.ApiError(503, str(delivery.error)))
+            return error_response(api.ApiError(503, str(delivery.error)))
         usage = api.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         created = int(time.time())
         body = api.full_response(parsed, request_id, created, finished.completion_tokens, usage)
@@ -377,7 +367,7 @@ class Replica:
             if name == self.base_model or name in self.adapters:
                 raise api.ApiError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
         except api.ApiError as err:
-            return _error(err)
+            return error_response(err)
         self.engine.load_lora(name)
         self.adapters[name] = path
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
@@ -388,51 +378,10 @@ class Replica:
             if name not in self.adapters:
                 raise api.ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
         except api.ApiError as err:
-            return _error(err)
+            return error_response(err)
         self.engine.unload_lora(name)
         del self.adapters[name]
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
-
-    # ---- tokenizer and render --------------------------------------------------------------
-
-    async def _checked_body(self, request: web.Request) -> tuple[dict[str, Any], str]:
-        body = api.decode_json_object(await request.read())
-        model = api.requested_model(body, self.base_model)
-        api.check_model(model, self.served_models())
-        return body, model
-
-    async def _tokenize(self, request: web.Request) -> web.Response:
-        try:
-            body, _ = await self._checked_body(request)
-            tokens = api.tokenize_tokens(body, self._memo)
-        except api.ApiError as err:
-            return _error(err)
-        return json_response({"count": len(tokens), "max_model_len": api.MAX_MODEL_LEN,
-                              "tokens": list(tokens), "token_strs": None})
-
-    async def _detokenize(self, request: web.Request) -> web.Response:
-        try:
-            body, _ = await self._checked_body(request)
-            return json_response({"prompt": api.detokenize_text(body)})
-        except api.ApiError as err:
-            return _error(err)
-
-    async def _render_completions(self, request: web.Request) -> web.Response:
-        try:
-            body, model = await self._checked_body(request)
-            prompts = api.completion_prompts(body, self._memo)
-            items = [api.render_json("completion", model, self._memo.tokens_json(t), body) for t in prompts]
-            return _json_text_response("[" + ", ".join(items) + "]")
-        except api.ApiError as err:
-            return _error(err)
-
-    async def _render_chat(self, request: web.Request) -> web.Response:
-        try:
-            body, model = await self._checked_body(request)
-            tokens = api.chat_prompt(body, self._memo)
-            return _json_text_response(api.render_json("chat", model, self._memo.tokens_json(tokens), body))
-        except api.ApiError as err:
-            return _error(err)
 
     # ---- metrics and simulator extras ------------------------------------------------------
 
@@ -444,32 +393,15 @@ class Replica:
         return web.Response(body=page if page is not None else self.metrics.render(),
                             headers={"Content-Type": CONTENT_TYPE})
 
-    async def _peek(self, request: web.Request) -> web.Response:
-        try:
-            body, model = await self._checked_body(request)
-            if "messages" in body:
-                tokens = api.chat_prompt(body, self._memo)
-            else:
-                prompts = api.completion_prompts(body, self._memo)
-                tokens = prompts[0]
-            salt = api.cache_salt(body)
-        except api.ApiError as err:
-            return _error(err)
+    def _peek(self, tokens: tuple[int, ...], model: str, salt: str | None) -> PeekResult:
         lora = None if model == self.base_model else model
-        peek = self.engine.peek(tokens, lora, self.driver.now(), salt)
-        return json_response({
-            "cached_tokens": peek.cached_tokens,
-            "prompt_tokens": len(tokens),
-            "waiting": peek.waiting,
-            "running": peek.running,
-            "estimated_wait_s": peek.estimated_wait,
-        })
+        return self.engine.peek(tokens, lora, self.driver.now(), salt)
 
     async def _stats(self, request: web.Request) -> web.Response:
         try:
             window = float(request.query.get("window_s", "60"))
         except ValueError:
-            return _error(api.ApiError(400, "window_s must be a number", "window_s"))
+            return error_response(api.ApiError(400, "window_s must be a number", "window_s"))
         return json_response(self.stats(window))
 
     async def _get_faults(self, request: web.Request) -> web.Response:
@@ -480,6 +412,6 @@ class Replica:
             body = api.decode_json_object(await request.read())
             return json_response(self.set_faults(body).to_json())
         except api.ApiError as err:
-            return _error(err)
+            return error_response(err)
         except ValueError as exc:
-            return _error(api.ApiError(400, str(exc)))
+            return error_response(api.ApiError(400, str(exc)))

@@ -1,0 +1,22 @@
+"""The simulated replica's JSON answers (aiohttp responses; the error body is vLLM's)."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from kvgate.simulator import openai_api as api
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
+
+
+def json_text_response(text: str) -> web.Response:
+    """JSON already serialised (a long prompt's token list is kept serialised: ``EncodeMemo``)."""
+    return web.Response(body=text.encode(), content_type="application/json")
+
+
+def error_response(err: api.ApiError) -> web.Response:
+    return json_response(err.body(), err.status)
