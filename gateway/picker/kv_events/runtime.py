@@ -156,7 +156,8 @@ class KvEventsRuntime:
 
 class KvEventsCollector(Collector):
     """``kvgate_kv_events_<counter>_total{pool,endpoint}``, ``kvgate_kv_events_in_step``,
-    ``kvgate_kv_events_blocks`` (GPU blocks the index holds for the endpoint) and
+    ``kvgate_kv_events_blocks`` (GPU blocks the index holds for the endpoint),
+    ``kvgate_kv_events_unindexed_blocks_total{pool,reason}`` (stored blocks not indexed) and
     ``kvgate_kv_events_unrouted_total`` (bound sockets' messages for no known endpoint)."""
 
     def __init__(self, runtime: KvEventsRuntime) -> None:
@@ -182,6 +183,15 @@ class KvEventsCollector(Collector):
             blocks.add_metric([pool, endpoint], sub.index.blocks(endpoint))
         yield in_step
         yield blocks
+        unindexed = CounterMetricFamily(
+            "kvgate_kv_events_unindexed_blocks",
+            "Stored blocks the pool's index could not take: their parent was never seen (a missed "
+            "event: reason missed_parent), or another KV-cache group's (a hybrid model's window or "
+            "Mamba groups: reason other_group)", labels=["pool", "reason"])
+        for pool, index in self._runtime.indexes.items():
+            unindexed.add_metric([pool, "missed_parent"], index.unresolved)
+            unindexed.add_metric([pool, "other_group"], index.other_groups)
+        yield unindexed
         yield CounterMetricFamily("kvgate_kv_events_unrouted",
                                   "KV-event messages on the picker's bound sockets whose topic names no "
                                   "endpoint of a pool (dropped)", value=self._runtime.unrouted())
