@@ -43,6 +43,10 @@ class EncodeMemo:
         self.hits = 0
         self.misses = 0
 
+    def uncached(self, text: str) -> tuple[int, ...]:
+        """``tokenizer.encode(text)``, not remembered (a text no request sends as it is)."""
+        return self._encode(text)
+
     def __call__(self, text: str) -> tuple[int, ...]:
         if len(text) < MIN_CHARS:
             return self._encode(text)

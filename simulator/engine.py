@@ -77,15 +77,16 @@ class _Seq:
         "request_id", "salt", "state", "tokens",
     )
 
-    def __init__(self, request: SimRequest, arrival: float, hashes: tuple[int, ...]) -> None:
+    def __init__(self, request: SimRequest, arrival: float, hashes: tuple[int, ...],
+                 tokens: tuple[int, ...]) -> None:
         self.request_id = request.request_id
         self.lora = request.lora
         self.salt = request.cache_salt
         self.prompt_len = len(request.prompt_tokens)
-        self.tokens = request.prompt_tokens  # the same tuple: its blocks' tokens for the KV events
+        self.tokens = tokens  # the prompt (and the output's ids where known): the KV events' tokens
         self.max_tokens = request.max_tokens
         self.arrival = arrival
-        self.hashes = hashes  # chained hashes of the full prompt blocks, computed once
+        self.hashes = hashes  # chained hashes of the full blocks of ``tokens``, computed once
         self.blocks: list[int] = []
         self.num_computed = 0  # tokens whose KV is computed (prompt + output)
         self.num_hashed = 0  # leading blocks registered in the prefix cache
@@ -142,10 +143,13 @@ class Engine:
                 f"the cache has {cfg.num_gpu_blocks}"
             )
         hashes: tuple[int, ...] = ()
+        tokens = request.prompt_tokens
+        if request.output_tokens:  # what is computed of the output: all but the last token's KV
+            tokens = tokens + request.output_tokens[:request.max_tokens - 1]
         if cfg.enable_prefix_caching:
-            hashes = prompt_block_hashes(request.prompt_tokens, cfg.block_size, request.lora or cfg.model,
-                                         request.cache_salt)
-        seq = _Seq(request, now, hashes)
+            seed = request.lora or cfg.model
+            hashes = prompt_block_hashes(tokens, cfg.block_size, seed, request.cache_salt)
+        seq = _Seq(request, now, hashes, tokens)
         # whole received blocks, leaving at least the prompt's last token to compute here
         seq.remote_blocks = min(max(0, request.remote_tokens) // cfg.block_size, (n - 1) // cfg.block_size)
         self._seqs[seq.request_id] = seq
@@ -224,6 +228,8 @@ class Engine:
             if seq.num_output > 0 and remaining == 1:
                 decode += 1
                 decode_context += seq.num_computed
+                if end > seq.prompt_len and len(seq.hashes) > seq.num_hashed:
+                    self._register_full_blocks(seq, end)  # a generated block, full
             else:
                 prefill += n
                 self._register_full_blocks(seq, end)

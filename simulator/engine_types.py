@@ -57,6 +57,11 @@ class SimRequest:
     cache_salt: str | None = None
     """vLLM's ``cache_salt``: hashed into the prompt's first block, so only requests with the same
     salt share its cached blocks."""
+    output_tokens: tuple[int, ...] = ()
+    """The ids its output tokens have where a client resends them (a chat's next turn: the server
+    derives them from the reply it writes, ``openai_api.continuation_tokens``). As vLLM does, the
+    full blocks of prompt and output enter the prefix cache as they are computed (and are reported
+    as stored); empty: only the prompt's blocks do."""
 
 
 @dataclass(frozen=True)

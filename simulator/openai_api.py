@@ -179,6 +179,30 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
     )
 
 
+def continuation_tokens(kind: ApiKind, body: Mapping[str, Any], prompt_tokens: Sequence[int], max_tokens: int,
+                        encode: Encode = encode_direct) -> tuple[int, ...]:
+    """The ids the reply to this request has where a client resends it after the prompt: a chat's
+    next turn (the rendered history, then the reply), a completion's prompt text and its completion.
+    Empty where the prompt came as token ids, or where the tokenizer does not keep the prompt's ids
+    as the prefix of the longer text's (a merge across the boundary; the simulator's own rule cuts
+    a prompt whose length is not a multiple of 4 characters mid-chunk): the engine then caches the
+    prompt's blocks only (``SimRequest.output_tokens``)."""
+    if kind == "chat":
+        text = tokenizer.render_chat(body["messages"])
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            return ()
+        text = prompt
+    ids = encode(text + output_text(0, max_tokens))
+    n = len(prompt_tokens)
+    if len(ids) < n + max_tokens or tuple(ids[:n]) != tuple(prompt_tokens):
+        return ()
+    return tuple(ids[n:n + max_tokens])
+
+
 def _max_tokens(body: Mapping[str, Any], keys: Sequence[str], default: int) -> int:
     for key in keys:
         value = body.get(key)

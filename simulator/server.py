@@ -262,11 +262,14 @@ class Replica:
         request_id = api.new_request_id(kind)
         lora = None if parsed.model == self.base_model else parsed.model
         remote_tokens = await self.kv.receive(transfer) if isinstance(transfer, RemotePrefill) else 0
+        output = (api.continuation_tokens(kind, body, parsed.prompt_tokens, parsed.max_tokens,
+                                          self._memo.uncached)
+                  if self.engine.config.enable_prefix_caching else ())
         sim = SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, lora,
                          remote_tokens=remote_tokens,
                          # a streamed answer has no place for kv_transfer_params: nothing to hold for
                          hold_kv=isinstance(transfer, RemoteDecode) and not parsed.stream,
-                         cache_salt=parsed.cache_salt)
+                         cache_salt=parsed.cache_salt, output_tokens=output)
         try:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:

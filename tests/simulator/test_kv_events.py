@@ -242,3 +242,23 @@ def test_kvgates_index_keys_a_continued_adapter_chain_as_its_requests_do() -> No
     assert [(len(e.block_hashes), e.parent_block_hash is None) for e in stored] == [(3, True), (3, False)]
     assert index.matches(block_keys(tokens, 16, parent=chain_root("sql", "t"))) == {"r0": 6}
     assert index.matches(block_keys(tokens, 16, parent=chain_root("sql"))) == {}
+
+
+def test_generated_blocks_are_cached_and_reported_as_vllm_caches_them() -> None:
+    """With the ids its output has where a next turn resends it, a request's full blocks of prompt
+    and output enter the prefix cache as they are computed (vLLM caches generated tokens' blocks
+    too): a next turn that resends the reply hits them, and their events chain on the prompt's."""
+    engine = make_engine(kv_events=True, num_gpu_blocks=64, block_size=16)
+    tokens = prompt(40)
+    reply = tuple(range(500, 540))  # 40 output tokens: the last one's KV is never computed
+    engine.submit(SimRequest("turn1", tokens, 40, output_tokens=reply), 0.0)
+    now, _ = _drain(engine, 0.0)
+    stored = [e for e in engine.take_kv_events() if isinstance(e, Stored)]
+    assert len(stored) == (40 + 39) // 16  # 4: two of prompt, one across both, one of output
+    assert stored[3].tokens == reply[8:24]
+    assert [s.parent_hash for s in stored[1:]] == [s.block_hash for s in stored[:-1]]
+    turn2 = tokens + reply + prompt(30, salt=3)
+    assert engine.peek(turn2, None, now).cached_tokens == 64
+    engine.submit(SimRequest("plain", prompt(40, salt=7), 40), now)
+    _drain(engine, now)
+    assert len([e for e in engine.take_kv_events() if isinstance(e, Stored)]) == 2  # its prompt's only

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from kvgate.simulator.tokenizer import render_chat
 from tests.simulator.conftest import MODEL, FleetFactory
 
 
@@ -252,3 +253,27 @@ async def test_long_prompt_renders_alike_on_every_replica_through_the_shared_mem
     assert answers[0][1][0]["token_ids"] == answers[1][1][0]["token_ids"] == tokens["tokens"]
     assert answers[0][1][0]["request_id"] != answers[1][1][0]["request_id"]
     assert fleet.encode_memo.hits >= 2
+
+
+async def test_a_chats_next_turn_hits_the_blocks_of_the_reply_it_resends(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    """vLLM caches the full blocks of generated tokens too: the next turn, which resends the reply,
+    finds them (the simulator gives its output the ids the reply has in that next turn)."""
+    fleet = await make_fleet(block_size=16)
+    question = "tell me about the harbour and its ships "
+    messages = [{"role": "user", "content": question}]
+    while len(render_chat(messages)) % 4:  # the simulator's own tokenizer cuts the text every 4 chars
+        messages[0]["content"] += "x"
+    url = fleet.urls[0] + "/v1/chat/completions"
+    status, first = await post(http, url, {"model": MODEL, "messages": messages, "max_tokens": 40})
+    assert status == 200
+    prompt = first["usage"]["prompt_tokens"]
+    reply = first["choices"][0]["message"]["content"]
+    turn2 = [*messages, {"role": "assistant", "content": reply},
+             {"role": "user", "content": "and then? " * 8}]
+    status, second = await post(http, url, {"model": MODEL, "messages": turn2, "max_tokens": 1})
+    assert status == 200
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (prompt + 39) // 16 * 16  # every full block of prompt and computed output
+    assert cached > prompt // 16 * 16  # more than the prompt's own blocks
