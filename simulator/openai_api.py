@@ -180,12 +180,15 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
 
 
 def continuation_tokens(kind: ApiKind, body: Mapping[str, Any], prompt_tokens: Sequence[int], max_tokens: int,
-                        encode: Encode = encode_direct) -> tuple[int, ...]:
+                        encode: Encode = encode_direct, window: int = 256) -> tuple[int, ...]:
     """The ids the reply to this request has where a client resends it after the prompt: a chat's
     next turn (the rendered history, then the reply), a completion's prompt text and its completion.
-    Empty where the prompt came as token ids, or where the tokenizer does not keep the prompt's ids
-    as the prefix of the longer text's (a merge across the boundary; the simulator's own rule cuts
-    a prompt whose length is not a multiple of 4 characters mid-chunk): the engine then caches the
+
+    Only the prompt's last ``window`` characters are tokenized again, with the reply: cut where the
+    tail's ids are the prompt's own last ids (before the last special token, or at a multiple of 4
+    characters, the simulator's own rule), so a 32k-token prompt costs what a short one does. Empty
+    where the prompt came as token ids or no such cut is found (the simulator's own rule cuts a
+    prompt whose length is not a multiple of 4 characters mid-chunk): the engine then caches the
     prompt's blocks only (``SimRequest.output_tokens``)."""
     if kind == "chat":
         text = tokenizer.render_chat(body["messages"])
@@ -196,11 +199,20 @@ def continuation_tokens(kind: ApiKind, body: Mapping[str, Any], prompt_tokens: S
         if not isinstance(prompt, str):
             return ()
         text = prompt
-    ids = encode(text + output_text(0, max_tokens))
-    n = len(prompt_tokens)
-    if len(ids) < n + max_tokens or tuple(ids[:n]) != tuple(prompt_tokens):
-        return ()
-    return tuple(ids[n:n + max_tokens])
+    reply = output_text(0, max_tokens)
+    lead = len(encode(""))  # special tokens the tokenizer puts in front of any text (a BOS)
+    base = max(0, len(text) - window)
+    special = text.rfind("<|", base)
+    space = text.find(" ", base)
+    cuts = [c for c in (special, special - special % 4, base - base % 4, space) if c >= 0]
+    for cut in dict.fromkeys(cuts):
+        tail = encode(text[cut:])[lead:]
+        if not tail or tuple(prompt_tokens[len(prompt_tokens) - len(tail):]) != tuple(tail):
+            continue
+        ids = encode(text[cut:] + reply)[lead:]
+        if tuple(ids[:len(tail)]) == tuple(tail) and len(ids) >= len(tail) + max_tokens:
+            return tuple(ids[len(tail):len(tail) + max_tokens])
+    return ()
 
 
 def _max_tokens(body: Mapping[str, Any], keys: Sequence[str], default: int) -> int:
