@@ -10,9 +10,12 @@ from ``tokenizer_config.json``.
 The chat template is rendered as transformers' ``apply_chat_template`` renders it for vLLM: a
 sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
 extension, ``raise_exception``, ``strftime_now`` and a ``tojson`` filter that keeps non-ASCII text,
-``add_generation_prompt`` true, and text content parts joined with newlines (vLLM's "string"
-content format for text-only models). The rendered text already holds the template's BOS, so chat
-prompts are tokenized without the tokenizer's own special tokens, as vLLM does.
+``add_generation_prompt`` true. Content parts are given as vLLM gives them (``policies.media``): a
+template that loops over a message's content (the "openai" content format) sees the parts, text and
+``{"type": "image"}``-like media parts; any other sees text parts joined with newlines (the "string"
+format), with the model's media placeholders in front where the profile names them. The rendered
+text already holds the template's BOS, so chat prompts are tokenized without the tokenizer's own
+special tokens, as vLLM does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.media import detect_content_format, openai_content, string_content
 
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                        "mask_token")
@@ -61,15 +65,6 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _text_content(content: object) -> object:
-    """A message's content as a text-only model's template sees it in vLLM: text parts joined."""
-    if isinstance(content, list):
-        texts = [part if isinstance(part, str) else part.get("text") for part in content
-                 if isinstance(part, str | Mapping)]
-        return "\n".join(text for text in texts if isinstance(text, str))
-    return content
-
-
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
         try:
@@ -77,11 +72,19 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ConfigError(f"chat template does not compile: {exc}") from exc
         self._special = dict(special_tokens)
+        self.content_format = detect_content_format(source)
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]],
+               placeholders: Mapping[str, str] | None = None) -> str:
         """The prompt text of ``messages`` with the generation prompt; ChatTemplateError when the
-        template refuses them or the messages are not what a template reads."""
-        converted = [{**message, "content": _text_content(message.get("content"))} for message in messages]
+        template refuses them or the messages are not what a template reads. ``placeholders``:
+        modality → the text vLLM puts in front of a "string" template's content for one item."""
+        if self.content_format == "openai":
+            converted = [{**message, "content": openai_content(message.get("content"))}
+                         for message in messages]
+        else:
+            converted = [{**message, "content": string_content(message.get("content"), placeholders or {})}
+                         for message in messages]
         try:
             return self._template.render(messages=converted, add_generation_prompt=True, tools=None,
                                          documents=None, **self._special)

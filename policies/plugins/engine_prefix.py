@@ -40,6 +40,8 @@ from kvgate.policies.engine_blocks import EngineCacheView, block_keys, chain_roo
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.feedback import FeedbackEnv, FeedbackPlugin
 from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
+from kvgate.policies.media import MediaTokens, media_items
+from kvgate.policies.media_prompt import media_block_keys, media_prompt_tokens
 from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
 from kvgate.policies.pending_blocks import PendingBlocks
 from kvgate.policies.plugins.params import Params, parse_params
@@ -194,6 +196,12 @@ class ChunkedTokenizer:
         return len(text)
 
 
+class _MediaParams(Params):
+    placeholder: Annotated[str, Field(min_length=1)]
+    tokens: Annotated[int, Field(ge=1)]
+    token_id: Annotated[int, Field(ge=0)] | None = None
+
+
 class _Params(Params):
     tokenizer: str | None = None
     """The model's ``tokenizer.json`` or model directory (its chat template too); None: the pool's
@@ -201,6 +209,9 @@ class _Params(Params):
     block_size: Annotated[int, Field(ge=1)] | None = None
     """The engines' block size; None: as their events report it (vLLM's 16 before any)."""
     chunk_chars: Annotated[int, Field(ge=64)] = 512
+    media: dict[str, _MediaParams] = Field(default_factory=dict)
+    """Modality (``image``, ``audio``, ``video``) → how the model's engine puts one item in the
+    prompt (``policies.media.MediaTokens``); a modality not named is not predicted past."""
 
 
 DEFAULT_BLOCK_SIZE = 16
@@ -214,10 +225,11 @@ class EnginePrefixBlueprint:
     consumes: frozenset[str] = frozenset({PREFIX_INDEX})
 
     def __init__(self, model: ModelTokenizer | None, block_size: int | None = None,
-                 chunk_chars: int = 512) -> None:
+                 chunk_chars: int = 512, media: Mapping[str, MediaTokens] | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.chunk_chars = chunk_chars
+        self.media: Mapping[str, MediaTokens] = dict(media or {})
 
     @staticmethod
     def from_parameters(parameters: Mapping[str, Any] | None) -> EnginePrefixBlueprint:
@@ -226,7 +238,8 @@ class EnginePrefixBlueprint:
             model = ModelTokenizer.load(p.tokenizer) if p.tokenizer is not None else None
         except ConfigError as exc:
             raise ConfigError(f"engine-prefix-matches: {exc}") from exc
-        return EnginePrefixBlueprint(model, p.block_size, p.chunk_chars)
+        media = {name: MediaTokens(m.placeholder, m.tokens, m.token_id) for name, m in p.media.items()}
+        return EnginePrefixBlueprint(model, p.block_size, p.chunk_chars, media)
 
     def create(self, env: FeedbackEnv) -> FeedbackPlugin:
         return EnginePrefixMatches(self, env)
@@ -240,6 +253,9 @@ class EnginePrefixMatches(FeedbackPlugin):
         self._chunk_chars = blueprint.chunk_chars
         self._chunked: tuple[ModelTokenizer, ChunkedTokenizer] | None = None
         self._block_size = blueprint.block_size
+        self._media = blueprint.media
+        self._placeholders = {modality: m.placeholder for modality, m in self._media.items()}
+        self._token_ids: tuple[ModelTokenizer, dict[str, int]] | None = None
         self._cache: EngineCacheView | None = env.engine_cache
         self._pending = PendingBlocks(env.max_pending)
         self._prepared: OrderedDict[str, tuple[int, ...]] = OrderedDict()
@@ -251,6 +267,20 @@ class EnginePrefixMatches(FeedbackPlugin):
         if self._chunked is None or self._chunked[0] is not model:
             self._chunked = (model, ChunkedTokenizer(model.tokenizer, self._chunk_chars))
         return self._chunked[1]
+
+    def _media_token_ids(self, model: ModelTokenizer) -> dict[str, int]:
+        """Modality → its placeholder tokens' id (given, or the placeholder's single token in the
+        model's tokenizer; a modality with neither is left out: not predicted past)."""
+        if self._token_ids is None or self._token_ids[0] is not model:
+            ids: dict[str, int] = {}
+            for modality, media in self._media.items():
+                found = media.token_id
+                if found is None:
+                    found = model.tokenizer.token_to_id(media.placeholder)
+                if found is not None:
+                    ids[modality] = found
+            self._token_ids = (model, ids)
+        return self._token_ids[1]
 
     def prepare(self, ctx: SchedulingContext) -> None:
         cache = self._cache
@@ -265,13 +295,22 @@ class EnginePrefixMatches(FeedbackPlugin):
             if model.chat_template is None:
                 return
             try:
-                text, specials = model.chat_template.render(request.messages), False
+                text, specials = model.chat_template.render(request.messages, self._placeholders), False
             except ChatTemplateError:
                 return  # the engine refuses these messages too: nothing to predict
         size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
-        keys = self._tokenizer(model).keys(text, size, chain_root(adapter, request.cache_salt),
-                                           specials=specials, held=cache.held)
+        root = chain_root(adapter, request.cache_salt)
+        media = media_items(request.messages) if self._media and request.messages is not None else []
+        keys: list[int] | None = None
+        if media:
+            chunked = self._tokenizer(model)
+            prompt = media_prompt_tokens(text, media, self._media, self._media_token_ids(model),
+                                         lambda piece: chunked.encode(piece, specials=False))
+            if prompt is not None:
+                keys = media_block_keys(prompt[0], size, root, prompt[1], adapter, request.cache_salt)
+        if keys is None:
+            keys = self._tokenizer(model).keys(text, size, root, specials=specials, held=cache.held)
         hashes = ctx.prefix_hashes()  # the approximate index's blocks: what in-flight requests hold
         if hashes:
             prepared = self._prepared

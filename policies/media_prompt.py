@@ -1,0 +1,103 @@
+"""A multimodal chat prompt's tokens and block keys as the engine has them (issue 37; sans-IO).
+
+The rendered prompt is cut at each media item's placeholder; the text between is tokenized piece by
+piece (a placeholder that is a special token splits the text the same way in the engine's
+tokenizer) and each placeholder becomes the item's ``MediaTokens.tokens`` placeholder tokens. A
+block that holds part of an item is keyed as ``EngineBlockIndex`` keys what an engine stored with
+vLLM's extra keys (``engine_blocks.block_keys_with_extras``): its tokens, then the block's extra
+keys (the adapter's name, each item's ``(identifier, offset from the block's start)``, the salt on
+a first block) mixed in. Keys stop before the first block that holds an item without an identifier
+(its engine key is a hash of the decoded media).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+import xxhash
+
+from kvgate.policies.engine_blocks import block_keys
+from kvgate.policies.media import MediaItem, MediaTokens
+
+Span = tuple[str | None, int, int]
+"""A media item's identifier, its first placeholder token's index and its token count."""
+
+
+def media_prompt_tokens(text: str, items: Sequence[MediaItem], media: Mapping[str, MediaTokens],
+                        token_ids: Mapping[str, int], encode: Callable[[str], list[int]],
+                        ) -> tuple[list[int], list[Span]] | None:
+    """The prompt's tokens and its items' spans; None when the text does not hold exactly one
+    placeholder per item of each modality (or a modality is not modelled): nothing to predict past
+    the text."""
+    by_modality: dict[str, list[MediaItem]] = {}
+    for item in items:
+        if item.modality not in media or item.modality not in token_ids:
+            return None
+        by_modality.setdefault(item.modality, []).append(item)
+    found: list[tuple[int, str]] = []
+    for modality, its in by_modality.items():
+        placeholder = media[modality].placeholder
+        positions = _occurrences(text, placeholder)
+        if len(positions) != len(its):
+            return None
+        found.extend((pos, modality) for pos in positions)
+    found.sort()
+    tokens: list[int] = []
+    spans: list[Span] = []
+    taken: dict[str, int] = {}
+    pos = 0
+    for start, modality in found:
+        if start < pos:
+            return None  # two placeholders overlap
+        tokens.extend(encode(text[pos:start]))
+        index = taken.get(modality, 0)
+        taken[modality] = index + 1
+        count = media[modality].tokens
+        spans.append((by_modality[modality][index].identifier, len(tokens), count))
+        tokens.extend([token_ids[modality]] * count)
+        pos = start + len(media[modality].placeholder)
+    tokens.extend(encode(text[pos:]))
+    return tokens, spans
+
+
+def _occurrences(text: str, needle: str) -> list[int]:
+    out: list[int] = []
+    at = text.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = text.find(needle, at + len(needle))
+    return out
+
+
+def media_block_keys(tokens: Sequence[int], block_size: int, root: int, spans: Sequence[Span],
+                     lora: str | None, salt: str | None) -> list[int]:
+    """The chained keys of the whole blocks of ``tokens`` from ``root`` (``chain_root(lora, salt)``),
+    a block that holds part of an item keyed with its extra keys as vLLM makes them; stops before
+    a block that holds an item without an identifier."""
+    whole = len(tokens) // block_size
+    keys: list[int] = []
+    key = root
+    block = 0
+    for ident, offset, count in sorted(spans, key=lambda span: span[1]):
+        first, last = offset // block_size, min((offset + count - 1) // block_size, whole - 1)
+        if first >= whole:
+            break
+        if first > block:  # the text blocks before the item, in one call
+            keys.extend(block_keys(tokens[block * block_size:first * block_size], block_size, parent=key))
+            key, block = keys[-1], first
+        if ident is None:
+            return keys
+        for b in range(max(block, first), last + 1):
+            start = b * block_size
+            key = block_keys(tokens[start:start + block_size], block_size, parent=key)[0]
+            pairs = [(i, o - start) for i, o, n in spans if o < start + block_size and o + n > start]
+            if any(i is None for i, _ in pairs):
+                return keys
+            extras = [*([lora] if lora else []), *pairs, *([salt] if b == 0 and salt else [])]
+            key = xxhash.xxh3_64_intdigest(msgspec.msgpack.encode(extras), seed=key)
+            keys.append(key)
+        block = max(block, last + 1)
+    if block < whole:
+        keys.extend(block_keys(tokens[block * block_size:whole * block_size], block_size, parent=key))
+    return keys
