@@ -50,6 +50,7 @@ from kvgate.simulator.engine_types import (
 from kvgate.simulator.engine_wait import estimate_wait
 from kvgate.simulator.kv_cache import KVCache, prompt_block_hashes
 from kvgate.simulator.lora_slots import LoraSlots
+from kvgate.simulator.media import block_media
 from kvgate.simulator.profiles import LatencyProfile
 
 __all__ = [
@@ -73,7 +74,7 @@ class _Seq:
 
     __slots__ = (
         "arrival", "blocks", "cached_tokens", "first_token_time", "hashes", "hold_kv", "lora",
-        "max_tokens", "num_computed", "num_hashed", "num_output", "prompt_len", "remote_blocks",
+        "max_tokens", "media", "num_computed", "num_hashed", "num_output", "prompt_len", "remote_blocks",
         "request_id", "salt", "state", "tokens",
     )
 
@@ -82,6 +83,7 @@ class _Seq:
         self.request_id = request.request_id
         self.lora = request.lora
         self.salt = request.cache_salt
+        self.media = request.media
         self.prompt_len = len(request.prompt_tokens)
         self.tokens = tokens  # the prompt (and the output's ids where known): the KV events' tokens
         self.max_tokens = request.max_tokens
@@ -148,7 +150,7 @@ class Engine:
             tokens = tokens + request.output_tokens[:request.max_tokens - 1]
         if cfg.enable_prefix_caching:
             seed = request.lora or cfg.model
-            hashes = prompt_block_hashes(tokens, cfg.block_size, seed, request.cache_salt)
+            hashes = prompt_block_hashes(tokens, cfg.block_size, seed, request.cache_salt, request.media)
         seq = _Seq(request, now, hashes, tokens)
         # whole received blocks, leaving at least the prompt's last token to compute here
         seq.remote_blocks = min(max(0, request.remote_tokens) // cfg.block_size, (n - 1) // cfg.block_size)
@@ -343,13 +345,13 @@ class Engine:
 
     # ---- read-only -------------------------------------------------------------------------------
     def peek(self, prompt_tokens: Sequence[int], lora: str | None, now: float,
-             cache_salt: str | None = None) -> PeekResult:
+             cache_salt: str | None = None, media: Sequence[tuple[str, int, int]] = ()) -> PeekResult:
         """What a request would meet now: cached prefix, queue, a rough wait. Changes no state."""
         cfg = self.config
         n = len(prompt_tokens)
         cached = 0
         if cfg.enable_prefix_caching and n > 0:
-            hashes = prompt_block_hashes(prompt_tokens, cfg.block_size, lora or cfg.model, cache_salt)
+            hashes = prompt_block_hashes(prompt_tokens, cfg.block_size, lora or cfg.model, cache_salt, media)
             cached = len(self._kv.match_prefix(hashes, (n - 1) // cfg.block_size)) * cfg.block_size
         wait = estimate_wait(
             self.profile, cfg, uncached=n - cached, queued_tokens=self._waiting_tokens,
@@ -408,7 +410,9 @@ class Engine:
                 if register(seq.blocks[b], seq.hashes[b]) and events is not None:
                     parent = seq.hashes[b - 1] if b else None
                     tokens = seq.tokens[b * size:(b + 1) * size]
-                    events.append(Stored(seq.hashes[b], parent, tokens, seq.lora, None if b else seq.salt))
+                    media = block_media(seq.media, b * size, (b + 1) * size) if seq.media else ()
+                    salt = None if b else seq.salt
+                    events.append(Stored(seq.hashes[b], parent, tokens, seq.lora, salt, media))
             seq.num_hashed = upto
 
     def _evicted(self, block_hash: int) -> None:

@@ -62,6 +62,9 @@ class SimRequest:
     derives them from the reply it writes, ``openai_api.continuation_tokens``). As vLLM does, the
     full blocks of prompt and output enter the prefix cache as they are computed (and are reported
     as stored); empty: only the prompt's blocks do."""
+    media: tuple[tuple[str, int, int], ...] = ()
+    """The prompt's images: identifier, first token's index, token count (``simulator.media``). A
+    block holding part of one is hashed with ``(identifier, offset)`` as vLLM's is."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ class Stored:
     lora: str | None
     salt: str | None = None
     """The cache salt, on a prompt's first block (vLLM puts it in that block's extra keys)."""
+    media: tuple[tuple[str, int], ...] = ()
+    """The ``(identifier, offset from the block's start)`` of each image the block holds part of."""
 
 
 @dataclass(frozen=True, slots=True)

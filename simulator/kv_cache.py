@@ -41,12 +41,17 @@ def seed_hash(seed: str) -> int:
 
 
 def prompt_block_hashes(tokens: Sequence[int], block_size: int, seed: str,
-                        salt: str | None = None) -> tuple[int, ...]:
+                        salt: str | None = None,
+                        media: Sequence[tuple[str, int, int]] = ()) -> tuple[int, ...]:
     """Chained hashes of the full blocks of ``tokens``: ``h[i] = xxh3_64(block_i, seed=h[i-1])``.
 
     ``h[-1]`` is ``seed_hash(seed)`` (with the cache salt, when given, after a NUL: vLLM hashes the
-    salt into the first block). A trailing partial block has no hash.
+    salt into the first block). A trailing partial block has no hash. A block that holds part of a
+    ``media`` item (identifier, first token, count) has the item's identifier and offset hashed in
+    too, as vLLM's extra keys are: two images behind the same placeholder tokens are other blocks.
     """
+    if media:
+        return _hashes_with_media(tokens, block_size, seed, salt, media)
     full = len(tokens) // block_size
     if full == 0:
         return ()
@@ -58,6 +63,20 @@ def prompt_block_hashes(tokens: Sequence[int], block_size: int, seed: str,
     for start in range(0, full * width, width):
         prev = int(_xxh64(data[start : start + width], seed=prev))
         append(prev)
+    return tuple(out)
+
+
+def _hashes_with_media(tokens: Sequence[int], block_size: int, seed: str, salt: str | None,
+                       media: Sequence[tuple[str, int, int]]) -> tuple[int, ...]:
+    out: list[int] = []
+    prev = seed_hash(seed if salt is None else f"{seed}\x00{salt}")
+    for start in range(0, len(tokens) // block_size * block_size, block_size):
+        prev = int(_xxh64(array("q", tokens[start:start + block_size]).tobytes(), seed=prev))
+        held = [f"{ident}\x00{offset - start}" for ident, offset, count in media
+                if offset < start + block_size and offset + count > start]
+        if held:
+            prev = int(_xxh64("\x01".join(held).encode("utf-8"), seed=prev))
+        out.append(prev)
     return tuple(out)
 
 

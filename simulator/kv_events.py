@@ -64,8 +64,10 @@ class BlockRemoved(_Event):
 
 def _extras(event: Stored) -> list[Any] | None:
     """A block's extra keys as vLLM's ``generate_block_hash_extra_keys`` makes them: the adapter's
-    name, then the cache salt on a prompt's first block; None when neither."""
-    keys = ([event.lora] if event.lora else []) + ([event.salt] if event.salt else [])
+    name, the ``(identifier, offset)`` of each image the block holds part of, then the cache salt on
+    a prompt's first block; None when none of them."""
+    keys = ([event.lora] if event.lora else []) + [list(item) for item in event.media] + (
+        [event.salt] if event.salt else [])
     return keys or None
 
 

@@ -21,6 +21,14 @@ from typing import Any, Literal
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.encode_memo import Encode, encode_direct
+from kvgate.simulator.media import (
+    DEFAULT_IMAGE_TOKENS,
+    MediaError,
+    MediaSpan,
+    expand_images,
+    image_identifiers,
+    with_placeholders,
+)
 
 DEFAULT_COMPLETION_TOKENS = 16
 DEFAULT_CHAT_TOKENS = 128
@@ -70,6 +78,8 @@ class InferenceRequest:
     stream: bool
     include_usage: bool
     cache_salt: str | None = None
+    media: tuple[MediaSpan, ...] = ()
+    """The prompt's images (``simulator.media``): their identifiers and token spans."""
 
 
 def cache_salt(body: Mapping[str, Any]) -> str | None:
@@ -130,14 +140,30 @@ def completion_prompts(body: Mapping[str, Any], encode: Encode = encode_direct) 
     return prompts
 
 
-def chat_prompt(body: Mapping[str, Any], encode: Encode = encode_direct) -> tuple[int, ...]:
+def chat_prompt(body: Mapping[str, Any], encode: Encode = encode_direct,
+                image_tokens: int = DEFAULT_IMAGE_TOKENS) -> tuple[int, ...]:
+    return chat_prompt_media(body, encode, image_tokens)[0]
+
+
+def chat_prompt_media(body: Mapping[str, Any], encode: Encode = encode_direct,
+                      image_tokens: int = DEFAULT_IMAGE_TOKENS,
+                      ) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
+    """A chat's prompt tokens (its images' placeholders expanded) and its images' spans."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, "each message must be an object with a 'role'", "messages")
-    return encode(tokenizer.render_chat(messages))
+    try:
+        images = image_identifiers(messages)
+        if not images:
+            return encode(tokenizer.render_chat(messages)), ()
+        rendered = tokenizer.render_chat([{**m, "content": with_placeholders(m.get("content"))}
+                                          for m in messages])
+        return expand_images(rendered, images, encode, image_tokens)
+    except MediaError as exc:
+        raise ApiError(400, str(exc), "messages") from exc
 
 
 def _is_token_id(value: object) -> bool:
@@ -145,8 +171,10 @@ def _is_token_id(value: object) -> bool:
 
 
 def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
-                    encode: Encode = encode_direct) -> InferenceRequest:
+                    encode: Encode = encode_direct,
+                    image_tokens: int = DEFAULT_IMAGE_TOKENS) -> InferenceRequest:
     model = requested_model(body, base_model)
+    media: tuple[MediaSpan, ...] = ()
     if kind == "completion":
         prompts = completion_prompts(body, encode)
         if len(prompts) != 1:
@@ -154,7 +182,7 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
         prompt_tokens = prompts[0]
         max_tokens = _max_tokens(body, ("max_tokens",), DEFAULT_COMPLETION_TOKENS)
     else:
-        prompt_tokens = chat_prompt(body, encode)
+        prompt_tokens, media = chat_prompt_media(body, encode, image_tokens)
         max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), DEFAULT_CHAT_TOKENS)
     n = body.get("n", 1)
     if n not in (None, 1):
@@ -176,6 +204,7 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
         stream=bool(stream),
         include_usage=include_usage,
         cache_salt=cache_salt(body),
+        media=media,
     )
 
 

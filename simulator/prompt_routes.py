@@ -15,9 +15,10 @@ from kvgate.simulator import openai_api as api
 from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine_types import PeekResult
 from kvgate.simulator.http_replies import error_response, json_response, json_text_response
+from kvgate.simulator.media import MediaSpan
 
-Peek = Callable[[tuple[int, ...], str, str | None], PeekResult]
-"""(prompt tokens, model, cache salt) -> what the engine would meet now."""
+Peek = Callable[[tuple[int, ...], str, str | None, tuple[MediaSpan, ...]], PeekResult]
+"""(prompt tokens, model, cache salt, images' spans) -> what the engine would meet now."""
 
 
 class PromptRoutes:
@@ -70,14 +71,15 @@ class PromptRoutes:
     async def peek(self, request: web.Request) -> web.Response:
         try:
             body, model = await self._checked_body(request)
+            media: tuple[MediaSpan, ...] = ()
             if "messages" in body:
-                tokens = api.chat_prompt(body, self._memo)
+                tokens, media = api.chat_prompt_media(body, self._memo)
             else:
                 tokens = api.completion_prompts(body, self._memo)[0]
             salt = api.cache_salt(body)
         except api.ApiError as err:
             return error_response(err)
-        found = self._peek(tokens, model, salt)
+        found = self._peek(tokens, model, salt, media)
         return json_response({
             "cached_tokens": found.cached_tokens,
             "prompt_tokens": len(tokens),

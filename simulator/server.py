@@ -38,6 +38,7 @@ from kvgate.simulator.kv_transfer import (
     Role,
     parse_kv_transfer_params,
 )
+from kvgate.simulator.media import MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
@@ -269,7 +270,7 @@ class Replica:
                          remote_tokens=remote_tokens,
                          # a streamed answer has no place for kv_transfer_params: nothing to hold for
                          hold_kv=isinstance(transfer, RemoteDecode) and not parsed.stream,
-                         cache_salt=parsed.cache_salt, output_tokens=output)
+                         cache_salt=parsed.cache_salt, output_tokens=output, media=parsed.media)
         try:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:
@@ -396,9 +397,10 @@ class Replica:
         return web.Response(body=page if page is not None else self.metrics.render(),
                             headers={"Content-Type": CONTENT_TYPE})
 
-    def _peek(self, tokens: tuple[int, ...], model: str, salt: str | None) -> PeekResult:
+    def _peek(self, tokens: tuple[int, ...], model: str, salt: str | None,
+              media: tuple[MediaSpan, ...] = ()) -> PeekResult:
         lora = None if model == self.base_model else model
-        return self.engine.peek(tokens, lora, self.driver.now(), salt)
+        return self.engine.peek(tokens, lora, self.driver.now(), salt, media)
 
     async def _stats(self, request: web.Request) -> web.Response:
         try:
