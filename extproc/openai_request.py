@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from kvgate.extproc.model_names import check_model_name
 from kvgate.policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
 from kvgate.policies.types import ApiKind
@@ -242,6 +244,13 @@ def _flatten_messages(messages: list[Any]) -> str:
     return "\n".join(lines)
 
 
+MAX_PART_CHARS = 256
+"""A non-text content part longer than this as JSON (an inline image's base64, an audio clip) is
+hashed as a short stand-in, its digest: its bytes are no prompt text (the engine turns an image
+into its own count of tokens), and read as text they made a 1 MB image a 250,000-token prompt to
+the cost model and the disaggregation decider, and cost a hash per 256 characters."""
+
+
 def _content_text(content: object) -> str:
     if content is None:
         return ""
@@ -255,9 +264,23 @@ def _content_text(content: object) -> str:
             elif isinstance(part, str):
                 parts.append(part)
             else:
-                parts.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+                parts.append(_part_text(part))
         return "".join(parts)
     raise BadRequestError("message content must be a string or a list of parts")
+
+
+def _part_text(part: object) -> str:
+    """A non-text part as prompt text for hashing: its JSON, or for a part that names itself (vLLM's
+    ``uuid``: the same item, sent with its data or without) or a long one, a stand-in that differs
+    between items and is the same for the same item."""
+    uuid = part.get("uuid") if isinstance(part, dict) else None
+    kind = part.get("type") if isinstance(part, dict) else None
+    if isinstance(uuid, str) and uuid:
+        return f"<{kind} {uuid}>"
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    if len(text) <= MAX_PART_CHARS:
+        return text
+    return f"<{kind} {xxhash.xxh3_128_hexdigest(text.encode('utf-8', 'surrogatepass'))}>"
 
 
 def _max_tokens(document: dict[str, Any]) -> int | None:

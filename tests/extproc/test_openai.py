@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -56,6 +57,26 @@ def test_chat_messages_flatten_in_order_with_parts() -> None:
     assert parsed.max_tokens == 5
     again = parse_request_body(ApiKind.CHAT_COMPLETIONS, json.dumps(body).encode())
     assert again.prompt == parsed.prompt
+
+
+def chat_with(part: Mapping[str, object]) -> str:
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "see "}, part]}]}
+    return parse_request_body(ApiKind.CHAT_COMPLETIONS, json.dumps(body).encode()).prompt
+
+
+def test_an_inline_image_is_hashed_as_a_short_stand_in_not_as_prompt_text() -> None:
+    """A 300 KB data URL read as text made a 75,000-token prompt estimate; its stand-in is a digest
+    that tells images apart; an item the client named (vLLM's ``uuid``) is its name, with its data
+    or without."""
+    big = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 300_000}}
+    other = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "B" * 300_000}}
+    prompt = chat_with(big)
+    assert len(prompt) < 100
+    assert prompt == chat_with(dict(big))
+    assert prompt != chat_with(other)
+    named = chat_with({**big, "uuid": "photo-1"})
+    assert named == chat_with({"type": "image_url", "image_url": None, "uuid": "photo-1"})
+    assert named == "user: see <image_url photo-1>"
 
 
 @pytest.mark.parametrize(
