@@ -106,7 +106,7 @@ def prepare(
     rewritten = injected = False
     parsed = None
     if body and api is not ApiKind.OTHER:
-        parsed = parse_request_body(api, body)
+        parsed = parse_request_body(api, body, name_media=pool.names_inline_media)
     elif body:
         try:
             parsed = parse_request_body(api, body)

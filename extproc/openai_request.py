@@ -9,6 +9,7 @@ model rewrite replaces ``model``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ class OpenAIRequest:
     cache_salt: str | None
     max_tokens: int | None
     document: dict[str, Any]
+    media_named: int = 0
+    """Inline media items the gateway named with their digest (``name_inline_media``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +96,10 @@ class UpstreamBody:
 TOO_DEEP = "request body nests JSON arrays or objects too deeply"
 
 
-def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
+def parse_request_body(api: ApiKind, raw: bytes, *, name_media: bool = False) -> OpenAIRequest:
     """Parse ``raw`` for routing. Raises MalformedBodyError / BadRequestError (400), nothing else
     (InvalidModelNameError for a ``model`` the gateway refuses: ``extproc.model_names``).
+    ``name_media``: name a chat's inline media items the client did not name (``name_inline_media``).
 
     A body nested deeper than the interpreter's recursion limit (about 1,000 levels, far beyond
     any OpenAI request) is refused as soon as the decoder reaches that depth.
@@ -116,6 +120,9 @@ def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
     if not isinstance(model, str):
         raise BadRequestError(f"'model' must be a string, not {_json_type(model)}")
     check_model_name(model)
+    named = 0
+    if name_media and api is ApiKind.CHAT_COMPLETIONS and isinstance(document.get("messages"), list):
+        named = name_inline_media(document["messages"])
     try:
         prompt = _prompt_of(api, document)
     except RecursionError:  # content parts serialised for hashing, nested near the limit
@@ -133,6 +140,7 @@ def parse_request_body(api: ApiKind, raw: bytes) -> OpenAIRequest:
         cache_salt=salt if isinstance(salt, str) and salt else None,
         max_tokens=_max_tokens(document),
         document=document,
+        media_named=named,
     )
 
 
@@ -143,7 +151,7 @@ def upstream_body(
     inject = inject_usage and request.stream and not request.usage_requested and (
         request.api in _USAGE_STREAMING_APIS
     )
-    if not inject and target_model == request.model:
+    if not inject and target_model == request.model and not request.media_named:
         return UpstreamBody(raw, rewritten=False, usage_injected=False)
     document = dict(request.document)
     document["model"] = target_model
@@ -267,6 +275,49 @@ def _content_text(content: object) -> str:
                 parts.append(_part_text(part))
         return "".join(parts)
     raise BadRequestError("message content must be a string or a list of parts")
+
+
+_INLINE_URL_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def name_inline_media(messages: list[Any]) -> int:
+    """Give each media part whose data is inline (a ``data:`` URL, base64 audio or embeddings) and
+    that has no ``uuid`` one: ``kvgate-`` and the SHA-256 of its data. vLLM identifies an item by its
+    ``uuid`` for all its caches (prefix cache, encoder cache) instead of hashing the decoded media,
+    so the picker knows the identifier the engine keys the item's blocks with
+    (``policies.media_prompt``). Only inline data: the same bytes are the same item; a URL's
+    content may change behind it, so those are left to the engine. Returns how many were named."""
+    named = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, dict) or part.get("uuid") is not None:
+                continue
+            data = _inline_data(part)
+            if data is not None:
+                part["uuid"] = "kvgate-" + hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
+                named += 1
+    return named
+
+
+def _inline_data(part: dict[str, Any]) -> str | None:
+    kind = part.get("type")
+    if kind in _INLINE_URL_PARTS:
+        value = part.get(kind)
+        url = value.get("url") if isinstance(value, dict) else value
+        return url if isinstance(url, str) and url.startswith("data:") else None
+    if kind == "input_audio":
+        audio = part.get("input_audio")
+        if isinstance(audio, dict) and isinstance(audio.get("data"), str):
+            return f"{audio.get('format')}:{audio['data']}"
+        return None
+    if kind == "image_embeds":
+        embeds = part.get("image_embeds")
+        if isinstance(embeds, str | dict):
+            return json.dumps(embeds, sort_keys=True, separators=(",", ":"))
+    return None
 
 
 def _part_text(part: object) -> str:

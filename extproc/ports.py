@@ -71,6 +71,12 @@ class Pool(Protocol):
         ...
 
     @property
+    def names_inline_media(self) -> bool:
+        """Give a chat's inline media items the client did not name a digest as vLLM's ``uuid``
+        (``openai_request.name_inline_media``; ``kvgate.io/media-uuids``)."""
+        ...
+
+    @property
     def holding(self) -> HoldingPort | None:
         """The pool's holding area when it has flow control (None: requests are never held)."""
         ...

@@ -66,6 +66,7 @@ class StaticPool:
 
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
+    names_inline_media: bool = False
     holding: None = None
     fallback: None = None
 

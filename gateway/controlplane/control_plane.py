@@ -56,6 +56,9 @@ from kvgate.policies.types import Role
 log = logging.getLogger(__name__)
 
 PROFILE_ANNOTATION = "kvgate.io/profile"
+MEDIA_UUIDS_ANNOTATION = "kvgate.io/media-uuids"
+"""``"true"``: name a chat's inline media items with their digest as vLLM's ``uuid`` (the picker then
+knows the identifier the engines key those blocks with: docs/kv-events.md)."""
 ENGINE_ANNOTATION = "kvgate.io/engine"
 METRICS_PORT_ANNOTATION = "kvgate.io/metrics-port"
 """The port the pool's engines serve their metrics on, when it is not their serving port (Triton's
@@ -194,6 +197,7 @@ def pool_spec(
             "kv_events": _kv_events(pool, annotations, warnings),
             "flow_control": flow_control(pool.id, annotations, warnings),
             "spill_to": str(pool.spill_to) if pool.spill_to is not None else None,
+            "media_uuids": _flag(pool, annotations, MEDIA_UUIDS_ANNOTATION, warnings),
         }
     )
     return spec, warnings
@@ -233,6 +237,14 @@ def _first_error(exc: ValueError) -> str:
         if found:
             return str(found[0].get("msg", exc))
     return str(exc)
+
+
+def _flag(pool: ResolvedPool, annotations: Mapping[str, str], name: str, warnings: list[str]) -> bool:
+    """A ``"true"``/``"false"`` annotation (absent: false; anything else warned about: false)."""
+    value = annotations.get(name, "false").strip().lower()
+    if value not in ("true", "false"):
+        warnings.append(f"InferencePool {pool.id}: {name} {value!r} is not true or false; using false")
+    return value == "true"
 
 
 def _pd_execution(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> str:

@@ -84,6 +84,10 @@ class PoolRuntime:
     def picker_runs_prefill(self) -> bool:
         return self.spec.pd_execution == "picker"
 
+    @property
+    def names_inline_media(self) -> bool:
+        return self.spec.media_uuids
+
     def model_known(self, model: str) -> bool | None:
         if model in self.declared:
             return True

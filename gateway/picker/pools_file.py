@@ -211,6 +211,9 @@ class PoolSpec(BaseModel):
     """Hold requests in the picker while the pool is full (None: never held)."""
     spill_to: str | None = Field(default=None, alias="spillTo")
     """The pool that takes this pool's requests while it is full (docs/flow-control.md)."""
+    media_uuids: bool = Field(default=False, alias="mediaUuids")
+    """Name each inline media item of a chat (a ``data:`` URL, base64 audio or embeddings) that the
+    client did not name with its digest, as vLLM's ``uuid`` (docs/kv-events.md: images)."""
 
     def role_of(self, address: str) -> Role:
         return Role.parse(self.roles.get(address))

@@ -8,6 +8,7 @@ tells them apart lies past the image. The next turns of each go to the replica t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -47,21 +48,34 @@ async def chat(http: aiohttp.ClientSession, url: str, messages: list[dict[str, A
     return reply
 
 
-def opening(photo: str) -> list[dict[str, Any]]:
+def opening(photo: str, uuid: str | None) -> list[dict[str, Any]]:
+    image: dict[str, Any] = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{photo}"}}
+    if uuid is not None:
+        image["uuid"] = uuid
     return [{"role": "system", "content": "you look at pictures"},
             {"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{photo}"}, "uuid": photo},
-                {"type": "text", "text": "describe every ship in this picture of the harbour " * 25}]}]
+                image, {"type": "text", "text": "describe every ship in this picture of the harbour " * 25}]}]
 
 
+def kvgates_name(photo: str) -> str:
+    """The uuid kvgate gives an inline image (``extproc.openai_request.name_inline_media``)."""
+    return "kvgate-" + hashlib.sha256(f"data:image/png;base64,{photo}".encode()).hexdigest()
+
+
+@pytest.mark.parametrize("named_by", ["client", "kvgate"])
 async def test_next_turns_go_where_the_conversation_with_their_image_is_held(
-    tmp_path: Path, http: aiohttp.ClientSession
+    tmp_path: Path, http: aiohttp.ClientSession, named_by: str
 ) -> None:
+    """``client``: every request names its image. ``kvgate``: the pool has ``kvgate.io/media-uuids``
+    and the clients send data URLs without a uuid; the conversations held behind kvgate's back were
+    sent with the name kvgate gives such an image (its digest), as if kvgate had routed them."""
     config = tmp_path / "config"
     config.mkdir()
     (config / "gateway.yaml").write_text(gateway_yaml())
     profile = media_profile(tmp_path / "media.yaml")
     annotations = f'"kvgate.io/tokenizer": "{MODEL_DIR}", "kvgate.io/profile": "{profile}"'
+    if named_by == "kvgate":
+        annotations += ', "kvgate.io/media-uuids": "true"'
     pool = POOL.format(events=free_port()).replace('{"kvgate.io/kv-events-port"',
                                                    f'{{{annotations}, "kvgate.io/kv-events-port"')
     (config / "pool.yaml").write_text(pool)
@@ -73,9 +87,10 @@ async def test_next_turns_go_where_the_conversation_with_their_image_is_held(
         first, second = sorted(await endpoints(http, up))
         histories: dict[str, list[dict[str, Any]]] = {}
         for address, photo in ((first, "photo-a"), (second, "photo-b")):  # behind kvgate's back
-            history = opening(photo)
-            history.append({"role": "assistant", "content": await chat(http, f"http://{address}", history)})
-            histories[address] = history
+            history = opening(photo, photo if named_by == "client" else kvgates_name(photo))
+            reply = await chat(http, f"http://{address}", history)
+            histories[address] = [*opening(photo, photo if named_by == "client" else None),
+                                  {"role": "assistant", "content": reply}]
         for _ in range(100):  # both followed in step, each holding its conversation
             seen = await endpoints(http, up)
             if all(seen[a]["kv_events"]["in_step"] and seen[a]["kv_events"]["blocks"] >= 30

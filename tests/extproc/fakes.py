@@ -98,6 +98,7 @@ class FakePool:
     rewrites: Mapping[str, str] = field(default_factory=dict)
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
+    names_inline_media: bool = False
     roles: Mapping[str, Role] = field(default_factory=dict)
     holding: HoldingPort | None = None
     fallback: FakePool | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 
@@ -219,3 +220,33 @@ def test_unpaired_surrogates_are_refused_400(body: bytes, refused: bool) -> None
     with pytest.raises(BadRequestError, match="unpaired UTF-16 surrogate") as caught:
         parse_request_body(ApiKind.COMPLETIONS, body)
     assert caught.value.status == 400
+
+
+def test_inline_media_is_named_with_its_digest_when_asked_and_urls_are_left_to_the_engine() -> None:
+    data = "data:image/png;base64," + "Q" * 1000
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+        {"type": "image_url", "image_url": {"url": data}, "uuid": "mine"},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        {"type": "text", "text": "what are these"}]}]}
+    raw = json.dumps(body).encode()
+    plain = parse_request_body(ApiKind.CHAT_COMPLETIONS, raw)
+    assert plain.media_named == 0
+    assert upstream_body(plain, raw, "m", inject_usage=True).rewritten is False
+    named = parse_request_body(ApiKind.CHAT_COMPLETIONS, raw, name_media=True)
+    assert named.media_named == 2
+    parts = named.document["messages"][0]["content"]
+    assert parts[0]["uuid"] == "kvgate-" + hashlib.sha256(data.encode()).hexdigest()
+    assert "uuid" not in parts[1]  # a URL's content may change behind it
+    assert parts[2]["uuid"] == "mine"
+    assert parts[3]["uuid"].startswith("kvgate-")
+    assert f"<image_url {parts[0]['uuid']}>" in named.prompt
+    upstream = upstream_body(named, raw, "m", inject_usage=True)
+    assert upstream.rewritten is True
+    sent = json.loads(upstream.data)["messages"][0]["content"]
+    assert [p.get("uuid") for p in sent] == [parts[0]["uuid"], None, "mine", parts[3]["uuid"], None]
+    again = parse_request_body(ApiKind.CHAT_COMPLETIONS, raw, name_media=True)
+    assert again.document["messages"][0]["content"][0]["uuid"] == parts[0]["uuid"]
+    completion = parse_request_body(ApiKind.COMPLETIONS, b'{"model": "m", "prompt": "x"}', name_media=True)
+    assert completion.media_named == 0

@@ -264,6 +264,19 @@ def test_pod_roles_and_the_pd_execution_annotation_reach_the_pool_spec() -> None
     assert any("pd-execution" in w for w in warnings)
 
 
+def test_the_media_uuids_annotation_reaches_the_pool_spec() -> None:
+    pool = POOL.format(profile="default", engine="vllm")
+    cases = (("'true'", True, False), ("'false'", False, False), ("'yes'", False, True), (None, False, False))
+    for value, expected, warned in cases:
+        text = pool if value is None else pool.replace(
+            "kvgate.io/engine: vllm}", f"kvgate.io/engine: vllm, kvgate.io/media-uuids: {value}}}")
+        resources = parse_manifests([("x.yaml", text + "---" + REST)])
+        config = validate(resources, ValidationOptions(require_picker_service=False))
+        [spec], warnings = pool_specs(resources, config, SETTINGS)
+        assert spec.media_uuids is expected, value
+        assert any("media-uuids" in w for w in warnings) is warned
+
+
 def test_the_bundled_disaggregated_example_is_valid_and_kvgate_up_picks_it() -> None:
     options = UpOptions(sim_prefill=2, sim_decode=3, sim=1)
     assert options.config_directory == bundled_example("pd")
