@@ -2,7 +2,7 @@
 request (tokenize the prompt with the model's tokenizer, key its blocks, look them up in the index
 of the engines' reported blocks), at 1k, 8k and 32k-token prompts.
 
-``python -m kvgate.bench.engine_prefix_cost [--requests N] [--endpoints 8] [--tokenizer FILE]``
+``python -m kvgate.bench.engine_prefix_cost [--requests N] [--endpoints 8] [--tokenizer FILE] [--media]``
 
 Setup: the repository's tokenizer for the simulated model (simulator/data/tokenizer.json, byte-level
 BPE) unless given another; ``--endpoints`` endpoints in step, each holding (as its engine reported)
@@ -10,6 +10,12 @@ the blocks of 4 of 32 shared system prompts; each measured request is one of the
 followed by a unique 64-token question (a warm prefix: the system prompts' chunks are tokenized
 once, at their group's first request, which is timed too). Only ``prepare`` is timed (the rest of
 the pick: bench/pick_cost.py). Prints a Markdown table.
+
+``--media``: each request is a chat instead (the model directory's chat template): the system prompt,
+then a user message with the group's named image (the simulated model's 64 image tokens) and the
+question; the endpoints hold the blocks up to the question as the engine reports them (with the
+image's extra keys). The path ``policies.media_prompt`` takes: the whole prompt tokenized (chunks
+remembered) and keyed, no lazy tail.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from kvgate.policies.engine_blocks import EngineBlockIndex
 from kvgate.policies.feedback import FeedbackEnv
 from kvgate.policies.framework import SchedulingContext
 from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.media import MediaTokens, media_items
+from kvgate.policies.media_prompt import Span, media_prompt_tokens
 from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
 from kvgate.policies.state import InProcessState
@@ -73,7 +81,47 @@ def text_of(rng: random.Random, tokens: int, tokenizer: Tokenizer) -> str:
             return text
 
 
-def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBlueprint) -> list[float]:
+IMAGE = MediaTokens("<image>", 64, 128_255)
+"""The simulated model's images (simulator/media.py)."""
+
+
+def chat(system: str, group: int, question: str) -> list[dict[str, object]]:
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{group}"},
+             "uuid": f"img-{group}"}
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": [image, {"type": "text", "text": question}]}]
+
+
+def engine_extras(spans: Sequence[Span], blocks: int) -> list[list[list[object]] | None]:
+    """vLLM's extra keys of each block: the ``(identifier, offset)`` of each item it holds part of."""
+    extras: list[list[list[object]] | None] = []
+    for b in range(blocks):
+        start = b * BLOCK_SIZE
+        held: list[list[object]] = [[i, o - start] for i, o, n in spans
+                                    if o < start + BLOCK_SIZE and o + n > start]
+        extras.append(held or None)
+    return extras
+
+
+def store_chat(index: EngineBlockIndex, model: ModelTokenizer, system: str, group: int,
+               addresses: Sequence[str]) -> None:
+    """What the engines report for a group's chat up to its question."""
+    messages = chat(system, group, "")
+    assert model.chat_template is not None
+    text = model.chat_template.render(messages, {"image": IMAGE.placeholder})
+    prompt = media_prompt_tokens(text, media_items(messages), {"image": IMAGE}, {"image": 128_255},
+                                 lambda piece: model.tokenizer.encode(piece, add_special_tokens=False).ids)
+    assert prompt is not None
+    ids, spans = prompt
+    blocks = len(ids) // BLOCK_SIZE
+    for address in addresses:
+        hashes = [(group, address, b) for b in range(blocks)]
+        index.stored(address, hashes, None, ids[:blocks * BLOCK_SIZE], BLOCK_SIZE,
+                     extra_keys=engine_extras(spans, blocks))
+
+
+def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBlueprint,
+        media: bool = False) -> list[float]:
     assert blueprint.model is not None
     tokenizer = blueprint.model.tokenizer
     rng = random.Random(tokens)
@@ -81,9 +129,13 @@ def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBluep
     systems = [text_of(rng, tokens - 64, tokenizer) for _ in range(GROUPS)]
     addresses = [f"10.0.0.{i}:8000" for i in range(endpoints)]
     for g, system in enumerate(systems):
+        holders = rng.sample(addresses, min(4, endpoints))
+        if media:
+            store_chat(index, blueprint.model, system, g, holders)
+            continue
         ids = tokenizer.encode(system).ids
         whole = len(ids) - len(ids) % BLOCK_SIZE
-        for address in rng.sample(addresses, min(4, endpoints)):
+        for address in holders:
             hashes = [(g, address, b) for b in range(whole // BLOCK_SIZE)]
             index.stored(address, hashes, None, ids[:whole], BLOCK_SIZE)
     state = InProcessState()
@@ -92,8 +144,14 @@ def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBluep
     hasher = PromptHasher(256, 512)
     times: list[float] = []
     for i in range(requests):
-        prompt = systems[i % GROUPS] + " " + text_of(rng, 64, tokenizer)
-        request = InferenceRequest(f"r{i}", "bench", "m", "m", prompt=prompt)
+        question = text_of(rng, 64, tokenizer)
+        if media:
+            messages = chat(systems[i % GROUPS], i % GROUPS, question)
+            request = InferenceRequest(f"r{i}", "bench", "m", "m", prompt=systems[i % GROUPS] + question,
+                                       messages=messages)
+        else:
+            prompt = systems[i % GROUPS] + " " + question
+            request = InferenceRequest(f"r{i}", "bench", "m", "m", prompt=prompt)
         ctx = SchedulingContext(request, 0.0, state, rng, hasher)
         start = time.perf_counter()
         plugin.prepare(ctx)
@@ -107,15 +165,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--endpoints", type=int, default=8)
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
+    parser.add_argument("--media", action="store_true", help="chats with a named image (the model "
+                        "directory of --tokenizer must hold the chat template)")
     args = parser.parse_args(argv)
-    blueprint = EnginePrefixBlueprint.from_parameters({"tokenizer": str(args.tokenizer)})
+    model = args.tokenizer.parent if args.media else args.tokenizer
+    parameters: dict[str, object] = {"tokenizer": str(model)}
+    if args.media:
+        parameters["media"] = {"image": {"placeholder": IMAGE.placeholder, "tokens": IMAGE.tokens,
+                                         "token_id": IMAGE.token_id}}
+    blueprint = EnginePrefixBlueprint.from_parameters(parameters)
     lines = [
         f"`python -m kvgate.bench.engine_prefix_cost --requests {args.requests} "
-        f"--endpoints {args.endpoints}` ({os.cpu_count()} cores, tokenizer {args.tokenizer.name})", "",
+        f"--endpoints {args.endpoints}{' --media' if args.media else ''}` ({os.cpu_count()} cores, "
+        f"tokenizer {args.tokenizer.name})", "",
         "| prompt tokens | prepare p50 µs | p90 µs | p99 µs |", "|---|---|---|---|",
     ]
     for tokens in (1024, 8192, 32768):
-        times = sorted(run(tokens, args.requests, args.endpoints, blueprint))
+        times = sorted(run(tokens, args.requests, args.endpoints, blueprint, args.media))
         q = statistics.quantiles(times, n=100)
         lines.append(f"| {tokens:,} | {statistics.median(times):,.0f} | {q[89]:,.0f} | {q[98]:,.0f} |")
     print("\n".join(lines))

@@ -24,12 +24,11 @@ Span = tuple[str | None, int, int]
 """A media item's identifier, its first placeholder token's index and its token count."""
 
 
-def media_prompt_tokens(text: str, items: Sequence[MediaItem], media: Mapping[str, MediaTokens],
-                        token_ids: Mapping[str, int], encode: Callable[[str], list[int]],
-                        ) -> tuple[list[int], list[Span]] | None:
-    """The prompt's tokens and its items' spans; None when the text does not hold exactly one
-    placeholder per item of each modality (or a modality is not modelled): nothing to predict past
-    the text."""
+def split_media(text: str, items: Sequence[MediaItem], media: Mapping[str, MediaTokens],
+                token_ids: Mapping[str, int]) -> tuple[list[str], list[MediaItem]] | None:
+    """The text between the items' placeholders (one piece more than items) and the items in the
+    order their placeholders come; None when the text does not hold exactly one placeholder per
+    item of each modality (or a modality is not modelled): nothing to predict past the text."""
     by_modality: dict[str, list[MediaItem]] = {}
     for item in items:
         if item.modality not in media or item.modality not in token_ids:
@@ -37,27 +36,42 @@ def media_prompt_tokens(text: str, items: Sequence[MediaItem], media: Mapping[st
         by_modality.setdefault(item.modality, []).append(item)
     found: list[tuple[int, str]] = []
     for modality, its in by_modality.items():
-        placeholder = media[modality].placeholder
-        positions = _occurrences(text, placeholder)
+        positions = _occurrences(text, media[modality].placeholder)
         if len(positions) != len(its):
             return None
         found.extend((pos, modality) for pos in positions)
     found.sort()
-    tokens: list[int] = []
-    spans: list[Span] = []
+    pieces: list[str] = []
+    ordered: list[MediaItem] = []
     taken: dict[str, int] = {}
     pos = 0
     for start, modality in found:
         if start < pos:
             return None  # two placeholders overlap
-        tokens.extend(encode(text[pos:start]))
+        pieces.append(text[pos:start])
         index = taken.get(modality, 0)
         taken[modality] = index + 1
-        count = media[modality].tokens
-        spans.append((by_modality[modality][index].identifier, len(tokens), count))
-        tokens.extend([token_ids[modality]] * count)
+        ordered.append(by_modality[modality][index])
         pos = start + len(media[modality].placeholder)
-    tokens.extend(encode(text[pos:]))
+    pieces.append(text[pos:])
+    return pieces, ordered
+
+
+def media_prompt_tokens(text: str, items: Sequence[MediaItem], media: Mapping[str, MediaTokens],
+                        token_ids: Mapping[str, int], encode: Callable[[str], Sequence[int]],
+                        ) -> tuple[list[int], list[Span]] | None:
+    """The prompt's tokens and its items' spans (None: as ``split_media``)."""
+    split = split_media(text, items, media, token_ids)
+    if split is None:
+        return None
+    pieces, ordered = split
+    tokens: list[int] = list(encode(pieces[0]))
+    spans: list[Span] = []
+    for item, piece in zip(ordered, pieces[1:], strict=True):
+        count = media[item.modality].tokens
+        spans.append((item.identifier, len(tokens), count))
+        tokens.extend([token_ids[item.modality]] * count)
+        tokens.extend(encode(piece))
     return tokens, spans
 
 
@@ -70,14 +84,15 @@ def _occurrences(text: str, needle: str) -> list[int]:
     return out
 
 
-def media_block_keys(tokens: Sequence[int], block_size: int, root: int, spans: Sequence[Span],
-                     lora: str | None, salt: str | None) -> list[int]:
-    """The chained keys of the whole blocks of ``tokens`` from ``root`` (``chain_root(lora, salt)``),
-    a block that holds part of an item keyed with its extra keys as vLLM makes them; stops before
-    a block that holds an item without an identifier."""
+def media_block_keys(tokens: Sequence[int], block_size: int, parent: int, spans: Sequence[Span],
+                     lora: str | None, salt: str | None, first_block: int = 0) -> list[int]:
+    """The chained keys of the whole blocks of ``tokens`` from ``parent`` (for a prompt's first block
+    ``chain_root(lora, salt)``), a block that holds part of an item keyed with its extra keys as vLLM
+    makes them; stops before a block that holds an item without an identifier. ``first_block``: the
+    prompt's block that ``tokens`` start (the salt is a first block's extra key)."""
     whole = len(tokens) // block_size
     keys: list[int] = []
-    key = root
+    key = parent
     block = 0
     for ident, offset, count in sorted(spans, key=lambda span: span[1]):
         first, last = offset // block_size, min((offset + count - 1) // block_size, whole - 1)
@@ -94,7 +109,7 @@ def media_block_keys(tokens: Sequence[int], block_size: int, root: int, spans: S
             pairs = [(i, o - start) for i, o, n in spans if o < start + block_size and o + n > start]
             if any(i is None for i, _ in pairs):
                 return keys
-            extras = [*([lora] if lora else []), *pairs, *([salt] if b == 0 and salt else [])]
+            extras = [*([lora] if lora else []), *pairs, *([salt] if b + first_block == 0 and salt else [])]
             key = xxhash.xxh3_64_intdigest(msgspec.msgpack.encode(extras), seed=key)
             keys.append(key)
         block = max(block, last + 1)

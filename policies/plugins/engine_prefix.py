@@ -40,8 +40,8 @@ from kvgate.policies.engine_blocks import EngineCacheView, block_keys, chain_roo
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.feedback import FeedbackEnv, FeedbackPlugin
 from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
-from kvgate.policies.media import MediaTokens, media_items
-from kvgate.policies.media_prompt import media_block_keys, media_prompt_tokens
+from kvgate.policies.media import MediaItem, MediaTokens, media_items
+from kvgate.policies.media_prompt import Span, media_block_keys, split_media
 from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
 from kvgate.policies.pending_blocks import PendingBlocks
 from kvgate.policies.plugins.params import Params, parse_params
@@ -122,6 +122,12 @@ class ChunkedTokenizer:
         tokenized only as far as its first block, a prompt nobody holds only as far as its first
         piece; a chunk keyed whole piece by piece is remembered whole.
         """
+        return self.keys_and_rest(text, block_size, root, specials=specials, held=held)[0]
+
+    def keys_and_rest(self, text: str, block_size: int, root: int, *, specials: bool = True,
+                      held: Callable[[int], bool] | None = None) -> tuple[list[int], array[int] | None]:
+        """``keys``, and the tokens after its last whole block (None when keying stopped at a block
+        nobody holds: what follows the text cannot be held either)."""
         keys: list[int] = []
         carry = array("I", self._specials if specials else ())
         last = root
@@ -131,12 +137,12 @@ class ChunkedTokenizer:
             entry = self._keyed.get(slot)
             if entry is None and held is not None:
                 if keys and not held(keys[-1]):
-                    return keys  # the held run ended in a remembered chunk
+                    return keys, None  # the held run ended in a remembered chunk
                 chunk_keys, carry, stopped = self._span(text, pos, pos + len(piece), key_before,
                                                         (carry, last), block_size, root, specials, held)
                 keys.extend(chunk_keys)
                 if stopped:
-                    return keys
+                    return keys, None
                 self._remember(slot, (chunk_keys, carry))  # the whole chunk, keyed piece by piece
             else:
                 chunk_keys, carry = self._entry(slot, entry, key, piece, carry, last, block_size)
@@ -145,7 +151,9 @@ class ChunkedTokenizer:
                 last = chunk_keys[-1]
             pos += len(piece)
             key_before = key
-        return keys
+        if keys and held is not None and not held(keys[-1]):
+            return keys, None
+        return keys, carry
 
     def _span(self, text: str, start: int, end: int, key: int, state: tuple[array[int], int],
               block_size: int, root: int, specials: bool, held: Callable[[int], bool],
@@ -282,6 +290,29 @@ class EnginePrefixMatches(FeedbackPlugin):
             self._token_ids = (model, ids)
         return self._token_ids[1]
 
+    def _media_keys(self, model: ModelTokenizer, text: str, items: list[MediaItem], size: int, root: int,
+                    adapter: str | None, salt: str | None, held: Callable[[int], bool]) -> list[int] | None:
+        """A multimodal chat's keys (None: not modelled, ``media_prompt.split_media``): the text
+        before the first item as any prompt's (its chunks' keys remembered, keyed only as far as
+        held), then the items' and the rest's blocks (``media_prompt.media_block_keys``)."""
+        token_ids = self._media_token_ids(model)
+        split = split_media(text, items, self._media, token_ids)
+        if split is None:
+            return None
+        pieces, ordered = split
+        chunked = self._tokenizer(model)
+        keys, rest = chunked.keys_and_rest(pieces[0], size, root, specials=False, held=held)
+        if rest is None:
+            return keys
+        spans: list[Span] = []
+        for item, piece in zip(ordered, pieces[1:], strict=True):
+            count = self._media[item.modality].tokens
+            spans.append((item.identifier, len(rest), count))
+            rest.extend(array("I", [token_ids[item.modality]]) * count)
+            rest.extend(chunked.encode(piece, specials=False))
+        return keys + media_block_keys(rest, size, keys[-1] if keys else root, spans, adapter, salt,
+                                       first_block=len(keys))
+
     def prepare(self, ctx: SchedulingContext) -> None:
         cache = self._cache
         request = ctx.request
@@ -304,11 +335,7 @@ class EnginePrefixMatches(FeedbackPlugin):
         media = media_items(request.messages) if self._media and request.messages is not None else []
         keys: list[int] | None = None
         if media:
-            chunked = self._tokenizer(model)
-            prompt = media_prompt_tokens(text, media, self._media, self._media_token_ids(model),
-                                         lambda piece: chunked.encode(piece, specials=False))
-            if prompt is not None:
-                keys = media_block_keys(prompt[0], size, root, prompt[1], adapter, request.cache_salt)
+            keys = self._media_keys(model, text, media, size, root, adapter, request.cache_salt, cache.held)
         if keys is None:
             keys = self._tokenizer(model).keys(text, size, root, specials=specials, held=cache.held)
         hashes = ctx.prefix_hashes()  # the approximate index's blocks: what in-flight requests hold
