@@ -304,6 +304,7 @@ class EnginePrefixMatches(FeedbackPlugin):
         keys, rest = chunked.keys_and_rest(pieces[0], size, root, specials=False, held=held)
         if rest is None:
             return keys
+        rest = array("I", rest)  # its own: the one returned may be a remembered chunk's
         spans: list[Span] = []
         for item, piece in zip(ordered, pieces[1:], strict=True):
             count = self._media[item.modality].tokens
