@@ -126,3 +126,11 @@ def test_spill_to_names_another_pool() -> None:
     for bad in ("[{name: a, spillTo: c}, {name: b}]", "[{name: a, spillTo: a}]"):
         with pytest.raises(ConfigError, match="spillTo"):
             parse_pools(f"pools: {bad}")
+
+
+def test_media_uuids_is_a_pools_switch_off_by_default() -> None:
+    on, off = parse_pools("pools: [{name: a, mediaUuids: true}, {name: b}]").pools
+    assert on.media_uuids is True
+    assert off.media_uuids is False
+    with pytest.raises(ConfigError, match="mediaUuids"):
+        parse_pools("pools: [{name: a, mediaUuids: sometimes}]")
