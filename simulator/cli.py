@@ -33,6 +33,7 @@ from kvgate.simulator.engine import EngineConfig
 from kvgate.simulator.faults import FAULT_FIELDS, Faults
 from kvgate.simulator.fleet import Fleet, FleetConfig, run_until
 from kvgate.simulator.kv_transfer import ROLES, KvTransferSettings, Role
+from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS
 from kvgate.simulator.metrics import DIALECTS
 from kvgate.simulator.server import ReplicaConfig
 
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, metavar="FILE",
                    help="tokenize with this tokenizer.json (e.g. the repository's "
                    "simulator/data/tokenizer.json) instead of the simulator's 4-characters rule")
+    p.add_argument("--image-tokens", type=int, default=DEFAULT_IMAGE_TOKENS, metavar="N",
+                   help=f"placeholder tokens per image in a chat (default {DEFAULT_IMAGE_TOKENS}; "
+                   "LLaVA-1.5: 576)")
     p.add_argument("--kv-events-port", type=int, default=None, metavar="P",
                    help="publish vLLM's KV-cache events (ZMQ PUB on P, replay ROUTER on P+1; with "
                    "--hosts-from each replica on its own address, else replica i on P+2i); default: off")
@@ -176,6 +180,7 @@ def _replica_config(
         seed=args.seed,
         faults=faults.updated(fault_changes),
         stream_interval=args.stream_interval,
+        image_tokens=args.image_tokens,
         role=role,
         kv_transfer=kv,
     )
@@ -192,6 +197,8 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
         raise ValueError("--kv-events-connect needs --kv-events-port (the replay sockets' port - 1)")
     if args.tokenizer is not None and not Path(args.tokenizer).is_file():
         raise ValueError(f"--tokenizer {args.tokenizer!r}: no such file")
+    if args.image_tokens < 1:
+        raise ValueError("--image-tokens must be >= 1")
     overrides = _parse_overrides(args.replica, len(roles))
     replicas = tuple(_replica_config(i, args, overrides.get(i, {}), role, kv) for i, role in enumerate(roles))
     return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,

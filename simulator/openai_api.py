@@ -423,10 +423,11 @@ def render_json(kind: ApiKind, model: str, token_ids_json: str, body: Mapping[st
     return head + '"token_ids": ' + token_ids_json + tail if sep else head
 
 
-def tokenize_tokens(body: Mapping[str, Any], encode: Encode = encode_direct) -> tuple[int, ...]:
+def tokenize_tokens(body: Mapping[str, Any], encode: Encode = encode_direct,
+                    image_tokens: int = DEFAULT_IMAGE_TOKENS) -> tuple[int, ...]:
     """``POST /tokenize`` takes ``prompt`` (text) or chat ``messages``."""
     if "messages" in body:
-        return chat_prompt(body, encode)
+        return chat_prompt(body, encode, image_tokens)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise ApiError(400, "'prompt' must be a string (or send 'messages')", "prompt")

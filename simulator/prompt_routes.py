@@ -15,7 +15,7 @@ from kvgate.simulator import openai_api as api
 from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine_types import PeekResult
 from kvgate.simulator.http_replies import error_response, json_response, json_text_response
-from kvgate.simulator.media import MediaSpan
+from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, MediaSpan
 
 Peek = Callable[[tuple[int, ...], str, str | None, tuple[MediaSpan, ...]], PeekResult]
 """(prompt tokens, model, cache salt, images' spans) -> what the engine would meet now."""
@@ -23,11 +23,12 @@ Peek = Callable[[tuple[int, ...], str, str | None, tuple[MediaSpan, ...]], PeekR
 
 class PromptRoutes:
     def __init__(self, base_model: str, served_models: Callable[[], Sequence[str]], memo: EncodeMemo,
-                 peek: Peek) -> None:
+                 peek: Peek, image_tokens: int = DEFAULT_IMAGE_TOKENS) -> None:
         self._base_model = base_model
         self._served_models = served_models
         self._memo = memo
         self._peek = peek
+        self._image_tokens = image_tokens
 
     async def _checked_body(self, request: web.Request) -> tuple[dict[str, Any], str]:
         body = api.decode_json_object(await request.read())
@@ -38,7 +39,7 @@ class PromptRoutes:
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
             body, _ = await self._checked_body(request)
-            tokens = api.tokenize_tokens(body, self._memo)
+            tokens = api.tokenize_tokens(body, self._memo, self._image_tokens)
         except api.ApiError as err:
             return error_response(err)
         return json_response({"count": len(tokens), "max_model_len": api.MAX_MODEL_LEN,
@@ -63,7 +64,7 @@ class PromptRoutes:
     async def render_chat(self, request: web.Request) -> web.Response:
         try:
             body, model = await self._checked_body(request)
-            tokens = api.chat_prompt(body, self._memo)
+            tokens = api.chat_prompt(body, self._memo, self._image_tokens)
             return json_text_response(api.render_json("chat", model, self._memo.tokens_json(tokens), body))
         except api.ApiError as err:
             return error_response(err)
@@ -73,7 +74,7 @@ class PromptRoutes:
             body, model = await self._checked_body(request)
             media: tuple[MediaSpan, ...] = ()
             if "messages" in body:
-                tokens, media = api.chat_prompt_media(body, self._memo)
+                tokens, media = api.chat_prompt_media(body, self._memo, self._image_tokens)
             else:
                 tokens = api.completion_prompts(body, self._memo)[0]
             salt = api.cache_salt(body)

@@ -38,7 +38,7 @@ from kvgate.simulator.kv_transfer import (
     Role,
     parse_kv_transfer_params,
 )
-from kvgate.simulator.media import MediaSpan
+from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
@@ -61,6 +61,8 @@ class ReplicaConfig:
     """What the replica is deployed as (``llm-d.ai/role``); it serves either half of a disaggregated
     request whatever its role (``simulator.kv_transfer``)."""
     kv_transfer: KvTransferSettings = field(default_factory=KvTransferSettings)
+    image_tokens: int = DEFAULT_IMAGE_TOKENS
+    """Placeholder tokens per image in a chat's prompt (``simulator.media``; LLaVA-1.5: 576)."""
     stream_interval: int = 1
     """Tokens per SSE chunk of a streamed response after the first token, which goes out at once
     (vLLM's ``--stream-interval``; 1: a chunk per token, vLLM's default). The last may hold fewer."""
@@ -222,7 +224,8 @@ class Replica:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/load_lora_adapter", self._load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
-        prompts = PromptRoutes(self.base_model, self.served_models, self._memo, self._peek)
+        prompts = PromptRoutes(self.base_model, self.served_models, self._memo, self._peek,
+                               self.config.image_tokens)
         app.router.add_post("/tokenize", prompts.tokenize)
         app.router.add_post("/detokenize", prompts.detokenize)
         app.router.add_post("/v1/completions/render", prompts.render_completions)
@@ -248,7 +251,7 @@ class Replica:
             return error_response(api.ApiError(503, "the replica is stopping"))
         try:
             body = api.decode_json_object(await request.read())
-            parsed = api.parse_inference(kind, body, self.base_model, self._memo)
+            parsed = api.parse_inference(kind, body, self.base_model, self._memo, self.config.image_tokens)
             api.check_model(parsed.model, self.served_models())
             transfer = parse_kv_transfer_params(body)
         except api.ApiError as err:

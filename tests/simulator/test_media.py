@@ -5,9 +5,11 @@ with the repository's model directory), a conversation matched past its image.""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 
@@ -18,8 +20,11 @@ from kvgate.policies.media import MediaTokens, media_items
 from kvgate.policies.media_prompt import media_block_keys, media_prompt_tokens
 from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.simulator import openai_api as api
+from kvgate.simulator.cli import build_parser
+from kvgate.simulator.cli import fleet_config as cli_fleet_config
 from kvgate.simulator.engine_types import SimRequest, Stored
 from kvgate.simulator.file_tokenizer import BUNDLED, file_encoder
+from kvgate.simulator.fleet import Fleet
 from kvgate.simulator.kv_events import vllm_events
 from kvgate.simulator.media import (
     DEFAULT_IMAGE_TOKENS,
@@ -30,6 +35,7 @@ from kvgate.simulator.media import (
     image_identifiers,
     with_placeholders,
 )
+from tests.simulator.conftest import MODEL, fleet_config
 from tests.simulator.test_engine import _drain
 from tests.simulator.test_engine_support import make_engine
 
@@ -152,3 +158,27 @@ def test_the_pickers_keys_match_a_conversation_the_simulator_stored_past_its_ima
     image_block = parsed.media[0][1] // 16
     assert index.matches(picker_keys(image())).get("r0", 0) == image_block
     assert index.matches(picker_keys(image("photo-2"))).get("r0", 0) == image_block
+
+
+async def test_a_replica_expands_images_to_its_configured_count(http: aiohttp.ClientSession) -> None:
+    """``kvgate sim --image-tokens N``: the count reaches the replica's chat, /tokenize and usage."""
+    config = fleet_config(1)
+    replica = dataclasses.replace(config.replicas[0], image_tokens=10)
+    fleet = Fleet(dataclasses.replace(config, replicas=(replica,)))
+    await fleet.start()
+    try:
+        messages = [{"role": "user", "content": [{"type": "text", "text": "what"}, image("p")]}]
+        ask = {"model": MODEL, "messages": messages}
+        async with http.post(fleet.urls[0] + "/tokenize", json=ask) as response:
+            tokens = (await response.json())["tokens"]
+        assert tokens.count(IMAGE_TOKEN_ID) == 10
+        body = {"model": MODEL, "messages": messages, "max_tokens": 2}
+        async with http.post(fleet.urls[0] + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200
+            assert (await response.json())["usage"]["prompt_tokens"] == len(tokens)
+    finally:
+        await fleet.stop()
+    args = build_parser().parse_args(["--image-tokens", "576"])
+    assert {r.image_tokens for r in cli_fleet_config(args).replicas} == {576}
+    with pytest.raises(ValueError, match="image-tokens"):
+        cli_fleet_config(build_parser().parse_args(["--image-tokens", "0"]))
