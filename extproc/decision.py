@@ -18,7 +18,7 @@ from kvgate.policies.errors import (
     NoEligibleEndpointError,
 )
 from kvgate.policies.framework import SchedulingTrace
-from kvgate.policies.types import ApiKind, EndpointView, InferenceRequest
+from kvgate.policies.types import CHAT_OPTIONS, ApiKind, EndpointView, InferenceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +144,7 @@ def prepare(
         subset=frozenset(subset) if subset is not None else None,
         headers=headers,
         messages=_messages(parsed),
+        chat_options=_chat_options(parsed),
     )
     tenant = limiter.check(pool.name, headers) if limiter is not None else None
     return Prepared(request, upstream, rewritten, injected, known, tenant)
@@ -193,6 +194,16 @@ def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None
     if subset is None:
         return endpoints
     return tuple(v for v in endpoints if v.address in subset or v.endpoint.host in subset)
+
+
+def _chat_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
+    """A chat request's other chat-template inputs as sent (``types.CHAT_OPTIONS``), or
+    None when it sends none."""
+    if parsed is None or parsed.api is not ApiKind.CHAT_COMPLETIONS:
+        return None
+    document = parsed.document
+    found = {key: document[key] for key in CHAT_OPTIONS if key in document}
+    return MappingProxyType(found) if found else None
 
 
 def _messages(parsed: OpenAIRequest | None) -> tuple[Mapping[str, Any], ...] | None:

@@ -38,6 +38,22 @@ _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_
                        "mask_token")
 
 
+def vllm_tool(tool: object) -> object:
+    """A ``tools`` entry as vLLM's request model dumps it for the template (``model_dump()`` of
+    ``ChatCompletionToolsParam``: ``type``, then ``function`` with ``name``, ``description``,
+    ``parameters`` and ``strict``, None where absent, the fields a client added after them)."""
+    if not isinstance(tool, Mapping):
+        return tool
+    function = tool.get("function")
+    if isinstance(function, Mapping):
+        declared = {"name": function.get("name"), "description": function.get("description"),
+                    "parameters": function.get("parameters"), "strict": function.get("strict")}
+        function = {**declared, **{k: v for k, v in function.items() if k not in declared}}
+    out: dict[str, object] = {"type": tool.get("type", "function"), "function": function}
+    out.update({k: v for k, v in tool.items() if k not in out})
+    return out
+
+
 class ChatTemplateError(ValueError):
     """A template that cannot render these messages (the engine would refuse the request too)."""
 
@@ -75,23 +91,52 @@ class ChatTemplate:
         self.content_format = detect_content_format(source)
 
     def render(self, messages: Sequence[Mapping[str, Any]],
-               placeholders: Mapping[str, str] | None = None) -> str:
+               placeholders: Mapping[str, str] | None = None,
+               options: Mapping[str, Any] | None = None) -> str:
         """The prompt text of ``messages`` with the generation prompt; ChatTemplateError when the
         template refuses them or the messages are not what a template reads. ``placeholders``:
-        modality → the text vLLM puts in front of a "string" template's content for one item."""
+        modality → the text vLLM puts in front of a "string" template's content for one item.
+        ``options``: the request's other template inputs (``types.CHAT_OPTIONS``), as vLLM passes them:
+        ``tools`` as its request model dumps them, ``documents``, ``add_generation_prompt`` (default
+        true), ``continue_final_message`` (the text cut after the last message's content, as
+        transformers cuts it), ``chat_template_kwargs`` as further variables; a request that names
+        its own ``chat_template`` is not predicted (ChatTemplateError)."""
+        options = options or {}
+        if options.get("chat_template") is not None:
+            raise ChatTemplateError("the request names its own chat template")
         if self.content_format == "openai":
             converted = [{**message, "content": openai_content(message.get("content"))}
                          for message in messages]
         else:
             converted = [{**message, "content": string_content(message.get("content"), placeholders or {})}
                          for message in messages]
+        tools = options.get("tools")
+        continue_final = options.get("continue_final_message") is True
+        add_generation_prompt = options.get("add_generation_prompt", True) is not False and not continue_final
+        extra = options.get("chat_template_kwargs")
+        variables: dict[str, Any] = {**self._special, **(extra if isinstance(extra, Mapping) else {})}
+        variables.update(messages=converted, add_generation_prompt=add_generation_prompt,
+                         tools=[vllm_tool(t) for t in tools] if isinstance(tools, list) else None,
+                         documents=options.get("documents"))
         try:
-            return self._template.render(messages=converted, add_generation_prompt=True, tools=None,
-                                         documents=None, **self._special)
+            rendered = self._template.render(**variables)
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
+        return _continued(rendered, messages) if continue_final else rendered
+
+
+def _continued(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """The rendered text cut after the last message's content (transformers'
+    ``continue_final_message``: the model continues that message)."""
+    final = messages[-1].get("content") if messages else None
+    if isinstance(final, list):
+        texts = [p.get("text") for p in final if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        final = texts[-1] if texts else None
+    if not isinstance(final, str) or final.strip() not in rendered:
+        raise ChatTemplateError("continue_final_message: the final message is not in the rendered chat")
+    return rendered[: rendered.rindex(final.strip()) + len(final.strip())]
 
 
 @dataclass(frozen=True, slots=True)

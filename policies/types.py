@@ -160,6 +160,11 @@ class EndpointSnapshot:
         return self.pools.get(pool, ())
 
 
+CHAT_OPTIONS = ("tools", "documents", "add_generation_prompt", "continue_final_message",
+                "chat_template_kwargs", "chat_template")
+"""A chat request's fields that vLLM hands to the chat template besides the messages."""
+
+
 @dataclass(frozen=True, slots=True)
 class InferenceRequest:
     """What routing needs to know of one request, parsed once from headers and body.
@@ -189,6 +194,10 @@ class InferenceRequest:
     messages: Sequence[Mapping[str, Any]] | None = None
     """A chat request's messages as sent (for the model's chat template: engine-prefix-matches); None
     for other APIs."""
+    chat_options: Mapping[str, Any] | None = None
+    """A chat request's other inputs to the chat template as sent (``tools``, ``documents``,
+    ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``,
+    ``chat_template``): ``policies.model_tokenizer`` renders them as vLLM does."""
     prefilled_elsewhere: bool = False
     """The decode half of a disaggregated request: another endpoint computes the prompt's KV, the
     endpoint this request is picked for reads it (set by ``policies.pd_scheduler``, not parsed)."""

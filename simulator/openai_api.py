@@ -155,14 +155,19 @@ def chat_prompt_media(body: Mapping[str, Any], encode: Encode = encode_direct,
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, "each message must be an object with a 'role'", "messages")
+    continued = body.get("continue_final_message") is True
+    generation = body.get("add_generation_prompt", True) is not False
+    if continued and generation:  # vLLM's check when both are sent, transformers' when one is default
+        raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                       "continue_final_message")
     try:
         images = image_identifiers(messages)
-        if not images:
-            return encode(tokenizer.render_chat(messages)), ()
-        rendered = tokenizer.render_chat([{**m, "content": with_placeholders(m.get("content"))}
-                                          for m in messages])
-        return expand_images(rendered, images, encode, image_tokens)
-    except MediaError as exc:
+        if images:
+            messages = [{**m, "content": with_placeholders(m.get("content"))} for m in messages]
+        rendered = tokenizer.render_chat(messages, add_generation_prompt=generation and not continued,
+                                         continue_final_message=continued)
+        return expand_images(rendered, images, encode, image_tokens) if images else (encode(rendered), ())
+    except (MediaError, ValueError) as exc:
         raise ApiError(400, str(exc), "messages") from exc
 
 

@@ -82,8 +82,12 @@ def _content_text(content: object) -> str:
     return str(content)
 
 
-def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
-    """The Llama-3 chat template text of ``messages``, ending with the assistant header.
+def render_chat(messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
+    """The Llama-3 chat template text of ``messages``, ending with the assistant header (vLLM's
+    ``add_generation_prompt``, true unless the request says otherwise), or, with
+    ``continue_final_message``, cut after the last message's content (stripped), as transformers
+    cuts it for vLLM.
 
     Content may be a string or a list of OpenAI content parts (only text parts count, joined with
     newlines as vLLM joins them for a text-only model).
@@ -94,5 +98,12 @@ def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
         out.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n")
         out.append(_content_text(message.get("content")))
         out.append("<|eot_id|>")
-    out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    if continue_final_message:
+        text = "".join(out)
+        final = _content_text(messages[-1].get("content")).strip() if messages else ""
+        if not final or final not in text:
+            raise ValueError("continue_final_message: the final message is not in the rendered chat")
+        return text[: text.rindex(final) + len(final)]
+    if add_generation_prompt:
+        out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(out)

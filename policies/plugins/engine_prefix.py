@@ -327,7 +327,8 @@ class EnginePrefixMatches(FeedbackPlugin):
             if model.chat_template is None:
                 return
             try:
-                text, specials = model.chat_template.render(request.messages, self._placeholders), False
+                text = model.chat_template.render(request.messages, self._placeholders, request.chat_options)
+                specials = False
             except ChatTemplateError:
                 return  # the engine refuses these messages too: nothing to predict
         size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE

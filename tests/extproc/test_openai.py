@@ -250,3 +250,24 @@ def test_inline_media_is_named_with_its_digest_when_asked_and_urls_are_left_to_t
     assert again.document["messages"][0]["content"][0]["uuid"] == parts[0]["uuid"]
     completion = parse_request_body(ApiKind.COMPLETIONS, b'{"model": "m", "prompt": "x"}', name_media=True)
     assert completion.media_named == 0
+
+
+def test_a_chats_template_inputs_reach_the_routing_view() -> None:
+    """``prepare`` hands the picker what vLLM hands the chat template besides the messages."""
+    from types import MappingProxyType
+
+    from kvgate.extproc.decision import prepare
+    from tests.extproc.fakes import FakePool
+
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools,
+            "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0}
+    prepared = prepare(pool=FakePool("p", ("10.0.0.1:8000",)), api=ApiKind.CHAT_COMPLETIONS,
+                       headers=MappingProxyType({}), body=json.dumps(body).encode(), subset=None,
+                       inject_usage=False, request_id="r")
+    kwargs = {"enable_thinking": False}
+    assert prepared.request.chat_options == {"tools": tools, "chat_template_kwargs": kwargs}
+    plain = prepare(pool=FakePool("p", ("10.0.0.1:8000",)), api=ApiKind.CHAT_COMPLETIONS,
+                    headers=MappingProxyType({}), body=b'{"model": "m", "messages": [{"role": "user"}]}',
+                    subset=None, inject_usage=False, request_id="r")
+    assert plain.request.chat_options is None

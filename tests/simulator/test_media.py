@@ -182,3 +182,4 @@ async def test_a_replica_expands_images_to_its_configured_count(http: aiohttp.Cl
     assert {r.image_tokens for r in cli_fleet_config(args).replicas} == {576}
     with pytest.raises(ValueError, match="image-tokens"):
         cli_fleet_config(build_parser().parse_args(["--image-tokens", "0"]))
+

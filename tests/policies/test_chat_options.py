@@ -1,0 +1,89 @@
+"""A chat request's other chat-template inputs (``tools``, ``documents``, ``add_generation_prompt``,
+``continue_final_message``, ``chat_template_kwargs``) rendered as vLLM renders them: before, kvgate
+rendered every chat without them, so a request with tools (whose definitions a Llama-3.1 or Qwen
+template puts in front of the conversation) matched nothing the engines reported."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvgate.policies.engine_blocks import EngineBlockIndex
+from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer, vllm_tool
+from kvgate.policies.profile import build_profile, read_profile_document
+from kvgate.policies.scheduler import ProfileScheduler
+from tests.policies.helpers import NOW, request, view
+from tests.policies.test_engine_prefix import View
+from tests.policies.test_model_tokenizer import model_dir
+
+TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+    "{% if documents %}<docs>{{ documents | tojson }}</docs>{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}")
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> ModelTokenizer:
+    return ModelTokenizer.load(model_dir(tmp_path, {"bos_token": "<s>", "chat_template": TEMPLATE}))
+
+
+def test_tools_reach_the_template_as_vllms_request_model_dumps_them(model: ModelTokenizer) -> None:
+    assert vllm_tool({**WEATHER, "x-extra": 1}) == {
+        "type": "function", "function": {"name": "weather", "description": None,
+                                         "parameters": {"type": "object"}, "strict": None}, "x-extra": 1}
+    assert model.chat_template is not None
+    rendered = model.chat_template.render([{"role": "user", "content": "hi"}], options={"tools": [WEATHER]})
+    dumped = json.dumps([vllm_tool(WEATHER)], ensure_ascii=False)
+    assert rendered == f"<s><tools>{dumped}</tools><user>hi</s><assistant>"
+
+
+def test_the_other_inputs_as_vllm_passes_them(model: ModelTokenizer) -> None:
+    template = model.chat_template
+    assert template is not None
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon "}]
+    assert template.render(chat, options={"add_generation_prompt": False}) == (
+        "<s><user>hi</s><assistant>Once upon </s>")
+    # continue_final_message: cut after the last message's content (stripped), as transformers cuts it
+    assert template.render(chat, options={"continue_final_message": True}) == (
+        "<s><user>hi</s><assistant>Once upon")
+    assert template.render(chat[:1], options={"chat_template_kwargs": {"enable_thinking": False},
+                                              "documents": [{"title": "a"}]}) == (
+        '<s><docs>[{"title": "a"}]</docs><no_think><user>hi</s><assistant>')
+    with pytest.raises(ChatTemplateError, match="own chat template"):
+        template.render(chat, options={"chat_template": "{{ messages }}"})
+
+
+def test_a_request_with_tools_matches_what_the_engine_stored_for_it(model: ModelTokenizer) -> None:
+    """The engine rendered the conversation with the tools (as vLLM does); the next request with the
+    same tools is matched there, past the tool definitions; without its tools it would not be."""
+    tools = [WEATHER, {"type": "function", "function": {"name": "search", "description": "the web " * 40}}]
+    history = [{"role": "system", "content": "you help " * 60}, {"role": "user", "content": "rain today?"}]
+    template = model.chat_template
+    assert template is not None
+    rendered = template.render(history, options={"tools": tools, "add_generation_prompt": False})
+    tokens = model.tokenizer.encode(rendered, add_special_tokens=False).ids
+    whole = len(tokens) // 16
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(whole)), None, tokens[:whole * 16], 16)
+    document = dict(read_profile_document("default"))
+    s = ProfileScheduler(build_profile(yaml.safe_load(yaml.safe_dump(document))), rng=random.Random(1),
+                         engine_cache=View(index, {a.address, b.address}, model))
+
+    def predicted(options: dict[str, Any] | None) -> int:
+        messages = [*history, {"role": "assistant", "content": "no"}, {"role": "user", "content": "sure?"}]
+        chat = dataclasses.replace(request("r", "flattened"), messages=messages, chat_options=options)
+        result = s.schedule(chat, [a, b], NOW)
+        return (result.predicted_cached_tokens or 0) if result.pick.address == a.address else 0
+
+    assert predicted({"tools": tools}) >= (whole - 4) * 16
+    assert predicted(None) == 0  # the tools were in front: nothing else matches

@@ -1,0 +1,33 @@
+"""The simulator's chat prompt (``simulator.openai_api.chat_prompt``) as vLLM renders it, checked
+against the picker's rendering of the simulated model's template (``policies.model_tokenizer``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvgate.policies.model_tokenizer import ModelTokenizer
+from kvgate.simulator import openai_api as api
+from kvgate.simulator.file_tokenizer import BUNDLED
+from kvgate.simulator.tokenizer import encode
+
+
+def test_the_generation_prompt_and_a_continued_final_message_as_vllm_renders_them() -> None:
+    """``add_generation_prompt: false`` leaves the assistant header out; ``continue_final_message``
+    (with it false, as vLLM requires) cuts after the last message's content; both true is a 400."""
+    chat = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "Once upon "}]
+    whole = api.chat_prompt({"messages": chat})
+    bare = api.chat_prompt({"messages": chat, "add_generation_prompt": False})
+    cut = {"add_generation_prompt": False, "continue_final_message": True}
+    continued = api.chat_prompt({"messages": chat, **cut})
+    assert len(continued) < len(bare) < len(whole)
+    model = ModelTokenizer.load(Path(BUNDLED).parent)
+    assert model.chat_template is not None
+    for options, tokens in (({"add_generation_prompt": False}, bare),
+                            ({"add_generation_prompt": False, "continue_final_message": True}, continued)):
+        assert tuple(encode(model.chat_template.render(chat, options=options))) == tokens
+    for both in ({"continue_final_message": True}, {**cut, "add_generation_prompt": True}):
+        with pytest.raises(api.ApiError) as err:
+            api.chat_prompt({"messages": chat, **both})
+        assert err.value.status == 400
