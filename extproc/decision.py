@@ -144,6 +144,7 @@ def prepare(
         subset=frozenset(subset) if subset is not None else None,
         headers=headers,
         messages=_messages(parsed),
+        engine_prompt=parsed.engine_prompt if parsed is not None else None,
         chat_options=_chat_options(parsed),
     )
     tenant = limiter.check(pool.name, headers) if limiter is not None else None

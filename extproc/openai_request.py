@@ -81,6 +81,9 @@ class OpenAIRequest:
     document: dict[str, Any]
     media_named: int = 0
     """Inline media items the gateway named with their digest (``name_inline_media``)."""
+    engine_prompt: str | tuple[int, ...] | None = None
+    """A completion's prompt as the engine receives it (text or token ids; ``()``: a batch of
+    prompts); None for other APIs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,7 @@ def parse_request_body(api: ApiKind, raw: bytes, *, name_media: bool = False) ->
         max_tokens=_max_tokens(document),
         document=document,
         media_named=named,
+        engine_prompt=_engine_prompt(api, document),
     )
 
 
@@ -222,6 +226,25 @@ def _prompt_of(api: ApiKind, document: dict[str, Any]) -> str:
         body = _flatten_messages(items) if isinstance(items, list) else _flatten_input(items)
         return head + body
     return ""
+
+
+def _engine_prompt(api: ApiKind, document: dict[str, Any]) -> str | tuple[int, ...] | None:
+    """A completion's prompt (``_prompt_of`` checked its shape): a string, a list of token ids, or a
+    list holding one of either; ``()`` for several."""
+    if api is not ApiKind.COMPLETIONS:
+        return None
+    prompt = document.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        return tuple(prompt)
+    return ()
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _flatten_input(value: object) -> str:

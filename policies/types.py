@@ -194,6 +194,10 @@ class InferenceRequest:
     messages: Sequence[Mapping[str, Any]] | None = None
     """A chat request's messages as sent (for the model's chat template: engine-prefix-matches); None
     for other APIs."""
+    engine_prompt: str | tuple[int, ...] | None = None
+    """A completion's prompt as the engine receives it: its text, or its token ids (a client that
+    tokenized it), ``()`` for a batch of prompts (each its own engine request); None: not given
+    (``prompt`` is the text). engine-prefix-matches keys it."""
     chat_options: Mapping[str, Any] | None = None
     """A chat request's other inputs to the chat template as sent (``tools``, ``documents``,
     ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``,

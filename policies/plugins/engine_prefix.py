@@ -45,7 +45,7 @@ from kvgate.policies.media_prompt import Span, media_block_keys, split_media
 from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
 from kvgate.policies.pending_blocks import PendingBlocks
 from kvgate.policies.plugins.params import Params, parse_params
-from kvgate.policies.types import Endpoint, InferenceRequest
+from kvgate.policies.types import ApiKind, Endpoint, InferenceRequest
 
 
 class ChunkedTokenizer:
@@ -276,6 +276,36 @@ class EnginePrefixMatches(FeedbackPlugin):
             self._chunked = (model, ChunkedTokenizer(model.tokenizer, self._chunk_chars))
         return self._chunked[1]
 
+    def _keys(self, request: InferenceRequest, cache: EngineCacheView, size: int,
+              adapter: str | None) -> list[int] | None:
+        """The prompt's block keys as the engine has them; None where it cannot be predicted (the
+        approximate index's guess then stays): no tokenizer, a template the messages fail, a batch of
+        prompts, an API whose prompt the engine builds otherwise (Responses, embeddings)."""
+        root = chain_root(adapter, request.cache_salt)
+        prompt = request.engine_prompt
+        if request.messages is None and isinstance(prompt, tuple):  # token ids: the engine adds nothing
+            return block_keys(prompt, size, parent=root) if prompt else None
+        model = self._model or cache.tokenizer()
+        if model is None:
+            return None
+        if request.messages is None:
+            if request.api is not ApiKind.COMPLETIONS:
+                return None
+            text = prompt if isinstance(prompt, str) else request.prompt
+            return self._tokenizer(model).keys(text, size, root, held=cache.held)
+        if model.chat_template is None:
+            return None
+        try:  # vLLM renders the chat template; the text holds the BOS
+            text = model.chat_template.render(request.messages, self._placeholders, request.chat_options)
+        except ChatTemplateError:
+            return None  # the engine refuses these messages too: nothing to predict
+        media = media_items(request.messages) if self._media else []
+        if media:
+            keys = self._media_keys(model, text, media, size, root, adapter, request.cache_salt, cache.held)
+            if keys is not None:
+                return keys
+        return self._tokenizer(model).keys(text, size, root, specials=False, held=cache.held)
+
     def _media_token_ids(self, model: ModelTokenizer) -> dict[str, int]:
         """Modality → its placeholder tokens' id (given, or the placeholder's single token in the
         model's tokenizer; a modality with neither is left out: not predicted past)."""
@@ -319,27 +349,11 @@ class EnginePrefixMatches(FeedbackPlugin):
         request = ctx.request
         if cache is None or not request.prompt:
             return
-        model = self._model or cache.tokenizer()
-        if model is None:
-            return
-        text, specials = request.prompt, True
-        if request.messages is not None:  # vLLM renders the chat template; its text holds the BOS
-            if model.chat_template is None:
-                return
-            try:
-                text = model.chat_template.render(request.messages, self._placeholders, request.chat_options)
-                specials = False
-            except ChatTemplateError:
-                return  # the engine refuses these messages too: nothing to predict
         size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
-        root = chain_root(adapter, request.cache_salt)
-        media = media_items(request.messages) if self._media and request.messages is not None else []
-        keys: list[int] | None = None
-        if media:
-            keys = self._media_keys(model, text, media, size, root, adapter, request.cache_salt, cache.held)
+        keys = self._keys(request, cache, size, adapter)
         if keys is None:
-            keys = self._tokenizer(model).keys(text, size, root, specials=specials, held=cache.held)
+            return
         hashes = ctx.prefix_hashes()  # the approximate index's blocks: what in-flight requests hold
         if hashes:
             prepared = self._prepared

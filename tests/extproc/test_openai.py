@@ -271,3 +271,18 @@ def test_a_chats_template_inputs_reach_the_routing_view() -> None:
                     headers=MappingProxyType({}), body=b'{"model": "m", "messages": [{"role": "user"}]}',
                     subset=None, inject_usage=False, request_id="r")
     assert plain.request.chat_options is None
+
+
+@pytest.mark.parametrize(("prompt", "expected"), [
+    ("a text", "a text"),
+    ([1, 2, 3], (1, 2, 3)),
+    (["one text"], "one text"),
+    ([[4, 5]], (4, 5)),
+    (["a", "b"], ()),
+    ([[1], [2]], ()),
+])
+def test_a_completions_prompt_as_the_engine_receives_it(prompt: object, expected: object) -> None:
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    assert parse_request_body(ApiKind.COMPLETIONS, body).engine_prompt == expected
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    assert parse_request_body(ApiKind.CHAT_COMPLETIONS, chat).engine_prompt is None

@@ -270,3 +270,44 @@ def test_keys_asked_what_is_held_stop_after_the_held_run_and_are_a_prefix_of_the
         else:
             assert held_blocks < len(got) <= held_blocks + 20  # a 64-character piece: < 20 blocks
         assert chunked.keys(text, 16, root) == whole  # the memo, whatever was keyed piece by piece
+
+
+def test_a_prompt_sent_as_token_ids_is_keyed_as_they_are_without_a_tokenizer() -> None:
+    """A client that tokenized the prompt itself: the engine adds nothing to the ids, so neither
+    does the picker (no tokenizer needed); a batch of prompts is not predicted."""
+    import dataclasses
+
+    ids = list(range(40, 40 + 96))
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(6)), None, ids, 16)
+    s = scheduler(None, View(index, {a.address, b.address}))  # no tokenizer anywhere
+    as_ids = dataclasses.replace(request("r", " ".join(map(str, ids))), engine_prompt=(*ids, 7, 7))
+    result = s.schedule(as_ids, [a, b], NOW)
+    assert result.pick.address == a.address
+    assert result.predicted_cached_tokens == 64
+    batch = dataclasses.replace(request("r2", "a\nb"), engine_prompt=())
+    assert s.schedule(batch, [a, b], NOW).predicted_cached_tokens == 0
+
+
+def test_an_api_whose_prompt_the_engine_builds_otherwise_keeps_the_approximate_guess(
+    tokenizer_file: Path,
+) -> None:
+    """A Responses API request (vLLM turns its items into chat messages): its flattened text is not
+    what the engine tokenizes, so the followed endpoints' reports (nothing matching) must not replace
+    the approximate index's guess (before: every in-step endpoint predicted 0 for such requests)."""
+    import dataclasses
+
+    from kvgate.policies.types import ApiKind
+
+    document = " ".join(WORDS[:128])
+    a, b = view(1), view(2)
+    s = scheduler(tokenizer_file, View(EngineBlockIndex(), {a.address, b.address}))
+    s.on_picked(request("warm", document), b.endpoint, NOW)
+    s.on_finished(request("warm", document), b.endpoint, ok=True, now=NOW)
+    responses = dataclasses.replace(request("r", document + " w199"), api=ApiKind.RESPONSES)
+    guessed = s.schedule(responses, [a, b], NOW)
+    assert guessed.pick.address == b.address
+    assert (guessed.predicted_cached_tokens or 0) > 0
+    completion = request("r2", document + " w198")  # keyed: the engines report nothing there
+    assert s.schedule(completion, [a, b], NOW).predicted_cached_tokens == 0
