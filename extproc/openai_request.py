@@ -115,7 +115,7 @@ def parse_request_body(api: ApiKind, raw: bytes, *, name_media: bool = False) ->
         raise MalformedBodyError(TOO_DEEP) from None
     if not isinstance(document, dict):
         raise BadRequestError("request body must be a JSON object")
-    if b"\\ud" in raw or b"\\uD" in raw:  # a surrogate escape: rare outside emoji from ASCII clients
+    if _SURROGATE_ESCAPE.search(raw) is not None:  # rare outside emoji from ASCII clients
         _refuse_lone_surrogates(raw, document)
     model = document.get("model")
     if model is None or model == "":
@@ -169,6 +169,10 @@ def upstream_body(
     return UpstreamBody(data, rewritten=True, usage_injected=inject)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A surrogate's escape, or what looks like one after an escaped backslash (confirmed on the parsed
+document): one regular-expression pass, ~0.4 ms a megabyte of base64 against 1.6 for two substring
+searches (an image's data URL)."""
 _LONE_SURROGATE = re.compile(
     rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"  # high, no low after it
     rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # low, no high before it
@@ -346,15 +350,58 @@ def _inline_data(part: dict[str, Any]) -> str | None:
 def _part_text(part: object) -> str:
     """A non-text part as prompt text for hashing: its JSON, or for a part that names itself (vLLM's
     ``uuid``: the same item, sent with its data or without) or a long one, a stand-in that differs
-    between items and is the same for the same item."""
+    between items and is the same for the same item (a digest of its leaves, without writing the
+    part out as JSON: 2.3 ms a megabyte)."""
     uuid = part.get("uuid") if isinstance(part, dict) else None
     kind = part.get("type") if isinstance(part, dict) else None
     if isinstance(uuid, str) and uuid:
         return f"<{kind} {uuid}>"
-    text = json.dumps(part, sort_keys=True, separators=(",", ":"))
-    if len(text) <= MAX_PART_CHARS:
-        return text
-    return f"<{kind} {xxhash.xxh3_128_hexdigest(text.encode('utf-8', 'surrogatepass'))}>"
+    if _chars(part, MAX_PART_CHARS) <= MAX_PART_CHARS:
+        return json.dumps(part, sort_keys=True, separators=(",", ":"))
+    digest = xxhash.xxh3_128()
+    _digest(part, digest)
+    return f"<{kind} {digest.hexdigest()}>"
+
+
+def _chars(value: object, limit: int) -> int:
+    """About the length of ``value`` as JSON, counted until it exceeds ``limit``."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, dict):
+        total = 2
+        for key, item in value.items():
+            total += len(str(key)) + 4 + _chars(item, limit)
+            if total > limit:
+                break
+        return total
+    if isinstance(value, list):
+        total = 2
+        for item in value:
+            total += _chars(item, limit) + 1
+            if total > limit:
+                break
+        return total
+    return 8
+
+
+def _digest(value: object, digest: Any) -> None:
+    """Each leaf of ``value`` and its place (keys sorted), into ``digest``."""
+    if isinstance(value, str):
+        digest.update(b"s%d:" % len(value))
+        digest.update(value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, dict):
+        digest.update(b"{")
+        for key in sorted(value, key=str):
+            digest.update(str(key).encode("utf-8", "surrogatepass") + b"=")
+            _digest(value[key], digest)
+        digest.update(b"}")
+    elif isinstance(value, list):
+        digest.update(b"[")
+        for item in value:
+            _digest(item, digest)
+        digest.update(b"]")
+    else:
+        digest.update(repr(value).encode())
 
 
 def _max_tokens(document: dict[str, Any]) -> int | None:
