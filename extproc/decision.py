@@ -18,7 +18,7 @@ from kvgate.policies.errors import (
     NoEligibleEndpointError,
 )
 from kvgate.policies.framework import SchedulingTrace
-from kvgate.policies.types import CHAT_OPTIONS, ApiKind, EndpointView, InferenceRequest
+from kvgate.policies.types import PROMPT_OPTIONS, ApiKind, EndpointView, InferenceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ def prepare(
         headers=headers,
         messages=_messages(parsed),
         engine_prompt=parsed.engine_prompt if parsed is not None else None,
-        chat_options=_chat_options(parsed),
+        prompt_options=_prompt_options(parsed),
     )
     tenant = limiter.check(pool.name, headers) if limiter is not None else None
     return Prepared(request, upstream, rewritten, injected, known, tenant)
@@ -197,13 +197,13 @@ def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None
     return tuple(v for v in endpoints if v.address in subset or v.endpoint.host in subset)
 
 
-def _chat_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
-    """A chat request's other chat-template inputs as sent (``types.CHAT_OPTIONS``), or
-    None when it sends none."""
-    if parsed is None or parsed.api is not ApiKind.CHAT_COMPLETIONS:
+def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
+    """A completion's or chat's fields that shape the engine's prompt as sent
+    (``types.PROMPT_OPTIONS``), or None when it sends none."""
+    if parsed is None or parsed.api not in (ApiKind.CHAT_COMPLETIONS, ApiKind.COMPLETIONS):
         return None
     document = parsed.document
-    found = {key: document[key] for key in CHAT_OPTIONS if key in document}
+    found = {key: document[key] for key in PROMPT_OPTIONS if key in document}
     return MappingProxyType(found) if found else None
 
 

@@ -96,7 +96,7 @@ class ChatTemplate:
         """The prompt text of ``messages`` with the generation prompt; ChatTemplateError when the
         template refuses them or the messages are not what a template reads. ``placeholders``:
         modality → the text vLLM puts in front of a "string" template's content for one item.
-        ``options``: the request's other template inputs (``types.CHAT_OPTIONS``), as vLLM passes them:
+        ``options``: the request's other template inputs (``types.PROMPT_OPTIONS``), as vLLM passes them:
         ``tools`` as its request model dumps them, ``documents``, ``add_generation_prompt`` (default
         true), ``continue_final_message`` (the text cut after the last message's content, as
         transformers cuts it), ``chat_template_kwargs`` as further variables; a request that names

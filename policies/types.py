@@ -160,9 +160,10 @@ class EndpointSnapshot:
         return self.pools.get(pool, ())
 
 
-CHAT_OPTIONS = ("tools", "documents", "add_generation_prompt", "continue_final_message",
-                "chat_template_kwargs", "chat_template")
-"""A chat request's fields that vLLM hands to the chat template besides the messages."""
+PROMPT_OPTIONS = ("tools", "documents", "add_generation_prompt", "continue_final_message",
+                  "chat_template_kwargs", "chat_template", "add_special_tokens")
+"""A request's fields that shape the prompt vLLM builds: what it hands the chat template besides the
+messages, and whether it adds the tokenizer's special tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +199,10 @@ class InferenceRequest:
     """A completion's prompt as the engine receives it: its text, or its token ids (a client that
     tokenized it), ``()`` for a batch of prompts (each its own engine request); None: not given
     (``prompt`` is the text). engine-prefix-matches keys it."""
-    chat_options: Mapping[str, Any] | None = None
-    """A chat request's other inputs to the chat template as sent (``tools``, ``documents``,
+    prompt_options: Mapping[str, Any] | None = None
+    """The request's fields in ``PROMPT_OPTIONS`` as sent (a chat's ``tools``, ``documents``,
     ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``,
-    ``chat_template``): ``policies.model_tokenizer`` renders them as vLLM does."""
+    ``chat_template``; ``add_special_tokens``): engine-prefix-matches builds the prompt as vLLM does."""
     prefilled_elsewhere: bool = False
     """The decode half of a disaggregated request: another endpoint computes the prompt's KV, the
     endpoint this request is picked for reads it (set by ``policies.pd_scheduler``, not parsed)."""

@@ -288,23 +288,28 @@ class EnginePrefixMatches(FeedbackPlugin):
         model = self._model or cache.tokenizer()
         if model is None:
             return None
+        options = request.prompt_options or {}
         if request.messages is None:
             if request.api is not ApiKind.COMPLETIONS:
                 return None
             text = prompt if isinstance(prompt, str) else request.prompt
-            return self._tokenizer(model).keys(text, size, root, held=cache.held)
+            specials = options.get("add_special_tokens", True) is not False  # vLLM: true for completions
+            return self._tokenizer(model).keys(text, size, root, specials=specials, held=cache.held)
         if model.chat_template is None:
             return None
         try:  # vLLM renders the chat template; the text holds the BOS
-            text = model.chat_template.render(request.messages, self._placeholders, request.chat_options)
+            text = model.chat_template.render(request.messages, self._placeholders, request.prompt_options)
         except ChatTemplateError:
             return None  # the engine refuses these messages too: nothing to predict
+        # the template's text holds its BOS; add_special_tokens (false for chats) adds them again
+        specials = options.get("add_special_tokens") is True
         media = media_items(request.messages) if self._media else []
         if media:
-            keys = self._media_keys(model, text, media, size, root, adapter, request.cache_salt, cache.held)
+            keys = self._media_keys(model, text, media, (size, root, specials), adapter, request.cache_salt,
+                                    cache.held)
             if keys is not None:
                 return keys
-        return self._tokenizer(model).keys(text, size, root, specials=False, held=cache.held)
+        return self._tokenizer(model).keys(text, size, root, specials=specials, held=cache.held)
 
     def _media_token_ids(self, model: ModelTokenizer) -> dict[str, int]:
         """Modality → its placeholder tokens' id (given, or the placeholder's single token in the
@@ -320,18 +325,21 @@ class EnginePrefixMatches(FeedbackPlugin):
             self._token_ids = (model, ids)
         return self._token_ids[1]
 
-    def _media_keys(self, model: ModelTokenizer, text: str, items: list[MediaItem], size: int, root: int,
-                    adapter: str | None, salt: str | None, held: Callable[[int], bool]) -> list[int] | None:
+    def _media_keys(self, model: ModelTokenizer, text: str, items: list[MediaItem],
+                    chain: tuple[int, int, bool], adapter: str | None, salt: str | None,
+                    held: Callable[[int], bool]) -> list[int] | None:
         """A multimodal chat's keys (None: not modelled, ``media_prompt.split_media``): the text
         before the first item as any prompt's (its chunks' keys remembered, keyed only as far as
-        held), then the items' and the rest's blocks (``media_prompt.media_block_keys``)."""
+        held), then the items' and the rest's blocks (``media_prompt.media_block_keys``). ``chain``:
+        the block size, the chain's root, and whether the tokenizer's special tokens go in front."""
+        size, root, specials = chain
         token_ids = self._media_token_ids(model)
         split = split_media(text, items, self._media, token_ids)
         if split is None:
             return None
         pieces, ordered = split
         chunked = self._tokenizer(model)
-        keys, rest = chunked.keys_and_rest(pieces[0], size, root, specials=False, held=held)
+        keys, rest = chunked.keys_and_rest(pieces[0], size, root, specials=specials, held=held)
         if rest is None:
             return keys
         rest = array("I", rest)  # its own: the one returned may be a remembered chunk's

@@ -266,11 +266,11 @@ def test_a_chats_template_inputs_reach_the_routing_view() -> None:
                        headers=MappingProxyType({}), body=json.dumps(body).encode(), subset=None,
                        inject_usage=False, request_id="r")
     kwargs = {"enable_thinking": False}
-    assert prepared.request.chat_options == {"tools": tools, "chat_template_kwargs": kwargs}
+    assert prepared.request.prompt_options == {"tools": tools, "chat_template_kwargs": kwargs}
     plain = prepare(pool=FakePool("p", ("10.0.0.1:8000",)), api=ApiKind.CHAT_COMPLETIONS,
                     headers=MappingProxyType({}), body=b'{"model": "m", "messages": [{"role": "user"}]}',
                     subset=None, inject_usage=False, request_id="r")
-    assert plain.request.chat_options is None
+    assert plain.request.prompt_options is None
 
 
 @pytest.mark.parametrize(("prompt", "expected"), [

@@ -1,7 +1,8 @@
-"""A chat request's other chat-template inputs (``tools``, ``documents``, ``add_generation_prompt``,
-``continue_final_message``, ``chat_template_kwargs``) rendered as vLLM renders them: before, kvgate
-rendered every chat without them, so a request with tools (whose definitions a Llama-3.1 or Qwen
-template puts in front of the conversation) matched nothing the engines reported."""
+"""A request's fields that shape the engine's prompt, as vLLM builds it: a chat's other
+chat-template inputs (``tools``, ``documents``, ``add_generation_prompt``, ``continue_final_message``,
+``chat_template_kwargs``), and ``add_special_tokens``. Before, kvgate rendered every chat without
+them, so a request with tools (whose definitions a Llama-3.1 or Qwen template puts in front of the
+conversation) matched nothing the engines reported."""
 
 from __future__ import annotations
 
@@ -81,9 +82,40 @@ def test_a_request_with_tools_matches_what_the_engine_stored_for_it(model: Model
 
     def predicted(options: dict[str, Any] | None) -> int:
         messages = [*history, {"role": "assistant", "content": "no"}, {"role": "user", "content": "sure?"}]
-        chat = dataclasses.replace(request("r", "flattened"), messages=messages, chat_options=options)
+        chat = dataclasses.replace(request("r", "flattened"), messages=messages, prompt_options=options)
         result = s.schedule(chat, [a, b], NOW)
         return (result.predicted_cached_tokens or 0) if result.pick.address == a.address else 0
 
     assert predicted({"tools": tools}) >= (whole - 4) * 16
     assert predicted(None) == 0  # the tools were in front: nothing else matches
+
+
+def test_add_special_tokens_as_vllm_defaults_it_per_api(tmp_path: Path) -> None:
+    """vLLM adds the tokenizer's special tokens (a BOS) to a completion's prompt unless
+    ``add_special_tokens`` is false, and to a rendered chat only when it is true."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from tokenizers.processors import TemplateProcessing
+
+    words = [f"w{i}" for i in range(100)]
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[BOS]", *words])}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    tokenizer.post_processor = TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 1)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    bos = ModelTokenizer.load(tmp_path / "tokenizer.json")
+    text = " ".join(words[:64])
+    with_bos = bos.tokenizer.encode(text).ids
+    assert with_bos[0] == 1
+    a, b = view(1), view(2)
+    index = EngineBlockIndex()
+    index.stored(a.address, list(range(4)), None, with_bos[:64], 16)
+    index.stored(b.address, [10, 11, 12, 13], None, with_bos[1:65], 16)  # the same prompt without it
+    document = dict(read_profile_document("default"))
+    s = ProfileScheduler(build_profile(yaml.safe_load(yaml.safe_dump(document))), rng=random.Random(1),
+                         engine_cache=View(index, {a.address, b.address}, bos))
+    default = request("r1", text + " w99")
+    assert s.schedule(default, [a, b], NOW).pick.address == a.address
+    without = dataclasses.replace(request("r2", text + " w98"), prompt_options={"add_special_tokens": False})
+    assert s.schedule(without, [a, b], NOW).pick.address == b.address
