@@ -101,26 +101,6 @@ def string_content(content: object, placeholders: Mapping[str, str]) -> object:
     return "\n".join([*missing, text]) if missing else text
 
 
-def openai_content(content: object) -> object:
-    """A message's content as vLLM gives an "openai" template: a list of ``{"type": "text",
-    "text": ...}`` and ``{"type": <modality>}`` parts (a string is one text part, None none)."""
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        return content
-    parts: list[dict[str, str]] = []
-    for part in content:
-        if isinstance(part, str):
-            parts.append({"type": "text", "text": part})
-        elif is_media_part(part):
-            parts.append({"type": MEDIA_PART_TYPES[part["type"]]})
-        elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-    return parts
-
-
 def detect_content_format(source: str) -> ContentFormat:
     """"openai" when the template loops over a message's content (as vLLM's detection decides:
     a ``for`` over ``...['content']`` or ``....content``), else "string"."""

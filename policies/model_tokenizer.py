@@ -10,10 +10,12 @@ from ``tokenizer_config.json``.
 The chat template is rendered as transformers' ``apply_chat_template`` renders it for vLLM: a
 sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
 extension, ``raise_exception``, ``strftime_now`` and a ``tojson`` filter that keeps non-ASCII text,
-``add_generation_prompt`` true. Content parts are given as vLLM gives them (``policies.media``): a
-template that loops over a message's content (the "openai" content format) sees the parts, text and
-``{"type": "image"}``-like media parts; any other sees text parts joined with newlines (the "string"
-format), with the model's media placeholders in front where the profile names them. The rendered
+``add_generation_prompt`` true. The messages are given as vLLM gives them
+(``policies.chat_messages``): each rebuilt from its role, content and the few fields vLLM keeps, a
+tool call's arguments parsed; content parts as vLLM's content format for the template has them (a
+template that loops over a message's content, the "openai" format, sees text and
+``{"type": "image"}``-like parts; any other, text parts joined with newlines, with the model's media
+placeholders in front where the profile names them). The rendered
 text already holds the template's BOS, so chat prompts are tokenized without the tokenizer's own
 special tokens, as vLLM does.
 """
@@ -31,8 +33,9 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from kvgate.policies.chat_messages import vllm_conversation
 from kvgate.policies.errors import ConfigError
-from kvgate.policies.media import detect_content_format, openai_content, string_content
+from kvgate.policies.media import detect_content_format
 
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                        "mask_token")
@@ -104,12 +107,10 @@ class ChatTemplate:
         options = options or {}
         if options.get("chat_template") is not None:
             raise ChatTemplateError("the request names its own chat template")
-        if self.content_format == "openai":
-            converted = [{**message, "content": openai_content(message.get("content"))}
-                         for message in messages]
-        else:
-            converted = [{**message, "content": string_content(message.get("content"), placeholders or {})}
-                         for message in messages]
+        try:
+            converted = vllm_conversation(messages, self.content_format, placeholders or {})
+        except ValueError as exc:  # a part vLLM refuses (its 400)
+            raise ChatTemplateError(str(exc)) from exc
         tools = options.get("tools")
         continue_final = options.get("continue_final_message") is True
         add_generation_prompt = options.get("add_generation_prompt", True) is not False and not continue_final

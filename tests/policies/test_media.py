@@ -25,7 +25,6 @@ from kvgate.policies.media import (
     MediaTokens,
     detect_content_format,
     media_items,
-    openai_content,
     string_content,
 )
 from kvgate.policies.media_prompt import media_block_keys, media_prompt_tokens
@@ -88,10 +87,15 @@ def test_string_content_puts_missing_placeholders_in_front_joined_by_newlines() 
 
 
 def test_openai_content_gives_the_template_typed_parts() -> None:
-    assert openai_content([text("a"), image(), "b"]) == [
+    from kvgate.policies.chat_messages import vllm_conversation
+
+    def content(value: object) -> object:
+        return vllm_conversation([{"role": "user", "content": value}], "openai", {})[0]["content"]
+
+    assert content([text("a"), image(), "b"]) == [
         {"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]
-    assert openai_content("plain") == [{"type": "text", "text": "plain"}]
-    assert openai_content(None) == []
+    assert content("plain") == [{"type": "text", "text": "plain"}]
+    assert content(None) == []
 
 
 def test_media_items_are_in_prompt_order_with_the_clients_uuids() -> None:
