@@ -161,7 +161,7 @@ class EndpointSnapshot:
 
 
 PROMPT_OPTIONS = ("tools", "documents", "add_generation_prompt", "continue_final_message",
-                  "chat_template_kwargs", "chat_template", "add_special_tokens")
+                  "chat_template_kwargs", "chat_template", "add_special_tokens", "truncate_prompt_tokens")
 """A request's fields that shape the prompt vLLM builds: what it hands the chat template besides the
 messages, and whether it adds the tokenizer's special tokens."""
 

@@ -282,13 +282,15 @@ class EnginePrefixMatches(FeedbackPlugin):
         approximate index's guess then stays): no tokenizer, a template the messages fail, a batch of
         prompts, an API whose prompt the engine builds otherwise (Responses, embeddings)."""
         root = chain_root(adapter, request.cache_salt)
+        options = request.prompt_options or {}
+        if options.get("truncate_prompt_tokens") is not None:
+            return None  # the engine keeps the prompt's last tokens: other blocks than its start's
         prompt = request.engine_prompt
         if request.messages is None and isinstance(prompt, tuple):  # token ids: the engine adds nothing
             return block_keys(prompt, size, parent=root) if prompt else None
         model = self._model or cache.tokenizer()
         if model is None:
             return None
-        options = request.prompt_options or {}
         if request.messages is None:
             if request.api is not ApiKind.COMPLETIONS:
                 return None

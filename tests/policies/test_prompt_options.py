@@ -119,3 +119,20 @@ def test_add_special_tokens_as_vllm_defaults_it_per_api(tmp_path: Path) -> None:
     assert s.schedule(default, [a, b], NOW).pick.address == a.address
     without = dataclasses.replace(request("r2", text + " w98"), prompt_options={"add_special_tokens": False})
     assert s.schedule(without, [a, b], NOW).pick.address == b.address
+
+
+def test_a_truncated_prompt_is_left_to_the_approximate_index(tmp_path: Path) -> None:
+    """vLLM keeps the last ``truncate_prompt_tokens`` tokens: the blocks are not the prompt's, so the
+    followed endpoints' reports must not replace the approximate guess."""
+    from tests.policies.test_engine_prefix import scheduler as plain_scheduler
+
+    model = ModelTokenizer.load(model_dir(tmp_path, {"chat_template": TEMPLATE}))
+    document = "the and for are but not " * 40
+    a, b = view(1), view(2)
+    s = plain_scheduler(None, View(EngineBlockIndex(), {a.address, b.address}, model))
+    s.on_picked(request("warm", document), b.endpoint, NOW)
+    s.on_finished(request("warm", document), b.endpoint, ok=True, now=NOW)
+    options = {"truncate_prompt_tokens": 50}
+    truncated = dataclasses.replace(request("r", document + " you"), prompt_options=options)
+    assert (s.schedule(truncated, [a, b], NOW).predicted_cached_tokens or 0) > 0
+    assert s.schedule(request("r2", document + " all"), [a, b], NOW).predicted_cached_tokens == 0
