@@ -9,15 +9,15 @@ from ``tokenizer_config.json``.
 
 The chat template is rendered as transformers' ``apply_chat_template`` renders it for vLLM: a
 sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
-extension, ``raise_exception``, ``strftime_now`` and a ``tojson`` filter that keeps non-ASCII text,
-``add_generation_prompt`` true. The messages are given as vLLM gives them
-(``policies.chat_messages``): each rebuilt from its role, content and the few fields vLLM keeps, a
-tool call's arguments parsed; content parts as vLLM's content format for the template has them (a
-template that loops over a message's content, the "openai" format, sees text and
-``{"type": "image"}``-like parts; any other, text parts joined with newlines, with the model's media
-placeholders in front where the profile names them). The rendered
-text already holds the template's BOS, so chat prompts are tokenized without the tokenizer's own
-special tokens, as vLLM does.
+extension and transformers' ``{% generation %}`` blocks, ``raise_exception``, ``strftime_now`` and
+a ``tojson`` filter that keeps non-ASCII text, ``add_generation_prompt`` true. The messages are
+given as vLLM gives them (``policies.chat_messages``): each rebuilt from its role, content and the
+few fields vLLM keeps, a tool call's arguments parsed; content parts as vLLM's content format for
+the template has them (a template that loops over a message's content, the "openai" format, sees
+text and ``{"type": "image"}``-like parts; any other, text parts joined with newlines, with the
+model's media placeholders in front where the profile names them). The rendered text already holds
+the template's BOS, so chat prompts are tokenized without the tokenizer's own special tokens, as
+vLLM does.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -75,9 +78,21 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlocks(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (transformers' ``AssistantTracker``, which marks the
+    assistant's tokens for training masks): rendered as its body, as transformers renders it."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's Extension declares it so)
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols", _GenerationBlocks])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

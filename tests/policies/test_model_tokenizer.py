@@ -85,3 +85,14 @@ def test_what_cannot_load_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read"):
         ModelTokenizer.load(tmp_path)
+
+
+def test_transformers_generation_blocks_render_their_body(tmp_path: Path) -> None:
+    """``{% generation %}`` (transformers' assistant tracker): a template using it loads and renders
+    as transformers renders it (it refused to compile before)."""
+    template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}"
+                "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}|{% endfor %}")
+    model = ModelTokenizer.load(model_dir(tmp_path, {"chat_template": template}))
+    assert model.chat_template is not None
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert model.chat_template.render(chat) == "a|b|"
