@@ -4,8 +4,8 @@ never a network call).
 ``ModelTokenizer.load(path)`` takes a Hugging Face ``tokenizer.json`` or a model directory as vLLM
 reads it: ``tokenizer.json`` for the tokens, the chat template from ``chat_template.jinja`` (newer
 transformers) or ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named ones:
-``default`` is taken), the special tokens the template names (``bos_token``, ``eos_token``, ...)
-from ``tokenizer_config.json``.
+``default`` is taken), else a multimodal model's processor template (``chat_template.json``); the
+special tokens the template names (``bos_token``, ``eos_token``, ...) from ``tokenizer_config.json``.
 
 The chat template is rendered as transformers' ``apply_chat_template`` renders it for vLLM: a
 sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
@@ -174,6 +174,19 @@ class ModelTokenizer:
         return ModelTokenizer(tokenizer, _chat_template(directory), str(where))
 
 
+def _processor_template(path: Path) -> str | None:
+    """A multimodal model's processor template (``chat_template.json``), which vLLM takes when the
+    tokenizer has none."""
+    if not path.is_file():
+        return None
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {str(path)!r}: {exc}") from exc
+    source = loaded.get("chat_template") if isinstance(loaded, dict) else None
+    return source if isinstance(source, str) else None
+
+
 def _chat_template(directory: Path) -> ChatTemplate | None:
     config_path = directory / "tokenizer_config.json"
     config: dict[str, Any] = {}
@@ -191,6 +204,8 @@ def _chat_template(directory: Path) -> ChatTemplate | None:
     if isinstance(source, list):  # named templates: the default one
         named = {item.get("name"): item.get("template") for item in source if isinstance(item, dict)}
         source = named.get("default")
+    if not isinstance(source, str) or not source:
+        source = _processor_template(directory / "chat_template.json")
     if not isinstance(source, str) or not source:
         return None
     special: dict[str, str] = {}

@@ -96,3 +96,14 @@ def test_transformers_generation_blocks_render_their_body(tmp_path: Path) -> Non
     assert model.chat_template is not None
     chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert model.chat_template.render(chat) == "a|b|"
+
+
+def test_a_multimodal_models_processor_template_is_taken_when_the_tokenizer_has_none(tmp_path: Path) -> None:
+    processor = {"chat_template": "P{{ messages[0]['content'] }}"}
+    (tmp_path / "chat_template.json").write_text(json.dumps(processor))
+    model = ModelTokenizer.load(model_dir(tmp_path, {}))
+    assert model.chat_template is not None
+    assert model.chat_template.render([{"role": "user", "content": "x"}]) == "Px"
+    tokenizers_own = ModelTokenizer.load(model_dir(tmp_path, {"chat_template": "T"}))
+    assert tokenizers_own.chat_template is not None
+    assert tokenizers_own.chat_template.render([{"role": "user", "content": "x"}]) == "T"
