@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvgate.policies.media import MEDIA_PART_TYPES, ContentFormat, string_content
+from kvgate.policies.media import MEDIA_PART_TYPES, ContentFormat, is_media_part, string_content
 
 TEXT_PART_KEYS: Mapping[str, str] = {"text": "text", "input_text": "text", "output_text": "text",
                                      "refusal": "refusal", "thinking": "thinking"}
@@ -57,8 +57,11 @@ def _message(message: Mapping[str, Any], content_format: ContentFormat,
     out: dict[str, Any] = {"role": role} if "role" in message else {}  # (vLLM refuses a message without)
     out["content"] = _content(message.get("content"), content_format, placeholders)
     if role == "assistant":
-        if message.get("tool_calls") is not None:
-            out["tool_calls"] = list(message["tool_calls"])
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise ValueError("tool_calls must be a list")  # vLLM's request model refuses it
+            out["tool_calls"] = list(calls)
         reasoning = message.get("reasoning")
         if reasoning is not None:
             out["reasoning"] = out["reasoning_content"] = reasoning
@@ -100,7 +103,7 @@ def _content(content: object, content_format: ContentFormat, placeholders: Mappi
             if not isinstance(text, str):
                 raise ValueError(f"a {kind} part's text must be a string")
             items.append({"type": "text", "text": text})
-        elif kind in MEDIA_PART_TYPES:
+        elif is_media_part(part):
             items.append(part)
         else:
             raise ValueError(f"a content part vLLM does not take: {kind!r}")

@@ -62,7 +62,11 @@ class MediaTokens:
 
 
 def is_media_part(part: object) -> bool:
-    return isinstance(part, Mapping) and part.get("type") in MEDIA_PART_TYPES
+    """A content part that carries a media item (its ``type`` a string: a client may send anything)."""
+    if not isinstance(part, Mapping):
+        return False
+    kind = part.get("type")
+    return isinstance(kind, str) and kind in MEDIA_PART_TYPES
 
 
 def media_items(messages: Sequence[Mapping[str, Any]]) -> list[MediaItem]:

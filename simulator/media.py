@@ -48,6 +48,8 @@ def image_identifiers(messages: Sequence[Mapping[str, Any]]) -> list[str]:
             if not isinstance(part, Mapping):
                 continue
             kind = part.get("type")
+            if not isinstance(kind, str):
+                continue  # (a client may send anything: not a media part)
             if kind in _OTHER_MEDIA:
                 raise MediaError(f"the simulated model takes no {_OTHER_MEDIA[kind]} input")
             if kind not in _IMAGE_PARTS:

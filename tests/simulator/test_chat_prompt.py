@@ -4,13 +4,16 @@ against the picker's rendering of the simulated model's template (``policies.mod
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.file_tokenizer import BUNDLED
 from kvgate.simulator.tokenizer import encode
+from tests.policies.test_engine_prefix_fuzz import bodies as chat_bodies
 
 
 def test_the_generation_prompt_and_a_continued_final_message_as_vllm_renders_them() -> None:
@@ -31,3 +34,15 @@ def test_the_generation_prompt_and_a_continued_final_message_as_vllm_renders_the
         with pytest.raises(api.ApiError) as err:
             api.chat_prompt({"messages": chat, **both})
         assert err.value.status == 400
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chat_bodies)
+def test_any_chat_body_is_parsed_or_refused_with_a_400(body: dict[str, Any]) -> None:
+    """Whatever its messages, parts, tool calls and options hold (the picker's fuzz strategies)."""
+    status = 200
+    try:
+        api.parse_inference("chat", body, "m")
+    except api.ApiError as err:
+        status = err.status
+    assert status in (200, 400)
