@@ -93,3 +93,23 @@ def test_any_admitted_chat_is_scheduled(body: dict[str, Any]) -> None:
         return  # refused by the gateway (a 4xx): never reaches the picker
     result = SCHEDULER.schedule(prepared.request, [view(1), view(2)], NOW)
     assert result.pick is not None
+
+
+completion_bodies = st.fixed_dictionaries(
+    {"model": st.just("m"),
+     "prompt": st.text(max_size=40) | st.lists(st.integers(0, 200_000), max_size=40)
+     | st.lists(st.text(max_size=10) | st.lists(st.integers(0, 50), max_size=5), max_size=3) | json_values},
+    optional={"add_special_tokens": json_values, "truncate_prompt_tokens": json_values,
+              "cache_salt": json_values})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(completion_bodies)
+def test_any_admitted_completion_is_scheduled(body: dict[str, Any]) -> None:
+    try:
+        prepared = prepare(pool=FakePool("p", ("10.0.0.1:8000",)), api=ApiKind.COMPLETIONS,
+                           headers=MappingProxyType({}), body=json.dumps(body).encode(), subset=None,
+                           inject_usage=False, request_id="r")
+    except KvgateError:
+        return
+    assert SCHEDULER.schedule(prepared.request, [view(1), view(2)], NOW).pick is not None
