@@ -127,7 +127,7 @@ def test_chunked_tokenization_equals_the_whole_texts_and_reuses_shared_prefixes(
     """On the repository's byte-level BPE tokenizer: the chunks' ids joined are the whole text's, for
     texts with punctuation, double spaces, newlines and long words; a second prompt sharing the
     first's prefix tokenizes only what follows it."""
-    from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
+    from kvgate.policies.chunked_tokenizer import ChunkedTokenizer
 
     path = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(path))
@@ -156,8 +156,8 @@ def test_chunked_tokenization_equals_the_whole_texts_and_reuses_shared_prefixes(
 def test_keys_by_remembered_chunks_equal_the_keys_of_the_whole_texts_tokens() -> None:
     """``ChunkedTokenizer.keys``: the same keys as ``block_keys`` over the whole text's ids, for any
     chunking, root (adapter, salt) and block size, memo warm or cold."""
+    from kvgate.policies.chunked_tokenizer import ChunkedTokenizer
     from kvgate.policies.engine_blocks import chain_root
-    from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
 
     path = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(path))
@@ -249,8 +249,8 @@ def test_keys_asked_what_is_held_stop_after_the_held_run_and_are_a_prefix_of_the
     and at most a piece further (its unshared tail is not tokenized; a prompt nobody holds, one
     piece); what was keyed piece by piece is remembered as the whole chunk's keys (a later call
     without ``held`` gives the whole text's keys)."""
+    from kvgate.policies.chunked_tokenizer import ChunkedTokenizer
     from kvgate.policies.engine_blocks import chain_root
-    from kvgate.policies.plugins.engine_prefix import ChunkedTokenizer
 
     path = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(path))

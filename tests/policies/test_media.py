@@ -31,6 +31,7 @@ from kvgate.policies.media_prompt import media_block_keys, media_prompt_tokens
 from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.policies.profile import build_profile, read_profile_document
 from kvgate.policies.scheduler import ProfileScheduler
+from kvgate.policies.types import InferenceRequest
 from tests.policies.helpers import NOW, request, view
 from tests.policies.test_engine_prefix import View
 
@@ -242,3 +243,45 @@ def test_media_parameters_are_checked() -> None:
     blueprint = EnginePrefixBlueprint.from_parameters(
         {"media": {"image": {"placeholder": "<image>", "tokens": 576, "token_id": 32000}}})
     assert blueprint.media == {"image": MediaTokens("<image>", 576, 32000)}
+
+
+def chat_request(rid: str, messages: list[dict[str, Any]]) -> InferenceRequest:
+    """A chat request as the gateway builds it (its prompt the messages flattened, images as digests)."""
+    from kvgate.extproc.openai_request import parse_request_body
+    from kvgate.policies.types import ApiKind
+
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    prompt = parse_request_body(ApiKind.CHAT_COMPLETIONS, body).prompt
+    return dataclasses.replace(request(rid, prompt), messages=messages)
+
+
+@pytest.mark.parametrize("media", [{"image": {"placeholder": "<image>", "tokens": IMAGE_TOKENS}}, {}],
+                         ids=["unnamed image", "modality not modelled"])
+def test_past_an_item_kvgate_cannot_key_the_approximate_guess_still_counts(
+        model_dir: Path, media: dict[str, Any]) -> None:
+    """An image without a name (or a modality the profile does not name): the engines' report says
+    who holds the conversation up to it, the approximate index (which kvgate keeps from its own
+    picks, the image as a digest) who holds it past it. An endpoint that holds all kvgate can key
+    keeps the approximate index's longer guess; before, the report replaced it and the turn lost
+    its affinity past the image."""
+    model = ModelTokenizer.load(model_dir)
+    template = model.chat_template
+    assert template is not None
+    history = conversation(image())  # no uuid
+    a, b = view(1), view(2)
+    index = EngineBlockIndex()
+    s = scheduler(View(index, {a.address, b.address}, model), media)
+    rendered = template.render(history, {"image": "<image>"}, {"add_generation_prompt": False})
+    before = rendered[:rendered.index("<image>")]  # the engine's prompt up to the image
+    tokens = model.tokenizer.encode(before, add_special_tokens=False).ids
+    whole = len(tokens) // 16
+    for endpoint in (a, b):  # both hold the conversation up to the image, as their engines report
+        hashes = [(endpoint.address, i) for i in range(whole)]
+        index.stored(endpoint.address, hashes, None, tokens[:whole * 16], 16)
+    warm = chat_request("warm", history)
+    s.on_picked(warm, b.endpoint, NOW)  # kvgate sent the conversation to b: its approximate index knows
+    s.on_finished(warm, b.endpoint, ok=True, now=NOW)
+    chat = chat_request("r", [*history, {"role": "user", "content": "and the crews"}])
+    result = s.schedule(chat, [a, b], NOW)
+    assert result.pick.address == b.address
+    assert (result.predicted_cached_tokens or 0) > whole * 16
