@@ -13,7 +13,7 @@ from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.file_tokenizer import BUNDLED
 from kvgate.simulator.tokenizer import encode
-from tests.policies.test_engine_prefix_fuzz import bodies as chat_bodies
+from tests.extproc.test_picker_prompt_fuzz import bodies as chat_bodies
 
 
 def test_the_generation_prompt_and_a_continued_final_message_as_vllm_renders_them() -> None:
