@@ -92,6 +92,17 @@ class SchedulingContext:
             self._matches = self.state.prefix_match(hashes) if hashes else {}
         return self._matches
 
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens as the plugins should count them: the request's estimate from its
+        text, or, where the engines report holding more of it than that (the estimate counts
+        characters; a chat template's tools, headers and an image's placeholder tokens it cannot
+        see), what they hold. An estimate below what an endpoint holds made every endpoint that
+        holds at least the estimate look fully cached, and their differences vanish."""
+        estimate = self.request.prompt_tokens_estimate
+        matches = self.prefix_matches() if estimate else {}
+        held = max(matches.values(), default=0) * self.tokens_per_block
+        return held if held > estimate else estimate
+
 
 @runtime_checkable
 class Filter(Protocol):

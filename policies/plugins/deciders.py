@@ -65,7 +65,7 @@ class PrefixBasedDecider:
 
     def non_cached(self, ctx: SchedulingContext, decode: EndpointView, arriving_blocks: int = 0) -> int:
         """The prompt tokens ``decode`` would have to compute itself (estimated)."""
-        prompt = ctx.request.prompt_tokens_estimate
+        prompt = ctx.prompt_tokens()
         if not prompt:
             return 0
         blocks = ctx.prefix_matches().get(decode.address, 0)
@@ -122,5 +122,5 @@ class ConditionalDecider(PrefixBasedDecider):
         remote = prefill_ctx.ttft_estimates.get(prefill) if prefill_ctx.ttft_estimates else None
         if local is None or remote is None:
             return True
-        transfer = p.transfer_latency_s + p.transfer_s_per_token * ctx.request.prompt_tokens_estimate
+        transfer = p.transfer_latency_s + p.transfer_s_per_token * ctx.prompt_tokens()
         return local + p.min_saving_s * p.time_scale >= remote + transfer * p.time_scale

@@ -165,7 +165,7 @@ class EstimatedTtftScorer:
         """Cost per endpoint in seconds, in order: the estimated TTFT, times the externality factor
         when ``delay_externality`` is set (one pass; the hot path of ``default``)."""
         p = self.params
-        prompt_tokens = ctx.request.prompt_tokens_estimate
+        prompt_tokens = ctx.prompt_tokens()
         tokens_per_block = ctx.tokens_per_block
         matches = ctx.prefix_matches() if prompt_tokens else {}
         uncached_on = {  # this request's prefill per endpoint holding part of its prompt (a few)

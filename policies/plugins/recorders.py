@@ -101,7 +101,8 @@ class InflightRecorder(FeedbackPlugin):
     def _count(self, request: InferenceRequest, address: str) -> None:
         tokens = 0 if request.prefilled_elsewhere else request.prompt_tokens_estimate
         matches = self._matches.get(request.request_id)
-        if matches is not None and tokens:
+        if matches is not None and tokens:  # (the prompt at least as long as held: ctx.prompt_tokens)
+            tokens = max(tokens, max(matches.values(), default=0) * self._tokens_per_block)
             tokens = max(0, tokens - matches.get(address, 0) * self._tokens_per_block)
         self._state.inflight_add(request.request_id, address, tokens)
         self._prefilling[request.request_id] = address

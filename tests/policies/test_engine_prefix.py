@@ -311,3 +311,21 @@ def test_an_api_whose_prompt_the_engine_builds_otherwise_keeps_the_approximate_g
     assert (guessed.predicted_cached_tokens or 0) > 0
     completion = request("r2", document + " w198")  # keyed: the engines report nothing there
     assert s.schedule(completion, [a, b], NOW).predicted_cached_tokens == 0
+
+
+def test_an_engine_holding_more_than_the_text_estimate_still_tells_endpoints_apart() -> None:
+    """A prompt's text estimate (its characters / 4) can be shorter than what the engines report
+    holding (a template's tools and headers, image tokens, a client's token ids): every endpoint
+    holding at least the estimate looked fully cached, and the one holding more lost its edge. The
+    plugins now count the prompt as at least what an endpoint holds (``ctx.prompt_tokens``)."""
+    import dataclasses
+
+    ids = list(range(500, 500 + 200))
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    index.stored(a.address, list(range(12)), None, ids[:192], 16)
+    index.stored(b.address, [100 + i for i in range(4)], None, ids[:64], 16)
+    s = scheduler(None, View(index, {a.address, b.address}))
+    for i in range(10):
+        short_text = dataclasses.replace(request(f"r{i}", "a few words " * 4), engine_prompt=(*ids, i))
+        assert s.schedule(short_text, [a, b], NOW).pick.address == a.address
