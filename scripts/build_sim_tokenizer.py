@@ -10,7 +10,8 @@ space, so that text is ~4 characters per token here as under the simulator's own
 Run it to regenerate the file: ``python scripts/build_sim_tokenizer.py``; nothing downloads anything.
 
 It writes ``tokenizer_config.json`` beside it: the simulated model's chat template in Jinja (the
-Llama-3 layout the simulator renders chats with, ``simulator.tokenizer.render_chat``; a test checks
+Llama-3 layout the simulator renders chats with, ``simulator.tokenizer.render_chat``, with
+Llama-3.1's way of putting tools in front and tool calls after ``<|python_tag|>``; a test checks
 both give the same text), as a model directory carries it for vLLM and for a router.
 """
 
@@ -27,9 +28,14 @@ from kvgate.simulator.tokenizer import WORDS
 OUT = Path(__file__).resolve().parents[1] / "simulator" / "data" / "tokenizer.json"
 CONFIG = OUT.with_name("tokenizer_config.json")
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
+    "{{ bos_token }}{% if tools %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\n\nTools: ' + (tools | tojson) + '<|eot_id|>' }}"
+    "{% endif %}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message.get('role', 'user') + '<|end_header_id|>\n\n' }}"
-    "{{ message['content'] if message['content'] is not none else '' }}{{ '<|eot_id|>' }}"
+    "{{ message['content'] if message['content'] is not none else '' }}"
+    "{% if message.get('tool_calls') %}{% for call in message['tool_calls'] %}"
+    "{{ '<|python_tag|>' + ({'name': call['function']['name'], 'parameters': call['function']['arguments']}"
+    " | tojson) }}{% endfor %}{% endif %}{{ '<|eot_id|>' }}"
     "{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )

@@ -160,15 +160,38 @@ def chat_prompt_media(body: Mapping[str, Any], encode: Encode = encode_direct,
     if continued and generation:  # vLLM's check when both are sent, transformers' when one is default
         raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                        "continue_final_message")
+    tools = vllm_tools(body.get("tools"))
     try:
         images = image_identifiers(messages)
         if images:
             messages = [{**m, "content": with_placeholders(m.get("content"))} for m in messages]
         rendered = tokenizer.render_chat(messages, add_generation_prompt=generation and not continued,
-                                         continue_final_message=continued)
+                                         continue_final_message=continued, tools=tools)
         return expand_images(rendered, images, encode, image_tokens) if images else (encode(rendered), ())
     except (MediaError, ValueError) as exc:
         raise ApiError(400, str(exc), "messages") from exc
+
+
+def vllm_tools(value: object) -> list[dict[str, Any]] | None:
+    """A chat's ``tools`` as vLLM's request model dumps them for the template (``type``, then
+    ``function`` with ``name``, ``description``, ``parameters``, ``strict``, None where absent, a
+    client's own fields after them); a 400 for what that model refuses."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ApiError(400, "'tools' must be a list", "tools")
+    dumped: list[dict[str, Any]] = []
+    for tool in value:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, "each tool needs a 'function' with a 'name'", "tools")
+        declared = {"name": function["name"], "description": function.get("description"),
+                    "parameters": function.get("parameters"), "strict": function.get("strict")}
+        extra = {k: v for k, v in function.items() if k not in declared}
+        entry: dict[str, Any] = {"type": tool.get("type", "function"), "function": {**declared, **extra}}
+        entry.update({k: v for k, v in tool.items() if k not in entry})
+        dumped.append(entry)
+    return dumped
 
 
 def _is_token_id(value: object) -> bool:

@@ -22,6 +22,7 @@ Rules (stable across releases; tests rely on them):
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -83,20 +84,36 @@ def _content_text(content: object) -> str:
 
 
 def render_chat(messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> str:
+                continue_final_message: bool = False, tools: Sequence[object] | None = None) -> str:
     """The Llama-3 chat template text of ``messages``, ending with the assistant header (vLLM's
     ``add_generation_prompt``, true unless the request says otherwise), or, with
     ``continue_final_message``, cut after the last message's content (stripped), as transformers
     cuts it for vLLM.
 
     Content may be a string or a list of OpenAI content parts (only text parts count, joined with
-    newlines as vLLM joins them for a text-only model).
+    newlines as vLLM joins them for a text-only model). As Llama 3.1 does, ``tools`` (already as
+    vLLM dumps them: ``openai_api.vllm_tools``) go in front in a system block, and an assistant
+    message's tool calls after its content, each ``<|python_tag|>`` and ``{"name", "parameters"}``
+    (its arguments parsed, as vLLM parses them before the template).
     """
     out = ["<|begin_of_text|>"]
+    if tools:
+        listed = json.dumps(list(tools), ensure_ascii=False)
+        out.append(f"<|start_header_id|>system<|end_header_id|>\n\nTools: {listed}<|eot_id|>")
     for message in messages:
         role = message.get("role", "user")
         out.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n")
         out.append(_content_text(message.get("content")))
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls is not None and not isinstance(calls, list):
+            raise ValueError("tool_calls must be a list")
+        if calls:
+            for call in calls:
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if not isinstance(function, Mapping):
+                    raise ValueError("a tool call without a function")
+                called = {"name": function.get("name"), "parameters": _arguments(function.get("arguments"))}
+                out.append("<|python_tag|>" + json.dumps(called, ensure_ascii=False))
         out.append("<|eot_id|>")
     if continue_final_message:
         text = "".join(out)
@@ -107,3 +124,14 @@ def render_chat(messages: Sequence[Mapping[str, object]], *, add_generation_prom
     if add_generation_prompt:
         out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(out)
+
+
+def _arguments(value: object) -> object:
+    """A tool call's arguments as vLLM hands them to the template: a JSON string parsed (invalid:
+    ``{}``), anything but an object or array ``{}``."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict | list) else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,33 @@ def test_a_multimodal_models_processor_template_is_taken_when_the_tokenizer_has_
     tokenizers_own = ModelTokenizer.load(model_dir(tmp_path, {"chat_template": "T"}))
     assert tokenizers_own.chat_template is not None
     assert tokenizers_own.chat_template.render([{"role": "user", "content": "x"}]) == "T"
+
+
+AGENT_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}},
+               {"type": "function", "function": {"name": "search", "description": "the web", "x": 1}}]
+AGENT_CHAT: list[dict[str, Any]] = [
+    {"role": "system", "content": "you are an agent"},
+    {"role": "user", "content": "weather in Oslo?"},
+    {"role": "assistant", "content": None, "refusal": None,
+     "tool_calls": [
+         {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}},
+         {"id": "c2", "type": "function", "function": {"name": "search", "arguments": "not json"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "rain"}]},
+    {"role": "assistant", "content": "it rains", "tool_calls": []},
+]
+
+
+def test_the_simulated_models_template_renders_tools_and_calls_as_the_simulator_does() -> None:
+    """The simulated model's template and the simulator's own rendering (each its own code: the
+    picker's ``chat_messages`` and ``vllm_tool``, the simulator's ``vllm_tools`` and argument
+    parsing) agree on an agent's conversation: tools in front, calls after ``<|python_tag|>``."""
+    from kvgate.simulator.openai_api import vllm_tools
+
+    model = ModelTokenizer.load(SIM_MODEL)
+    assert model.chat_template is not None
+    picker = model.chat_template.render(AGENT_CHAT, options={"tools": AGENT_TOOLS})
+    simulator = render_chat(AGENT_CHAT, tools=vllm_tools(AGENT_TOOLS))
+    assert picker == simulator
+    assert '<|python_tag|>{"name": "weather", "parameters": {"city": "Oslo"}}' in picker
+    assert '"description": null' in picker  # vLLM's dump of the first tool
+    assert model.chat_template.render(AGENT_CHAT) == render_chat(AGENT_CHAT)  # no tools
