@@ -126,10 +126,13 @@ class ChatTemplate:
             converted = vllm_conversation(messages, self.content_format, placeholders or {})
         except ValueError as exc:  # a part vLLM refuses (its 400)
             raise ChatTemplateError(str(exc)) from exc
-        tools = options.get("tools")
+        tools, extra = options.get("tools"), options.get("chat_template_kwargs")
+        for name, value, shape in (("tools", tools, list), ("documents", options.get("documents"), list),
+                                   ("chat_template_kwargs", extra, Mapping)):
+            if value is not None and not isinstance(value, shape):
+                raise ChatTemplateError(f"{name} of a shape vLLM's request model refuses")
         continue_final = options.get("continue_final_message") is True
         add_generation_prompt = options.get("add_generation_prompt", True) is not False and not continue_final
-        extra = options.get("chat_template_kwargs")
         variables: dict[str, Any] = {**self._special, **(extra if isinstance(extra, Mapping) else {})}
         variables.update(messages=converted, add_generation_prompt=add_generation_prompt,
                          tools=[vllm_tool(t) for t in tools] if isinstance(tools, list) else None,

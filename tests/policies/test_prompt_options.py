@@ -136,3 +136,11 @@ def test_a_truncated_prompt_is_left_to_the_approximate_index(tmp_path: Path) -> 
     truncated = dataclasses.replace(request("r", document + " you"), prompt_options=options)
     assert (s.schedule(truncated, [a, b], NOW).predicted_cached_tokens or 0) > 0
     assert s.schedule(request("r2", document + " all"), [a, b], NOW).predicted_cached_tokens == 0
+
+
+def test_template_inputs_of_a_shape_vllm_refuses_are_not_predicted(model: ModelTokenizer) -> None:
+    template = model.chat_template
+    assert template is not None
+    for options in ({"tools": "weather"}, {"documents": {"a": 1}}, {"chat_template_kwargs": [1]}):
+        with pytest.raises(ChatTemplateError, match="refuses"):
+            template.render([{"role": "user", "content": "hi"}], options=options)
