@@ -6,8 +6,10 @@ start)`` (``kv_cache_utils._gen_mm_extra_hash_keys``). The identifier is the ``u
 sent with the content part, where it sent one (vLLM's ``multi_modal_uuids``: "used to identify the
 item for all caching purposes", taken as it is unless processor or tokenization kwargs are given),
 else a hash of the decoded media that only the engine can compute. So kvgate predicts a multimodal
-prompt's blocks past a media item only where the client named the item; before the first item it
-predicts them as for any prompt, and it stops at the block holding the first unnamed item.
+prompt's blocks past a media item only where the client named the item (or kvgate did:
+``kvgate.io/media-uuids``); before the first item it predicts them as for any prompt, and it stops at
+the block holding the first unnamed item (past it, ``engine-prefix-matches`` lets the approximate
+index's guess count).
 
 The prompt's tokens: the chat template renders a placeholder for each item, either itself (the
 "openai" content format: the template iterates over a message's content parts and sees
