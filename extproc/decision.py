@@ -10,6 +10,7 @@ from typing import Any
 from kvgate.extproc import names
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
+from kvgate.extproc.responses_messages import responses_messages
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import (
     BadRequestError,
@@ -208,8 +209,13 @@ def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
 
 
 def _messages(parsed: OpenAIRequest | None) -> tuple[Mapping[str, Any], ...] | None:
-    """A chat request's messages (``parse_request_body`` checked they are a list of objects)."""
-    if parsed is None or parsed.api is not ApiKind.CHAT_COMPLETIONS:
+    """A chat request's messages (``parse_request_body`` checked they are a list of objects), or a
+    Responses API request's as vLLM builds them (``extproc.responses_messages``)."""
+    if parsed is None:
+        return None
+    if parsed.api is ApiKind.RESPONSES:
+        return responses_messages(parsed.document)
+    if parsed.api is not ApiKind.CHAT_COMPLETIONS:
         return None
     messages = parsed.document.get("messages")
     return tuple(messages) if isinstance(messages, list) else None

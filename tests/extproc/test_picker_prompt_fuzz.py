@@ -113,3 +113,25 @@ def test_any_admitted_completion_is_scheduled(body: dict[str, Any]) -> None:
     except KvgateError:
         return
     assert SCHEDULER.schedule(prepared.request, [view(1), view(2)], NOW).pick is not None
+
+
+responses_bodies = st.fixed_dictionaries(
+    {"model": st.just("m"),
+     "input": st.text(max_size=30) | st.lists(message | st.fixed_dictionaries(
+         {"type": st.sampled_from(["message", "function_call_output", "reasoning"]) | json_values},
+         optional={"role": json_values | st.sampled_from(["user", "assistant"]), "content": json_values,
+                   "status": json_values}), max_size=3) | json_values},
+    optional={"instructions": st.text(max_size=20) | json_values, "tools": json_values,
+              "tool_choice": json_values, "previous_response_id": json_values})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(responses_bodies)
+def test_any_admitted_responses_request_is_scheduled(body: dict[str, Any]) -> None:
+    try:
+        prepared = prepare(pool=FakePool("p", ("10.0.0.1:8000",)), api=ApiKind.RESPONSES,
+                           headers=MappingProxyType({}), body=json.dumps(body).encode(), subset=None,
+                           inject_usage=False, request_id="r")
+    except KvgateError:
+        return
+    assert SCHEDULER.schedule(prepared.request, [view(1), view(2)], NOW).pick is not None

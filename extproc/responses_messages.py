@@ -1,0 +1,67 @@
+"""A Responses API request's conversation as vLLM builds it for the chat template (sans-IO).
+
+vLLM's ``/v1/responses`` turns ``instructions`` and ``input`` into chat messages and renders them
+through the model's chat template like a chat (``responses.utils.construct_input_messages``, read in
+vLLM's source): ``instructions`` becomes a system message, a string ``input`` a user message, each
+message item a message. The picker then keys the prompt like a chat's (``engine-prefix-matches``).
+
+Only what is followed exactly is handed on: message items (``type`` "message" or none) whose
+content is a string or text parts (an assistant's with one part: vLLM keeps the first part's text
+of an output message). Anything else leaves the request to the approximate index: a
+``previous_response_id`` (the server's stored conversation), tools (converted by vLLM's own models),
+function calls and their outputs, reasoning items, media, an unfinished last item (continued).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def responses_messages(document: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...] | None:
+    """The chat messages vLLM renders for this Responses API request, or None where kvgate does not
+    build them exactly (see the module docstring)."""
+    if document.get("previous_response_id") is not None:
+        return None
+    if document.get("tools") and document.get("tool_choice") != "none":
+        return None
+    messages: list[Mapping[str, Any]] = []
+    instructions = document.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    elif instructions not in (None, ""):
+        return None
+    items = document.get("input")
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
+        return tuple(messages)
+    if not isinstance(items, list) or not items:
+        return None
+    for item in items:
+        message = _message(item)
+        if message is None:
+            return None
+        messages.append(message)
+    return tuple(messages)
+
+
+def _message(item: object) -> Mapping[str, Any] | None:
+    if not isinstance(item, Mapping) or item.get("type", "message") != "message":
+        return None
+    if item.get("status") in ("in_progress", "incomplete"):
+        return None  # vLLM continues such a message: not built here
+    role, content = item.get("role"), item.get("content")
+    if role not in ("user", "system", "developer", "assistant"):
+        return None
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list) or not content:
+        return None
+    if not all(isinstance(p, Mapping) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str)
+               for p in content):
+        return None
+    if role == "assistant" and len(content) != 1:
+        return None  # an output message: vLLM keeps its first part's text only
+    return {"role": role, "content": [{"type": "text", "text": p["text"]} for p in content]}
