@@ -19,6 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import grpc
+
 from kvgate.extproc.holding import HoldingArea, PoolLoad
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import MonotonicClock, Pool
@@ -35,7 +37,6 @@ from kvgate.gateway.picker.replica_models import ReplicaModels
 from kvgate.gateway.picker.scraper import MetricsScraper
 from kvgate.gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
 from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
-from kvgate.gateway.picker.tls import server_credentials
 from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.schedulers import PoolScheduler, make_scheduler
@@ -122,10 +123,7 @@ class PickerService:
             config=lifecycle,
             reuse_port=settings.reuse_port,
             own_address=settings.own_grpc_address,
-            credentials=(
-                server_credentials(settings.cert_path, reload=settings.cert_reload)
-                if settings.secure_serving else None
-            ),
+            credentials=_server_credentials(settings) if settings.secure_serving else None,
             health_address=settings.health_address,
             outcome_address=settings.outcome_address,
             prefill_timeout_s=settings.prefill_timeout,
@@ -300,3 +298,10 @@ class PickerService:
     def grpc_port(self) -> int:
         return self.extproc.port
 
+
+def _server_credentials(settings: PickerSettings) -> grpc.ServerCredentials:
+    # Imported here: cryptography (the self-signed certificate) loads only where TLS is served,
+    # not on `kvgate up`'s plaintext loopback picker.
+    from kvgate.gateway.picker.tls import server_credentials
+
+    return server_credentials(settings.cert_path, reload=settings.cert_reload)
