@@ -276,8 +276,17 @@ class Contender:
                 lost = sum(metric_sum(p, "kvgate_kv_events_unrecoverable_total") for p in pages)
                 if batches <= 0:
                     return "CRIPPLED: no KV-event batches reached the picker"
+                checks = "kvgate_kv_events_key_checks_total"
+                held = sum(metric_sum(p, checks, 'outcome="held"') for p in pages)
+                missing = sum(metric_sum(p, checks, 'outcome="missing"') for p in pages)
+                untrusted = any(line.startswith("kvgate_kv_events_keys_trusted{") and line.endswith(" 0.0")
+                                for p in pages for line in p.splitlines())
+                if untrusted:
+                    return (f"CRIPPLED: the engines did not hold kvgate's keys ({held:.0f} checks held, "
+                            f"{missing:.0f} missing): routed on the approximate index")
                 spread += (f"; KV events: {batches:.0f} batches, {in_step:.0f} endpoints in step, "
-                           f"{lost:.0f} unrecoverable gaps")
+                           f"{lost:.0f} unrecoverable gaps, keys held in {held:.0f} of "
+                           f"{held + missing:.0f} checks")
             return f"ok: {picks:.0f} picks, {errors:.0f} errors{spread}"
         if self.kind == "oracle":
             return "ok: peeks every replica per request"

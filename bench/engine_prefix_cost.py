@@ -70,6 +70,9 @@ class _InStep:
     def block_size(self) -> int | None:
         return BLOCK_SIZE
 
+    def key_checked(self, endpoint: str, *, held: bool, trusted: bool) -> None:
+        pass  # the benchmark's requests never end
+
 
 def text_of(rng: random.Random, tokens: int, tokenizer: Tokenizer) -> str:
     """English-like text of about ``tokens`` tokens under the tokenizer."""

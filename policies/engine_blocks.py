@@ -143,6 +143,11 @@ class EngineCacheView(Protocol):
         """The engines' block size as their events report it (None before any block was stored)."""
         ...
 
+    def key_checked(self, endpoint: str, *, held: bool, trusted: bool) -> None:
+        """A served request's last keyed block was (not) in ``endpoint``'s report a moment after it
+        ended; ``trusted``: whether the pool's keys are, after it (``policies.key_checks``)."""
+        ...
+
 
 @dataclass(slots=True)
 class _Tier:

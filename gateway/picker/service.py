@@ -246,6 +246,8 @@ class PickerService:
                     **({"flow_control": {"held": len(area), "queue_timeout_s": area.timeout_s}}
                        if (area := runtime.holding_area) is not None else {}),
                     **({"spill_to": runtime.spec.spill_to} if runtime.spec.spill_to else {}),
+                    **({"kv_event_keys": keys}
+                       if (keys := self.kv_events.pool_report(name)) is not None else {}),
                 }
             )
         return report

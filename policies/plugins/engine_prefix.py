@@ -43,6 +43,7 @@ from kvgate.policies.engine_blocks import EngineCacheView, block_keys, chain_roo
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.feedback import FeedbackEnv, FeedbackPlugin
 from kvgate.policies.framework import PREFIX_INDEX, SchedulingContext
+from kvgate.policies.key_checks import KeyChecks
 from kvgate.policies.media import MediaItem, MediaTokens, is_media_part, media_items
 from kvgate.policies.media_prompt import Span, media_block_keys, split_media
 from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
@@ -71,6 +72,8 @@ class _Params(Params):
 
 DEFAULT_BLOCK_SIZE = 16
 _MAX_PREPARED = 1024
+_NO_KEY = -1
+"""A prepared request without block keys (a prompt shorter than a block); keys are unsigned."""
 
 
 class EnginePrefixBlueprint:
@@ -113,9 +116,12 @@ class EnginePrefixMatches(FeedbackPlugin):
         self._token_ids: tuple[ModelTokenizer, dict[str, int]] | None = None
         self._cache: EngineCacheView | None = env.engine_cache
         self._pending = PendingBlocks(env.max_pending)
-        self._prepared: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        """Requests prepared and not yet picked → their prompt's approximate-index hashes (recent
-        ones: picks follow at once)."""
+        self._prepared: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()
+        """Requests prepared and not yet picked → their prompt's approximate-index hashes and the
+        last block key kvgate made for it (recent ones: picks follow at once)."""
+        self._checks = KeyChecks(max_pending=env.max_pending)
+        """Whether the engines hold what kvgate keys (``policies.key_checks``): where they do not,
+        the approximate index's guess stays for every endpoint."""
 
     def _tokenizer(self, model: ModelTokenizer) -> ChunkedTokenizer:
         """The chunk memo of ``model`` (a new one when the pool's tokenizer is replaced)."""
@@ -228,7 +234,10 @@ class EnginePrefixMatches(FeedbackPlugin):
     def prepare(self, ctx: SchedulingContext) -> None:
         cache = self._cache
         request = ctx.request
-        if cache is None or not request.prompt:
+        if cache is None:
+            return
+        self._check_keys(cache, ctx.now)
+        if not request.prompt:
             return
         size = self._block_size or cache.block_size() or DEFAULT_BLOCK_SIZE
         adapter = request.target_model if cache.knows_adapter(request.target_model) else None
@@ -237,11 +246,13 @@ class EnginePrefixMatches(FeedbackPlugin):
             return
         keys, whole = found
         hashes = ctx.prefix_hashes()  # the approximate index's blocks: what in-flight requests hold
-        if hashes:
+        if hashes or keys:
             prepared = self._prepared
-            prepared[request.request_id] = hashes
+            prepared[request.request_id] = (hashes, keys[-1] if keys else _NO_KEY)
             if len(prepared) > _MAX_PREPARED:
                 prepared.popitem(last=False)
+        if not self._checks.trusted:
+            return  # the engines do not hold what kvgate keys: the approximate guess stays
         reported = cache.matches(keys) if keys else {}
         in_flight = self._pending.matches(hashes)
         approximate = ctx.prefix_matches()
@@ -256,16 +267,36 @@ class EnginePrefixMatches(FeedbackPlugin):
                 merged[address] = blocks
         ctx.set_prefix_matches(merged)
 
+    def _check_keys(self, cache: EngineCacheView, now: float) -> None:
+        """Check the keys of requests that ended a moment ago against their endpoints' reports."""
+
+        def holds(endpoint: str, key: int) -> bool | None:
+            return endpoint in cache.matches((key,)) if cache.in_step(endpoint) else None
+
+        for check in self._checks.poll(now, holds):
+            cache.key_checked(check.endpoint, held=check.held, trusted=check.trusted)
+
     def on_picked(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
-        keys = self._prepared.pop(request.request_id, None)
-        if keys is not None:
-            self._pending.add(request.request_id, endpoint.address, keys)
+        prepared = self._prepared.pop(request.request_id, None)
+        if prepared is None:
+            return
+        hashes, last_key = prepared
+        self._pending.add(request.request_id, endpoint.address, hashes)
+        cache = self._cache
+        # a decode half reads its KV from a prefill endpoint: what its engine reports of it is not
+        # a check of kvgate's keys
+        if (last_key != _NO_KEY and cache is not None and cache.in_step(endpoint.address)
+                and not request.prefilled_elsewhere):
+            self._checks.expect(request.request_id, endpoint.address, last_key)
 
     def on_served(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
         self._pending.move(request.request_id, endpoint.address)
+        self._checks.moved(request.request_id, endpoint.address)
 
     def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
         self._pending.remove(request.request_id)
+        self._checks.finished(request.request_id, now)
 
     def forget_endpoint(self, address: str) -> None:
         self._pending.forget_endpoint(address)
+        self._checks.forget_endpoint(address)

@@ -41,6 +41,7 @@ class View:
         self.index = index
         self.followed = in_step
         self.model = model
+        self.checks: list[tuple[str, bool, bool]] = []
 
     def matches(self, keys: Sequence[int]) -> Mapping[str, int]:
         return self.index.matches(keys)
@@ -59,6 +60,9 @@ class View:
 
     def block_size(self) -> int | None:
         return self.index.block_size
+
+    def key_checked(self, endpoint: str, *, held: bool, trusted: bool) -> None:
+        self.checks.append((endpoint, held, trusted))
 
 
 def scheduler(tokenizer_file: Path | None, cache: View) -> ProfileScheduler:
@@ -329,3 +333,46 @@ def test_an_engine_holding_more_than_the_text_estimate_still_tells_endpoints_apa
     for i in range(10):
         short_text = dataclasses.replace(request(f"r{i}", "a few words " * 4), engine_prompt=(*ids, i))
         assert s.schedule(short_text, [a, b], NOW).pick.address == a.address
+
+
+def test_keys_the_engines_never_hold_give_way_to_the_approximate_guess_until_they_do(
+    tokenizer_file: Path,
+) -> None:
+    """Engines that tokenize otherwise than kvgate's tokenizer (here: every id shifted by one) report
+    blocks that kvgate's keys never match: each served request's check finds its last key missing,
+    and past ``min_checks`` the pool's keys are not trusted: the approximate index decides (as for an
+    endpoint not followed), the view is told. When the engines hold kvgate's keys again, they decide
+    again."""
+    rng = random.Random(3)
+    index = EngineBlockIndex()
+    a, b = view(1), view(2)
+    cache = View(index, {a.address, b.address})
+    s = scheduler(tokenizer_file, cache)
+    document = " ".join(WORDS[:128])
+    index.stored(a.address, [f"doc{i}" for i in range(8)], None, ids(document), 16)
+    s.on_picked(request("warm", document), b.endpoint, NOW)  # the approximate index's guess: b
+    assert s.schedule(request("q0", document + " w199"), [a, b], NOW).pick.address == a.address
+    now = NOW
+
+    def serve(n: int, shift: int) -> None:
+        for i in range(n):
+            text = " ".join(rng.choice(WORDS) for _ in range(48))
+            rid = f"served-{shift}-{i}"
+            r = request(rid, text)
+            s.schedule(r, [a, b], now)
+            served = (a, b)[i % 2]
+            s.on_picked(r, served.endpoint, now)
+            tokens = [t + shift for t in ids(text)]
+            index.stored(served.address, [f"{rid}-{k}" for k in range(3)], None, tokens, 16)
+            s.on_finished(r, served.endpoint, ok=True, now=now)
+
+    serve(40, shift=1)
+    now += 2.0  # the checks are due
+    assert s.schedule(request("q1", document + " w198"), [a, b], now).pick.address == b.address
+    assert len(cache.checks) == 40
+    assert not any(held for _, held, _ in cache.checks)
+    assert cache.checks[-1][2] is False
+    serve(40, shift=0)
+    now += 2.0
+    assert s.schedule(request("q2", document + " w197"), [a, b], now).pick.address == a.address
+    assert cache.checks[-1] == (b.address, True, True)

@@ -4,7 +4,9 @@ subscribers that keep it (``kv_events.subscriber``), what ``/debug/pools`` shows
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from kvgate.policies.engine_blocks import EngineBlockIndex
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.model_tokenizer import ModelTokenizer
 
+log = logging.getLogger(__name__)
+
 _COUNTERS = (
     ("batches", "KV-event batches applied (replayed ones included)"),
     ("gaps", "gaps in a publisher's sequence"),
@@ -25,6 +29,15 @@ _COUNTERS = (
     ("malformed", "messages that were not KV-event batches (dropped)"),
     ("skipped", "events of types kvgate does not know (skipped)"),
 )
+
+
+@dataclass(slots=True)
+class KeyCheckCounts:
+    """A pool's checks of kvgate's keys against its engines' reports (``policies.key_checks``)."""
+
+    held: int = 0
+    missing: int = 0
+    trusted: bool = True
 
 
 class PoolEngineCache:
@@ -57,6 +70,9 @@ class PoolEngineCache:
         index = self._runtime.indexes.get(self._pool)
         return index.block_size if index is not None else None
 
+    def key_checked(self, endpoint: str, *, held: bool, trusted: bool) -> None:
+        self._runtime.key_checked(self._pool, endpoint, held=held, trusted=trusted)
+
 
 class KvEventsRuntime:
     def __init__(self) -> None:
@@ -67,6 +83,30 @@ class KvEventsRuntime:
         """Path → (its modification time, the tokenizer loaded from it)."""
         self._subscribers: KvEventSubscribers | None = None
         self._relay: Callable[[str, list[bytes]], None] | None = None
+        self.key_checks: dict[str, KeyCheckCounts] = {}
+        """Pool → its schedulers' checks of kvgate's keys against the engines' reports."""
+
+    def key_checked(self, pool: str, endpoint: str, *, held: bool, trusted: bool) -> None:
+        """Counted for the metrics and ``/debug/pools``; a change of trust is logged (the operator's
+        cue: the pool's tokenizer or chat template is not the engines')."""
+        counts = self.key_checks.get(pool)
+        if counts is None:
+            counts = self.key_checks[pool] = KeyCheckCounts()
+        if held:
+            counts.held += 1
+        else:
+            counts.missing += 1
+        if trusted != counts.trusted:
+            counts.trusted = trusted
+            if trusted:
+                log.info("pool %s: the engines hold the blocks kvgate keys again; routing on their "
+                         "KV events", pool)
+            else:
+                log.warning(
+                    "pool %s: the engines' KV events do not hold the blocks kvgate keyed for the "
+                    "requests they served (last: %s): the pool's tokenizer or chat template "
+                    "(kvgate.io/tokenizer, or the profile's) is not the one the model servers use; "
+                    "routing on the approximate prefix index until they match", pool, endpoint)
 
     def relay_to(self, relay: Callable[[str, list[bytes]], None] | None) -> None:
         """Share each message a bound socket receives with the pool's other pickers (``relay(pool,
@@ -127,6 +167,8 @@ class KvEventsRuntime:
             self._subscribers.set_endpoints(spec.name, publishers, bind)
         for pool in [p for p in self.indexes if p not in wanted]:
             del self.indexes[pool]
+        for pool in [p for p in self.key_checks if p not in wanted]:
+            del self.key_checks[pool]
 
     def endpoint_report(self, pool: str, address: str) -> dict[str, Any] | None:
         """What ``/debug/pools`` shows of one endpoint's events (None: the pool has none)."""
@@ -138,6 +180,13 @@ class KvEventsRuntime:
         c = sub.counts
         return {"in_step": sub.in_step, "blocks": sub.index.blocks(address), "batches": c.batches,
                 "gaps": c.gaps, "unrecoverable": c.unrecoverable, "malformed": c.malformed}
+
+    def pool_report(self, pool: str) -> dict[str, Any] | None:
+        """What ``/debug/pools`` shows of a pool's key checks (None: none made yet)."""
+        counts = self.key_checks.get(pool)
+        if counts is None:
+            return None
+        return {"trusted": counts.trusted, "held": counts.held, "missing": counts.missing}
 
     def subscriptions(self) -> Mapping[tuple[str, str], EndpointSubscription]:
         return self._subscribers.subscriptions() if self._subscribers is not None else {}
@@ -157,6 +206,8 @@ class KvEventsRuntime:
 class KvEventsCollector(Collector):
     """``kvgate_kv_events_<counter>_total{pool,endpoint}``, ``kvgate_kv_events_in_step``,
     ``kvgate_kv_events_blocks`` (GPU blocks the index holds for the endpoint),
+    ``kvgate_kv_events_key_checks_total{pool,outcome}`` and ``kvgate_kv_events_keys_trusted{pool}``
+    (``policies.key_checks``),
     ``kvgate_kv_events_unindexed_blocks_total{pool,reason}`` (stored blocks not indexed) and
     ``kvgate_kv_events_unrouted_total`` (bound sockets' messages for no known endpoint)."""
 
@@ -192,6 +243,20 @@ class KvEventsCollector(Collector):
             unindexed.add_metric([pool, "missed_parent"], index.unresolved)
             unindexed.add_metric([pool, "other_group"], index.other_groups)
         yield unindexed
+        checks = CounterMetricFamily(
+            "kvgate_kv_events_key_checks",
+            "Served requests whose last block as kvgate keyed it was (outcome held) or was not "
+            "(missing) in their endpoint's KV events a moment after they ended", labels=["pool", "outcome"])
+        trusted = GaugeMetricFamily(
+            "kvgate_kv_events_keys_trusted",
+            "1 while the pool's engines hold the blocks kvgate keys (0: its tokenizer or chat template "
+            "is not the engines'; routing on the approximate prefix index)", labels=["pool"])
+        for pool, counts in self._runtime.key_checks.items():
+            checks.add_metric([pool, "held"], counts.held)
+            checks.add_metric([pool, "missing"], counts.missing)
+            trusted.add_metric([pool], 1.0 if counts.trusted else 0.0)
+        yield checks
+        yield trusted
         yield CounterMetricFamily("kvgate_kv_events_unrouted",
                                   "KV-event messages on the picker's bound sockets whose topic names no "
                                   "endpoint of a pool (dropped)", value=self._runtime.unrouted())
