@@ -18,9 +18,10 @@ The prompt's tokens: the chat template renders a placeholder for each item, eith
 and joined with newlines, unless the text holds them already (``chat_utils.
 _get_full_multimodal_text_prompt``). The engine's processor then replaces each placeholder by the
 item's placeholder tokens. kvgate models the models whose count per item is fixed (LLaVA-1.5: 576
-``<image>`` tokens; the simulator's images): ``MediaTokens`` per modality, from the profile. A
-model whose count depends on the image's size (Qwen2-VL, Pixtral) is not modelled: its items are
-treated as unnamed.
+``<image>`` tokens; the simulator's images) and those whose count follows the image's size on
+Qwen2-VL's grid (``policies.vision_grid``; sizes read from ``data:`` URLs): ``MediaTokens`` per
+modality, from the profile. Other size-dependent models (Pixtral, InternVL's tiles) are not
+modelled, and an image given by address has no size here: such items are treated as unnamed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import Any, Literal
 import jinja2
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kvgate.policies.vision_grid import VisionGrid, data_url_image_size
 
 ContentFormat = Literal["string", "openai"]
 
@@ -48,6 +51,8 @@ class MediaItem:
     identifier: str | None
     """The client's ``uuid`` for the item (the engine's identifier too), or None: the engine hashes
     the decoded media, which kvgate cannot."""
+    url: str | None = None
+    """An image's URL as sent (a ``data:`` URL's header gives its size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,15 @@ class MediaTokens:
     """How many placeholder tokens the engine's processor expands one item to (fixed per model)."""
     token_id: int | None = None
     """The expanded tokens' id; None: the placeholder's own (its single token)."""
+    grid: VisionGrid | None = None
+    """For a model whose count follows the image's size (Qwen2-VL): ``tokens`` is then unused."""
+
+    def count(self, item: MediaItem) -> int | None:
+        """How many placeholder tokens ``item`` becomes (None: kvgate cannot tell)."""
+        if self.grid is None:
+            return self.tokens
+        size = data_url_image_size(item.url) if item.url is not None else None
+        return self.grid.tokens(*size) if size is not None else None
 
 
 def is_media_part(part: object) -> bool:
@@ -82,8 +96,15 @@ def media_items(messages: Sequence[Mapping[str, Any]]) -> list[MediaItem]:
             if is_media_part(part):
                 uuid = part.get("uuid")
                 items.append(MediaItem(MEDIA_PART_TYPES[part["type"]],
-                                       uuid if isinstance(uuid, str) and uuid else None))
+                                       uuid if isinstance(uuid, str) and uuid else None, _url(part)))
     return items
+
+
+def _url(part: Mapping[str, Any]) -> str | None:
+    """An ``image_url`` part's URL (``{"url": ...}`` or, as vLLM also takes it, a plain string)."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    return url if isinstance(url, str) else None
 
 
 def string_content(content: object, placeholders: Mapping[str, str]) -> object:

@@ -2,7 +2,7 @@
 
 The rendered prompt is cut at each media item's placeholder; the text between is tokenized piece by
 piece (a placeholder that is a special token splits the text the same way in the engine's
-tokenizer) and each placeholder becomes the item's ``MediaTokens.tokens`` placeholder tokens. A
+tokenizer) and each placeholder becomes the item's placeholder tokens (``MediaTokens.count``). A
 block that holds part of an item is keyed as ``EngineBlockIndex`` keys what an engine stored with
 vLLM's extra keys (``engine_blocks.block_keys_with_extras``): its tokens, then the block's extra
 keys (the adapter's name, each item's ``(identifier, offset from the block's start)``, the salt on
@@ -60,7 +60,8 @@ def split_media(text: str, items: Sequence[MediaItem], media: Mapping[str, Media
 def media_prompt_tokens(text: str, items: Sequence[MediaItem], media: Mapping[str, MediaTokens],
                         token_ids: Mapping[str, int], encode: Callable[[str], Sequence[int]],
                         ) -> tuple[list[int], list[Span]] | None:
-    """The prompt's tokens and its items' spans (None: as ``split_media``)."""
+    """The prompt's tokens and its items' spans (None: as ``split_media``, or an item whose count
+    kvgate cannot tell)."""
     split = split_media(text, items, media, token_ids)
     if split is None:
         return None
@@ -68,7 +69,9 @@ def media_prompt_tokens(text: str, items: Sequence[MediaItem], media: Mapping[st
     tokens: list[int] = list(encode(pieces[0]))
     spans: list[Span] = []
     for item, piece in zip(ordered, pieces[1:], strict=True):
-        count = media[item.modality].tokens
+        count = media[item.modality].count(item)
+        if count is None:  # its size unknown: its tokens cannot be told
+            return None
         spans.append((item.identifier, len(tokens), count))
         tokens.extend([token_ids[item.modality]] * count)
         tokens.extend(encode(piece))

@@ -33,7 +33,7 @@ from kvgate.simulator.engine import EngineConfig
 from kvgate.simulator.faults import FAULT_FIELDS, Faults
 from kvgate.simulator.fleet import Fleet, FleetConfig, run_until
 from kvgate.simulator.kv_transfer import ROLES, KvTransferSettings, Role
-from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS
+from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageGrid
 from kvgate.simulator.metrics import DIALECTS
 from kvgate.simulator.server import ReplicaConfig
 
@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-tokens", type=int, default=DEFAULT_IMAGE_TOKENS, metavar="N",
                    help=f"placeholder tokens per image in a chat (default {DEFAULT_IMAGE_TOKENS}; "
                    "LLaVA-1.5: 576)")
+    p.add_argument("--image-grid", action="store_true",
+                   help="images take Qwen2-VL's count instead: from each image's size (read from its data: "
+                   "URL's header), 28-pixel cells within 3,136-12,845,056 pixels, a token per cell")
     p.add_argument("--kv-events-port", type=int, default=None, metavar="P",
                    help="publish vLLM's KV-cache events (ZMQ PUB on P, replay ROUTER on P+1; with "
                    "--hosts-from each replica on its own address, else replica i on P+2i); default: off")
@@ -180,7 +183,7 @@ def _replica_config(
         seed=args.seed,
         faults=faults.updated(fault_changes),
         stream_interval=args.stream_interval,
-        image_tokens=args.image_tokens,
+        image_tokens=ImageGrid() if args.image_grid else args.image_tokens,
         role=role,
         kv_transfer=kv,
     )

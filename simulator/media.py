@@ -1,5 +1,8 @@
 """Images in chat requests, as a vLLM multimodal model with a fixed image size takes them (LLaVA-1.5's
-shape: one ``<image>`` placeholder per image, expanded to a fixed number of image tokens).
+shape: one ``<image>`` placeholder per image, expanded to a fixed number of image tokens), or, with
+:class:`ImageGrid`, as Qwen2-VL does: a count per image that follows its size (transformers'
+``smart_resize`` to 28-pixel cells within a pixel budget, one token per cell), read from the header
+of the image a ``data:`` URL carries.
 
 The simulated model's chat template reads a message's content as one string (vLLM's "string" content
 format), so vLLM's rule applies: the placeholders of a message's images go in front of its text,
@@ -14,10 +17,16 @@ KV events' extra keys, as vLLM's do. Audio and video parts are refused (the mode
 
 from __future__ import annotations
 
+import binascii
 import hashlib
+import io
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import imagesize
 
 from kvgate.simulator.encode_memo import Encode
 
@@ -35,6 +44,62 @@ _OTHER_MEDIA = {"video_url": "video", "input_audio": "audio", "audio_url": "audi
 
 class MediaError(ValueError):
     """A request's media that the model refuses (answered as a 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageGrid:
+    """Qwen2-VL's and Qwen2.5-VL's image processor (their ``preprocessor_config.json``)."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 3_136
+    max_pixels: int = 12_845_056
+
+    def tokens(self, width: int, height: int) -> int:
+        """vLLM's ``Qwen2VLProcessingInfo._get_vision_info`` for one image (transformers'
+        ``smart_resize``, then a token per ``merge_size²`` patches)."""
+        if max(width, height) / min(width, height) > 200:
+            raise MediaError("absolute aspect ratio must be smaller than 200")
+        factor = self.patch_size * self.merge_size
+        h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+        if h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h_bar = max(factor, math.floor(height / beta / factor) * factor)
+            w_bar = max(factor, math.floor(width / beta / factor) * factor)
+        elif h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h_bar = math.ceil(height * beta / factor) * factor
+            w_bar = math.ceil(width * beta / factor) * factor
+        return (h_bar // self.patch_size) * (w_bar // self.patch_size) // self.merge_size ** 2
+
+
+ImageTokens = int | ImageGrid
+"""Placeholder tokens per image: a fixed count, or Qwen2-VL's count from each image's size."""
+
+
+def _image_size(part: Mapping[str, Any]) -> tuple[int, int]:
+    """The size of an ``image_url`` part's image, from a base64 ``data:`` URL's header."""
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+        raise MediaError("the simulated model reads images from base64 data: URLs only")
+    try:
+        data = binascii.a2b_base64(url.partition(",")[2].encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise MediaError(f"cannot decode the image: {exc}") from exc
+    width, height = imagesize.get(io.BytesIO(data), exif_rotation=False)
+    if width <= 0 or height <= 0:
+        raise MediaError("cannot identify the image file")
+    return width, height
+
+
+def image_token_counts(messages: Sequence[Mapping[str, Any]], image_tokens: ImageTokens) -> list[int]:
+    """Each image part's placeholder tokens, in prompt order (``image_identifiers``' order)."""
+    parts = [part for message in messages if isinstance(content := message.get("content"), list)
+             for part in content if isinstance(part, Mapping) and part.get("type") in _IMAGE_PARTS]
+    if isinstance(image_tokens, int):
+        return [image_tokens] * len(parts)
+    return [image_tokens.tokens(*_image_size(part)) for part in parts]
 
 
 def image_identifiers(messages: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -79,10 +144,10 @@ def with_placeholders(content: object) -> object:
     return "\n".join([IMAGE_PLACEHOLDER] * missing + [text]) if missing else text
 
 
-def expand_images(text: str, identifiers: Sequence[str], encode: Encode, image_tokens: int,
+def expand_images(text: str, identifiers: Sequence[str], encode: Encode, counts: Sequence[int],
                   ) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
-    """The prompt's token ids, each placeholder replaced by ``image_tokens`` image tokens, and each
-    image's span."""
+    """The prompt's token ids, each placeholder replaced by its image's ``counts`` image tokens, and
+    each image's span."""
     pieces = text.split(IMAGE_PLACEHOLDER)
     if len(pieces) - 1 > len(identifiers):
         raise MediaError(f"Found more '{IMAGE_PLACEHOLDER}' placeholders in input prompt than actual "
@@ -91,9 +156,9 @@ def expand_images(text: str, identifiers: Sequence[str], encode: Encode, image_t
         return encode(text), ()
     tokens: list[int] = list(encode(pieces[0]))
     spans: list[MediaSpan] = []
-    for identifier, piece in zip(identifiers, pieces[1:], strict=False):
-        spans.append((identifier, len(tokens), image_tokens))
-        tokens.extend([IMAGE_TOKEN_ID] * image_tokens)
+    for identifier, count, piece in zip(identifiers, counts, pieces[1:], strict=False):
+        spans.append((identifier, len(tokens), count))
+        tokens.extend([IMAGE_TOKEN_ID] * count)
         tokens.extend(encode(piece))
     return tuple(tokens), tuple(spans)
 

@@ -23,10 +23,12 @@ from kvgate.simulator import tokenizer
 from kvgate.simulator.encode_memo import Encode, encode_direct
 from kvgate.simulator.media import (
     DEFAULT_IMAGE_TOKENS,
+    ImageTokens,
     MediaError,
     MediaSpan,
     expand_images,
     image_identifiers,
+    image_token_counts,
     with_placeholders,
 )
 
@@ -141,12 +143,12 @@ def completion_prompts(body: Mapping[str, Any], encode: Encode = encode_direct) 
 
 
 def chat_prompt(body: Mapping[str, Any], encode: Encode = encode_direct,
-                image_tokens: int = DEFAULT_IMAGE_TOKENS) -> tuple[int, ...]:
+                image_tokens: ImageTokens = DEFAULT_IMAGE_TOKENS) -> tuple[int, ...]:
     return chat_prompt_media(body, encode, image_tokens)[0]
 
 
 def chat_prompt_media(body: Mapping[str, Any], encode: Encode = encode_direct,
-                      image_tokens: int = DEFAULT_IMAGE_TOKENS,
+                      image_tokens: ImageTokens = DEFAULT_IMAGE_TOKENS,
                       ) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
     """A chat's prompt tokens (its images' placeholders expanded) and its images' spans."""
     messages = body.get("messages")
@@ -163,11 +165,14 @@ def chat_prompt_media(body: Mapping[str, Any], encode: Encode = encode_direct,
     tools = vllm_tools(body.get("tools"))
     try:
         images = image_identifiers(messages)
+        counts = image_token_counts(messages, image_tokens) if images else []
         if images:
             messages = [{**m, "content": with_placeholders(m.get("content"))} for m in messages]
         rendered = tokenizer.render_chat(messages, add_generation_prompt=generation and not continued,
                                          continue_final_message=continued, tools=tools)
-        return expand_images(rendered, images, encode, image_tokens) if images else (encode(rendered), ())
+        if not images:
+            return encode(rendered), ()
+        return expand_images(rendered, images, encode, counts)
     except (MediaError, ValueError) as exc:
         raise ApiError(400, str(exc), "messages") from exc
 
@@ -200,7 +205,7 @@ def _is_token_id(value: object) -> bool:
 
 def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
                     encode: Encode = encode_direct,
-                    image_tokens: int = DEFAULT_IMAGE_TOKENS) -> InferenceRequest:
+                    image_tokens: ImageTokens = DEFAULT_IMAGE_TOKENS) -> InferenceRequest:
     model = requested_model(body, base_model)
     media: tuple[MediaSpan, ...] = ()
     if kind == "completion":
@@ -452,7 +457,7 @@ def render_json(kind: ApiKind, model: str, token_ids_json: str, body: Mapping[st
 
 
 def tokenize_tokens(body: Mapping[str, Any], encode: Encode = encode_direct,
-                    image_tokens: int = DEFAULT_IMAGE_TOKENS) -> tuple[int, ...]:
+                    image_tokens: ImageTokens = DEFAULT_IMAGE_TOKENS) -> tuple[int, ...]:
     """``POST /tokenize`` takes ``prompt`` (text) or chat ``messages``."""
     if "messages" in body:
         return chat_prompt(body, encode, image_tokens)

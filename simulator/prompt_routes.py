@@ -15,7 +15,7 @@ from kvgate.simulator import openai_api as api
 from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine_types import PeekResult
 from kvgate.simulator.http_replies import error_response, json_response, json_text_response
-from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, MediaSpan
+from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 
 Peek = Callable[[tuple[int, ...], str, str | None, tuple[MediaSpan, ...]], PeekResult]
 """(prompt tokens, model, cache salt, images' spans) -> what the engine would meet now."""
@@ -23,7 +23,7 @@ Peek = Callable[[tuple[int, ...], str, str | None, tuple[MediaSpan, ...]], PeekR
 
 class PromptRoutes:
     def __init__(self, base_model: str, served_models: Callable[[], Sequence[str]], memo: EncodeMemo,
-                 peek: Peek, image_tokens: int = DEFAULT_IMAGE_TOKENS) -> None:
+                 peek: Peek, image_tokens: ImageTokens = DEFAULT_IMAGE_TOKENS) -> None:
         self._base_model = base_model
         self._served_models = served_models
         self._memo = memo

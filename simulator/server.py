@@ -38,7 +38,7 @@ from kvgate.simulator.kv_transfer import (
     Role,
     parse_kv_transfer_params,
 )
-from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, MediaSpan
+from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
@@ -61,7 +61,7 @@ class ReplicaConfig:
     """What the replica is deployed as (``llm-d.ai/role``); it serves either half of a disaggregated
     request whatever its role (``simulator.kv_transfer``)."""
     kv_transfer: KvTransferSettings = field(default_factory=KvTransferSettings)
-    image_tokens: int = DEFAULT_IMAGE_TOKENS
+    image_tokens: ImageTokens = DEFAULT_IMAGE_TOKENS
     """Placeholder tokens per image in a chat's prompt (``simulator.media``; LLaVA-1.5: 576)."""
     stream_interval: int = 1
     """Tokens per SSE chunk of a streamed response after the first token, which goes out at once

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kvgate.policies.chunked_tokenizer import ChunkedTokenizer
 from kvgate.policies.engine_blocks import EngineCacheView, block_keys, chain_root
@@ -50,12 +50,31 @@ from kvgate.policies.model_tokenizer import ChatTemplateError, ModelTokenizer
 from kvgate.policies.pending_blocks import PendingBlocks
 from kvgate.policies.plugins.params import Params, parse_params
 from kvgate.policies.types import ApiKind, Endpoint, InferenceRequest
+from kvgate.policies.vision_grid import VisionGrid
+
+
+class _GridParams(Params):
+    """Qwen2-VL's dynamic resolution (``policies.vision_grid``; the model's preprocessor config)."""
+
+    patch_size: Annotated[int, Field(ge=1)] = 14
+    merge_size: Annotated[int, Field(ge=1)] = 2
+    min_pixels: Annotated[int, Field(ge=1)] = 3_136
+    max_pixels: Annotated[int, Field(ge=1)] = 12_845_056
 
 
 class _MediaParams(Params):
     placeholder: Annotated[str, Field(min_length=1)]
-    tokens: Annotated[int, Field(ge=1)]
+    tokens: Annotated[int, Field(ge=1)] | None = None
+    """A fixed count per item (LLaVA-1.5: 576); or ``grid``."""
     token_id: Annotated[int, Field(ge=0)] | None = None
+    grid: _GridParams | None = None
+    """The count follows each image's size (Qwen2-VL, Qwen2.5-VL: ``placeholder: <|image_pad|>``)."""
+
+    @model_validator(mode="after")
+    def _a_count(self) -> _MediaParams:
+        if (self.tokens is None) == (self.grid is None):
+            raise ValueError("give either 'tokens' (a fixed count per item) or 'grid'")
+        return self
 
 
 class _Params(Params):
@@ -96,7 +115,9 @@ class EnginePrefixBlueprint:
             model = ModelTokenizer.load(p.tokenizer) if p.tokenizer is not None else None
         except ConfigError as exc:
             raise ConfigError(f"engine-prefix-matches: {exc}") from exc
-        media = {name: MediaTokens(m.placeholder, m.tokens, m.token_id) for name, m in p.media.items()}
+        media = {name: MediaTokens(m.placeholder, m.tokens or 0, m.token_id,
+                                   VisionGrid(**m.grid.model_dump()) if m.grid is not None else None)
+                 for name, m in p.media.items()}
         return EnginePrefixBlueprint(model, p.block_size, p.chunk_chars, media)
 
     def create(self, env: FeedbackEnv) -> FeedbackPlugin:
@@ -223,7 +244,13 @@ class EnginePrefixMatches(FeedbackPlugin):
         rest = array("I", rest)  # its own: the one returned may be a remembered chunk's
         spans: list[Span] = []
         for item, piece in zip(ordered, pieces[1:], strict=True):
-            count = self._media[item.modality].tokens
+            count = self._media[item.modality].count(item)
+            if count is None:  # a size kvgate cannot read: the keys stop before the item
+                spans.append((None, len(rest), 1))
+                rest.append(token_ids[item.modality])
+                more = media_block_keys(rest, size, keys[-1] if keys else root, spans, adapter, salt,
+                                        first_block=len(keys))
+                return keys + more, False
             spans.append((item.identifier, len(rest), count))
             rest.extend(array("I", [token_ids[item.modality]]) * count)
             rest.extend(chunked.encode(piece, specials=False))

@@ -104,8 +104,8 @@ def test_media_items_are_in_prompt_order_with_the_clients_uuids() -> None:
         {"role": "user", "content": [image("cat"), text("x"), {"type": "video_url", "uuid": ""}]},
                 {"role": "assistant", "content": "ok"},
                 {"role": "user", "content": [{"type": "audio_url", "uuid": "song"}]}]
-    assert media_items(messages) == [MediaItem("image", "cat"), MediaItem("video", None),
-                                     MediaItem("audio", "song")]
+    assert media_items(messages) == [MediaItem("image", "cat", "data:image/png;base64,AAAA"),
+                                     MediaItem("video", None), MediaItem("audio", "song")]
 
 
 def encode_words(piece: str) -> list[int]:

@@ -5,7 +5,10 @@ with the repository's model directory), a conversation matched past its image.""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from kvgate.policies.engine_blocks import EngineBlockIndex, chain_root
 from kvgate.policies.media import MediaTokens, media_items
 from kvgate.policies.media_prompt import media_block_keys, media_prompt_tokens
 from kvgate.policies.model_tokenizer import ModelTokenizer
+from kvgate.policies.vision_grid import VisionGrid
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.cli import build_parser
 from kvgate.simulator.cli import fleet_config as cli_fleet_config
@@ -30,6 +34,8 @@ from kvgate.simulator.media import (
     DEFAULT_IMAGE_TOKENS,
     IMAGE_PLACEHOLDER,
     IMAGE_TOKEN_ID,
+    ImageGrid,
+    ImageTokens,
     MediaError,
     expand_images,
     image_identifiers,
@@ -38,6 +44,13 @@ from kvgate.simulator.media import (
 from tests.simulator.conftest import MODEL, fleet_config
 from tests.simulator.test_engine import _drain
 from tests.simulator.test_engine_support import make_engine
+
+
+def png_url(width: int, height: int) -> str:
+    """A data URL of a PNG's signature and header (all that a size needs)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk).decode()
 
 
 def image(uuid: str | None = None, url: str = "data:image/png;base64,AAAA") -> dict[str, Any]:
@@ -71,12 +84,12 @@ def test_each_placeholder_becomes_the_images_tokens() -> None:
     def encode(text: str) -> tuple[int, ...]:
         return tuple(len(w) for w in text.split())
 
-    tokens, spans = expand_images("ab <image> cde <image> f", ["x", "y"], encode, 3)
+    tokens, spans = expand_images("ab <image> cde <image> f", ["x", "y"], encode, [3, 3])
     assert tokens == (2, IMAGE_TOKEN_ID, IMAGE_TOKEN_ID, IMAGE_TOKEN_ID, 3,
                       IMAGE_TOKEN_ID, IMAGE_TOKEN_ID, IMAGE_TOKEN_ID, 1)
     assert spans == (("x", 1, 3), ("y", 5, 3))
     with pytest.raises(MediaError, match="more '<image>' placeholders"):
-        expand_images("<image> <image>", ["x"], encode, 3)
+        expand_images("<image> <image>", ["x"], encode, [3])
 
 
 def test_a_chat_with_an_image_and_a_bad_part_through_the_api_parser() -> None:
@@ -114,12 +127,17 @@ def test_two_images_behind_the_same_tokens_are_other_blocks() -> None:
     assert all(e.media == () or e.media[0][0] == "two" for e in again)
 
 
-def test_the_pickers_keys_match_a_conversation_the_simulator_stored_past_its_image() -> None:
+@pytest.mark.parametrize("count", ["fixed", "grid"])
+def test_the_pickers_keys_match_a_conversation_the_simulator_stored_past_its_image(count: str) -> None:
     """The simulated engine (the repository's tokenizer file) serves a chat with a named image; its
     events go through vLLM's wire format into the picker's index; the next turn's keys as the
     picker computes them (the model directory's template, ``media`` as the profile would name it)
-    match every block of the first turn's prompt, past the image; an unnamed image only before it."""
+    match every block of the first turn's prompt, past the image; an unnamed image only before it.
+    ``grid``: the image's count follows its size (a 300 x 200 PNG) on both sides (Qwen2-VL's)."""
     encode = file_encoder(BUNDLED)
+    url = png_url(300, 200) if count == "grid" else "data:image/png;base64,AAAA"
+    engine_tokens: ImageTokens = ImageGrid() if count == "grid" else DEFAULT_IMAGE_TOKENS
+    grid = VisionGrid() if count == "grid" else None
     engine = make_engine(kv_events=True, num_gpu_blocks=256, block_size=16)
     system = {"role": "system", "content": "the and for are but not you all " * 20}
 
@@ -127,8 +145,10 @@ def test_the_pickers_keys_match_a_conversation_the_simulator_stored_past_its_ima
         return [system, {"role": "user", "content": [{"type": "text", "text": "can had her was one " * 6},
                                                      first_image]}]
 
-    body = {"messages": turn(image("photo-1"))}
-    parsed = api.parse_inference("chat", body, "m", encode)
+    body = {"messages": turn(image("photo-1", url))}
+    parsed = api.parse_inference("chat", body, "m", encode, engine_tokens)
+    if grid is not None:
+        assert parsed.prompt_tokens.count(IMAGE_TOKEN_ID) == 11 * 7  # 300 x 200 -> 308 x 196 pixels
     engine.submit(SimRequest("t1", parsed.prompt_tokens, 1, media=parsed.media), 0.0)
     now, _ = _drain(engine, 0.0)
     index = EngineBlockIndex()
@@ -140,7 +160,7 @@ def test_the_pickers_keys_match_a_conversation_the_simulator_stored_past_its_ima
     model = ModelTokenizer.load(Path(BUNDLED).parent)
     template = model.chat_template
     assert template is not None
-    media = {"image": MediaTokens(IMAGE_PLACEHOLDER, DEFAULT_IMAGE_TOKENS, IMAGE_TOKEN_ID)}
+    media = {"image": MediaTokens(IMAGE_PLACEHOLDER, DEFAULT_IMAGE_TOKENS, IMAGE_TOKEN_ID, grid)}
 
     def picker_keys(first_image: dict[str, Any]) -> list[int]:
         messages = [*turn(first_image), {"role": "assistant", "content": "get has him his " * 5},
@@ -154,10 +174,10 @@ def test_the_pickers_keys_match_a_conversation_the_simulator_stored_past_its_ima
         assert prompt is not None
         return media_block_keys(prompt[0], 16, chain_root(), prompt[1], None, None)
 
-    assert index.matches(picker_keys(image("photo-1"))) == {"r0": stored}
+    assert index.matches(picker_keys(image("photo-1", url))) == {"r0": stored}
     image_block = parsed.media[0][1] // 16
-    assert index.matches(picker_keys(image())).get("r0", 0) == image_block
-    assert index.matches(picker_keys(image("photo-2"))).get("r0", 0) == image_block
+    assert index.matches(picker_keys(image(None, url))).get("r0", 0) == image_block
+    assert index.matches(picker_keys(image("photo-2", url))).get("r0", 0) == image_block
 
 
 async def test_a_replica_expands_images_to_its_configured_count(http: aiohttp.ClientSession) -> None:
@@ -183,3 +203,24 @@ async def test_a_replica_expands_images_to_its_configured_count(http: aiohttp.Cl
     with pytest.raises(ValueError, match="image-tokens"):
         cli_fleet_config(build_parser().parse_args(["--image-tokens", "0"]))
 
+
+
+def test_a_grid_models_count_follows_each_images_size_and_needs_its_bytes() -> None:
+    """``kvgate sim --image-grid``: Qwen2-VL's count per image (224 x 224: 64 tokens; 640 x 480:
+    391), read from a data URL; an image by address, one that is not an image, or one more elongated
+    than 200:1 is a 400 (vLLM cannot take it either)."""
+    grid = ImageGrid()
+    def parse(*urls: str) -> Any:
+        content = [{"type": "text", "text": "what"}, *(image(f"u{i}", u) for i, u in enumerate(urls))]
+        return api.parse_inference("chat", {"messages": [{"role": "user", "content": content}]}, "m",
+                                   image_tokens=grid)
+
+    parsed = parse(png_url(224, 224), png_url(640, 480))
+    assert [n for _, _, n in parsed.media] == [64, 391]
+    assert parsed.prompt_tokens.count(IMAGE_TOKEN_ID) == 64 + 391
+    for url in ("https://example.com/cat.png", "data:image/png;base64,bm90IGFuIGltYWdl", png_url(10, 2001)):
+        with pytest.raises(api.ApiError) as err:
+            parse(url)
+        assert err.value.status == 400
+    args = build_parser().parse_args(["--image-grid"])
+    assert {r.image_tokens for r in cli_fleet_config(args).replicas} == {ImageGrid()}
