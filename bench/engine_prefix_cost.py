@@ -21,10 +21,13 @@ remembered) and keyed, no lazy tail.
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import random
 import statistics
+import struct
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -40,6 +43,7 @@ from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.policies.plugins.engine_prefix import EnginePrefixBlueprint
 from kvgate.policies.state import InProcessState
 from kvgate.policies.types import InferenceRequest
+from kvgate.policies.vision_grid import VisionGrid
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "simulator" / "data" / "tokenizer.json"
 GROUPS = 32
@@ -86,11 +90,21 @@ def text_of(rng: random.Random, tokens: int, tokenizer: Tokenizer) -> str:
 
 IMAGE = MediaTokens("<image>", 64, 128_255)
 """The simulated model's images (simulator/media.py)."""
+GRID_IMAGE = MediaTokens("<image>", 0, 128_255, VisionGrid())
+"""``kvgate sim --image-grid``'s: Qwen2-VL's count from each image's size."""
 
 
-def chat(system: str, group: int, question: str) -> list[dict[str, object]]:
-    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{group}"},
-             "uuid": f"img-{group}"}
+def photo_url(group: int) -> str:
+    """A 640 x 480 PNG's data URL of 300 KB (a photo's size; only its header is read)."""
+    ihdr = struct.pack(">IIBBBBB", 640, 480, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    body = bytes([group % 256]) * 300_000
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk + body).decode()
+
+
+def chat(system: str, group: int, question: str, grid: bool = False) -> list[dict[str, object]]:
+    url = photo_url(group) if grid else f"data:image/png;base64,{group}"
+    image = {"type": "image_url", "image_url": {"url": url}, "uuid": f"img-{group}"}
     return [{"role": "system", "content": system},
             {"role": "user", "content": [image, {"type": "text", "text": question}]}]
 
@@ -107,12 +121,13 @@ def engine_extras(spans: Sequence[Span], blocks: int) -> list[list[list[object]]
 
 
 def store_chat(index: EngineBlockIndex, model: ModelTokenizer, system: str, group: int,
-               addresses: Sequence[str]) -> None:
+               addresses: Sequence[str], grid: bool = False) -> None:
     """What the engines report for a group's chat up to its question."""
-    messages = chat(system, group, "")
+    messages = chat(system, group, "", grid)
     assert model.chat_template is not None
     text = model.chat_template.render(messages, {"image": IMAGE.placeholder})
-    prompt = media_prompt_tokens(text, media_items(messages), {"image": IMAGE}, {"image": 128_255},
+    media = GRID_IMAGE if grid else IMAGE
+    prompt = media_prompt_tokens(text, media_items(messages), {"image": media}, {"image": 128_255},
                                  lambda piece: model.tokenizer.encode(piece, add_special_tokens=False).ids)
     assert prompt is not None
     ids, spans = prompt
@@ -124,7 +139,7 @@ def store_chat(index: EngineBlockIndex, model: ModelTokenizer, system: str, grou
 
 
 def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBlueprint,
-        media: bool = False) -> list[float]:
+        media: bool = False, grid: bool = False) -> list[float]:
     assert blueprint.model is not None
     tokenizer = blueprint.model.tokenizer
     rng = random.Random(tokens)
@@ -134,7 +149,7 @@ def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBluep
     for g, system in enumerate(systems):
         holders = rng.sample(addresses, min(4, endpoints))
         if media:
-            store_chat(index, blueprint.model, system, g, holders)
+            store_chat(index, blueprint.model, system, g, holders, grid)
             continue
         ids = tokenizer.encode(system).ids
         whole = len(ids) - len(ids) % BLOCK_SIZE
@@ -149,7 +164,7 @@ def run(tokens: int, requests: int, endpoints: int, blueprint: EnginePrefixBluep
     for i in range(requests):
         question = text_of(rng, 64, tokenizer)
         if media:
-            messages = chat(systems[i % GROUPS], i % GROUPS, question)
+            messages = chat(systems[i % GROUPS], i % GROUPS, question, grid)
             request = InferenceRequest(f"r{i}", "bench", "m", "m", prompt=systems[i % GROUPS] + question,
                                        messages=messages)
         else:
@@ -170,21 +185,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER)
     parser.add_argument("--media", action="store_true", help="chats with a named image (the model "
                         "directory of --tokenizer must hold the chat template)")
+    parser.add_argument("--grid", action="store_true", help="with --media: the image's count follows its "
+                        "size (Qwen2-VL's grid), read from a 300 KB data URL's header")
     args = parser.parse_args(argv)
     model = args.tokenizer.parent if args.media else args.tokenizer
     parameters: dict[str, object] = {"tokenizer": str(model)}
     if args.media:
-        parameters["media"] = {"image": {"placeholder": IMAGE.placeholder, "tokens": IMAGE.tokens,
-                                         "token_id": IMAGE.token_id}}
+        parameters["media"] = {"image": {"placeholder": IMAGE.placeholder, "token_id": IMAGE.token_id,
+                                         **({"grid": {}} if args.grid else {"tokens": IMAGE.tokens})}}
     blueprint = EnginePrefixBlueprint.from_parameters(parameters)
     lines = [
         f"`python -m kvgate.bench.engine_prefix_cost --requests {args.requests} "
-        f"--endpoints {args.endpoints}{' --media' if args.media else ''}` ({os.cpu_count()} cores, "
+        f"--endpoints {args.endpoints}{' --media' if args.media else ''}{' --grid' if args.grid else ''}` "
+        f"({os.cpu_count()} cores, "
         f"tokenizer {args.tokenizer.name})", "",
         "| prompt tokens | prepare p50 µs | p90 µs | p99 µs |", "|---|---|---|---|",
     ]
     for tokens in (1024, 8192, 32768):
-        times = sorted(run(tokens, args.requests, args.endpoints, blueprint, args.media))
+        times = sorted(run(tokens, args.requests, args.endpoints, blueprint, args.media, args.grid))
         q = statistics.quantiles(times, n=100)
         lines.append(f"| {tokens:,} | {statistics.median(times):,.0f} | {q[89]:,.0f} | {q[98]:,.0f} |")
     print("\n".join(lines))
