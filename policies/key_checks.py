@@ -6,8 +6,9 @@ engine's (another model's tokenizer, a server started with its own ``--chat-temp
 that renders a template otherwise), no key kvgate makes is one an engine reports: every followed
 endpoint's match is zero, and routing on that is worse than the approximate guess it replaced, with
 nothing failing. So each request served by an endpoint whose events are followed is checked: a
-moment after it ended (``delay_s``: its events have arrived; its blocks are cached, freed behind
-newer work), the last block kvgate keyed for it should be in that endpoint's report. An engine
+moment after it ended (``delay_s``, half a second: its events have arrived, an engine publishes
+them every step; its blocks are cached, freed behind newer work), the last block kvgate keyed for
+it should be in that endpoint's report. Checks run as requests start and end. An engine
 frees a sequence's blocks tail first, so the last one held means all were.
 
 Over the last ``window`` checks, once ``min_checks`` were made: under ``distrust_below`` of them
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class KeyCheckSettings:
-    delay_s: float = 1.0
+    delay_s: float = 0.5
     window: int = 64
     min_checks: int = 32
     distrust_below: float = 0.1

@@ -323,6 +323,8 @@ class EnginePrefixMatches(FeedbackPlugin):
     def on_finished(self, request: InferenceRequest, endpoint: Endpoint, *, ok: bool, now: float) -> None:
         self._pending.remove(request.request_id)
         self._checks.finished(request.request_id, now)
+        if self._cache is not None:  # (requests that end check as many as those that start)
+            self._check_keys(self._cache, now)
 
     def forget_endpoint(self, address: str) -> None:
         self._pending.forget_endpoint(address)
