@@ -88,6 +88,14 @@ class _Params(Params):
     """Modality (``image``, ``audio``, ``video``) → how the model's engine puts one item in the
     prompt (``policies.media.MediaTokens``); a modality not named is not predicted past."""
 
+    @model_validator(mode="after")
+    def _grids_for_images(self) -> _Params:
+        # a video's count on the grid also depends on its frames, which kvgate does not read
+        for modality, media in self.media.items():
+            if media.grid is not None and modality != "image":
+                raise ValueError(f"media.{modality}: 'grid' is for images (a video's frames are not read)")
+        return self
+
 
 DEFAULT_BLOCK_SIZE = 16
 _MAX_PREPARED = 1024

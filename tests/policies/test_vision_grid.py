@@ -132,6 +132,8 @@ def test_grid_parameters_are_checked() -> None:
     with pytest.raises(ConfigError, match="either"):
         EnginePrefixBlueprint.from_parameters(
             {"media": {"image": {"placeholder": "<i>", "tokens": 5, "grid": {}}}})
+    with pytest.raises(ConfigError, match="for images"):
+        EnginePrefixBlueprint.from_parameters({"media": {"video": {"placeholder": "<v>", "grid": {}}}})
     blueprint = EnginePrefixBlueprint.from_parameters(
         {"media": {"image": {"placeholder": "<|image_pad|>", "token_id": 151655,
                              "grid": {"min_pixels": 200_704, "max_pixels": 1_003_520}}}})
