@@ -8,11 +8,15 @@ behind one Envoy with kvgate's one-pass filter chain, whose ext_proc cluster lis
 ports (least request); wrk closed-loop load with a 1 KB non-streamed body and a 64-token stream of
 one SSE chunk per token. With ``--load-cores K`` (K > 0) wrk runs pinned to the last K cores and
 everything else to the others, so the load generator does not compete with what it measures.
-Reported: req/s, p50, the pickers' CPU per request (every worker and the private Redis summed),
+Reported: req/s, p50, p99, the pickers' CPU per request (every worker and the private Redis summed),
 and each process group's cores; first, the pickers' cores at rest (``--idle-seconds``: scraping and
 sharing alone). ``--scrapes both`` runs each N with shared scrapes (the default: one worker scrapes
 the upstream for all) and with ``--no-shared-scrapes`` (each worker scrapes it), alternating which
 goes first, so the two compare within one run.
+
+``--floor`` first runs the one-pass null processor (bench/datapath/null_picker.py, one process:
+the grpc.aio + Envoy floor of a Python picker, onepass's ``floor``) behind the same Envoy and load,
+and each row gives its p99 as a multiple of the floor's (issue 35's tail at concurrency 64).
 
 Diagnostics for what limits scaling: each row splits the pickers' cores into the least and most busy
 worker and the private Redis (an unbalanced spread shows there); ``--upstream-processes K`` serves the
@@ -37,7 +41,7 @@ from pathlib import Path
 from kvgate.bench.datapath.envoy import POOL
 from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
 from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath.onepass import processor_listener, stream_bodies
+from kvgate.bench.datapath.onepass import FLOOR, processor_listener, stream_bodies
 from kvgate.bench.datapath.procs import (
     Child,
     TreeCpu,
@@ -45,6 +49,7 @@ from kvgate.bench.datapath.procs import (
     picker_processes,
     pools_yaml,
     start_child,
+    start_null_picker,
     start_upstream,
 )
 from kvgate.gateway.controlplane.envoy_clusters import (
@@ -58,21 +63,31 @@ from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, f
 from kvgate.policies.types import FailureMode
 
 IDLE = "at rest"
-Row = tuple[float, float, float, int, dict[str, float]]
+Row = tuple[float, float, float, float, int, dict[str, float]]
+"""req/s, p50 ms, p99 ms, processor µs per request, errors, cores by process group."""
+FLOOR_ROW = "floor"
 
 
-def table_row(workers: int, shared: bool, case: str, row: Row, base: dict[tuple[str, bool], float]) -> str:
-    rps, p50, per_request, errors, cpu = row
-    label = "shared" if shared else "own"
+def table_row(workers: int | str, shared: bool | None, case: str, row: Row,
+              base: dict[tuple[str, bool], float], floor: dict[str, float]) -> str:
+    rps, p50, p99, per_request, errors, cpu = row
+    label = "–" if shared is None else "shared" if shared else "own"
     if case == IDLE:
         return (
-            f"| {workers} | {label} | {case} | – | – | – | – | – | {cpu['pickers']:.3f} | "
+            f"| {workers} | {label} | {case} | – | – | – | – | – | – | – | {cpu['pickers']:.3f} | "
             f"{spread(cpu)} | {cpu['envoy']:.3f} | {cpu['upstream']:.3f} | – |"
         )
-    base.setdefault((case, shared), rps)
+    times = "–"
+    if shared is not None:
+        base.setdefault((case, shared), rps)
+        times = f"{rps / base[case, shared]:.2f}"
+    else:
+        floor[case] = p99
+    p99_floor = f"{p99 / floor[case]:.2f}" if floor.get(case) else "–"
+    workers_cores = spread(cpu) if shared is not None else "–"
     return (
-        f"| {workers} | {label} | {case} | {rps:.0f} | {rps / base[case, shared]:.2f} | {p50:.2f} | "
-        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {spread(cpu)} | {cpu['envoy']:.2f} | "
+        f"| {workers} | {label} | {case} | {rps:.0f} | {times} | {p50:.2f} | {p99:.2f} | {p99_floor} | "
+        f"{per_request:.0f} | {errors} | {cpu['pickers']:.2f} | {workers_cores} | {cpu['envoy']:.2f} | "
         f"{cpu['upstream']:.2f} | {cpu['wrk']:.2f} |"
     )
 
@@ -144,11 +159,13 @@ async def run(args: argparse.Namespace) -> str:
         f"{args.envoy_concurrency or 'N'}; endpoints: {args.endpoints} served by "
         f"{args.upstream_processes} upstream process(es)",
         "",
-        "| N workers | scrapes | request | req/s | × 1 worker | p50 ms | pickers µs/req | errors "
-        "| cores: pickers+redis | a worker's cores min–max / redis | envoy | upstream | wrk |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| N workers | scrapes | request | req/s | × 1 worker | p50 ms | p99 ms | p99 × floor's "
+        "| pickers µs/req | errors | cores: pickers+redis | a worker's cores min–max / redis | envoy "
+        "| upstream | wrk |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base: dict[tuple[str, bool], float] = {}
+    floor: dict[str, float] = {}
     modes = {"shared": [True], "own": [False], "both": [True, False]}[args.scrapes]
     with tempfile.TemporaryDirectory(prefix="kvgate-workers-") as tmp, affinity(service_cores):
         workdir = Path(tmp)
@@ -165,13 +182,18 @@ async def run(args: argparse.Namespace) -> str:
                 "1 KB": write_bodies(workdir / "b.jsonl", completion_bodies(1024, 64)),
                 "stream 64": write_bodies(workdir / "s.jsonl", stream_bodies(64, 64)),
             }
+            if args.floor:
+                floor_rows = await measure_floor(args, files, endpoints, upstream, load_cores)
+                for case, row in floor_rows.items():
+                    lines.append(table_row(FLOOR_ROW, None, case, row, base, floor))
+                    print(lines[-1], file=sys.stderr, flush=True)
             for turn, workers in enumerate(args.workers):
                 for shared in modes if turn % 2 == 0 else modes[::-1]:
                     rows = await measure(
                         args, workers, shared, pools, files, endpoints, upstream, workdir, load_cores
                     )
                     for case, row in rows.items():
-                        lines.append(table_row(workers, shared, case, row, base))
+                        lines.append(table_row(workers, shared, case, row, base, floor))
                         print(lines[-1], file=sys.stderr, flush=True)
         finally:
             for child in upstream:
@@ -240,7 +262,7 @@ async def measure(
                 await asyncio.sleep(1.0)  # sharing settles: one worker leads
                 meter = CpuGroups(groups(picker, envoy, upstream))
                 await asyncio.sleep(args.idle_seconds)
-                rows[IDLE] = (0.0, 0.0, 0.0, 0, meter.cores())
+                rows[IDLE] = (0.0, 0.0, 0.0, 0.0, 0, meter.cores())
             with affinity(load_cores):
                 await run_wrk(
                     url, files["1 KB"], connections=args.connections, seconds=2, threads=args.threads
@@ -266,6 +288,7 @@ async def measure(
                 rows[case] = (
                     result.requests / result.duration_s,
                     result.p50_ms,
+                    result.p99_ms,
                     per_request,
                     result.errors,
                     cpu,
@@ -274,6 +297,55 @@ async def measure(
             await envoy.stop()
     finally:
         await picker.stop()
+    return rows
+
+
+async def measure_floor(
+    args: argparse.Namespace,
+    files: dict[str, Path],
+    endpoints: Sequence[str],
+    upstream: Sequence[Child],
+    load_cores: set[int] | None,
+) -> dict[str, Row]:
+    """The floor processor (onepass's ``floor``: every request to the first endpoint, response
+    phases skipped) behind an Envoy like the workers' (concurrency ``--envoy-concurrency``, else 2)."""
+    null, address = await start_null_picker(endpoints[0])
+    rows: dict[str, Row] = {}
+    try:
+        port = free_port()
+        config = bootstrap(
+            free_port(),
+            [processor_listener("floor", port, "ext_proc_null", FLOOR)],
+            [
+                ext_proc_cluster([address], name="ext_proc_null"),
+                *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
+            ],
+            node_id="kvgate-bench-workers-floor",
+        )
+        envoy = EnvoyProcess(config, EnvoyOptions(concurrency=args.envoy_concurrency or 2))
+        await envoy.start()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await wait_until_serving(url, completion_bodies(1024, 1)[0])
+            with affinity(load_cores):
+                await run_wrk(
+                    url, files["1 KB"], connections=args.connections, seconds=2, threads=args.threads
+                )
+            for case, body in files.items():
+                meter = CpuGroups(groups(null, envoy, upstream))
+                with affinity(load_cores):
+                    result = await run_wrk(
+                        url, body, connections=args.connections, seconds=args.seconds, threads=args.threads
+                    )
+                cpu = meter.cores()
+                cpu["wrk"] = result.wrk_cpu
+                per_request = cpu["pickers_seconds"] / max(1, result.requests) * 1e6
+                rows[case] = (result.requests / result.duration_s, result.p50_ms, result.p99_ms,
+                              per_request, result.errors, cpu)
+        finally:
+            await envoy.stop()
+    finally:
+        await null.stop()
     return rows
 
 
@@ -318,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="serve the endpoints from this many upstream processes")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="py-spy one worker during each 1 KB run into this folder (py-spy on PATH)")
+    parser.add_argument("--floor", action="store_true",
+                        help="first the one-pass null processor behind the same Envoy: p99 × the floor's")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
