@@ -14,6 +14,8 @@ sharing alone). ``--scrapes both`` runs each N with shared scrapes (the default:
 the upstream for all) and with ``--no-shared-scrapes`` (each worker scrapes it), alternating which
 goes first, so the two compare within one run.
 
+``--lean`` runs the pickers as ``kvgate up`` does (``--skip-unread-responses --outcome-reports``:
+responses not read, their outcomes reported by Envoy's access log), onepass's ``kvgate_lean``.
 ``--floor`` first runs the one-pass null processor (bench/datapath/null_picker.py, one process:
 the grpc.aio + Envoy floor of a Python picker, onepass's ``floor``) behind the same Envoy and load,
 and each row gives its p99 as a multiple of the floor's (issue 35's tail at concurrency 64).
@@ -41,7 +43,7 @@ from pathlib import Path
 from kvgate.bench.datapath.envoy import POOL
 from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
 from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath.onepass import FLOOR, processor_listener, stream_bodies
+from kvgate.bench.datapath.onepass import FLOOR, LEAN, LEAN_ARGS, processor_listener, stream_bodies
 from kvgate.bench.datapath.procs import (
     Child,
     TreeCpu,
@@ -232,6 +234,8 @@ async def measure(
     ]
     if not shared:
         command += ["--no-shared-scrapes"]
+    if args.lean:
+        command += list(LEAN_ARGS)
     if args.redis:  # with one worker too: the cost of sharing alone
         command += ["--redis", args.redis]
     if args.scrape_interval:
@@ -243,12 +247,14 @@ async def measure(
         words = dict(w.split("=", 1) for w in picker.ready_words if "=" in w)
         own = words.get("grpc_workers") or words["grpc"]
         pickers = [split_host_port(a) for a in own.split(",")]
+        outcomes = [split_host_port(a) for a in words.get("outcomes", "").split(",") if a]
         port = free_port()
         config = bootstrap(
             free_port(),
-            [processor_listener("kvgate", port, "ext_proc_workers", ONE_PASS)],
+            [processor_listener("kvgate", port, "ext_proc_workers", LEAN if args.lean else ONE_PASS)],
             [
                 ext_proc_cluster(pickers, name="ext_proc_workers"),
+                *([ext_proc_cluster(outcomes, name="ext_proc_workers_outcomes")] if args.lean else []),
                 *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE)),
             ],
             node_id="kvgate-bench-workers",
@@ -390,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="serve the endpoints from this many upstream processes")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="py-spy one worker during each 1 KB run into this folder (py-spy on PATH)")
+    parser.add_argument("--lean", action="store_true",
+                        help="the pickers as kvgate up runs them (--skip-unread-responses --outcome-reports)")
     parser.add_argument("--floor", action="store_true",
                         help="first the one-pass null processor behind the same Envoy: p99 × the floor's")
     parser.add_argument("--output", type=Path, default=None)
