@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Histogram
 
 from kvgate.policies.framework import PluginTimer
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.profile import load_profile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
@@ -38,7 +39,7 @@ SYSTEM_CHARS = 20_000
 GROUPS = 32
 
 
-def fleet(n: int, rng: random.Random, now: float) -> tuple[EndpointView, ...]:
+def fleet(n: int, rng: random.Random, now: float) -> PoolViews:
     views = []
     for i in range(n):
         metrics = EndpointMetrics(
@@ -50,18 +51,20 @@ def fleet(n: int, rng: random.Random, now: float) -> tuple[EndpointView, ...]:
             updated_at=now - 0.01,
         )
         views.append(EndpointView(Endpoint(f"10.0.{i // 250}.{i % 250}:8000", "bench"), metrics))
-    return tuple(views)
+    return PoolViews.after(None, views, None)
 
 
-def rescraped(views: tuple[EndpointView, ...], i: int) -> tuple[EndpointView, ...]:
-    """The tuple the scraper publishes after scraping endpoint ``i`` again (same values, new objects)."""
+def rescraped(views: PoolViews, i: int) -> PoolViews:
+    """The tuple the scraper publishes after scraping endpoint ``i`` again (same values, new objects),
+    naming it as the scraper does (``policies.pool_views``)."""
     old = views[i]
     m = old.metrics
     assert m is not None
     metrics = EndpointMetrics(
         m.waiting, m.running, m.kv_cache_usage, block_size=16, num_gpu_blocks=30_000, updated_at=m.updated_at
     )
-    return (*views[:i], EndpointView(old.endpoint, metrics), *views[i + 1 :])
+    replaced = (*views[:i], EndpointView(old.endpoint, metrics), *views[i + 1 :])
+    return PoolViews.after(views, replaced, {old.address})
 
 
 class Requests:

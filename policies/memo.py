@@ -38,7 +38,7 @@ class TupleMemo(Generic[V]):
         if entry is not None and entry[0] is endpoints:
             return entry[1]
         value = compute(endpoints)
-        if type(endpoints) is tuple:
+        if isinstance(endpoints, tuple):
             self._entry = (endpoints, value)
         return value
 
@@ -79,6 +79,6 @@ class ViewRecords(Generic[R]):
             if hit is None or hit[0] is not view:
                 hit = by_view[id(view)] = (view, build(view))
             append(hit[1])
-        if type(endpoints) is tuple:
+        if isinstance(endpoints, tuple):
             self._entry = (endpoints, records)
         return records

@@ -41,6 +41,7 @@ from kvgate.gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, pars
 from kvgate.gateway.picker.scrape.exposition import LineMemo, MetricsPageError
 from kvgate.gateway.picker.scrape.http_get import MetricsConnection
 from kvgate.gateway.picker.scrape.target import ScrapeCounters, ScrapeTarget, checked_endpoint, metrics_url
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,9 @@ class MetricsScraper:
         self._delegate: ScrapeDelegate | None = None
         self._lines = LineMemo()
         """The metrics pages' lines parsed so far (every endpoint's: most repeat between scrapes)."""
-        self._dirty: set[str] = set()
-        """Pools whose views changed since the last snapshot (published together, ``PUBLISH_DELAY_S``)."""
+        self._dirty: dict[str, set[str]] = {}
+        """Per pool, the endpoints whose views changed since the last snapshot (published together,
+        ``PUBLISH_DELAY_S``)."""
 
     # -- readers -------------------------------------------------------------------------------
 
@@ -177,7 +179,7 @@ class MetricsScraper:
         targets = self._targets.get(pool)
         if not targets:
             return
-        changed = False
+        changed: set[str] = set()
         for address, metrics, healthy in records:
             target = targets.get(address)
             if target is None:
@@ -187,7 +189,7 @@ class MetricsScraper:
                 target.adopted = True
                 if healthy != mine.healthy:
                     target.view = EndpointView(target.endpoint, mine.metrics, healthy)
-                    changed = True
+                    changed.add(address)
                 continue
             if (
                 not target.adopted  # a view adopted before is superseded by the newer batch, always
@@ -199,9 +201,9 @@ class MetricsScraper:
             target.adopted = True
             if metrics is not mine.metrics or healthy != mine.healthy:  # (a batch's are new objects)
                 target.view = EndpointView(target.endpoint, metrics, healthy)
-                changed = True
+                changed.add(address)
         if changed:
-            self._publish(pool)
+            self._publish(pool, changed)
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -403,26 +405,27 @@ class MetricsScraper:
             return  # a retired endpoint's last scrape: not ours to publish any more
         if not self._dirty:
             asyncio.get_running_loop().call_later(PUBLISH_DELAY_S, self._publish_dirty)
-        self._dirty.add(pool)
+        self._dirty.setdefault(pool, set()).add(changed.endpoint.address)
 
     def _publish_dirty(self) -> None:
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty = self._dirty, {}
         pools = dict(self._snapshot.pools)
-        for pool in dirty:
+        for pool, changed in dirty.items():
             targets = self._targets.get(pool)
             if targets is not None:
-                pools[pool] = tuple(t.view for t in targets.values())
+                pools[pool] = PoolViews.after(pools.get(pool), (t.view for t in targets.values()), changed)
         self._swap(pools)
         if self._delegate is not None:
             for pool in dirty:
                 self._delegate.scraped(pool)
 
-    def _publish(self, pool: str) -> None:
+    def _publish(self, pool: str, changed: set[str] | None = None) -> None:
+        """Publish ``pool`` now; ``changed``: the endpoints whose views changed (None: not known)."""
         targets = self._targets.get(pool)
         if targets is None:
             return
         pools = dict(self._snapshot.pools)
-        pools[pool] = tuple(t.view for t in targets.values())
+        pools[pool] = PoolViews.after(pools.get(pool), (t.view for t in targets.values()), changed)
         self._swap(pools)
 
     def _swap(self, pools: Mapping[str, tuple[EndpointView, ...]]) -> None:

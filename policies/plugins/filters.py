@@ -127,7 +127,7 @@ def _narrowed(endpoints: Sequence[EndpointView], kept: list[EndpointView]) -> Se
     a tuple when ``endpoints`` is one."""
     if not kept or len(kept) == len(endpoints):
         return endpoints
-    return tuple(kept) if type(endpoints) is tuple else kept
+    return tuple(kept) if isinstance(endpoints, tuple) else kept
 
 
 def _is_known_adapter(adapter: str, endpoints: Sequence[EndpointView]) -> bool:

@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 
 from kvgate.policies.plugins.candidates import CandidateSetFilter, CandidateSetParams
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.profile import load_profile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.state import InProcessState
@@ -114,3 +115,35 @@ def test_a_prefix_holder_is_found_when_the_positions_moved_and_a_newcomer_after_
     replaced = (*endpoints[:50], newcomer, *endpoints[51:])  # in 50's place: nothing else moved
     assert kept_after(narrow, replaced, soon, state, prompt) == [123]
     assert kept_after(narrow, replaced, NOW + 2 * CandidateSetFilter.REBUILD_S, state, prompt) == [999, 123]
+
+
+def test_named_changes_keep_the_same_candidates_as_comparing_the_tuples() -> None:
+    rng = random.Random(5)
+    named = CandidateSetFilter(CandidateSetParams(holders=0, least_loaded=8, sample=0))
+    compared = CandidateSetFilter(CandidateSetParams(holders=0, least_loaded=8, sample=0))
+    published = PoolViews.after(None, pool(300), None)
+    plain: tuple[EndpointView, ...] = tuple(published)
+    now = NOW
+    for step in range(400):
+        rescraped = {rng.randrange(300) for _ in range(rng.randint(1, 5))}
+        views = list(plain)
+        for i in rescraped:
+            views[i] = view(i, waiting=rng.randint(0, 4), running=rng.randint(0, 30), kv=rng.random(),
+                            active=frozenset({"a"}) if rng.random() < 0.1 else frozenset())
+        plain = tuple(views)
+        published = PoolViews.after(published, views, {views[i].address for i in rescraped})
+        now += 0.001
+        if step % 3:  # some picks see several publishes
+            continue
+        for model in ("base", "a"):
+            expected = kept_after(compared, plain, now, model=model)
+            assert kept_after(named, published, now, model=model) == expected
+
+
+def test_a_named_endpoint_away_from_its_place_rebuilds() -> None:
+    narrow = CandidateSetFilter(CandidateSetParams(holders=0, least_loaded=1, sample=0))
+    first = PoolViews.after(None, pool(300), None)
+    assert kept_after(narrow, first, NOW) == [0]
+    moved = (view(299, waiting=0, running=0, kv=0.0), *first[1:299], first[0])  # 299 and 0 swapped
+    second = PoolViews.after(first, moved, {moved[0].address})  # (a scraper would say None)
+    assert kept_after(narrow, second, NOW + CandidateSetFilter.REBUILD_S / 2) == [299]  # found, now first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 from kvgate.gateway.picker.scrape.dialects import MetricsDialect
 from kvgate.gateway.picker.scrape.target import metrics_url
 from kvgate.gateway.picker.scraper import MetricsScraper, grid_tick
-from kvgate.policies.types import Endpoint, EndpointSnapshot
+from kvgate.policies.pool_views import PoolViews
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot
 from tests.gateway.picker.metrics_server import (
     ServerFactory,
     eventually,
@@ -305,3 +307,39 @@ async def test_a_replica_whose_metrics_page_hangs_is_stale_within_the_window() -
             await eventually(lambda: healthy(scraper, "sim", address), "healthy again", 8.0)
     finally:
         await fleet.stop()
+
+
+async def test_each_published_tuple_names_the_endpoints_whose_views_it_replaced(
+    servers: ServerFactory,
+) -> None:
+    one, two, three = [await servers(vllm_text(i)) for i in (1, 2, 3)]
+    seen: list[EndpointSnapshot] = []
+    async with fast_scraper(on_snapshot=seen.append) as scraper:
+        scraper.set_endpoints("p", "vllm", [one.address, two.address])
+        await eventually(lambda: waiting_of(scraper, "p", two.address) == 2, "both scraped")
+        scraper.set_endpoints("p", "vllm", [one.address, two.address, three.address])
+        await eventually(lambda: waiting_of(scraper, "p", three.address) == 3, "three scraped")
+        stopped = one.address
+        await one.stop()
+        await eventually(lambda: not healthy(scraper, "p", stopped), "one unhealthy")
+        scraper.adopt("p", [(two.address, EndpointMetrics(waiting=42, updated_at=scraper.now() + 5), True)])
+        assert waiting_of(scraper, "p", two.address) == 42
+    tuples = [s.endpoints("p") for s in seen if s.endpoints("p")]
+    said = unknown = 0
+    for before, after in itertools.pairwise(tuples):
+        assert isinstance(after, PoolViews)
+        changed = after.changed_since(before)
+        if len(before) != len(after):
+            assert changed is None  # the membership changed: not known
+            unknown += 1
+            continue
+        assert changed is not None
+        replaced = {b.address for a, b in zip(before, after, strict=True) if a is not b}
+        assert replaced <= changed  # never fewer than replaced (more when a view was set twice)
+        said += 1
+    assert unknown == 1
+    assert said >= 3
+    last, adopted = tuples[-2], tuples[-1]
+    assert isinstance(adopted, PoolViews)
+    assert adopted.changed_since(last) == {two.address}
+    assert adopted.changed_since(tuples[0]) is None  # across the membership change

@@ -1,0 +1,73 @@
+"""A pool's endpoints as the scraper publishes them, with which endpoints changed since earlier
+publishes.
+
+The scraper publishes a new tuple of a pool's views about once a millisecond at 1,000 endpoints
+(every scrape tick), so nearly every pick sees a new one. A plugin that keeps per-pool structures
+current (``candidate-set``'s least loaded and adapter holders) had to find what changed by comparing
+the whole tuple with the last one it saw: O(pool) per pick (~30 µs at 1,000 endpoints on the 2-core
+machine, bench/results/pick_cost.md), the one part of a large pool's pick still linear in the pool.
+The scraper knows which views it replaced; :class:`PoolViews` carries that, immutably: each tuple
+holds the changed addresses of the last ``KEEP`` publishes of its lineage (one lineage per pool per
+scraper), so :meth:`PoolViews.changed_since` answers for any earlier tuple of the same lineage up to
+``KEEP`` publishes back, and says ``None`` (compare the tuples) for anything else: a plain tuple, a
+tuple from another scraper, a gap longer than ``KEEP``, or a publish that did not say (the pool's
+membership changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+
+from kvgate.policies.types import EndpointView
+
+
+class PoolViews(tuple[EndpointView, ...]):
+    """A tuple of views that also says which addresses changed in its last ``KEEP`` publishes.
+
+    Equal to, and usable as, a plain tuple of the same views; build one with :meth:`after`.
+    """
+
+    KEEP = 16
+
+    lineage: object
+    """Shared by the successive tuples of one pool published by one scraper."""
+    generation: int
+    """0 for a lineage's first tuple, one more for each publish after it."""
+    recent: tuple[frozenset[str] | None, ...]
+    """The addresses whose views each of the last (up to ``KEEP``) publishes replaced, oldest first;
+    the last entry is this tuple's change against the one before it. None: not known."""
+
+    @classmethod
+    def after(
+        cls, previous: Sequence[EndpointView] | None, views: Iterable[EndpointView],
+        changed: Collection[str] | None,
+    ) -> PoolViews:
+        """``views``, published after ``previous`` with the views of ``changed`` replaced (None: not
+        known, e.g. endpoints came or left). A ``previous`` that is not a :class:`PoolViews` starts
+        a new lineage."""
+        out = cls(views)
+        if isinstance(previous, PoolViews):
+            out.lineage = previous.lineage
+            out.generation = previous.generation + 1
+            out.recent = (*previous.recent[1 - cls.KEEP:], None if changed is None else frozenset(changed))
+        else:
+            out.lineage = object()
+            out.generation = 0
+            out.recent = ()
+        return out
+
+    def changed_since(self, earlier: Sequence[EndpointView]) -> set[str] | None:
+        """The addresses whose views changed from ``earlier`` to this tuple (an empty set: none),
+        or None when this tuple cannot say (then compare the two)."""
+        if not isinstance(earlier, PoolViews) or earlier.lineage is not self.lineage:
+            return None
+        gap = self.generation - earlier.generation
+        recent = self.recent
+        if gap <= 0 or gap > len(recent):
+            return set() if earlier is self else None
+        out: set[str] = set()
+        for changed in recent[len(recent) - gap:]:
+            if changed is None:
+                return None
+            out |= changed
+        return out
