@@ -216,7 +216,11 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
         max_tokens = _max_tokens(body, ("max_tokens",), DEFAULT_COMPLETION_TOKENS)
     else:
         prompt_tokens, media = chat_prompt_media(body, encode, image_tokens)
-        max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"), DEFAULT_CHAT_TOKENS)
+        keys = ("max_completion_tokens", "max_tokens")
+        max_tokens = _max_tokens(body, keys, DEFAULT_CHAT_TOKENS)
+        if all(body.get(key) is None for key in keys):  # vLLM's chat: up to the rest of the context
+            max_tokens = max(1, min(max_tokens, MAX_MODEL_LEN - len(prompt_tokens)))
+    check_context(len(prompt_tokens), max_tokens)
     n = body.get("n", 1)
     if n not in (None, 1):
         raise ApiError(400, "the simulator supports n=1 only", "n")
@@ -275,6 +279,23 @@ def continuation_tokens(kind: ApiKind, body: Mapping[str, Any], prompt_tokens: S
         if tuple(ids[:len(tail)]) == tuple(tail) and len(ids) >= len(tail) + max_tokens:
             return tuple(ids[len(tail):len(tail) + max_tokens])
     return ()
+
+
+def check_context(prompt_tokens: int, max_tokens: int) -> None:
+    """vLLM's 400s for a request past the model's context (its wording, which clients match to
+    shorten and retry): a prompt longer than ``MAX_MODEL_LEN``, or a prompt and ``max_tokens`` that
+    together are. Without the second, ``max_tokens: 100000000000`` made the simulator build that
+    many tokens of reply text and grow until the machine ran out of memory."""
+    limit = MAX_MODEL_LEN
+    if prompt_tokens > limit:
+        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your "
+                            f"request has {prompt_tokens} input tokens. Please reduce the length of the "
+                            "input messages.", "input_tokens")
+    if prompt_tokens + max_tokens > limit:
+        raise ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                            f"model's maximum context length is {limit} tokens and your request has "
+                            f"{prompt_tokens} input tokens ({max_tokens} > {limit} - {prompt_tokens}).",
+                       "max_tokens")
 
 
 def _max_tokens(body: Mapping[str, Any], keys: Sequence[str], default: int) -> int:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from openai import AsyncOpenAI
+import pytest
+from openai import AsyncOpenAI, BadRequestError
+from openai.types.chat import ChatCompletionMessageParam
 
+from kvgate.simulator.openai_api import MAX_MODEL_LEN
 from tests.simulator.conftest import MODEL, FleetFactory
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 100  # ~1,100 tokens
@@ -98,3 +101,21 @@ async def test_lora_adapter_served_by_name(make_fleet: FleetFactory) -> None:
     assert result.model == "sql-lora"
     stats = fleet.replicas[0].stats()
     assert stats["requests_served"] == 1
+
+
+async def test_a_request_past_the_context_is_vllms_400_and_the_replica_serves_on(
+    make_fleet: FleetFactory,
+) -> None:
+    fleet = await make_fleet()
+    async with client_for(fleet.urls[0]) as client:
+        with pytest.raises(BadRequestError) as huge:
+            await client.completions.create(model=MODEL, prompt="Say hello", max_tokens=100_000_000_000)
+        too_long: list[ChatCompletionMessageParam] = [{"role": "user", "content": "word " * 140_000}]
+        with pytest.raises(BadRequestError) as long_chat:
+            await client.chat.completions.create(model=MODEL, messages=too_long, max_completion_tokens=4)
+        after = await client.completions.create(model=MODEL, prompt="Say hello", max_tokens=2)
+    assert "'max_tokens' or 'max_completion_tokens' is too large: 100000000000." in huge.value.message
+    assert f"This model's maximum context length is {MAX_MODEL_LEN} tokens" in huge.value.message
+    assert "Please reduce the length of the input messages." in long_chat.value.message
+    assert after.usage is not None
+    assert after.usage.completion_tokens == 2
