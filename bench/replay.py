@@ -35,6 +35,7 @@ from pathlib import Path
 from kvgate.bench.run_stats import percentile
 from kvgate.bench.workloads import WORKLOADS, WorkloadSpec, offered_rate, run_plan
 from kvgate.extproc.openai_request import parse_request_body
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.profile import load_profile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.types import ApiKind, Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Usage
@@ -123,9 +124,10 @@ class Replay:
         self.engines = engines_for(spec)
         self.endpoints = [Endpoint(f"10.0.0.{i + 1}:8000", "pool") for i in range(len(self.engines))]
         self.scheduler = ProfileScheduler(load_profile(profile_path), rng=random.Random(seed))
-        # a new tuple per scrape, as the scraper publishes them (the scheduler's per-snapshot memos
-        # and the candidate set's incremental ranking trust a tuple they have seen not to change)
-        self.views = tuple(EndpointView(e, None, True) for e in self.endpoints)
+        # a new tuple per scrape, naming the endpoint rescraped, as the scraper publishes them (the
+        # scheduler's per-snapshot memos and the candidate set's incremental ranking trust a tuple
+        # they have seen not to change)
+        self.views = PoolViews.after(None, (EndpointView(e, None, True) for e in self.endpoints), None)
         self.scrape_interval = scrape_interval
         self.explain_left = explain
         self._last_pick: dict[str, int] = {}
@@ -151,7 +153,8 @@ class Replay:
             if kind == "scrape":
                 metrics = endpoint_metrics(self.engines[index], now)
                 scraped = EndpointView(self.endpoints[index], metrics, True)
-                self.views = (*self.views[:index], scraped, *self.views[index + 1 :])
+                replaced = (*self.views[:index], scraped, *self.views[index + 1 :])
+                self.views = PoolViews.after(self.views, replaced, {scraped.address})
                 if now <= end_of_plan or self._in_flight:
                     self._push(now + self.scrape_interval, 2, "scrape", index)
             elif kind == "arrive":
