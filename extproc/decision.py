@@ -113,8 +113,9 @@ def prepare(
             parsed = parse_request_body(api, body)
         except BadRequestError:
             parsed = None  # an API kvgate does not know, with an opaque body: route it without a model
-    elif api is not ApiKind.OTHER:
+    elif api is not ApiKind.OTHER and headers.get(":method") != "OPTIONS":
         raise MalformedBodyError("request body is empty")
+    # (a CORS preflight carries no body: it is routed like a bodyless API call, for the server to answer)
     known: bool | None = None
     if parsed is not None:
         model, prompt, stream = parsed.model, parsed.prompt, parsed.stream

@@ -11,12 +11,14 @@ A path is served when, without its query and trailing slash, it is one of the li
 at a segment boundary (a route may match a prefix such as ``/llama/v1/completions`` that Envoy
 rewrites after the picker has seen it), or lies under ``/v1/models/`` (retrieving one model). A path
 with a ``.`` or ``..`` segment is never served: a server that resolves them could reach what the
-list leaves out.
+list leaves out. A served path with a method it does not take (``GET /v1/completions``) is 405 with
+the ``allow`` header, as the model servers answer it; before, it reached the body parser and was
+400 "request body is empty", and a browser's CORS preflight (``OPTIONS``) was too.
 """
 
 from __future__ import annotations
 
-from kvgate.policies.errors import UnknownPathError
+from kvgate.policies.errors import MethodNotAllowedError, UnknownPathError
 
 INFERENCE_PATHS: tuple[str, ...] = (
     # OpenAI's API (vLLM, SGLang, TensorRT-LLM's trtllm-serve, Triton's OpenAI front end)
@@ -62,8 +64,24 @@ def served(route: str, extra: frozenset[str] = frozenset()) -> bool:
     return any(route.endswith(path) for path in INFERENCE_PATHS) or any(route.endswith(p) for p in extra)
 
 
+def allowed_methods(route: str) -> str:
+    """The methods the model servers take on a served ``route`` (the ``allow`` header's value):
+    listing or retrieving models is a GET (FastAPI adds HEAD), everything else a POST."""
+    return "GET, HEAD" if route.endswith("/v1/models") or MODEL_PATH_PREFIX in route else "POST"
+
+
 def check_path(method: str, path: str, extra: frozenset[str] = frozenset()) -> None:
-    """Raise :class:`UnknownPathError` (404) unless the picker serves ``path``."""
-    if not served(route_of(path), extra):
-        shown = path if len(path) <= 200 else path[:200] + "..."
+    """Raise :class:`UnknownPathError` (404) unless the picker serves ``path``, and
+    :class:`MethodNotAllowedError` (405) for a method the path does not take. ``OPTIONS`` passes
+    (a browser's CORS preflight: the model server answers it, as vLLM's CORS middleware does), and
+    so does any method on a pool's ``extra`` paths (kvgate does not know what they take)."""
+    route = route_of(path)
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    if not served(route, extra):
         raise UnknownPathError(f"Invalid URL ({method} {shown})")
+    if not method or method == "OPTIONS" or route in extra or any(route.endswith(p) for p in extra):
+        return
+    allow = allowed_methods(route)
+    if method not in allow.split(", "):
+        raise MethodNotAllowedError(f"Method Not Allowed ({method} {shown}): this path takes {allow}",
+                                    allow=allow)

@@ -9,6 +9,7 @@
     ├── ModelNotFoundError            404 invalid_request_error / model_not_found
     │   └── RouteNotFoundError        404 invalid_request_error / route_not_found
     ├── UnknownPathError              404 invalid_request_error / unknown_url
+    ├── MethodNotAllowedError         405 invalid_request_error / method_not_allowed (carries allow)
     ├── PayloadTooLargeError          413 invalid_request_error / payload_too_large
     ├── HeadersTooLargeError          431 invalid_request_error / request_header_fields_too_large
     ├── TooManyRequestsError          429 (abstract: carries retry_after)
@@ -86,6 +87,19 @@ class UnknownPathError(KvgateError):
     status = 404
     error_type = "invalid_request_error"
     code = "unknown_url"
+
+
+class MethodNotAllowedError(KvgateError):
+    """A method the path does not take (``GET /v1/completions``): 405 with the ``allow`` header, as
+    the model servers answer it (vLLM's FastAPI routes)."""
+
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: str) -> None:
+        super().__init__(message, headers={"allow": allow})
+        self.allow = allow
 
 
 class PayloadTooLargeError(KvgateError):

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from kvgate.simulator import openai_api as api
+from kvgate.simulator.cors import cors
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine import Engine, EngineConfig, EngineMetrics, Finished, PeekResult, SimRequest
@@ -215,7 +216,7 @@ class Replica:
         }
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[cors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)

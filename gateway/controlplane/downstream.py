@@ -77,6 +77,9 @@ class DownstreamSettings:
                 "idle_timeout": duration(self.connection_idle_timeout_s),
                 "max_headers_count": ENVOY_MAX_HEADERS,
             },
+            # HTTP/1.0 clients (ApacheBench, old load testers) get an answer as the model servers give
+            # them one, not Envoy's 426 in plain text; a request without a Host routes as any other
+            "http_protocol_options": {"accept_http_10": True, "default_host_for_http_10": "kvgate"},
             "http2_protocol_options": {
                 "max_concurrent_streams": self.max_concurrent_streams,
                 "initial_stream_window_size": 65536,

@@ -66,6 +66,8 @@ BAD_INPUTS = (
              json.dumps({"lora_name": "evil", "lora_path": "/tmp"}).encode(), path="/v1/load_lora_adapter"),
     BadInput("a path outside the inference API: GET /v1/foo", 404, "unknown_url",
              method="GET", path="/v1/foo", headers=()),
+    BadInput("a served path with a method it does not take: GET /v1/completions", 405, "method_not_allowed",
+             method="GET", headers=()),
     BadInput("95 extra headers (no room left for the gateway's own)", 431, "request_header_fields_too_large",
              completion(), headers=extra_headers(95)),
     BadInput("120 extra headers (over Envoy's limit of 100)", 431, "request_header_fields_too_large",
@@ -236,3 +238,39 @@ async def test_the_access_log_has_a_json_line_per_request_with_its_endpoints(gat
     assert line["model"] == EXAMPLE_MODEL
     assert line["upstream"] == line["picked"].split(",")[0]
     assert line["upstream"].startswith("127.0.8.")
+
+
+@IN_MODULE_LOOP
+async def test_a_wrong_method_names_the_right_one_and_a_cors_preflight_reaches_the_server(
+    gateway: Gateway,
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gateway.url}/v1/chat/completions") as response:
+            assert response.status == 405
+            assert response.headers["allow"] == "POST"
+        preflight = {"origin": "https://app.example", "access-control-request-method": "POST",
+                     "access-control-request-headers": "authorization, content-type"}
+        async with http.options(f"{gateway.url}/v1/chat/completions", headers=preflight) as response:
+            assert response.status == 200, await response.text()  # the simulator's, as vLLM answers it
+            assert response.headers["access-control-allow-origin"] == "*"
+            assert "POST" in response.headers["access-control-allow-methods"]
+            assert response.headers["access-control-allow-headers"] == "authorization, content-type"
+
+
+@IN_MODULE_LOOP
+async def test_an_http_1_0_client_is_served_with_or_without_a_host(gateway: Gateway) -> None:
+    port = int(gateway.url.rpartition(":")[2])
+    body = completion()
+    for host in (b"host: gw\r\n", b""):  # ApacheBench sends one; HTTP/1.0 does not require it
+        head = (b"POST /v1/completions HTTP/1.0\r\n" + host + b"content-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n" % len(body))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head + body)
+        await writer.drain()
+        try:
+            answer = await asyncio.wait_for(reader.read(), 20)  # HTTP/1.0: the server closes when done
+        finally:
+            writer.close()
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert status_line.split()[1] == b"200", answer[:300]
+        assert json.loads(rest.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2

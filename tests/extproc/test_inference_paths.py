@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.extproc.inference_paths import INFERENCE_PATHS, check_path, route_of, served
-from kvgate.policies.errors import UnknownPathError
+from kvgate.policies.errors import MethodNotAllowedError, UnknownPathError
 
 ADMIN = [
     "/v1/load_lora_adapter",
@@ -46,3 +46,35 @@ def test_a_pool_opts_paths_in_and_a_long_path_is_cut_in_the_message() -> None:
     with pytest.raises(UnknownPathError) as caught:
         check_path("GET", "/x" * 1000)
     assert len(caught.value.message) < 250
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("GET", "/v1/completions", "POST"),
+    ("PUT", "/llama/v1/chat/completions?x=1", "POST"),
+    ("DELETE", "/tokenize", "POST"),
+    ("POST", "/v1/models", "GET, HEAD"),
+    ("DELETE", "/v1/models/meta-llama/Llama-3.1-8B", "GET, HEAD"),
+])
+def test_a_served_path_with_a_method_it_does_not_take_is_405_naming_the_one_it_does(
+    method: str, path: str, allow: str,
+) -> None:
+    with pytest.raises(MethodNotAllowedError) as caught:
+        check_path(method, path)
+    assert caught.value.status == 405
+    assert caught.value.headers == {"allow": allow}
+    assert caught.value.message.startswith(f"Method Not Allowed ({method} ")
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/completions"), ("GET", "/v1/models"), ("HEAD", "/v1/models/m"),
+    ("OPTIONS", "/v1/chat/completions"), ("OPTIONS", "/v1/models"),  # a CORS preflight: the server's
+])
+def test_the_methods_the_servers_take_pass(method: str, path: str) -> None:
+    check_path(method, path)
+
+
+def test_any_method_passes_on_a_pools_own_paths_and_an_unknown_path_stays_404() -> None:
+    extra = frozenset({"/v1/load_lora_adapter"})
+    check_path("DELETE", "/v1/load_lora_adapter", extra)
+    with pytest.raises(UnknownPathError):
+        check_path("GET", "/v1/unload_lora_adapter", extra)

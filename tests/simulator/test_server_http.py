@@ -277,3 +277,23 @@ async def test_a_chats_next_turn_hits_the_blocks_of_the_reply_it_resends(
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == (prompt + 39) // 16 * 16  # every full block of prompt and computed output
     assert cached > prompt // 16 * 16  # more than the prompt's own blocks
+
+
+async def test_cors_as_vllm_answers_it_by_default(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession,
+) -> None:
+    fleet = await make_fleet()
+    url = fleet.urls[0]
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "content-type"}
+    async with http.options(f"{url}/v1/completions", headers=preflight) as response:
+        assert (response.status, await response.text()) == (200, "OK")
+        assert response.headers["access-control-allow-origin"] == "*"
+        methods = response.headers["access-control-allow-methods"]
+        assert methods == "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"
+        assert response.headers["access-control-allow-headers"] == "content-type"
+    async with http.get(f"{url}/v1/models", headers={"origin": "https://app.example"}) as response:
+        assert response.status == 200
+        assert response.headers["access-control-allow-origin"] == "*"
+    async with http.get(f"{url}/v1/models") as response:  # no origin: no CORS headers
+        assert "access-control-allow-origin" not in response.headers
