@@ -369,6 +369,8 @@ class ControlPlane:
         self.config: ValidatedConfig | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self._problems: frozenset[str] = frozenset()
+        """What the last applied configuration's status and warnings said was wrong (logged once)."""
 
     def apply(self, snapshot: ConfigSnapshot) -> bool:
         """Publish ``snapshot``; False (and ``last_error`` set) when it could not be applied."""
@@ -401,9 +403,21 @@ class ControlPlane:
             "configuration %s applied (xDS %s, pools: %s)",
             snapshot.version, xds.version, ", ".join(self.applied.pools) or "none",
         )
+        self._log_problems(config, self.applied.warnings)
         if self.on_applied is not None:
             self.on_applied(config)
         return True
+
+    def _log_problems(self, config: ValidatedConfig, warnings: Sequence[str]) -> None:
+        """Log what is wrong with the applied configuration as it appears, and when it is gone: a
+        condition in its bad state (a route whose InferencePool does not exist answers 500 to every
+        request it matches, which only ``kvgate status`` said) and the translation's warnings."""
+        problems = frozenset((*config.status.problem_lines(), *warnings))
+        for line in sorted(problems - self._problems):
+            log.warning("configuration: %s", line)
+        for line in sorted(self._problems - problems):
+            log.info("configuration: resolved: %s", line)
+        self._problems = problems
 
     async def run(self, stop: asyncio.Event) -> None:
         """Apply each snapshot the provider publishes until ``stop`` is set."""

@@ -72,6 +72,12 @@ class Condition:
     def is_true(self) -> bool:
         return self.status is ConditionStatus.TRUE
 
+    @property
+    def is_good(self) -> bool:
+        """In its good state: True, but False for Conflicted."""
+        good = ConditionStatus.FALSE if self.type == ConditionType.CONFLICTED else ConditionStatus.TRUE
+        return self.status is good
+
     def to_json(self) -> dict[str, Any]:
         return {
             "type": self.type,
@@ -105,11 +111,7 @@ class ResourceStatus:
     @property
     def healthy(self) -> bool:
         """Every condition is in its good state (Conflicted is good when False)."""
-        for cond in self.conditions:
-            good = ConditionStatus.FALSE if cond.type == ConditionType.CONFLICTED else ConditionStatus.TRUE
-            if cond.status is not good:
-                return False
-        return True
+        return all(cond.is_good for cond in self.conditions)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -155,6 +157,20 @@ class StatusReport:
     @property
     def problems(self) -> tuple[ResourceStatus, ...]:
         return tuple(entry for entry in self.entries if not entry.healthy)
+
+    def problem_lines(self) -> tuple[str, ...]:
+        """One line per condition in its bad state: ``HTTPRoute default/llm (Gateway default/kvgate):
+        ResolvedRefs False (BackendNotFound): InferencePool default/x not found``."""
+        lines = []
+        for entry in self.problems:
+            where = str(entry.resource)
+            if entry.parent is not None:
+                where += f" ({entry.parent})"
+            if entry.section is not None:
+                where += f" listener {entry.section}"
+            lines += [f"{where}: {cond.type} {cond.status} ({cond.reason}): {cond.message}"
+                      for cond in entry.conditions if not cond.is_good]
+        return tuple(lines)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [entry.to_json() for entry in self.entries]

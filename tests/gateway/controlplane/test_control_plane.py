@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 from pathlib import Path
@@ -401,3 +402,25 @@ def test_a_spill_target_that_is_missing_or_leads_back_is_left_out_with_a_note() 
     assert all(s.spill_to is None for s in specs)
     assert len(notes) == 2
     assert "leads back" in notes[0]
+
+
+async def test_what_is_wrong_with_an_applied_configuration_is_logged_once_and_its_end_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kvgate.gateway.controlplane.control_plane")
+    (tmp_path / "all.yaml").write_text(POOL.format(profile="default", engine="vllm") + "---"
+                                       + REST.replace("name: llama}]}]", "name: missing}]}]"))
+    provider = FileProvider(tmp_path, options=SETTINGS.validation)
+    picker = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
+    control = ControlPlane(provider, picker, SnapshotCache(), SETTINGS)
+    assert control.apply(provider.load())
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("HTTPRoute default/r (Gateway default/gw): ResolvedRefs False (BackendNotFound): "
+               "InferencePool default/missing not found" in line for line in said), said
+    caplog.clear()
+    assert control.apply(provider.load())  # the same problems again: said once
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    write(tmp_path, engine="vllm")  # the route names the pool that exists
+    assert control.apply(provider.load())
+    resolved = "configuration: resolved: HTTPRoute default/r"
+    assert any(r.getMessage().startswith(resolved) for r in caplog.records)
