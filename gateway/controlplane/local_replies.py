@@ -30,7 +30,7 @@ JsonDict = dict[str, Any]
 _CEL_FILTER_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 
 
-def _cel(expression: str) -> JsonDict:
+def cel_filter(expression: str) -> JsonDict:
     return {
         "extension_filter": {
             "name": "envoy.access_loggers.extension_filters.cel",
@@ -46,7 +46,7 @@ def _error(message: str, error_type: str, code: str) -> JsonDict:
 def _client_mistake(status: int, message: str, code: str) -> JsonDict:
     """Envoy's own reply of ``status`` (not the picker's) as an ``invalid_request_error``."""
     return {
-        "filter": _cel(f"response.code == {status} && !response.code_details.startsWith('kvgate_')"),
+        "filter": cel_filter(f"response.code == {status} && !response.code_details.startsWith('kvgate_')"),
         "body_format_override": {"json_format": _error(message, "invalid_request_error", code)},
     }
 
@@ -56,7 +56,7 @@ def openai_local_replies(max_body_bytes: int) -> JsonDict:
     return {
         "mappers": [
             {
-                "filter": _cel("response.code_details.startsWith('ext_proc_error')"),
+                "filter": cel_filter("response.code_details.startsWith('ext_proc_error')"),
                 "status_code": 503,
                 "body_format_override": {"json_format": _error(
                     "the endpoint picker is unavailable (%RESPONSE_CODE_DETAILS%)",
@@ -64,7 +64,7 @@ def openai_local_replies(max_body_bytes: int) -> JsonDict:
                 )},
             },
             {
-                "filter": _cel(f"response.code_details == 'route_not_found' && "
+                "filter": cel_filter(f"response.code_details == 'route_not_found' && "
                                f"'{MODEL_NAME_HEADER}' in request.headers"),
                 "body_format_override": {"json_format": _error(
                     f"The model `%REQ({MODEL_NAME_HEADER})%` does not exist.",
@@ -72,7 +72,7 @@ def openai_local_replies(max_body_bytes: int) -> JsonDict:
                 )},
             },
             {
-                "filter": _cel("response.code_details == 'route_not_found'"),
+                "filter": cel_filter("response.code_details == 'route_not_found'"),
                 "body_format_override": {"json_format": _error(
                     "no route matches this request", "invalid_request_error", "route_not_found",
                 )},

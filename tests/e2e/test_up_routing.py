@@ -8,6 +8,7 @@ manifests in a directory → control plane → ADS → Envoy, the in-process pic
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -191,6 +192,8 @@ spec:
     assert "missing" in resolved["message"]
     reply = await post_json(http, up.url, {"model": "base", "prompt": "x"}, path="/broken")
     assert reply.status == 500
+    assert reply.headers["content-type"].startswith("application/json")
+    assert json.loads(reply.text)["error"]["code"] == "no_valid_backend"
 
     # (1) 70/30 over 1,500 requests, within ±4 points.
     a0, b0 = await totals(http, fleet_a), await totals(http, fleet_b)

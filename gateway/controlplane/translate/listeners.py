@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvgate.gateway.controlplane import envoy_config as ec
-from kvgate.gateway.controlplane.local_replies import openai_local_replies
+from kvgate.gateway.controlplane.local_replies import cel_filter, openai_local_replies
 from kvgate.gateway.controlplane.translate.names import (
     BBR_FILTER,
     BBR_ROLE,
@@ -55,8 +55,17 @@ def bbr_filter(settings: TranslationSettings) -> JsonDict:
     }
 
 
+NO_VALID_BACKEND_ERROR: JsonDict = {"error": {
+    "message": "the route's backend reference is not valid (kvgate status says why)",
+    "type": "internal_error", "code": "no_valid_backend",
+}}
+"""The body of the 500 that the Gateway API requires for requests a rule sends to an invalid backend
+(an InferencePool or Service that does not exist, a reference no ReferenceGrant allows)."""
+
+
 def invalid_backend_reply() -> JsonDict:
-    """Local-reply mapper: the 503 of a split's invalid-backend share becomes a 500 (Gateway API)."""
+    """Local-reply mappers: the 503 of a split's invalid-backend share becomes a 500 (Gateway API);
+    both it and the 500 of a rule without any valid backend answer in OpenAI's error JSON."""
     return {
         "mappers": [
             {
@@ -83,8 +92,12 @@ def invalid_backend_reply() -> JsonDict:
                     }
                 },
                 "status_code": 500,
-                "body": {"inline_string": "backend reference not valid"},
-            }
+                "body_format_override": {"json_format": NO_VALID_BACKEND_ERROR},
+            },
+            {  # a rule with no valid backend at all: its direct response, in the same JSON
+                "filter": cel_filter("response.code == 500 && response.code_details == 'direct_response'"),
+                "body_format_override": {"json_format": NO_VALID_BACKEND_ERROR},
+            },
         ]
     }
 
