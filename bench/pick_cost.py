@@ -1,10 +1,12 @@
-"""Pick cost per request: µs per ``ProfileScheduler.schedule()`` call, prefix hashing included.
+"""Pick cost per request: µs per ``schedule()`` call, prefix hashing included.
 
 ``python -m kvgate.bench.pick_cost [--requests N] [--endpoints 8,64,512] [--profiles default,gie-default]
 [--churn] [--timer]``
 
 Setup per (profile, fleet size): endpoints with varied scraped metrics (fresh), handed to the
-scheduler as one tuple like ``EndpointSnapshot.endpoints`` returns, then a warm-up of prior traffic
+scheduler as one tuple like ``EndpointSnapshot.endpoints`` returns (a disaggregated profile, e.g.
+``pd``: half of them prefill, half decode, and the time is the decode pick plus, for the prompts
+the decider splits, the prefill pick), then a warm-up of prior traffic
 so the prefix index holds every group on a few endpoints. Each measured request carries an 8k-token
 prompt (32,768 chars): one of 32 shared 20,000-char system prompts followed by a unique question,
 so all hashed blocks of the system prompt match somewhere. Only ``schedule()`` is timed;
@@ -28,18 +30,21 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from kvgate.policies.contracts import Scheduler
+from kvgate.policies.disaggregation import DisaggregatedProfile, load_scheduling
 from kvgate.policies.framework import PluginTimer
+from kvgate.policies.pd_scheduler import DisaggregatedScheduler
 from kvgate.policies.pool_views import PoolViews
-from kvgate.policies.profile import load_profile
 from kvgate.policies.scheduler import ProfileScheduler
-from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
+from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest, Role
 
 PROMPT_CHARS = 32_768
 SYSTEM_CHARS = 20_000
 GROUPS = 32
 
 
-def fleet(n: int, rng: random.Random, now: float) -> PoolViews:
+def fleet(n: int, rng: random.Random, now: float, *, roles: bool = False) -> PoolViews:
+    """``n`` endpoints; with ``roles``, the first half prefill and the rest decode (P/D profiles)."""
     views = []
     for i in range(n):
         metrics = EndpointMetrics(
@@ -50,7 +55,8 @@ def fleet(n: int, rng: random.Random, now: float) -> PoolViews:
             block_size=16,
             updated_at=now - 0.01,
         )
-        views.append(EndpointView(Endpoint(f"10.0.{i // 250}.{i % 250}:8000", "bench"), metrics))
+        role = (Role.PREFILL if i < n // 2 else Role.DECODE) if roles else Role.BOTH
+        views.append(EndpointView(Endpoint(f"10.0.{i // 250}.{i % 250}:8000", "bench", role=role), metrics))
     return PoolViews.after(None, views, None)
 
 
@@ -110,10 +116,16 @@ def measure(
     """µs per ``schedule()`` call, one sample per request."""
     rng = random.Random(seed)
     now = 1000.0
-    views = fleet(n_endpoints, rng, now)
+    loaded = load_scheduling(profile)
+    disaggregated = isinstance(loaded, DisaggregatedProfile)
+    views = fleet(n_endpoints, rng, now, roles=disaggregated)
     requests = Requests(rng)
     timer: PluginTimer | None = HistogramTimer() if timed else None
-    scheduler = ProfileScheduler(load_profile(profile), rng=random.Random(seed), timer=timer)
+    scheduler: Scheduler
+    if isinstance(loaded, DisaggregatedProfile):  # the decode pick, then (long prompts) the prefill's
+        scheduler = DisaggregatedScheduler(loaded, rng=random.Random(seed), timer=timer)
+    else:
+        scheduler = ProfileScheduler(loaded, rng=random.Random(seed), timer=timer)
     for i in range(4 * GROUPS):
         req = requests.make(i, i % GROUPS)
         pick = scheduler.schedule(req, views, now).pick
@@ -131,6 +143,9 @@ def measure(
         samples.append((time.perf_counter_ns() - start) / 1000.0)
         scheduler.on_picked(req, result.pick, now)
         in_flight.append((req, result.pick))
+        if result.prefill is not None:  # a disaggregated request's prefill half, in flight too
+            scheduler.on_picked(result.prefill.request, result.prefill.endpoint, now)
+            in_flight.append((result.prefill.request, result.prefill.endpoint))
         if len(in_flight) > 4 * n_endpoints:
             done, pick = in_flight.pop(0)
             scheduler.on_finished(done, pick, ok=True, now=now)
