@@ -143,9 +143,7 @@ def measure(
         samples.append((time.perf_counter_ns() - start) / 1000.0)
         scheduler.on_picked(req, result.pick, now)
         in_flight.append((req, result.pick))
-        if result.prefill is not None:  # a disaggregated request's prefill half, in flight too
-            scheduler.on_picked(result.prefill.request, result.prefill.endpoint, now)
-            in_flight.append((result.prefill.request, result.prefill.endpoint))
+        # (a disaggregated request's prefill half is told with it, and ends with its decode here)
         if len(in_flight) > 4 * n_endpoints:
             done, pick = in_flight.pop(0)
             scheduler.on_finished(done, pick, ok=True, now=now)
