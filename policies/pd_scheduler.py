@@ -24,6 +24,7 @@ from kvgate.policies.errors import NoEligibleEndpointError
 from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace
 from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.plugins.deciders import HopJudge
+from kvgate.policies.pool_views import SubsetViews
 from kvgate.policies.profile import SchedulingProfile
 from kvgate.policies.scheduler import ProfileScheduler
 from kvgate.policies.state import InProcessState, SchedulerState
@@ -62,6 +63,10 @@ class DisaggregatedScheduler:
         self._decider = profile.decider.plugin
         self._judge = self._decider if isinstance(self._decider, HopJudge) else None
         self._max_pending = max_pending
+        self._decoders = SubsetViews(lambda view: view.endpoint.role.decodes)
+        self._prefillers = SubsetViews(lambda view: view.endpoint.role.prefills)
+        """Each side's endpoints, kept per snapshot (a new list per request rebuilt every
+        per-snapshot structure downstream: O(pool) in Python per pick)."""
         self._scheduled: OrderedDict[str, PrefillPick] = OrderedDict()
         """Decode request id → the prefill scheduled with it, until the pick is told (``on_picked``)."""
         self._pending: OrderedDict[str, PrefillPick] = OrderedDict()
@@ -73,10 +78,13 @@ class DisaggregatedScheduler:
         failed prefill leaves the decode endpoint the whole prompt to compute."""
         self._hashes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         """Decode request id → its prompt's block hashes, for a split scheduled and not yet picked."""
-        self._arriving: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
-        """Decode request id → (its decode endpoint, its prompt's block hashes), for a split request
-        whose KV has not reached its decode endpoint: until the decode's first token, or its finish
-        when the first token goes unseen (``policies.plugins.deciders``: arriving blocks)."""
+        self._arriving: OrderedDict[str, str] = OrderedDict()
+        """Decode request id → its decode endpoint, for a split request whose KV has not reached
+        its decode endpoint: until the decode's first token, or its finish when the first token goes
+        unseen (``policies.plugins.deciders``: arriving blocks)."""
+        self._arriving_at: dict[str, dict[str, tuple[int, ...]]] = {}
+        """The same by decode endpoint: request id → its prompt's block hashes (a pick reads its
+        decode endpoint's alone; reading them all cost ~250 µs a pick with a few thousand in flight)."""
 
     def expected_cached_tokens(self, request: InferenceRequest, now: float) -> int:
         """``ProfileScheduler.expected_cached_tokens`` on the decode side (one state for both)."""
@@ -88,7 +96,7 @@ class DisaggregatedScheduler:
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
         trace: SchedulingTrace | None = None,
     ) -> SchedulingResult:
-        decoders = [c for c in candidates if c.endpoint.role.decodes]
+        decoders = self._decoders.of(candidates)
         split = request.api in _SPLITTABLE
         if not decoders:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no decode endpoints")
@@ -100,12 +108,15 @@ class DisaggregatedScheduler:
             return _whole(result, trace, "api")
         if not self._decider.disaggregate(ctx, decode_view, self._arriving_blocks(ctx, decode.address)):
             return _whole(result, trace, "cached")  # little of the prompt to compute: no hop
-        prefillers = [c for c in candidates if c.endpoint.role.prefills and c.address != decode.address]
+        prefillers = self._prefillers.of(candidates)
+        if decode_view.endpoint.role.prefills:  # (an endpoint of both roles) not its own prefill
+            prefillers = [c for c in prefillers if c.address != decode.address]
         if not prefillers:
             return _whole(result, trace, "no_prefill_endpoint")  # the decode endpoint computes it
         half = dataclasses.replace(request, request_id=request.request_id + PREFILL_SUFFIX, max_tokens=1,
                                    stream=False)
-        prefill_ctx = self.prefill.context(half, now)
+        # the same prompt, model and salt, hashed the same way (load_scheduling checks it): once
+        prefill_ctx = self.prefill.context(half, now, ctx.prefix_hashes())
         try:
             prefill = self.prefill.schedule_in(prefill_ctx, prefillers, trace)
         except NoEligibleEndpointError:
@@ -126,17 +137,11 @@ class DisaggregatedScheduler:
 
     def _arriving_blocks(self, ctx: SchedulingContext, address: str) -> int:
         """The prompt's leading blocks that split requests are bringing to ``address`` (KV not there yet)."""
-        if not self._arriving:
+        arriving = self._arriving_at.get(address)
+        if not arriving:
             return 0
-        mine: tuple[int, ...] | None = None
-        most = 0
-        for decode_address, hashes in self._arriving.values():
-            if decode_address != address:
-                continue
-            if mine is None:
-                mine = ctx.prefix_hashes()
-            most = max(most, _common_prefix(mine, hashes))
-        return most
+        mine = ctx.prefix_hashes()
+        return max(_common_prefix(mine, hashes) for hashes in arriving.values())
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -158,9 +163,10 @@ class DisaggregatedScheduler:
         self._prefill_of[prefill.request.request_id] = request.request_id
         hashes = self._hashes.pop(request.request_id, ())
         if hashes:
-            self._arriving[request.request_id] = (endpoint.address, hashes)
+            self._arriving[request.request_id] = endpoint.address
+            self._arriving_at.setdefault(endpoint.address, {})[request.request_id] = hashes
             while len(self._arriving) > self._max_pending:
-                self._arriving.popitem(last=False)
+                self._arrived(next(iter(self._arriving)))
         self.prefill.on_picked(prefill.request, prefill.endpoint, now)
         while len(self._pending) > self._max_pending:  # never reported and never finished: drop
             old_id, old = self._pending.popitem(last=False)
@@ -173,7 +179,7 @@ class DisaggregatedScheduler:
         side = self._side(request)
         side.on_first_token(request, endpoint, now)
         if side is self.decode:
-            self._arriving.pop(request.request_id, None)  # its KV has been read
+            self._arrived(request.request_id)  # its KV has been read
             self._end_unreported_prefill(request.request_id, ok=True, now=now)
 
     def on_first_token_unseen(self, request: InferenceRequest, endpoint: Endpoint, now: float) -> None:
@@ -210,8 +216,19 @@ class DisaggregatedScheduler:
             return
         self._decode_of.pop(request.request_id, None)
         self.decode.on_finished(request, endpoint, ok=ok, now=now)
-        self._arriving.pop(request.request_id, None)
+        self._arrived(request.request_id)
         self._end_unreported_prefill(request.request_id, ok=ok, now=now)
+
+    def _arrived(self, decode_id: str) -> None:
+        """The split request's KV is at its decode endpoint (or it ended): no longer arriving."""
+        address = self._arriving.pop(decode_id, None)
+        if address is None:
+            return
+        at = self._arriving_at.get(address)
+        if at is not None:
+            at.pop(decode_id, None)
+            if not at:
+                del self._arriving_at[address]
 
     def _end_unreported_prefill(self, decode_id: str, *, ok: bool, now: float) -> None:
         prefill = self._pending.pop(decode_id, None)
@@ -245,10 +262,13 @@ def _whole(result: SchedulingResult, trace: SchedulingTrace | None, why: str) ->
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Leading blocks two prompts share (chained hashes: equal up to the first difference)."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    """Leading blocks two prompts share. Block hashes are chained (each names its whole prefix), so
+    they are equal up to the first difference and unequal after it: a binary search finds it."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; a[hi:] differs (or ends)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

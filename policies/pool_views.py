@@ -16,7 +16,7 @@ membership changed).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from kvgate.policies.types import EndpointView
 
@@ -71,3 +71,66 @@ class PoolViews(tuple[EndpointView, ...]):
                 return None
             out |= changed
         return out
+
+
+class SubsetViews:
+    """The views of a pool's tuple that ``keep`` selects (a disaggregated pool's decode or prefill
+    endpoints), kept per snapshot. A new snapshot that names its changes costs work for those
+    endpoints alone, and the subset it gives names its own (a :class:`PoolViews` of one lineage), so
+    the plugins' per-snapshot structures downstream follow the subset as they follow a pool. Other
+    snapshots are selected anew (O(pool)); a sequence that is not a tuple is selected every time
+    and not kept (it could change in place).
+    """
+
+    __slots__ = ("_keep", "_parent", "_parent_positions", "_positions", "_subset")
+
+    def __init__(self, keep: Callable[[EndpointView], bool]) -> None:
+        self._keep = keep
+        self._parent: Sequence[EndpointView] | None = None
+        self._subset: PoolViews | None = None
+        self._parent_positions: dict[str, int] = {}
+        self._positions: dict[str, int] = {}
+
+    def of(self, endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        parent = self._parent
+        if endpoints is parent and self._subset is not None:
+            return self._subset
+        if not isinstance(endpoints, tuple):
+            return [view for view in endpoints if self._keep(view)]
+        if isinstance(endpoints, PoolViews) and parent is not None and len(endpoints) == len(parent):
+            changed = endpoints.changed_since(parent)
+            if changed is not None:
+                updated = self._updated(endpoints, changed)
+                if updated is not None:
+                    return updated
+        return self._rebuild(endpoints)
+
+    def _updated(self, endpoints: tuple[EndpointView, ...], changed: set[str]) -> PoolViews | None:
+        """The subset with the changed views replaced; None when one is not where the last
+        rebuild found it, or would now be selected differently (select again)."""
+        assert self._subset is not None
+        subset = list(self._subset)
+        mine: list[str] = []
+        for address in changed:
+            i = self._parent_positions.get(address)
+            if i is None or endpoints[i].address != address:
+                return None
+            view = endpoints[i]
+            j = self._positions.get(address)
+            if (j is not None) != self._keep(view):
+                return None
+            if j is not None:
+                subset[j] = view
+                mine.append(address)
+        self._parent = endpoints
+        self._subset = PoolViews.after(self._subset, subset, mine)
+        return self._subset
+
+    def _rebuild(self, endpoints: tuple[EndpointView, ...]) -> PoolViews:
+        keep = self._keep
+        subset = [view for view in endpoints if keep(view)]
+        self._parent = endpoints
+        self._parent_positions = {view.address: i for i, view in enumerate(endpoints)}
+        self._positions = {view.address: j for j, view in enumerate(subset)}
+        self._subset = PoolViews.after(self._subset, subset, None)
+        return self._subset

@@ -152,10 +152,14 @@ class ProfileScheduler:
                                 best_cached_tokens=max(matches.values(), default=0) * per_block,
                                 prefix_block_tokens=per_block)
 
-    def context(self, request: InferenceRequest, now: float) -> SchedulingContext:
+    def context(self, request: InferenceRequest, now: float,
+                prefix_hashes: tuple[int, ...] | None = None) -> SchedulingContext:
         """What the plugins read while ``request`` is scheduled at ``now`` (``schedule`` builds one;
-        tools that ask a scorer directly, e.g. ``bench/replay.py --explain``, use it too)."""
-        ctx = SchedulingContext(request, now, self.state, self.rng, self._hasher, self._session_id(request))
+        tools that ask a scorer directly, e.g. ``bench/replay.py --explain``, use it too).
+        ``prefix_hashes``: the prompt's block hashes where the caller has them already, by a
+        hasher of this profile's settings (a disaggregated request's prefill half: its decode's)."""
+        ctx = SchedulingContext(request, now, self.state, self.rng, self._hasher, self._session_id(request),
+                                _hashes=prefix_hashes)
         for plugin in self._prepare:
             plugin.prepare(ctx)
         return ctx

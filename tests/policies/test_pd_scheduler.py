@@ -300,3 +300,25 @@ def test_the_conditional_decider_needs_ttft_estimates_from_both_halves(tmp_path:
     build_disaggregated(_pd(prefill=str(prefill)))  # the prefix-based decider reads no estimates
     with pytest.raises(ConfigError, match="ttft-estimates"):
         build_disaggregated(_pd(prefill=str(prefill), decider={"type": "conditional-pd-decider"}))
+
+
+def test_arriving_blocks_are_bounded_and_forgotten_with_their_requests() -> None:
+    profile = load_scheduling("pd")
+    assert isinstance(profile, DisaggregatedProfile)
+    s = DisaggregatedScheduler(profile, rng=random.Random(3), max_pending=3)
+    requests = [request(f"r{i}", text(40 + i, 8000)) for i in range(6)]
+    picks = []
+    for r in requests:
+        result = s.schedule(r, FLEET, NOW)
+        assert result.prefill is not None
+        s.on_picked(r, result.pick, NOW)
+        picks.append(result.pick)
+
+    def arriving() -> int:
+        return sum(len(by_id) for by_id in s._arriving_at.values())
+
+    assert arriving() == 3  # the oldest forgotten past max_pending
+    for r, pick in zip(requests, picks, strict=True):
+        s.on_finished(r, pick, ok=True, now=NOW)
+    assert arriving() == 0
+    assert s._arriving_at == {}

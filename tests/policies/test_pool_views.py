@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kvgate.policies.pool_views import PoolViews
+import random
+
+from kvgate.policies.pool_views import PoolViews, SubsetViews
+from kvgate.policies.types import EndpointView
 from tests.policies.helpers import view
 
 
@@ -44,3 +47,38 @@ def test_another_lineage_of_the_same_views_cannot_say() -> None:
     views = (view(0),)
     one, other = PoolViews.after(None, views, None), PoolViews.after(None, views, None)
     assert PoolViews.after(one, views, set()).changed_since(other) is None
+
+
+def test_a_subset_follows_named_changes_and_names_its_own() -> None:
+    rng = random.Random(3)
+    def odd(v: EndpointView) -> bool:
+        return int(v.address.split(".")[3].split(":")[0]) % 2 == 1
+
+    decodes = SubsetViews(odd)
+    parent = PoolViews.after(None, [view(i) for i in range(40)], None)
+    subset = decodes.of(parent)
+    assert isinstance(subset, PoolViews)
+    for _ in range(200):
+        i = rng.randrange(40)
+        views = list(parent)
+        views[i] = view(i, waiting=rng.randint(0, 9))
+        before = subset
+        parent = PoolViews.after(parent, views, {views[i].address})
+        subset = decodes.of(parent)
+        assert list(subset) == [v for v in parent if odd(v)]
+        assert isinstance(subset, PoolViews)
+        assert subset.changed_since(before) == ({views[i].address} if i % 2 else set())
+        assert decodes.of(parent) is subset  # the same snapshot: the same subset
+
+
+def test_a_subset_of_another_snapshot_is_selected_anew_and_of_a_list_every_time() -> None:
+    odd = SubsetViews(lambda v: v.address.endswith("1:8000") or v.address.endswith("3:8000"))
+    first = odd.of(PoolViews.after(None, [view(i) for i in range(5)], None))
+    plain = tuple(view(i, waiting=1) for i in range(5))
+    again = odd.of(plain)
+    assert isinstance(again, PoolViews)
+    assert [v.metrics.waiting for v in again if v.metrics] == [1, 1]
+    assert again.changed_since(first) is None  # selected anew: not known
+    listed = odd.of(list(plain))
+    assert isinstance(listed, list)
+    assert listed == list(again)
