@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from kvgate.policies.contracts import Scheduler
 from kvgate.policies.disaggregation import DisaggregatedProfile, load_scheduling
 from kvgate.policies.framework import PluginTimer
+from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.pd_scheduler import DisaggregatedScheduler
 from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.scheduler import ProfileScheduler
@@ -112,8 +113,10 @@ def measure(
     churn: bool = False,
     timed: bool = False,
     seed: int = 7,
+    ejected: int = 0,
 ) -> list[float]:
-    """µs per ``schedule()`` call, one sample per request."""
+    """µs per ``schedule()`` call, one sample per request; ``ejected`` endpoints failed enough
+    requests before the measured ones to be left out of picking (outlier ejection) meanwhile."""
     rng = random.Random(seed)
     now = 1000.0
     loaded = load_scheduling(profile)
@@ -131,6 +134,9 @@ def measure(
         pick = scheduler.schedule(req, views, now).pick
         scheduler.on_picked(req, pick, now)
         scheduler.on_finished(req, pick, ok=True, now=now)
+    for view in views[:ejected]:  # ejected for 5 s (the default), past the measured requests' span
+        for _ in range(OutlierSettings().consecutive):
+            scheduler.on_endpoint_outcome(view.address, ok=False, now=now)
     reqs = [requests.make(10_000 + i, rng.randrange(GROUPS)) for i in range(n_requests)]
     samples: list[float] = []
     in_flight: list[tuple[InferenceRequest, Endpoint]] = []
@@ -167,15 +173,19 @@ def main() -> None:
     parser.add_argument("--profiles", default="default,gie-default")
     parser.add_argument("--churn", action="store_true", help="a new snapshot tuple before every request")
     parser.add_argument("--timer", action="store_true", help="per-plugin timing into a histogram")
+    parser.add_argument("--ejected", type=int, default=0,
+                        help="endpoints left out of picking (outlier ejection) during the measured requests")
     args = parser.parse_args()
-    mode = ", ".join(m for m, on in (("churn", args.churn), ("timer", args.timer)) if on) or "static snapshot"
+    mode = ", ".join(m for m, on in (("churn", args.churn), ("timer", args.timer),
+                                     (f"{args.ejected} ejected", args.ejected)) if on) or "static snapshot"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"({args.requests} requests, 8k-token prompts, {mode}; load average {load})\n")
     print("| profile | endpoints | median µs | p99 µs |")
     print("|---|---|---|---|")
     for profile in args.profiles.split(","):
         for n in (int(x) for x in args.endpoints.split(",")):
-            samples = measure(profile, n, args.requests, churn=args.churn, timed=args.timer)
+            samples = measure(profile, n, args.requests, churn=args.churn, timed=args.timer,
+                              ejected=args.ejected)
             print(
                 f"| {profile} | {n} | {statistics.median(samples):.1f} | {percentile(samples, 0.99):.1f} |",
                 flush=True,

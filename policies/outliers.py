@@ -14,6 +14,7 @@ so a request the picker already sent to a failing replica skips it too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -38,6 +39,8 @@ class OutlierTracker:
     settings: OutlierSettings = field(default_factory=OutlierSettings)
     _records: dict[str, _Record] = field(default_factory=dict)
     _ejected_until: float = 0.0  # the latest end of any ejection: nothing is ejected after it
+    _ejected_set: frozenset[str] = frozenset()
+    _set_expires: float = -math.inf  # the earliest end of an ejection in ``_ejected_set``
 
     def failed(self, address: str, now: float) -> bool:
         """Count a failure; True when it ejects the endpoint now."""
@@ -54,6 +57,7 @@ class OutlierTracker:
         )
         record.until = now + seconds
         self._ejected_until = max(self._ejected_until, record.until)
+        self._set_expires = -math.inf  # the set changed
         return True
 
     def succeeded(self, address: str) -> None:
@@ -80,5 +84,17 @@ class OutlierTracker:
         """Cheap check for the hot path: False means no endpoint is ejected at ``now``."""
         return now < self._ejected_until
 
+    def ejected_at(self, now: float) -> frozenset[str]:
+        """The endpoints ejected at ``now``: the same object until an ejection begins or ends."""
+        if now >= self._ejected_until:
+            return frozenset()
+        if now >= self._set_expires:
+            live = {address: r.until for address, r in self._records.items() if r.until > now}
+            if frozenset(live) != self._ejected_set:
+                self._ejected_set = frozenset(live)
+            self._set_expires = min(live.values(), default=math.inf)
+        return self._ejected_set
+
     def forget(self, address: str) -> None:
         self._records.pop(address, None)
+        self._set_expires = -math.inf

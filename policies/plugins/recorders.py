@@ -41,6 +41,7 @@ from kvgate.policies.framework import SchedulingContext
 from kvgate.policies.inflight_models import InflightModels
 from kvgate.policies.outliers import OutlierSettings, OutlierTracker
 from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.pool_views import SubsetViews
 from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
 SHRINK = 0.8
@@ -244,13 +245,19 @@ class OutlierEjection(FeedbackPlugin):
 
     def __init__(self, settings: OutlierSettings) -> None:
         self.tracker = OutlierTracker(settings)
+        self._gated_by: frozenset[str] | None = None
+        self._kept = SubsetViews(lambda view: True)
 
     def gate(self, endpoints: Sequence[EndpointView], now: float) -> Sequence[EndpointView]:
         tracker = self.tracker
         if not tracker.any_ejected(now):
             return endpoints
-        ejected = tracker.ejected  # never empty: with every candidate ejected, all stay
-        return tuple(e for e in endpoints if not ejected(e.address, now)) or endpoints
+        ejected = tracker.ejected_at(now)
+        if ejected is not self._gated_by:  # kept per snapshot while the ejected stay the same: a new
+            # tuple per pick rebuilt every per-snapshot structure downstream (O(pool) per pick)
+            self._gated_by = ejected
+            self._kept = SubsetViews(lambda view: view.address not in ejected)
+        return self._kept.of(endpoints) or endpoints  # never empty: with every one ejected, all stay
 
     def on_endpoint_failed(self, address: str, now: float) -> None:
         self.tracker.failed(address, now)

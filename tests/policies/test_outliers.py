@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from kvgate.policies.outliers import OutlierSettings, OutlierTracker
+from kvgate.policies.plugins.recorders import OutlierEjection
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.profile import load_profile
 from kvgate.policies.scheduler import ProfileScheduler
 from tests.policies.helpers import NOW, request, view
@@ -68,3 +70,38 @@ def test_ejection_never_leaves_the_pool_without_candidates() -> None:
         for k in range(3):
             s.on_endpoint_failed(request(f"{endpoint.address}{k}"), endpoint, NOW)
     assert s.schedule(request("r"), eps, NOW + 1.0).pick.address in {e.address for e in eps}
+
+
+def test_the_ejected_set_stays_one_object_until_an_ejection_begins_or_ends() -> None:
+    t = OutlierTracker(SETTINGS)
+    for step in range(3):
+        t.failed("a", step * 0.1)
+    first = t.ejected_at(1.0)
+    assert first == {"a"}
+    assert t.ejected_at(2.0) is first
+    for step in range(3):
+        t.failed("b", 3.0 + step * 0.1)
+    both = t.ejected_at(3.5)
+    assert both == {"a", "b"}
+    assert t.ejected_at(4.0) is both
+    assert t.ejected_at(5.3) == {"b"}  # a's 5 s are up
+    t.forget("b")
+    assert t.ejected_at(5.4) == frozenset()
+    assert t.ejected_at(60.0) == frozenset()
+
+
+def test_the_gate_keeps_its_pool_per_snapshot_and_follows_the_ejections() -> None:
+    s = ProfileScheduler(load_profile("default"), outliers=SETTINGS)
+    [gate] = [plugin for plugin in s.feedback if isinstance(plugin, OutlierEjection)]
+    eps = PoolViews.after(None, [view(i) for i in range(1, 5)], None)
+    assert gate.gate(eps, NOW) is eps  # nothing ejected
+    for k in range(3):
+        s.on_endpoint_failed(request(f"f{k}"), eps[0].endpoint, NOW)
+    kept = gate.gate(eps, NOW + 1.0)
+    assert [v.address for v in kept] == [v.address for v in eps[1:]]
+    assert gate.gate(eps, NOW + 2.0) is kept  # the same snapshot, the same ejections: the same tuple
+    rescraped = PoolViews.after(eps, (eps[0], view(2, waiting=3), *eps[2:]), {eps[1].address})
+    after = gate.gate(rescraped, NOW + 2.0)
+    assert isinstance(after, PoolViews)
+    assert after.changed_since(kept) == {eps[1].address}  # the change flows on to the filters
+    assert gate.gate(rescraped, NOW + 6.0) is rescraped  # the ejection is over
