@@ -127,8 +127,10 @@ class HoldingArea:
     def with_room(self, endpoints: tuple[EndpointView, ...], *,
                   reserved: bool = False) -> tuple[EndpointView, ...]:
         inflight, now, settings = self._load.inflight(), self._clock.now(), self.settings
-        return tuple(v for v in endpoints
+        kept = tuple(v for v in endpoints
                      if endpoint_has_room(v, inflight.get(v.address), settings, now, reserved=reserved))
+        # every one has room: the snapshot itself, so the scheduler's per-snapshot structures hold
+        return endpoints if len(kept) == len(endpoints) else kept
 
     def waiting_item(self, request: InferenceRequest, now: float) -> Waiting:
         """``request`` as the queue holds it: its band, tenant, cost and deadline."""
