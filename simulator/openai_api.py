@@ -1,9 +1,8 @@
-"""vLLM's OpenAI-compatible HTTP API as pure functions: request parsing and response formatting.
+"""vLLM's OpenAI-compatible HTTP API as pure functions: request parsing (the replies are
+``simulator/openai_replies.py``).
 
 No IO here. Parsing turns a decoded JSON body into a :class:`InferenceRequest` (or raises
-:class:`ApiError`); formatting builds the JSON objects vLLM sends, field for field where a router
-or client may read them (ids ``cmpl-…`` / ``chatcmpl-…``, ``usage`` with
-``prompt_tokens_details.cached_tokens``, SSE chunks, ``data: [DONE]``).
+:class:`ApiError` with vLLM's status and wording); render, tokenize and LoRA-admin bodies too.
 
 Simulator semantics: ``max_tokens`` (or chat's ``max_completion_tokens``) is the exact output
 length (ignore-EOS); without it a completion makes :data:`DEFAULT_COMPLETION_TOKENS` tokens and a
@@ -13,7 +12,6 @@ chat :data:`DEFAULT_CHAT_TOKENS`. ``n`` must be 1 and one prompt per completion 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -313,135 +311,8 @@ def new_request_id(kind: ApiKind) -> str:
     return ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
 
 
-def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> JsonObject:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
 def output_text(first_index: int, count: int) -> str:
     return "".join(tokenizer.output_text(i) for i in range(first_index, first_index + count))
-
-
-def full_response(
-    request: InferenceRequest, request_id: str, created: int, completion_tokens: int, usage: JsonObject
-) -> JsonObject:
-    text = output_text(0, completion_tokens)
-    if request.kind == "completion":
-        choice: JsonObject = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": "length",
-            "stop_reason": None,
-            "prompt_logprobs": None,
-        }
-        obj = "text_completion"
-    else:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": []},
-            "logprobs": None,
-            "finish_reason": "length",
-            "stop_reason": None,
-        }
-        obj = "chat.completion"
-    return {
-        "id": request_id,
-        "object": obj,
-        "created": created,
-        "model": request.model,
-        "choices": [choice],
-        "usage": usage,
-        "prompt_logprobs": None,
-    }
-
-
-class SseFormatter:
-    """The ``data: …`` lines of one streamed response, in vLLM's chunk format."""
-
-    def __init__(self, request: InferenceRequest, request_id: str, created: int) -> None:
-        self._request = request
-        chat = request.kind == "chat"
-        self._object = "chat.completion.chunk" if chat else "text_completion"
-        self._head = (
-            '{"id":' + json.dumps(request_id) + ',"object":"' + self._object + '","created":'
-            + str(created) + ',"model":' + json.dumps(request.model) + ',"choices":'
-        )
-
-    def _line(self, choices: str, usage: JsonObject | None = None) -> bytes:
-        tail = "" if usage is None else ',"usage":' + json.dumps(usage, separators=(",", ":"))
-        return ("data: " + self._head + choices + tail + "}\n\n").encode()
-
-    def role_chunk(self) -> bytes:
-        """Chat streams open with the assistant role (vLLM sends it before the first token)."""
-        return self._line('[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                          '"finish_reason":null}]')
-
-    def token_chunks(self, first_index: int, count: int, final: bool) -> bytes:
-        parts: list[bytes] = []
-        for index in range(first_index, first_index + count):
-            text = json.dumps(tokenizer.output_text(index))
-            last = final and index == first_index + count - 1
-            finish = '"length"' if last else "null"
-            if self._request.kind == "chat":
-                choice = ('[{"index":0,"delta":{"content":' + text + '},"logprobs":null,"finish_reason":'
-                          + finish + (',"stop_reason":null' if last else "") + "}]")
-            else:
-                choice = ('[{"index":0,"text":' + text + ',"logprobs":null,"finish_reason":' + finish
-                          + ',"stop_reason":null}]')
-            parts.append(self._line(choice))
-        return b"".join(parts)
-
-    def usage_chunk(self, usage: JsonObject) -> bytes:
-        return self._line("[]", usage)
-
-    @staticmethod
-    def error_event(status: int, message: str) -> bytes:
-        return ("data: " + json.dumps(error_body(status, message)) + "\n\n").encode()
-
-    @staticmethod
-    def done() -> bytes:
-        return b"data: [DONE]\n\n"
-
-
-def models_list(base_model: str, adapters: Mapping[str, str], created: int | None = None) -> JsonObject:
-    """``GET /v1/models``: the base model, then each adapter with ``parent`` = the base model."""
-    stamp = int(time.time()) if created is None else created
-    data = [_model_card(base_model, base_model, None, stamp)]
-    data.extend(_model_card(name, path, base_model, stamp) for name, path in adapters.items())
-    return {"object": "list", "data": data}
-
-
-def _model_card(model_id: str, root: str, parent: str | None, created: int) -> JsonObject:
-    return {
-        "id": model_id,
-        "object": "model",
-        "created": created,
-        "owned_by": "vllm",
-        "root": root,
-        "parent": parent,
-        "max_model_len": MAX_MODEL_LEN if parent is None else None,
-        "permission": [
-            {
-                "id": "modelperm-" + uuid.uuid5(uuid.NAMESPACE_URL, model_id).hex,
-                "object": "model_permission",
-                "created": created,
-                "allow_create_engine": False,
-                "allow_sampling": True,
-                "allow_logprobs": True,
-                "allow_search_indices": False,
-                "allow_view": True,
-                "allow_fine_tuning": False,
-                "organization": "*",
-                "group": None,
-                "is_blocking": False,
-            }
-        ],
-    }
 
 
 def render_item(kind: ApiKind, model: str, token_ids: Sequence[int], body: Mapping[str, Any]) -> JsonObject:

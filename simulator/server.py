@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from kvgate.simulator import openai_api as api
+from kvgate.simulator import openai_replies as replies
 from kvgate.simulator.cors import cors
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
@@ -298,9 +299,9 @@ class Replica:
         finished = delivery.finished
         if finished is None:
             return error_response(api.ApiError(503, str(delivery.error)))
-        usage = api.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
+        usage = replies.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         created = int(time.time())
-        body = api.full_response(parsed, request_id, created, finished.completion_tokens, usage)
+        body = replies.full_response(parsed, request_id, created, finished.completion_tokens, usage)
         if isinstance(transfer, RemoteDecode):
             address = _local_address(request)
             body["kv_transfer_params"] = self.kv.hold_for_decode(request_id, finished, address)
@@ -321,7 +322,7 @@ class Replica:
         self, request: web.Request, response: web.StreamResponse, parsed: api.InferenceRequest,
         request_id: str, delivery: Delivery,
     ) -> None:
-        sse = api.SseFormatter(parsed, request_id, int(time.time()))
+        sse = replies.SseFormatter(parsed, request_id, int(time.time()))
         sent = 0
         while True:
             await delivery.wait()
@@ -340,7 +341,7 @@ class Replica:
                 sent = made
             if finished is not None:
                 if parsed.include_usage:
-                    parts.append(sse.usage_chunk(api.usage_json(
+                    parts.append(sse.usage_chunk(replies.usage_json(
                         finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)))
                 parts.append(sse.done())
                 await response.write(b"".join(parts))
@@ -361,7 +362,7 @@ class Replica:
     # ---- model management ------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        return json_response(api.models_list(self.base_model, self.adapters))
+        return json_response(replies.models_list(self.base_model, self.adapters))
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
