@@ -113,7 +113,7 @@ class HoldingArea:
 
     # --- the lifecycle's calls (synchronous) ----------------------------------------------------
     def must_wait(self) -> bool:
-        return self._controller.must_wait(self._has_room())
+        return self._controller.must_wait(self._has_room)
 
     def may_take_reserved(self, tenant: str, band: int) -> bool:
         """Whether a request of ``tenant`` (nothing of it waiting in ``band``) may go now into a slot
@@ -218,8 +218,8 @@ class HoldingArea:
         if ledger is not None:
             self._take_credits()
             ledger.set_waiting(queue.queued_work())
-        if not queue:
-            return
+        if not queue or self._controller.granting:
+            return  # nothing held, or the last grant not yet picked: no room to look for
         room = self._has_room()
         if room and ledger is not None and not self._controller.granting and self._holds_back(ledger, now):
             return

@@ -109,6 +109,21 @@ def test_arrivals_wait_while_others_wait_and_grants_go_one_at_a_time() -> None:
     assert flow.dispatch(has_room=True) is None
 
 
+def test_room_is_looked_for_only_when_nobody_waits() -> None:
+    flow = FlowController(SETTINGS)
+    looks: list[bool] = []
+
+    def room() -> bool:
+        looks.append(True)
+        return True
+
+    assert not flow.must_wait(room)
+    assert looks == [True]
+    flow.hold(item("a"))
+    assert flow.must_wait(room)  # a waits: held without a look at the pool
+    assert looks == [True]
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="timeout"):
         FlowControlSettings(queue_timeout_s=0)
