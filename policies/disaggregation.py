@@ -38,6 +38,7 @@ from kvgate.policies.profile import (
     read_profile_document,
 )
 from kvgate.policies.registry import PluginRegistry, builtin_registry
+from kvgate.policies.validation import describe
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ def build_disaggregated(
     try:
         spec = _DisaggregatedFile.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"invalid disaggregated profile: {exc}") from exc
+        raise ConfigError(f"invalid disaggregated profile: {describe(exc)}") from exc
     d = spec.disaggregation
     decider = registry.create(d.decider.type, d.decider.parameters)
     if not isinstance(decider, DisaggregationDecider):

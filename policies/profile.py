@@ -47,6 +47,7 @@ from kvgate.policies.plugins.params import Params
 from kvgate.policies.plugins.recorders import default_blueprints
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.saturation import SaturationThresholds
+from kvgate.policies.validation import describe
 
 T = TypeVar("T")
 
@@ -160,7 +161,7 @@ def build_profile(data: Mapping[str, Any], registry: PluginRegistry | None = Non
     try:
         spec = _ProfileFile.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"invalid scheduling profile: {exc}") from exc
+        raise ConfigError(f"invalid scheduling profile: {describe(exc)}") from exc
     instances: dict[str, tuple[str, object]] = {}
     for plugin in spec.plugins:
         name = plugin.name or plugin.type

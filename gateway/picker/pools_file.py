@@ -50,6 +50,7 @@ from kvgate.policies.errors import ConfigError
 from kvgate.policies.flow_control import DEFAULT_THRESHOLDS, FlowControlSettings
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.types import Endpoint, FailureMode, Role
+from kvgate.policies.validation import describe
 
 Dialect = Literal["vllm", "sglang", "trtllm", "triton", "jetstream"]
 RoleName = Literal["prefill", "decode", "both", "prefill-decode"]
@@ -314,7 +315,7 @@ def parse_pools(text: str, *, source: str = "<pools>") -> PoolsFile:
     try:
         return PoolsFile.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {exc}") from exc
+        raise ConfigError(f"{source}: {describe(exc)}") from exc
 
 
 def load_pools(path: Path) -> PoolsFile:

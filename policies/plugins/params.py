@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.validation import describe
 
 
 class Params(BaseModel):
@@ -21,4 +22,4 @@ def parse_params(model: type[P], parameters: Mapping[str, Any] | None, plugin_ty
     try:
         return model.model_validate(dict(parameters or {}))
     except ValidationError as exc:
-        raise ConfigError(f"invalid parameters for plugin {plugin_type!r}: {exc}") from exc
+        raise ConfigError(f"invalid parameters for plugin {plugin_type!r}: {describe(exc)}") from exc

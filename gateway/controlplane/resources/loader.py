@@ -32,6 +32,7 @@ from kvgate.gateway.controlplane.resources.inference import (
 )
 from kvgate.gateway.controlplane.resources.meta import Resource, ResourceRef
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.validation import describe
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 _R = TypeVar("_R", bound=Resource)
@@ -113,14 +114,6 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     return f"not valid YAML{where}: {problem}"
 
 
-def _validation_error(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors(include_url=False):
-        location = ".".join(str(part) for part in error["loc"])
-        parts.append(f"{location}: {error['msg']}" if location else error["msg"])
-    return "; ".join(parts)
-
-
 def _expand(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
     kind = doc.get("kind")
     if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
@@ -186,7 +179,7 @@ def parse_manifests(files: Iterable[tuple[str, str]]) -> ResourceSet:
                     item = cls.model_validate(raw)
                 except ValidationError as exc:
                     name = (raw.get("metadata") or {}).get("name", "?")
-                    message = f"{kind} {name}: {_validation_error(exc)}"
+                    message = f"{kind} {name}: {describe(exc)}"
                     problems.append(ManifestProblem(source, index, message))
                     continue
                 where = f"{source} (document {index})"
