@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.types import EndpointView
 
 V = TypeVar("V")
@@ -53,20 +54,30 @@ class ViewRecords(Generic[R]):
     emptied when it outgrows ``max(MIN_CACHED, 4 × the tuple)``: bounded memory whatever the churn.
     """
 
-    __slots__ = ("_build", "_by_view", "_entry")
+    __slots__ = ("_build", "_by_view", "_entry", "_positions")
 
     MIN_CACHED = 8192
 
     def __init__(self, build: Callable[[EndpointView], R]) -> None:
         self._build = build
-        self._entry: tuple[tuple[EndpointView, ...], list[R]] | None = None
+        self._entry: tuple[Sequence[EndpointView], list[R]] | None = None
         self._by_view: dict[int, tuple[EndpointView, R]] = {}
+        self._positions: dict[str, int] | None = None
+        """Address → position in the entry's tuple, when it is a :class:`PoolViews` (built lazily)."""
 
     def get(self, endpoints: Sequence[EndpointView]) -> Sequence[R]:
         """The records of ``endpoints`` (read-only: the same list serves the next call)."""
         entry = self._entry
-        if entry is not None and entry[0] is endpoints:
-            return entry[1]
+        if entry is not None:
+            if entry[0] is endpoints:
+                return entry[1]
+            if isinstance(endpoints, PoolViews) and len(endpoints) == len(entry[0]):
+                changed = endpoints.changed_since(entry[0])
+                if changed is not None:
+                    replaced = self._replaced(entry[1], endpoints, changed)
+                    if replaced is not None:
+                        return replaced
+        self._positions = None
         build = self._build
         by_view = self._by_view
         if len(by_view) > max(self.MIN_CACHED, 4 * len(endpoints)):
@@ -81,4 +92,27 @@ class ViewRecords(Generic[R]):
             append(hit[1])
         if isinstance(endpoints, tuple):
             self._entry = (endpoints, records)
+        return records
+
+    def _replaced(self, last: list[R], endpoints: PoolViews, changed: set[str]) -> list[R] | None:
+        """The last records with those of the ``changed`` endpoints built again (the snapshot names
+        them: work for those alone, not a pass over the pool); None when one of them is not where
+        the last full pass found it."""
+        positions = self._positions
+        if positions is None:
+            entry = self._entry
+            assert entry is not None
+            positions = self._positions = {view.address: i for i, view in enumerate(entry[0])}
+        records = list(last)
+        build, by_view = self._build, self._by_view
+        for address in changed:
+            i = positions.get(address)
+            if i is None or endpoints[i].address != address:
+                return None
+            view = endpoints[i]
+            hit = by_view.get(id(view))
+            if hit is None or hit[0] is not view:
+                hit = by_view[id(view)] = (view, build(view))
+            records[i] = hit[1]
+        self._entry = (endpoints, records)
         return records

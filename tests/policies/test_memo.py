@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvgate.policies.memo import TupleMemo, ViewRecords
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.types import EndpointView
 from tests.policies.helpers import view
 
@@ -47,3 +48,22 @@ def test_view_records_rebuild_only_replaced_views() -> None:
     shorter = (view(7),)
     assert list(records.get(shorter)) == ["10.0.0.7:8000"]
     assert list(records.get([view(8)])) == ["10.0.0.8:8000"]
+
+
+def test_view_records_follow_a_snapshot_that_names_its_changes() -> None:
+    built: list[str] = []
+
+    def record(v: EndpointView) -> tuple[str, int]:
+        built.append(v.address)
+        return (v.address, v.metrics.waiting if v.metrics else -1)
+
+    records: ViewRecords[tuple[str, int]] = ViewRecords(record)
+    first = PoolViews.after(None, [view(i) for i in range(1, 6)], None)
+    assert [r[1] for r in records.get(first)] == [0] * 5
+    built.clear()
+    second = PoolViews.after(first, (first[0], view(2, waiting=7), *first[2:]), {first[1].address})
+    assert [r[1] for r in records.get(second)] == [0, 7, 0, 0, 0]
+    assert built == [first[1].address]  # the named change alone
+    assert [r[1] for r in records.get(first)] == [0] * 5  # the earlier list was not changed in place
+    moved = PoolViews.after(first, (first[1], first[0], *first[2:]), {first[0].address})
+    assert [r[0] for r in records.get(moved)] == [v.address for v in moved]  # not in place: all again
