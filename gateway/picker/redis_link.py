@@ -103,11 +103,15 @@ class RedisLink:
         """Run the commands ``build`` queues on a pipeline; their replies, or None on any failure."""
         if not self.available:
             return None
-        self.counters.ops += 1
         try:
             async with asyncio.timeout(self.settings.op_timeout_s + extra_wait_s):
                 async with self.client.pipeline(transaction=False) as pipe:
                     build(pipe)
+                    if not len(pipe):
+                        # nothing to send: no round trip, so no news of Redis either way (an empty
+                        # pipeline "succeeded" without a connection: "reachable again" while down)
+                        return []
+                    self.counters.ops += 1
                     replies: list[Any] = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             task = asyncio.current_task()

@@ -185,6 +185,8 @@ class RedisCounters:
                 pipe.pexpire(name, int(2 * (window.seconds if window is not None else 60.0) * 1000))
             for key in keys:
                 pipe.hgetall(_redis_key(prefix, key))
+            if not flushing and not keys:
+                pipe.ping()  # no tenant yet: still learn whether Redis answers (available)
 
         replies = await self.link.run("ratelimit", build)
         self._flushing = {}

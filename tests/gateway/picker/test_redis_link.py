@@ -31,3 +31,21 @@ async def test_the_first_call_after_a_restart_succeeds_on_a_fresh_connection(
         assert not link.healthy
     finally:
         await link.close()
+
+
+async def test_nothing_to_send_is_no_news_of_redis(redis_server: RedisServer) -> None:
+    """An empty round (a sync with nothing to write or read) sends nothing: it must not count as
+    Redis being reachable (it said "reachable again" every few seconds while Redis was down)."""
+    link = RedisLink(RedisSettings(url=redis_server.url, backoff_initial_s=0.0))
+    try:
+        await redis_server.kill()
+        assert await link.run("ping", ping) is None
+        assert await link.run("nothing", lambda pipe: None) == []
+        assert not link.healthy
+        assert (link.counters.reconnects, link.counters.ops) == (0, 1)
+        await redis_server.start()
+        assert await link.run("ping", ping) == [True]
+        assert link.healthy
+        assert link.counters.reconnects == 1
+    finally:
+        await link.close()
