@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from kvgate.policies.contracts import Scheduler
 from kvgate.policies.disaggregation import DisaggregatedProfile, load_scheduling
+from kvgate.policies.flow_control import FlowControlSettings, endpoint_has_room
 from kvgate.policies.framework import PluginTimer
 from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.pd_scheduler import DisaggregatedScheduler
@@ -114,9 +115,13 @@ def measure(
     timed: bool = False,
     seed: int = 7,
     ejected: int = 0,
+    room: str = "",
 ) -> list[float]:
     """µs per ``schedule()`` call, one sample per request; ``ejected`` endpoints failed enough
-    requests before the measured ones to be left out of picking (outlier ejection) meanwhile."""
+    requests before the measured ones to be left out of picking (outlier ejection) meanwhile.
+    ``room``: a flow-controlled pool's check for endpoints with room (``policies.flow_control``,
+    default settings), timed with the pick: ``prefilter`` over the pool before it (as the picker
+    did before session 26), ``keep`` as the scheduler's ``keep`` (after the profile's filters)."""
     rng = random.Random(seed)
     now = 1000.0
     loaded = load_scheduling(profile)
@@ -138,14 +143,26 @@ def measure(
         for _ in range(OutlierSettings().consecutive):
             scheduler.on_endpoint_outcome(view.address, ok=False, now=now)
     reqs = [requests.make(10_000 + i, rng.randrange(GROUPS)) for i in range(n_requests)]
+    clock = [now]
+    flow = FlowControlSettings()
+
+    def with_room(endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        inflight = scheduler.state.inflight_by_endpoint()
+        kept = tuple(v for v in endpoints if endpoint_has_room(v, inflight.get(v.address), flow, clock[0]))
+        return endpoints if len(kept) == len(endpoints) else kept
+
     samples: list[float] = []
     in_flight: list[tuple[InferenceRequest, Endpoint]] = []
     for i, req in enumerate(reqs):
         if churn:
             views = rescraped(views, i % n_endpoints)
         now += ARRIVAL_GAP_S  # arrivals at distinct times: the estimated-TTFT arrival rate is live
+        clock[0] = now
         start = time.perf_counter_ns()
-        result = scheduler.schedule(req, views, now)
+        if room == "prefilter":
+            result = scheduler.schedule(req, with_room(views) or views, now)
+        else:
+            result = scheduler.schedule(req, views, now, keep=with_room if room == "keep" else None)
         samples.append((time.perf_counter_ns() - start) / 1000.0)
         scheduler.on_picked(req, result.pick, now)
         in_flight.append((req, result.pick))
@@ -173,11 +190,14 @@ def main() -> None:
     parser.add_argument("--profiles", default="default,gie-default")
     parser.add_argument("--churn", action="store_true", help="a new snapshot tuple before every request")
     parser.add_argument("--timer", action="store_true", help="per-plugin timing into a histogram")
+    parser.add_argument("--room", choices=["prefilter", "keep"], default="",
+                        help="a flow-controlled pool's check for room, before the pick or as its keep")
     parser.add_argument("--ejected", type=int, default=0,
                         help="endpoints left out of picking (outlier ejection) during the measured requests")
     args = parser.parse_args()
     mode = ", ".join(m for m, on in (("churn", args.churn), ("timer", args.timer),
-                                     (f"{args.ejected} ejected", args.ejected)) if on) or "static snapshot"
+                                     (f"{args.ejected} ejected", args.ejected),
+                                     (f"room: {args.room}", args.room)) if on) or "static snapshot"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"({args.requests} requests, 8k-token prompts, {mode}; load average {load})\n")
     print("| profile | endpoints | median µs | p99 µs |")
@@ -185,7 +205,7 @@ def main() -> None:
     for profile in args.profiles.split(","):
         for n in (int(x) for x in args.endpoints.split(",")):
             samples = measure(profile, n, args.requests, churn=args.churn, timed=args.timer,
-                              ejected=args.ejected)
+                              ejected=args.ejected, room=args.room)
             print(
                 f"| {profile} | {n} | {statistics.median(samples):.1f} | {percentile(samples, 0.99):.1f} |",
                 flush=True,

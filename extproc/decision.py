@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -174,10 +175,11 @@ def schedule(
             else f"pool {pool.name!r} has no endpoints"
         )
     holding = pool.holding
-    if holding is not None:  # flow control: the pick among endpoints with room (all, if none has)
-        candidates = holding.with_room(candidates, reserved=reserved) or candidates
+    # flow control: the pick among endpoints with room (all, if none has), asked of the endpoints
+    # the profile's filters chose (a pass over a large pool per pick cost O(pool))
+    keep = None if holding is None else partial(holding.with_room, reserved=reserved)
     started = now()
-    result = pool.scheduler.schedule(request, candidates, started, trace)
+    result = pool.scheduler.schedule(request, candidates, started, trace, keep=keep)
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")

@@ -124,8 +124,8 @@ class HoldingArea:
         load = self._load
         return pool_has_room(load.endpoints(), load.inflight(), settings, self._clock.now(), reserved=True)
 
-    def with_room(self, endpoints: tuple[EndpointView, ...], *,
-                  reserved: bool = False) -> tuple[EndpointView, ...]:
+    def with_room(self, endpoints: Sequence[EndpointView], *,
+                  reserved: bool = False) -> Sequence[EndpointView]:
         inflight, now, settings = self._load.inflight(), self._clock.now(), self.settings
         kept = tuple(v for v in endpoints
                      if endpoint_has_room(v, inflight.get(v.address), settings, now, reserved=reserved))

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,8 +107,8 @@ class HoldingPort(Protocol):
         """Whether a request arriving now waits (no room, or others wait)."""
         ...
 
-    def with_room(self, endpoints: tuple[EndpointView, ...], *,
-                  reserved: bool = False) -> tuple[EndpointView, ...]:
+    def with_room(self, endpoints: Sequence[EndpointView], *,
+                  reserved: bool = False) -> Sequence[EndpointView]:
         """Those of ``endpoints`` with room now (the pick is made among them); ``reserved``: the
         slots reserved for tenants without a backlog count too."""
         ...

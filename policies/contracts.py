@@ -14,7 +14,7 @@ never leaks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -57,12 +57,22 @@ class SchedulingResult:
         return self.ranked[0]
 
 
+Keep = Callable[[Sequence[EndpointView]], Sequence[EndpointView]]
+"""Narrows endpoints to those a request may go to now (flow control: those with room); returns
+its argument itself when it keeps them all, and may keep none."""
+
+
 class Scheduler(Protocol):
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
-        trace: SchedulingTrace | None = None,
+        trace: SchedulingTrace | None = None, keep: Keep | None = None,
     ) -> SchedulingResult:
         """Rank ``candidates`` for ``request`` (``trace``: a traced request's, told what was done).
+
+        ``keep`` narrows the endpoints once the profile's filters have chosen them (a large pool's
+        candidate set: checking every endpoint of the pool per pick cost O(pool)); when it keeps
+        none of those, it is asked about all of ``candidates``, and when it keeps none at all, the
+        pick is among all as if it were not given.
 
         Raises ``NoEligibleEndpointError`` (503) when nothing is eligible and ``RequestShedError``
         (429) when a sheddable request meets a saturated pool. Pure apart from reading the

@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
-from kvgate.policies.contracts import PrefillPick, SchedulingResult
+from kvgate.policies.contracts import Keep, PrefillPick, SchedulingResult
 from kvgate.policies.disaggregation import DisaggregatedProfile
 from kvgate.policies.engine_blocks import EngineCacheView
 from kvgate.policies.errors import NoEligibleEndpointError
@@ -94,14 +94,14 @@ class DisaggregatedScheduler:
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
-        trace: SchedulingTrace | None = None,
+        trace: SchedulingTrace | None = None, keep: Keep | None = None,
     ) -> SchedulingResult:
         decoders = self._decoders.of(candidates)
         split = request.api in _SPLITTABLE
         if not decoders:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no decode endpoints")
         ctx = self.decode.context(request, now)
-        result = self.decode.schedule_in(ctx, decoders, trace)
+        result = self.decode.schedule_in(ctx, decoders, trace, keep)
         decode = result.ranked[0]
         decode_view = next(c for c in decoders if c.endpoint is decode or c.address == decode.address)
         if not split:
@@ -118,7 +118,7 @@ class DisaggregatedScheduler:
         # the same prompt, model and salt, hashed the same way (load_scheduling checks it): once
         prefill_ctx = self.prefill.context(half, now, ctx.prefix_hashes())
         try:
-            prefill = self.prefill.schedule_in(prefill_ctx, prefillers, trace)
+            prefill = self.prefill.schedule_in(prefill_ctx, prefillers, trace, keep)
         except NoEligibleEndpointError:
             # every prefill endpoint is filtered out (unhealthy, saturated): aggregated
             return _whole(result, trace, "no_eligible_prefill_endpoint")

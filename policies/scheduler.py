@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.contracts import Keep, SchedulingResult
 from kvgate.policies.engine_blocks import EngineCacheView
 from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
 from kvgate.policies.feedback import EndpointGate, FeedbackEnv, FeedbackPlugin, overridden
@@ -96,34 +96,28 @@ class ProfileScheduler:
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
-        trace: SchedulingTrace | None = None,
+        trace: SchedulingTrace | None = None, keep: Keep | None = None,
     ) -> SchedulingResult:
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
-        return self.schedule_in(self.context(request, now), candidates, trace)
+        return self.schedule_in(self.context(request, now), candidates, trace, keep)
 
     def schedule_in(self, ctx: SchedulingContext, candidates: Sequence[EndpointView],
-                    trace: SchedulingTrace | None = None) -> SchedulingResult:
+                    trace: SchedulingTrace | None = None, keep: Keep | None = None) -> SchedulingResult:
         """``schedule`` with a context from :meth:`context` (a caller that reads it afterwards, as the
         disaggregation decider reads the prefix matches, passes its own)."""
         request, now = ctx.request, ctx.now
         if not candidates:
             raise NoEligibleEndpointError(f"pool {request.pool!r} has no endpoints")
-        endpoints = self._subset.filter(ctx, candidates)
+        gated = self._subset.filter(ctx, candidates)
         for gate in self._gates:
-            endpoints = gate.gate(endpoints, now)
+            gated = gate.gate(gated, now)
         timer = self._timer_for_this_request()
         if trace is not None:
             timer = trace if timer is None else _BothTimers(trace, timer)
-        for f in self.profile.filters:
-            if timer is None:
-                endpoints = f.plugin.filter(ctx, endpoints)
-            else:
-                start = self._clock()
-                endpoints = f.plugin.filter(ctx, endpoints)
-                timer.observe("filter", f.plugin_type, f.name, self._clock() - start)
-            if not endpoints:
-                raise NoEligibleEndpointError(f"no eligible endpoint after filter {f.name!r}")
+        endpoints = self._filtered(ctx, gated, timer)
+        if keep is not None:
+            endpoints = self._kept(ctx, endpoints, gated, keep, timer)
         if request.sheddable:
             self._admit(endpoints, now)
         addresses = self._addresses.get(endpoints, Addresses)
@@ -151,6 +145,33 @@ class ProfileScheduler:
                                 predicted_cached_tokens=matches.get(ranked[0].address, 0) * per_block,
                                 best_cached_tokens=max(matches.values(), default=0) * per_block,
                                 prefix_block_tokens=per_block)
+
+    def _filtered(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView],
+                  timer: PluginTimer | None) -> Sequence[EndpointView]:
+        """The profile's filters, in order."""
+        for f in self.profile.filters:
+            if timer is None:
+                endpoints = f.plugin.filter(ctx, endpoints)
+            else:
+                start = self._clock()
+                endpoints = f.plugin.filter(ctx, endpoints)
+                timer.observe("filter", f.plugin_type, f.name, self._clock() - start)
+            if not endpoints:
+                raise NoEligibleEndpointError(f"no eligible endpoint after filter {f.name!r}")
+        return endpoints
+
+    def _kept(self, ctx: SchedulingContext, filtered: Sequence[EndpointView], gated: Sequence[EndpointView],
+              keep: Keep, timer: PluginTimer | None) -> Sequence[EndpointView]:
+        """What ``keep`` keeps of the filtered endpoints; when none, the filters over what it keeps
+        of all (the filters had narrowed the pool to a candidate set); when none at all, the
+        filtered endpoints as they were."""
+        kept = keep(filtered)
+        if kept:
+            return kept
+        if len(filtered) == len(gated):  # the filters kept all: nothing more to ask about
+            return filtered
+        wider = keep(gated)
+        return self._filtered(ctx, wider, timer) if wider else filtered
 
     def context(self, request: InferenceRequest, now: float,
                 prefix_hashes: tuple[int, ...] | None = None) -> SchedulingContext:

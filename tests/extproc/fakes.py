@@ -14,7 +14,7 @@ from kvgate.extproc import codec
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import HoldingPort, RequestLabels, RequestTrace
-from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.contracts import Keep, SchedulingResult
 from kvgate.policies.errors import PoolNotFoundError
 from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Role, Usage
@@ -50,8 +50,10 @@ class RecordingScheduler:
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
-        trace: SchedulingTrace | None = None,
+        trace: SchedulingTrace | None = None, keep: Keep | None = None,
     ) -> SchedulingResult:
+        if keep is not None:  # (as a profile without filters applies it)
+            candidates = keep(candidates) or candidates
         self.seen.append((request, tuple(c.address for c in candidates)))
         if self.error is not None:
             raise self.error

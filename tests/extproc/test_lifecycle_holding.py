@@ -54,8 +54,8 @@ class FakeHolding:
     reserve: bool = False
     """Whether a tenant with nothing waiting may take a reserved slot now."""
 
-    def with_room(self, endpoints: tuple[EndpointView, ...], *,
-                  reserved: bool = False) -> tuple[EndpointView, ...]:
+    def with_room(self, endpoints: Sequence[EndpointView], *,
+                  reserved: bool = False) -> Sequence[EndpointView]:
         if reserved:
             self.calls.append(("reserved pick", ""))
         return endpoints if self.room is None else tuple(v for v in endpoints if v.address in self.room)

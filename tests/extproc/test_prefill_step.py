@@ -16,7 +16,7 @@ from kvgate.extproc.actions import RunPrefill, Step
 from kvgate.extproc.events import PrefillDone, StreamClosed
 from kvgate.extproc.lifecycle import RequestLifecycle, State
 from kvgate.extproc.pd_bodies import ASK_FOR_REMOTE_DECODE, PrefillAnswerError, prefill_body, transfer_params
-from kvgate.policies.contracts import PrefillPick, SchedulingResult
+from kvgate.policies.contracts import Keep, PrefillPick, SchedulingResult
 from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import EndpointView, InferenceRequest, Role
 from tests.extproc.fakes import (
@@ -46,7 +46,7 @@ class SplittingScheduler(RecordingScheduler):
 
     def schedule(
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
-        trace: SchedulingTrace | None = None,
+        trace: SchedulingTrace | None = None, keep: Keep | None = None,
     ) -> SchedulingResult:
         self.seen.append((request, tuple(c.address for c in candidates)))
         decoders = tuple(c.endpoint for c in candidates if c.endpoint.role is Role.DECODE)

@@ -147,3 +147,31 @@ def test_a_named_endpoint_away_from_its_place_rebuilds() -> None:
     moved = (view(299, waiting=0, running=0, kv=0.0), *first[1:299], first[0])  # 299 and 0 swapped
     second = PoolViews.after(first, moved, {moved[0].address})  # (a scraper would say None)
     assert kept_after(narrow, second, NOW + CandidateSetFilter.REBUILD_S / 2) == [299]  # found, now first
+
+
+def test_keep_is_asked_about_the_candidates_and_about_the_pool_only_when_none_of_them_pass() -> None:
+    endpoints = pool(400)
+    scheduler = ProfileScheduler(load_profile("default"), rng=random.Random(5))
+    asked: list[tuple[str, ...]] = []
+
+    def everyone(views: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        asked.append(tuple(v.address for v in views))
+        return views
+
+    scheduler.schedule(request("a"), endpoints, NOW, keep=everyone)
+    assert len(asked) == 1
+    assert len(asked[0]) < 100  # the candidate set's, not the pool's 400
+    asked.clear()
+
+    def only_outside_the_candidates(views: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        asked.append(tuple(v.address for v in views))
+        if len(asked) == 1:
+            return ()  # none of the candidates has room
+        return tuple(v for v in views if v.address not in asked[0])[-1:]
+
+    result = scheduler.schedule(request("b"), endpoints, NOW, keep=only_outside_the_candidates)
+    assert len(asked[1]) == 400  # the pool was asked
+    assert result.pick.address not in asked[0]
+    assert result.pick.address == tuple(a for a in asked[1] if a not in asked[0])[-1]
+    nobody = scheduler.schedule(request("c"), endpoints, NOW, keep=lambda views: ())
+    assert nobody.pick in {v.endpoint for v in endpoints}  # nobody has room: the pick among all

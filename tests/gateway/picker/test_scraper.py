@@ -140,6 +140,8 @@ async def test_a_page_in_another_dialect_counts_as_a_failed_scrape(servers: Serv
         await eventually(
             lambda: scraper.counters()[Endpoint(server.address, "p")].errors.get("page", 0) >= 1, "page error"
         )
+        # (the unhealthy view is published with the tick's other scrapes, PUBLISH_DELAY_S later)
+        await eventually(lambda: not healthy(scraper, "p", server.address), "published unhealthy")
         found = view(scraper, "p", server.address)
         assert found is not None
         assert found.metrics is None
