@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvgate.extproc.full_pool import FullPool
 from kvgate.extproc.ports import Clock
 from kvgate.policies.flow_control import (
     FlowController,
@@ -83,6 +84,8 @@ class HoldingArea:
         self._poll_s = poll_s
         self._grant_timeout_s = grant_timeout_s
         self._controller = FlowController(settings)
+        self._full = FullPool()
+        """What the last look that found the pool full learned (``extproc.full_pool``)."""
         self._waiters: dict[str, tuple[Waiting, float, asyncio.Future[HoldOutcome]]] = {}
         """Held (or granted, not yet picked) request id → (item, when it was held, its outcome)."""
         self._granted: tuple[str, float] | None = None
@@ -101,6 +104,7 @@ class HoldingArea:
         self.settings = settings
         self._load = load
         self._controller.reconfigure(settings)
+        self._full.forget()
         self.kick()
 
     @property
@@ -185,8 +189,11 @@ class HoldingArea:
         self.grant_used(request_id)
         self._waiters.pop(request_id, None)
 
-    def kick(self) -> None:
-        """Look for room now (a request of the pool ended, a grant was used)."""
+    def kick(self, *freed: str) -> None:
+        """Look for room now: a request of the pool ended (on the ``freed`` endpoints: where it ran,
+        and where a fallback moved it from), a grant was used, the configuration changed."""
+        for address in freed:
+            self._full.freed(address)
         if self._waiters or self._controller.granting:
             self._dispatch()
 
@@ -200,8 +207,18 @@ class HoldingArea:
     # --- inside -----------------------------------------------------------------------------------
     def _has_room(self) -> bool:
         load = self._load
-        return pool_has_room(load.endpoints(), load.inflight(), self.settings, self._clock.now()) \
-            or load.spill_room()
+        endpoints, inflight, now = load.endpoints(), load.inflight(), self._clock.now()
+        settings = self.settings
+
+        def room(view: EndpointView) -> bool:
+            return endpoint_has_room(view, inflight.get(view.address), settings, now)
+
+        full = self._full.still_full(endpoints, now, room)  # (while full: the changed endpoints alone)
+        if full is None:
+            full = not any(room(view) for view in endpoints)
+            if full:
+                self._full.found_full(endpoints, now)
+        return not full or load.spill_room()
 
     def _dispatch(self) -> None:
         now = self._clock.now()

@@ -259,6 +259,10 @@ class RequestLifecycle:
         assert picked is not None
         assert release is not None
         picked.prefill_done(event.ok, event.seconds)
+        prefill = picked.decision.result.prefill
+        area = self._pool.holding if self._pool is not None else None
+        if area is not None and prefill is not None:  # the prefill endpoint's request ended
+            self._defer("holding kick", area.kick, prefill.endpoint.address)
         self._release = None
         self.state = State.UPSTREAM
         return release(decode_decision(picked.decision, event))
@@ -461,7 +465,7 @@ class RequestLifecycle:
             for pool in {id(p): p for p in (self._pool, self._target) if p is not None}.values():
                 area = pool.holding
                 if area is not None:  # after the scheduler hears of the end: room may have freed
-                    self._defer("holding kick", area.kick)
+                    self._defer("holding kick", area.kick, *picked.freed_endpoints())
 
     @property
     def _status_ok(self) -> bool:

@@ -55,6 +55,15 @@ class PickedRequest:
     def finished(self) -> bool:
         return self._finished
 
+    def freed_endpoints(self) -> tuple[str, ...]:
+        """Where the request's end frees a place: the endpoint picked, the one that served it (a
+        fallback), and its prefill half's (a prefill not reported ends with it)."""
+        result = self.decision.result
+        found = [result.pick.address, self.served.address]
+        if result.prefill is not None:
+            found.append(result.prefill.endpoint.address)
+        return tuple(dict.fromkeys(found))
+
     def picked(self, *, first_token_unseen: bool) -> None:
         """At the pick: the request counted in flight on its endpoint; ``first_token_unseen``: no
         response will show its first token (a skipped stream), so its prefill ends at the

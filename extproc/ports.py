@@ -142,8 +142,9 @@ class HoldingPort(Protocol):
         """The request's stream ended while it was held or dispatched and not yet picked."""
         ...
 
-    def kick(self) -> None:
-        """A request of the pool ended (told after the scheduler heard): look for room now."""
+    def kick(self, *freed: str) -> None:
+        """A request of the pool ended (told after the scheduler heard; ``freed``: the endpoints
+        it held a place on): look for room now."""
         ...
 
 

@@ -11,8 +11,9 @@ import pytest
 
 from kvgate.extproc.holding import HoldingArea, PoolLoad
 from kvgate.extproc.ports import MonotonicClock
-from kvgate.policies.flow_control import FlowControlSettings, HoldOutcome
+from kvgate.policies.flow_control import FlowControlSettings, HoldOutcome, endpoint_has_room
 from kvgate.policies.holding_queue import Waiting
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.state import InFlight
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointView, InferenceRequest
 
@@ -281,4 +282,40 @@ async def test_with_a_ledger_peers_dispatches_are_charged_to_the_tenants_place_h
         for f in outcome_of.values():
             f.cancel()
     assert order.index("b4") < order.index("a3")  # a's later requests go after b's
+    await area.stop()
+
+
+async def test_a_full_pool_is_looked_at_whole_once_then_where_room_can_come_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the pool stays full, a request's end is checked on its endpoint alone (and the rest
+    again every ``FullPool.RECHECK_S``): a pass over a large pool at every end and every poll cost
+    ~0.4 ms at 1,000 endpoints."""
+    addresses = [f"10.0.0.{i}:8000" for i in range(1, 201)]
+    now = MonotonicClock().now
+    snapshot = PoolViews.after(None, [EndpointView(Endpoint(a, "p"), EndpointMetrics(updated_at=now() + 60))
+                                      for a in addresses], None)
+    inflight = {a: InFlight(1) for a in addresses}  # each at its limit of 1
+    looks: list[str] = []
+
+    def counting(view: EndpointView, own: InFlight | None, settings: FlowControlSettings, at: float,
+                 *, reserved: bool = False) -> bool:
+        looks.append(view.address)
+        return endpoint_has_room(view, own, settings, at, reserved=reserved)
+
+    monkeypatch.setattr("kvgate.extproc.holding.endpoint_has_room", counting)
+    area = HoldingArea("p", FlowControlSettings(max_inflight_per_endpoint=1),
+                       PoolLoad(lambda: snapshot, lambda: inflight, lambda request, at: 0),
+                       MonotonicClock(), poll_s=0.001)
+    assert area.must_wait()
+    assert len(looks) == len(addresses)  # the first look: the whole pool
+    assert area.hold(area.waiting_item(request("a"), now()))
+    held = asyncio.ensure_future(area.outcome("a"))
+    looks.clear()
+    area.kick(addresses[7])  # a request there ended, but another of ours is still there: full
+    assert looks[:1] == [addresses[7]]
+    assert len(looks) < len(addresses)
+    del inflight[addresses[42]]
+    area.kick(addresses[42])  # room there now
+    assert await asyncio.wait_for(held, 1) is HoldOutcome.DISPATCHED
     await area.stop()

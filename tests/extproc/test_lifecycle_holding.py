@@ -83,7 +83,7 @@ class FakeHolding:
     def leave(self, request_id: str) -> None:
         self.calls.append(("leave", request_id))
 
-    def kick(self) -> None:
+    def kick(self, *freed: str) -> None:
         self.calls.append(("kick", ""))
 
 
