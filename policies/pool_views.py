@@ -16,7 +16,7 @@ membership changed).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from kvgate.policies.types import EndpointView
 
@@ -55,6 +55,23 @@ class PoolViews(tuple[EndpointView, ...]):
             out.generation = 0
             out.recent = ()
         return out
+
+    @classmethod
+    def with_replaced(
+        cls, previous: PoolViews, positions: Mapping[str, int], changed: Collection[str],
+        view_of: Callable[[str], EndpointView | None],
+    ) -> PoolViews | None:
+        """``previous`` with the views of ``changed`` replaced by ``view_of`` theirs, at the
+        ``positions`` given (a copy of the tuple: no pass over the pool's owner); None when one of
+        them is not where ``positions`` says, or has no view."""
+        views = list(previous)
+        for address in changed:
+            i = positions.get(address)
+            view = view_of(address)
+            if i is None or view is None or i >= len(views) or views[i].address != address:
+                return None
+            views[i] = view
+        return cls.after(previous, views, changed)
 
     def changed_since(self, earlier: Sequence[EndpointView]) -> set[str] | None:
         """The addresses whose views changed from ``earlier`` to this tuple (an empty set: none),

@@ -109,6 +109,8 @@ class MetricsScraper:
         self._delegate: ScrapeDelegate | None = None
         self._lines = LineMemo()
         """The metrics pages' lines parsed so far (every endpoint's: most repeat between scrapes)."""
+        self._positions: dict[str, dict[str, int]] = {}
+        """Per pool, each endpoint's position in its published tuple (the targets' order)."""
         self._dirty: dict[str, set[str]] = {}
         """Per pool, the endpoints whose views changed since the last snapshot (published together,
         ``PUBLISH_DELAY_S``)."""
@@ -256,10 +258,12 @@ class MetricsScraper:
             if address not in wanted:
                 self._retire(old)
         self._targets[pool] = updated
+        self._positions.pop(pool, None)
         self._publish(pool)
 
     def remove_pool(self, pool: str) -> None:
         """Stop scraping every endpoint of ``pool`` and drop it from the snapshot."""
+        self._positions.pop(pool, None)
         for target in self._targets.pop(pool, {}).values():
             self._retire(target)
         if pool in self._snapshot.pools:
@@ -413,7 +417,7 @@ class MetricsScraper:
         for pool, changed in dirty.items():
             targets = self._targets.get(pool)
             if targets is not None:
-                pools[pool] = PoolViews.after(pools.get(pool), (t.view for t in targets.values()), changed)
+                pools[pool] = self._pool_views(pool, targets, pools.get(pool), changed)
         self._swap(pools)
         if self._delegate is not None:
             for pool in dirty:
@@ -425,8 +429,23 @@ class MetricsScraper:
         if targets is None:
             return
         pools = dict(self._snapshot.pools)
-        pools[pool] = PoolViews.after(pools.get(pool), (t.view for t in targets.values()), changed)
+        pools[pool] = self._pool_views(pool, targets, pools.get(pool), changed)
         self._swap(pools)
+
+    def _pool_views(self, pool: str, targets: Mapping[str, ScrapeTarget],
+                    previous: tuple[EndpointView, ...] | None, changed: set[str] | None) -> PoolViews:
+        """The pool's new tuple: the last one with the changed views replaced (a copy: one new tuple
+        per adopted batch rebuilt from the targets was half of adopting a peer's scrapes at 1,000
+        endpoints), or built from the targets when the changes or the positions are not known."""
+        if changed is not None and isinstance(previous, PoolViews) and len(previous) == len(targets):
+            positions = self._positions.get(pool)
+            if positions is None:
+                positions = self._positions[pool] = {address: i for i, address in enumerate(targets)}
+            replaced = PoolViews.with_replaced(
+                previous, positions, changed, lambda a: t.view if (t := targets.get(a)) is not None else None)
+            if replaced is not None:
+                return replaced
+        return PoolViews.after(previous, (t.view for t in targets.values()), changed)
 
     def _swap(self, pools: Mapping[str, tuple[EndpointView, ...]]) -> None:
         snapshot = EndpointSnapshot.of(pools, version=self._snapshot.version + 1)

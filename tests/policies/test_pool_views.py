@@ -82,3 +82,17 @@ def test_a_subset_of_another_snapshot_is_selected_anew_and_of_a_list_every_time(
     listed = odd.of(list(plain))
     assert isinstance(listed, list)
     assert listed == list(again)
+
+
+def test_with_replaced_copies_the_tuple_with_the_changed_views_at_their_positions() -> None:
+    first = PoolViews.after(None, [view(i) for i in range(1, 5)], None)
+    positions = {v.address: i for i, v in enumerate(first)}
+    new = {first[2].address: view(3, waiting=9)}
+    second = PoolViews.with_replaced(first, positions, set(new), new.get)
+    assert second is not None
+    assert [v.metrics.waiting for v in second if v.metrics] == [0, 0, 9, 0]
+    assert second[0] is first[0]
+    assert second.changed_since(first) == set(new)
+    wrong = {first[1].address: 2}  # not where the tuple has it
+    assert PoolViews.with_replaced(first, wrong, {first[1].address}, lambda a: view(1)) is None
+    assert PoolViews.with_replaced(first, positions, {first[1].address}, lambda a: None) is None

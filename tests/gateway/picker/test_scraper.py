@@ -345,3 +345,25 @@ async def test_each_published_tuple_names_the_endpoints_whose_views_it_replaced(
     assert isinstance(adopted, PoolViews)
     assert adopted.changed_since(last) == {two.address}
     assert adopted.changed_since(tuples[0]) is None  # across the membership change
+
+
+def test_adopted_views_replace_theirs_in_place_and_leave_the_others_as_they_were() -> None:
+    scraper = fast_scraper()
+    addresses = [f"127.0.0.{i}:8000" for i in range(1, 6)]
+    scraper.set_endpoints("p", "vllm", addresses)
+    before = scraper.snapshot().endpoints("p")
+    now = scraper.now()
+    scraper.adopt("p", [(addresses[3], EndpointMetrics(waiting=4, updated_at=now), True),
+                        (addresses[1], EndpointMetrics(waiting=2, updated_at=now), True)])
+    after = scraper.snapshot().endpoints("p")
+    assert [v.address for v in after] == addresses
+    assert [v.metrics.waiting if v.metrics else None for v in after] == [None, 2, None, 4, None]
+    assert after[0] is before[0]
+    assert isinstance(after, PoolViews)
+    assert after.changed_since(before) == {addresses[1], addresses[3]}
+    scraper.set_endpoints("p", "vllm", [addresses[4], *addresses[:4]])  # the order changed
+    scraper.adopt("p", [(addresses[4], EndpointMetrics(waiting=7, updated_at=now), True)])
+    moved = scraper.snapshot().endpoints("p")
+    assert [v.address for v in moved] == [addresses[4], *addresses[:4]]
+    assert moved[0].metrics is not None
+    assert moved[0].metrics.waiting == 7
