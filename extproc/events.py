@@ -90,6 +90,9 @@ class PrefillDone:
     params: Mapping[str, Any] | None
     seconds: float
     error: str = ""
+    request_fault: bool = False
+    """The prefill endpoint refused the request itself (a 4xx: a prompt past the model's context,
+    a parameter the engine rejects): not the endpoint's failure (outlier ejection must not count it)."""
 
     @property
     def ok(self) -> bool:

@@ -258,7 +258,7 @@ class RequestLifecycle:
         picked, release = self._picked, self._release
         assert picked is not None
         assert release is not None
-        picked.prefill_done(event.ok, event.seconds)
+        picked.prefill_done(event.ok, event.seconds, request_fault=event.request_fault)
         prefill = picked.decision.result.prefill
         area = self._pool.holding if self._pool is not None else None
         if area is not None and prefill is not None:  # the prefill endpoint's request ended

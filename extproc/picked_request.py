@@ -106,9 +106,10 @@ class PickedRequest:
         self._tell("on_first_token_unseen", self._scheduler.on_first_token_unseen, self.request, self.served,
                    self._clock.now())
 
-    def prefill_done(self, ok: bool, seconds: float) -> None:
+    def prefill_done(self, ok: bool, seconds: float, *, request_fault: bool = False) -> None:
         """The prefill half the picker ran answered (``ok``) or failed: its endpoint's bookkeeping
-        ends (a failure counts against it), and the metrics count it."""
+        ends (a failure counts against it, unless the endpoint refused the request itself:
+        ``request_fault``), and the metrics count it."""
         half = self.decision.result.prefill
         if half is None:
             return
@@ -116,7 +117,7 @@ class PickedRequest:
         scheduler = self._scheduler
         if ok:
             self._tell("on_first_token", scheduler.on_first_token, half.request, half.endpoint, now)
-        else:
+        elif not request_fault:
             self._tell("on_endpoint_failed", scheduler.on_endpoint_failed, half.request, half.endpoint, now)
         self._tell("on_finished", _finished, scheduler, half.request, half.endpoint, ok, now)
         self._metrics.prefill_finished(self.labels, seconds, ok=ok)

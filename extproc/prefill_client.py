@@ -60,7 +60,10 @@ class PrefillClient:
             async with self._open().post(f"http://{step.address}{step.path}", data=step.body,
                                          headers=headers) as response:
                 if response.status // 100 != 2:
-                    return self._failed(started, step, f"status {response.status}")
+                    # a 4xx is the request's own (the decode endpoint will answer it the same), but
+                    # 408 and 429 say the endpoint is slow or full
+                    refused = response.status // 100 == 4 and response.status not in (408, 429)
+                    return self._failed(started, step, f"status {response.status}", request_fault=refused)
                 params = transfer_params(await _whole(response))
         except TimeoutError:
             return self._failed(started, step, "timed out")
@@ -68,9 +71,14 @@ class PrefillClient:
             return self._failed(started, step, str(exc) or type(exc).__name__)
         return PrefillDone(params, time.perf_counter() - started)
 
-    def _failed(self, started: float, step: RunPrefill, error: str) -> PrefillDone:
+    def _failed(self, started: float, step: RunPrefill, error: str, *,
+                request_fault: bool = False) -> PrefillDone:
         """A failed prefill: a warning (one line per :data:`WARN_EVERY_S` at most, with how many
-        others failed meanwhile), and no params."""
+        others failed meanwhile; none for the request's own fault), and no params."""
+        if request_fault:
+            _log.debug("prefill at %s refused the request (%s): its decode endpoint answers it", step.address,
+                       error)
+            return PrefillDone(None, time.perf_counter() - started, error, request_fault=True)
         now = time.monotonic()
         self._unreported += 1
         if now - self._warned_at >= WARN_EVERY_S:

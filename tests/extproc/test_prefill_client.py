@@ -89,3 +89,25 @@ async def test_failures_give_no_params_and_one_warning(
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1  # the others within 5 s are counted in the next one
     assert "its decode endpoint prefills instead" in warnings[0].getMessage()
+
+
+async def test_a_request_the_endpoint_refuses_is_the_requests_fault_and_no_warning(
+    serve: Callable[[Handler], Awaitable[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def too_long(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "maximum context length"}}, status=400)
+
+    async def busy(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "busy"}}, status=429)
+
+    client = PrefillClient()
+    try:
+        refused = await client.run(step(await serve(too_long)))
+        full = await client.run(step(await serve(busy)))
+    finally:
+        await client.close()
+    assert (refused.ok, refused.request_fault, refused.error) == (False, True, "status 400")
+    assert (full.ok, full.request_fault) == (False, False)  # 429: the endpoint is full, its fault
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1  # the 429's; the refused request's is not an endpoint's problem
+    assert "status 429" in warnings[0]

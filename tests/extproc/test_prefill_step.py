@@ -118,6 +118,17 @@ def test_a_failed_prefill_releases_the_request_unchanged_to_decode() -> None:
     assert ("prefill", False) in metrics.events
 
 
+def test_a_prefill_the_endpoint_refused_as_the_requests_own_fault_is_not_counted_against_it() -> None:
+    pool = pd_pool()
+    machine = make_machine(pool)
+    body = completion(prompt="doc", max_tokens=8)
+    pick(machine, body)
+    [reply] = codec.encode_replies(machine.handle(PrefillDone(None, 0.01, "status 400", request_fault=True)))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == DECODE  # the decode answers it
+    assert pool.scheduler.failed_endpoints == []  # (outlier ejection counts these)
+    assert ("finished", (PREFILL, False)) in pool.scheduler.calls
+
+
 def test_a_client_gone_during_the_prefill_ends_the_request_once() -> None:
     pool = pd_pool()
     machine = make_machine(pool)
