@@ -210,6 +210,11 @@ class PickerService:
                 self._stop_later(previous.holding_area.stop())
         self._publish_readiness()
         log.info("serving pools: %s", ", ".join(sorted(pools)) or "(none)")
+        for spec in specs:  # said once as a pool becomes empty (not at every apply while it stays so)
+            previous = old.get(spec.name)
+            if not spec.endpoints and (previous is None or previous.spec.endpoints):
+                log.warning("pool %s has no endpoints: its requests are answered 503 until one is ready",
+                            spec.name)
 
     def pool_report(self) -> list[dict[str, object]]:
         """What the admin endpoint shows: each pool, its endpoints and their latest metrics."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvgate.gateway.picker.pool_runtime import PoolRuntime, with_spill_chains
 from kvgate.gateway.picker.pools_file import FlowControlSpec, PoolSpec
 from kvgate.gateway.picker.replica_models import PoolModelNames
@@ -83,3 +85,17 @@ async def test_a_configuration_change_keeps_the_pools_holding_area_and_its_held_
     assert (kept.settings.max_queue_length, kept.timeout_s) == (3, 5)
     service.apply_pools([first.model_copy(update={"flow_control": None})], "p")
     assert service.table.pools["p"].holding_area is None
+
+
+async def test_a_pool_without_endpoints_is_said_once_as_it_becomes_empty(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = PickerService(PickerSettings(grpc_address="127.0.0.1:0", admin_port=0))
+    empty = PoolSpec(name="p")
+    service.apply_pools([empty], "p")
+    service.apply_pools([empty], "p")  # still empty: not said again
+    service.apply_pools([PoolSpec(name="p", endpoints=("127.0.0.1:9",))], "p")
+    service.apply_pools([empty], "p")  # empty again
+    said = [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and "no endpoints" in r.getMessage()]
+    assert said == ["pool p has no endpoints: its requests are answered 503 until one is ready"] * 2
