@@ -40,3 +40,8 @@ def test_a_list_too_short_because_its_items_failed_is_not_said() -> None:
     assert "at least 1 item" not in describe(error_of({"items": [{"port": 0}]}))
     assert describe(error_of({"items": []})).startswith("items: ")  # really empty: said
     assert describe(error_of({"items": 5})) == "items: Input should be a list"
+
+
+def test_a_mapping_that_is_not_one_is_said_so() -> None:
+    assert describe(error_of([1, 2])) == "Input should be a mapping"
+    assert describe(error_of({"items": [5]})) == "items.0: Input should be a mapping"
