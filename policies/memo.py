@@ -7,7 +7,8 @@ reused while the same tuple object comes back: these memos hold the tuple they w
 and compare by identity, so a recycled ``id`` can never alias a different snapshot. The scraper
 publishes after each endpoint's scrape, so a tuple often differs from the last one by one view:
 :class:`ViewRecords` then rebuilds only that view's record (and builds none for a subset of views it
-has seen).
+has seen), and a subset that says where its views are in a snapshot (:class:`ViewsAt`) takes
+the snapshot's records by position.
 
 Only tuples are memoised (a list could change between calls); any other sequence is computed
 afresh on every call, with the same result. Each memo holds one entry (one pool per scheduler)
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from kvgate.policies.pool_views import PoolViews
+from kvgate.policies.pool_views import PoolViews, ViewsAt
 from kvgate.policies.types import EndpointView
 
 V = TypeVar("V")
@@ -67,6 +68,13 @@ class ViewRecords(Generic[R]):
 
     def get(self, endpoints: Sequence[EndpointView]) -> Sequence[R]:
         """The records of ``endpoints`` (read-only: the same list serves the next call)."""
+        if isinstance(endpoints, ViewsAt) and isinstance(endpoints.parent, PoolViews):
+            # a subset of a snapshot that names its changes: the parent's records, by position
+            of_parent = self._kept(endpoints.parent)
+            return [of_parent[i] for i in endpoints.positions]
+        return self._kept(endpoints)
+
+    def _kept(self, endpoints: Sequence[EndpointView]) -> list[R]:
         entry = self._entry
         if entry is not None:
             if entry[0] is endpoints:

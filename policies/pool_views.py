@@ -90,6 +90,26 @@ class PoolViews(tuple[EndpointView, ...]):
         return out
 
 
+class ViewsAt(tuple[EndpointView, ...]):
+    """Some views of a snapshot tuple (``parent``), in its order, with their ``positions`` in it:
+    what ``candidate-set`` passes on from a large pool, a new tuple per pick. A plugin that keeps
+    per-view records for the parent (``policies.memo.ViewRecords``, current by the parent's named
+    changes) takes the subset's by position instead of looking up each view.
+    """
+
+    parent: tuple[EndpointView, ...]
+    positions: tuple[int, ...]
+    """Ascending; ``self[k] is parent[positions[k]]``."""
+
+    @classmethod
+    def of(cls, parent: tuple[EndpointView, ...], positions: Sequence[int]) -> ViewsAt:
+        """The views of ``parent`` at ``positions`` (ascending)."""
+        out = cls(map(parent.__getitem__, positions))
+        out.parent = parent
+        out.positions = tuple(positions)
+        return out
+
+
 class SubsetViews:
     """The views of a pool's tuple that ``keep`` selects (a disaggregated pool's decode or prefill
     endpoints), kept per snapshot. A new snapshot that names its changes costs work for those

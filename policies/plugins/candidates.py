@@ -35,7 +35,7 @@ from pydantic import Field
 
 from kvgate.policies.framework import SchedulingContext
 from kvgate.policies.plugins.params import Params, parse_params
-from kvgate.policies.pool_views import PoolViews
+from kvgate.policies.pool_views import PoolViews, ViewsAt
 from kvgate.policies.types import EndpointView
 
 
@@ -206,4 +206,6 @@ class CandidateSetFilter:
         keep.update(pool.adapters.get(ctx.request.target_model, ()))
         if p.sample:
             keep.update(ctx.rng.choices(range(n), k=p.sample))  # (with replacement: half the cost)
+        if isinstance(endpoints, tuple):  # (the scorers take their per-view records by position)
+            return ViewsAt.of(endpoints, sorted(keep))
         return tuple(endpoints[i] for i in sorted(keep))

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvgate.policies.memo import TupleMemo, ViewRecords
-from kvgate.policies.pool_views import PoolViews
+from kvgate.policies.pool_views import PoolViews, ViewsAt
 from kvgate.policies.types import EndpointView
 from tests.policies.helpers import view
 
@@ -67,3 +67,27 @@ def test_view_records_follow_a_snapshot_that_names_its_changes() -> None:
     assert [r[1] for r in records.get(first)] == [0] * 5  # the earlier list was not changed in place
     moved = PoolViews.after(first, (first[1], first[0], *first[2:]), {first[0].address})
     assert [r[0] for r in records.get(moved)] == [v.address for v in moved]  # not in place: all again
+
+
+def test_view_records_of_a_subset_come_from_its_snapshot_by_position() -> None:
+    built: list[str] = []
+
+    def record(v: EndpointView) -> tuple[str, int]:
+        built.append(v.address)
+        return (v.address, v.metrics.waiting if v.metrics else -1)
+
+    records: ViewRecords[tuple[str, int]] = ViewRecords(record)
+    first = PoolViews.after(None, [view(i) for i in range(1, 9)], None)
+    subset = ViewsAt.of(first, [1, 4, 6])
+    assert list(subset) == [first[1], first[4], first[6]]
+    assert records.get(subset) == [(first[i].address, 0) for i in (1, 4, 6)]
+    assert len(built) == 8  # the snapshot's records, once
+    built.clear()
+    second = PoolViews.after(first, (*first[:4], view(5, waiting=3), *first[5:]), {first[4].address})
+    assert records.get(ViewsAt.of(second, [0, 4])) == [(first[0].address, 0), (first[4].address, 3)]
+    assert built == [first[4].address]  # the named change alone, though the subset is new
+    built.clear()
+    plain = tuple(second)  # a snapshot that names nothing: the subset's own views
+    assert records.get(ViewsAt.of(plain, [2])) == [(first[2].address, 0)]
+    assert built == []  # (seen before: kept per view)
+    assert records.get(ViewsAt.of(plain, [4, 7])) == [(first[4].address, 3), (first[7].address, 0)]
