@@ -1,7 +1,7 @@
 """Pick cost per request: µs per ``schedule()`` call, prefix hashing included.
 
 ``python -m kvgate.bench.pick_cost [--requests N] [--endpoints 8,64,512] [--profiles default,gie-default]
-[--churn] [--timer]``
+[--churn] [--timer] [--hint all|half]``
 
 Setup per (profile, fleet size): endpoints with varied scraped metrics (fresh), handed to the
 scheduler as one tuple like ``EndpointSnapshot.endpoints`` returns (a disaggregated profile, e.g.
@@ -15,6 +15,9 @@ so all hashed blocks of the system prompt match somewhere. Only ``schedule()`` i
 ``--churn``: before every request one endpoint's view is replaced by a new object and the tuple is
 rebuilt, as the scraper publishes after each endpoint's scrape (64 endpoints every 50 ms is ~1,300
 new tuples a second), so per-snapshot memos hit only for the views that did not change.
+``--hint all|half``: each measured request carries a subset hint (the data plane's
+``x-gateway-destination-endpoint-subset``) naming every endpoint or every second one by ``ip:port``,
+a new set per request as the picker's codec builds one (built untimed).
 ``--timer``: per-plugin timing into a prometheus_client histogram, as the picker process runs it.
 Prints a Markdown table.
 """
@@ -22,6 +25,7 @@ Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import statistics
@@ -116,6 +120,7 @@ def measure(
     seed: int = 7,
     ejected: int = 0,
     room: str = "",
+    hint: str = "",
 ) -> list[float]:
     """µs per ``schedule()`` call, one sample per request; ``ejected`` endpoints failed enough
     requests before the measured ones to be left out of picking (outlier ejection) meanwhile.
@@ -143,6 +148,7 @@ def measure(
         for _ in range(OutlierSettings().consecutive):
             scheduler.on_endpoint_outcome(view.address, ok=False, now=now)
     reqs = [requests.make(10_000 + i, rng.randrange(GROUPS)) for i in range(n_requests)]
+    hinted = [v.address for v in views[:: 2 if hint == "half" else 1]] if hint else None
     clock = [now]
     flow = FlowControlSettings()
 
@@ -158,6 +164,8 @@ def measure(
             views = rescraped(views, i % n_endpoints)
         now += ARRIVAL_GAP_S  # arrivals at distinct times: the estimated-TTFT arrival rate is live
         clock[0] = now
+        if hinted is not None:
+            req = dataclasses.replace(req, subset=frozenset(hinted))
         start = time.perf_counter_ns()
         if room == "prefilter":
             result = scheduler.schedule(req, with_room(views) or views, now)
@@ -192,12 +200,15 @@ def main() -> None:
     parser.add_argument("--timer", action="store_true", help="per-plugin timing into a histogram")
     parser.add_argument("--room", choices=["prefilter", "keep"], default="",
                         help="a flow-controlled pool's check for room, before the pick or as its keep")
+    parser.add_argument("--hint", choices=["all", "half"], default="",
+                        help="a subset hint on every request: every endpoint or every second one")
     parser.add_argument("--ejected", type=int, default=0,
                         help="endpoints left out of picking (outlier ejection) during the measured requests")
     args = parser.parse_args()
     mode = ", ".join(m for m, on in (("churn", args.churn), ("timer", args.timer),
                                      (f"{args.ejected} ejected", args.ejected),
-                                     (f"room: {args.room}", args.room)) if on) or "static snapshot"
+                                     (f"room: {args.room}", args.room),
+                                     (f"subset hint: {args.hint}", args.hint)) if on) or "static snapshot"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"({args.requests} requests, 8k-token prompts, {mode}; load average {load})\n")
     print("| profile | endpoints | median µs | p99 µs |")
@@ -205,7 +216,7 @@ def main() -> None:
     for profile in args.profiles.split(","):
         for n in (int(x) for x in args.endpoints.split(",")):
             samples = measure(profile, n, args.requests, churn=args.churn, timed=args.timer,
-                              ejected=args.ejected, room=args.room)
+                              ejected=args.ejected, room=args.room, hint=args.hint)
             print(
                 f"| {profile} | {n} | {statistics.median(samples):.1f} | {percentile(samples, 0.99):.1f} |",
                 flush=True,

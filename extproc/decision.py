@@ -20,7 +20,7 @@ from kvgate.policies.errors import (
     NoEligibleEndpointError,
 )
 from kvgate.policies.framework import SchedulingTrace
-from kvgate.policies.types import PROMPT_OPTIONS, ApiKind, EndpointView, InferenceRequest
+from kvgate.policies.types import PROMPT_OPTIONS, ApiKind, InferenceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +168,9 @@ def schedule(
     room; the caller tells the scheduler ``on_picked``). Raises 503 when nothing is eligible (also
     when the subset hint matches nothing) or whatever the scheduler raises (429 shed)."""
     request = prepared.request
-    candidates = in_subset(pool.endpoints(), request.subset)
+    candidates = pool.endpoints()  # (the scheduler keeps what a subset hint allows per snapshot)
     if not candidates:
-        raise NoEligibleEndpointError(
-            "no endpoint of the pool matches the subset hint" if request.subset is not None
-            else f"pool {pool.name!r} has no endpoints"
-        )
+        raise NoEligibleEndpointError(f"pool {pool.name!r} has no endpoints")
     holding = pool.holding
     # flow control: the pick among endpoints with room (all, if none has), asked of the endpoints
     # the profile's filters chose (a pass over a large pool per pick cost O(pool))
@@ -183,6 +180,9 @@ def schedule(
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")
+    subset = request.subset
+    if subset is not None and not all(e.address in subset or e.host in subset for e in result.ranked):
+        raise NoEligibleEndpointError("the scheduler ranked an endpoint outside the subset hint")
     tenant = prepared.tenant
     if tenant is not None and limiter is not None:
         limiter.record_request(tenant)
@@ -192,13 +192,6 @@ def schedule(
     metrics.request_picked(labels, request.body_size)
     return Decision(request, result, prepared.body, prepared.body_rewritten, prepared.usage_injected,
                     labels, tenant, prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)
-
-
-def in_subset(endpoints: tuple[EndpointView, ...], subset: frozenset[str] | None) -> tuple[EndpointView, ...]:
-    """The endpoints a subset hint allows: entries are ``ip:port`` or a bare ``ip`` (any port)."""
-    if subset is None:
-        return endpoints
-    return tuple(v for v in endpoints if v.address in subset or v.endpoint.host in subset)
 
 
 def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:

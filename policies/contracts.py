@@ -69,6 +69,9 @@ class Scheduler(Protocol):
     ) -> SchedulingResult:
         """Rank ``candidates`` for ``request`` (``trace``: a traced request's, told what was done).
 
+        Only endpoints the request's subset hint allows (``request.subset``: ``ip:port`` or a
+        bare ``ip``) are ranked: the data plane can route nowhere else.
+
         ``keep`` narrows the endpoints once the profile's filters have chosen them (a large pool's
         candidate set: checking every endpoint of the pool per pick cost O(pool)); when it keeps
         none of those, it is asked about all of ``candidates``, and when it keeps none at all, the

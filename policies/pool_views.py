@@ -112,11 +112,11 @@ class ViewsAt(tuple[EndpointView, ...]):
 
 class SubsetViews:
     """The views of a pool's tuple that ``keep`` selects (a disaggregated pool's decode or prefill
-    endpoints), kept per snapshot. A new snapshot that names its changes costs work for those
-    endpoints alone, and the subset it gives names its own (a :class:`PoolViews` of one lineage), so
-    the plugins' per-snapshot structures downstream follow the subset as they follow a pool. Other
-    snapshots are selected anew (O(pool)); a sequence that is not a tuple is selected every time
-    and not kept (it could change in place).
+    endpoints, those a subset hint allows, those not ejected), kept per snapshot. A new snapshot
+    that names its changes costs work for those endpoints alone, and the subset it gives names its
+    own (a :class:`PoolViews` of one lineage), so the plugins' per-snapshot structures downstream
+    follow the subset as they follow a pool. Other snapshots are selected anew (O(pool)); a
+    sequence that is not a tuple is selected every time and not kept (it could change in place).
     """
 
     __slots__ = ("_keep", "_parent", "_parent_positions", "_positions", "_subset")

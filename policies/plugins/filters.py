@@ -10,8 +10,10 @@ the filters' and scorers' per-snapshot memos (``policies.memo``) hold across the
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -20,6 +22,7 @@ from kvgate.policies.errors import NoEligibleEndpointError
 from kvgate.policies.framework import SchedulingContext
 from kvgate.policies.memo import TupleMemo
 from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.pool_views import SubsetViews
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.types import EndpointView
 
@@ -89,16 +92,40 @@ class _Eligible:
 
 
 class SubsetHintFilter:
-    """Keeps only endpoints whose ``ip`` or ``ip:port`` is in the request's subset hint."""
+    """Keeps only endpoints whose ``ip`` or ``ip:port`` is in the request's subset hint.
+
+    What a hint allows is kept per snapshot for the last ``HINTS`` distinct hints
+    (``SubsetViews``): a gateway that sends a hint sends the same one request after request, and
+    selecting anew cost a pass over the pool per pick and a new list that every per-snapshot
+    structure downstream rebuilt from (``candidate-set``'s included: O(pool) in Python per pick).
+    A hint that allows every endpoint gives the snapshot itself.
+    """
+
+    HINTS = 8
+
+    def __init__(self) -> None:
+        self._hinted: OrderedDict[frozenset[str], SubsetViews] = OrderedDict()
 
     def filter(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
         subset = ctx.request.subset
         if subset is None:
             return endpoints
-        kept = [e for e in endpoints if e.address in subset or e.endpoint.host in subset]
+        hinted = self._hinted
+        views = hinted.get(subset)
+        if views is None:
+            views = hinted[subset] = SubsetViews(partial(_allowed_by, subset))
+            if len(hinted) > self.HINTS:
+                hinted.popitem(last=False)
+        else:
+            hinted.move_to_end(subset)
+        kept = views.of(endpoints)
         if not kept:
-            raise NoEligibleEndpointError("no endpoint of the subset hint is eligible")
-        return kept
+            raise NoEligibleEndpointError("no endpoint of the pool matches the subset hint")
+        return endpoints if len(kept) == len(endpoints) else kept
+
+
+def _allowed_by(subset: frozenset[str], view: EndpointView) -> bool:
+    return view.address in subset or view.endpoint.host in subset
 
 
 class LoraFilter:

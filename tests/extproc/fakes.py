@@ -15,7 +15,7 @@ from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import HoldingPort, RequestLabels, RequestTrace
 from kvgate.policies.contracts import Keep, SchedulingResult
-from kvgate.policies.errors import PoolNotFoundError
+from kvgate.policies.errors import NoEligibleEndpointError, PoolNotFoundError
 from kvgate.policies.framework import SchedulingTrace
 from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Role, Usage
 
@@ -52,6 +52,11 @@ class RecordingScheduler:
         self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
         trace: SchedulingTrace | None = None, keep: Keep | None = None,
     ) -> SchedulingResult:
+        subset = request.subset
+        if subset is not None:  # (a hard constraint every scheduler applies first)
+            candidates = [c for c in candidates if c.address in subset or c.endpoint.host in subset]
+            if not candidates:
+                raise NoEligibleEndpointError("no endpoint of the pool matches the subset hint")
         if keep is not None:  # (as a profile without filters applies it)
             candidates = keep(candidates) or candidates
         self.seen.append((request, tuple(c.address for c in candidates)))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -11,13 +13,16 @@ from kvgate.extproc.after_reply import AfterReply
 from kvgate.extproc.events import StreamClosed
 from kvgate.extproc.lifecycle import TRANSITIONS, RequestLifecycle, State
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
+from kvgate.policies.contracts import Keep, SchedulingResult
 from kvgate.policies.errors import RequestShedError
-from kvgate.policies.types import Usage
+from kvgate.policies.framework import SchedulingTrace
+from kvgate.policies.types import EndpointView, InferenceRequest, Usage
 from tests.extproc.fakes import (
     BUFFERED,
     FakeDirectory,
     FakePool,
     RecordingMetrics,
+    RecordingScheduler,
     StepClock,
     body_chunks,
     completion,
@@ -149,6 +154,23 @@ def test_subset_hint_limits_candidates_and_reaches_the_scheduler(subset: list[st
     expected = subset if isinstance(subset, list) else [part.strip() for part in subset.split(",")]
     assert request.subset == frozenset(expected)
     assert set_headers(out[0])["x-gateway-destination-endpoint"] == "10.0.0.2:8000"
+
+
+class SubsetBlindScheduler(RecordingScheduler):
+    """A scheduler that breaks the contract: it ranks the pool's endpoints whatever the hint."""
+
+    def schedule(self, request: InferenceRequest, candidates: Sequence[EndpointView], now: float,
+                 trace: SchedulingTrace | None = None, keep: Keep | None = None) -> SchedulingResult:
+        return super().schedule(dataclasses.replace(request, subset=None), candidates, now, trace, keep)
+
+
+def test_a_pick_outside_the_subset_hint_is_refused_not_routed() -> None:
+    pool = make_pool(scheduler=SubsetBlindScheduler())
+    out = feed(make_machine(pool), [request_headers(subset=["10.0.0.3:8000"]),
+                                    request_body(completion(), eos=True)])
+    assert out[0].immediate_response.status.code == 503
+    assert "outside the subset hint" in out[0].immediate_response.body.decode()
+    assert pool.scheduler.count("picked") == 0
 
 
 def test_subset_hint_outside_the_pool_is_503() -> None:

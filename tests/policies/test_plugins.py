@@ -21,6 +21,7 @@ from kvgate.policies.plugins.scorers import (
     RunningRequestsScorer,
     SessionAffinityScorer,
 )
+from kvgate.policies.pool_views import PoolViews
 from kvgate.policies.state import InProcessState
 from tests.policies.helpers import context, request, text, view
 
@@ -129,6 +130,25 @@ def test_subset_hint_filter() -> None:
     assert SubsetHintFilter().filter(context(by_address), eps) == [eps[2]]
     with pytest.raises(NoEligibleEndpointError):
         SubsetHintFilter().filter(context(request(subset=frozenset({"10.9.9.9"}))), eps)
+
+
+def test_subset_hint_filter_keeps_what_a_hint_allows_per_snapshot() -> None:
+    hint = SubsetHintFilter()
+    first = PoolViews.after(None, [view(i) for i in range(1, 7)], None)
+    every = frozenset(v.address for v in first)
+    assert hint.filter(context(request(subset=every)), first) is first  # all allowed: the snapshot itself
+    # the same hint, as each request brings it (a new set, equal)
+    half = hint.filter(context(request(subset=frozenset({addr(2), "10.0.0.5"}))), first)
+    assert list(half) == [first[1], first[4]]
+    assert hint.filter(context(request(subset=frozenset({addr(2), "10.0.0.5"}))), first) is half
+    rescraped = PoolViews.after(first, (*first[:4], view(5, waiting=2), first[5]), {first[4].address})
+    again = hint.filter(context(request(subset=frozenset({addr(2), "10.0.0.5"}))), rescraped)
+    assert list(again) == [first[1], rescraped[4]]
+    # the subset names its own change, so what follows it downstream follows it by that change alone
+    assert isinstance(again, PoolViews)
+    assert again.changed_since(half) == {first[4].address}
+    other_hint = hint.filter(context(request(subset=frozenset({"10.0.0.1"}))), rescraped)
+    assert list(other_hint) == [first[0]]
 
 
 def test_max_score_picker_spreads_ties_and_ranks_fallbacks() -> None:
