@@ -385,7 +385,7 @@ class RequestLifecycle:
         assert processor is not None
         assert picked is not None
         picked.served_by(event.served_endpoint)
-        if event.data:
+        if event.data and processor.carries_output(event.data):
             picked.first_token()
         out = processor.feed(event.data, event.end_of_stream)
         if event.end_of_stream:

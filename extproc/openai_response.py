@@ -22,6 +22,10 @@ _log = logging.getLogger(__name__)
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _TAIL_BYTES = 64 * 1024
+_EVENT_TYPE = re.compile(rb'"type"\s*:\s*"(response\.[A-Za-z_.]+|error)"')
+_PREAMBLE_EVENTS = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
+"""A Responses API stream's events before its output: vLLM sends the first two as the request
+starts, before the prompt's prefill (``responses_stream_generator``), then the output's events."""
 
 
 def usage_from_document(document: object) -> Usage | None:
@@ -60,7 +64,7 @@ class ResponseBodyProcessor:
     """Per-response body filter. ``feed`` returns the bytes to forward now; ``usage`` is the last seen."""
 
     __slots__ = ("_copy", "_copy_limit", "_copy_size", "_drop_usage_chunk", "_model_pattern",
-                 "_model_replacement", "_overflowed", "_pending", "_sse", "_tail", "usage")
+                 "_model_replacement", "_overflowed", "_pending", "_preamble", "_sse", "_tail", "usage")
 
     def __init__(
         self,
@@ -69,9 +73,12 @@ class ResponseBodyProcessor:
         drop_usage_chunk: bool = False,
         rename_model: tuple[str, str] | None = None,
         copy_limit: int = 4 * 1024 * 1024,
+        preamble: bool = False,
     ) -> None:
-        """``rename_model`` is (model the replica reports, model the client sent) or None."""
+        """``rename_model`` is (model the replica reports, model the client sent) or None;
+        ``preamble``: a Responses API stream, whose first events come before its first token."""
         self._sse = sse
+        self._preamble = preamble and sse
         self._drop_usage_chunk = drop_usage_chunk and sse
         self._model_pattern: re.Pattern[bytes] | None = None
         self._model_replacement = b""
@@ -86,6 +93,19 @@ class ResponseBodyProcessor:
         self._overflowed = False
         self._tail = b""
         self.usage: Usage | None = None
+
+    def carries_output(self, data: bytes) -> bool:
+        """Whether the body, with ``data``, has carried the response's first token: any data, but
+        for a Responses API stream an event past the ones sent before the prefill (read first as
+        the first token, they counted a long prompt's prefill done at once: its queued prefill
+        left out of the picker's estimates, and a time to first token of a few milliseconds)."""
+        if not self._preamble:
+            return bool(data)
+        for match in _EVENT_TYPE.finditer(data):
+            if match.group(1) not in _PREAMBLE_EVENTS:
+                self._preamble = False
+                return True
+        return False
 
     @property
     def edits(self) -> bool:

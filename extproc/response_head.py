@@ -7,6 +7,7 @@ from kvgate.extproc.decision import Decision
 from kvgate.extproc.events import Headers
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.openai_response import ResponseBodyProcessor
+from kvgate.policies.types import ApiKind
 
 
 def response_head(headers: Headers) -> tuple[int, str]:
@@ -28,9 +29,11 @@ def response_processor(
     renamed back to the client's after a rewrite, the usage read."""
     request = decision.request
     rename = (request.target_model, request.model) if config.rename_response_model and request.model else None
+    sse = "text/event-stream" in content_type
     return ResponseBodyProcessor(
-        sse="text/event-stream" in content_type,
+        sse=sse,
         drop_usage_chunk=decision.usage_injected and config.drop_injected_usage_chunk,
         rename_model=rename,
         copy_limit=config.response_copy_limit,
+        preamble=sse and request.api is ApiKind.RESPONSES,
     )
