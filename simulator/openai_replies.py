@@ -8,8 +8,10 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
+from typing import Protocol
 
 from kvgate.simulator import tokenizer
+from kvgate.simulator.engine_types import Finished
 from kvgate.simulator.openai_api import (
     MAX_MODEL_LEN,
     InferenceRequest,
@@ -62,8 +64,23 @@ def full_response(
     }
 
 
+class StreamFormat(Protocol):
+    """The bytes of one streamed answer, in its API's format: what goes out as the request starts
+    (before its prefill), with the first token, with each run of tokens, and after the last."""
+
+    def preamble(self) -> bytes: ...
+
+    def opening(self) -> bytes: ...
+
+    def token_chunks(self, first_index: int, count: int, final: bool) -> bytes: ...
+
+    def closing(self, request: InferenceRequest, finished: Finished) -> bytes: ...
+
+    def error_event(self, status: int, message: str) -> bytes: ...
+
+
 class SseFormatter:
-    """The ``data: …`` lines of one streamed response, in vLLM's chunk format."""
+    """The ``data: …`` lines of one streamed completion or chat, in vLLM's chunk format."""
 
     def __init__(self, request: InferenceRequest, request_id: str, created: int) -> None:
         self._request = request
@@ -78,8 +95,13 @@ class SseFormatter:
         tail = "" if usage is None else ',"usage":' + json.dumps(usage, separators=(",", ":"))
         return ("data: " + self._head + choices + tail + "}\n\n").encode()
 
-    def role_chunk(self) -> bytes:
-        """Chat streams open with the assistant role (vLLM sends it before the first token)."""
+    def preamble(self) -> bytes:
+        return b""  # (vLLM's first chunk comes with the first token)
+
+    def opening(self) -> bytes:
+        """Chat streams open with the assistant role, sent with the first token."""
+        if self._request.kind != "chat":
+            return b""
         return self._line('[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
                           '"finish_reason":null}]')
 
@@ -98,8 +120,12 @@ class SseFormatter:
             parts.append(self._line(choice))
         return b"".join(parts)
 
-    def usage_chunk(self, usage: JsonObject) -> bytes:
-        return self._line("[]", usage)
+    def closing(self, request: InferenceRequest, finished: Finished) -> bytes:
+        """The usage chunk where the client asked for it, then ``[DONE]``."""
+        if not request.include_usage:
+            return self.done()
+        usage = usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
+        return self._line("[]", usage) + self.done()
 
     @staticmethod
     def error_event(status: int, message: str) -> bytes:

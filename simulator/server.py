@@ -23,6 +23,7 @@ from aiohttp import web
 
 from kvgate.simulator import openai_api as api
 from kvgate.simulator import openai_replies as replies
+from kvgate.simulator import responses_api
 from kvgate.simulator.cors import cors
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
@@ -220,6 +221,7 @@ class Replica:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[cors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
@@ -247,12 +249,20 @@ class Replica:
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat")
 
-    async def _inference(self, request: web.Request, kind: api.ApiKind) -> web.StreamResponse:
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, "chat", responses=True)
+
+    async def _inference(self, request: web.Request, kind: api.ApiKind,
+                         responses: bool = False) -> web.StreamResponse:
+        """A completion or chat; ``responses``: a Responses API request, served as the chat it
+        becomes (``simulator.responses_api``) and answered in its own shape."""
         self.counters.requests_received += 1
         if not self.accepting:
             return error_response(api.ApiError(503, "the replica is stopping"))
         try:
-            body = api.decode_json_object(await request.read())
+            body = asked = api.decode_json_object(await request.read())
+            if responses:
+                body = responses_api.chat_body(asked)
             parsed = api.parse_inference(kind, body, self.base_model, self._memo, self.config.image_tokens)
             api.check_model(parsed.model, self.served_models())
             transfer = parse_kv_transfer_params(body)
@@ -281,10 +291,11 @@ class Replica:
         except ValueError as exc:
             self.counters.requests_rejected += 1
             return error_response(api.ApiError(400, str(exc), "prompt"))
+        reply = responses_api.ResponseReplies(asked, parsed.model) if responses else None
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, request_id, delivery)
-            return await self._respond(request, parsed, request_id, delivery, transfer)
+                return await self._stream(request, parsed, request_id, delivery, reply)
+            return await self._respond(request, parsed, request_id, delivery, transfer, reply)
         finally:
             if not delivery.done:
                 self.counters.requests_aborted += 1
@@ -292,13 +303,16 @@ class Replica:
 
     async def _respond(
         self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery,
-        transfer: KvTransfer | None,
+        transfer: KvTransfer | None, reply: responses_api.ResponseReplies | None = None,
     ) -> web.Response:
         while not delivery.done:
             await delivery.wait()
         finished = delivery.finished
         if finished is None:
             return error_response(api.ApiError(503, str(delivery.error)))
+        if reply is not None:
+            return json_response(reply.whole(finished.completion_tokens, responses_api.usage_json(
+                finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)))
         usage = replies.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         created = int(time.time())
         body = replies.full_response(parsed, request_id, created, finished.completion_tokens, usage)
@@ -308,21 +322,24 @@ class Replica:
         return json_response(body)
 
     async def _stream(
-        self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery
+        self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery,
+        reply: responses_api.ResponseReplies | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                "Cache-Control": "no-cache",
                                                REPLICA_HEADER: str(self.config.index)})
         await response.prepare(request)
         with contextlib.suppress(ConnectionResetError):  # the client went away; the caller aborts
-            await self._write_stream(request, response, parsed, request_id, delivery)
+            sse: replies.StreamFormat = (replies.SseFormatter(parsed, request_id, int(time.time()))
+                                         if reply is None else reply)
+            await response.write(sse.preamble())
+            await self._write_stream(request, response, parsed, delivery, sse)
         return response
 
     async def _write_stream(
         self, request: web.Request, response: web.StreamResponse, parsed: api.InferenceRequest,
-        request_id: str, delivery: Delivery,
+        delivery: Delivery, sse: replies.StreamFormat,
     ) -> None:
-        sse = replies.SseFormatter(parsed, request_id, int(time.time()))
         sent = 0
         while True:
             await delivery.wait()
@@ -335,15 +352,12 @@ class Replica:
             if finished is None and sent > 0 and made - sent < self.config.stream_interval:
                 continue  # wait for a whole chunk (the first token goes out at once, as in vLLM)
             if made > sent:
-                if sent == 0 and parsed.kind == "chat":
-                    parts.append(sse.role_chunk())
+                if sent == 0:
+                    parts.append(sse.opening())
                 parts.append(sse.token_chunks(sent, made - sent, finished is not None))
                 sent = made
             if finished is not None:
-                if parsed.include_usage:
-                    parts.append(sse.usage_chunk(replies.usage_json(
-                        finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)))
-                parts.append(sse.done())
+                parts.append(sse.closing(parsed, finished))
                 await response.write(b"".join(parts))
                 break
             if parts:

@@ -1,0 +1,83 @@
+"""The OpenAI Responses API, end to end: ``kvgate up -f DIR --sim 2`` through real Envoy, driven by
+the OpenAI SDK, the pool publishing KV events and naming the simulated model's directory as its
+tokenizer. Each replica holds, behind kvgate's back, a conversation begun with ``responses.create``
+(long instructions told apart by their last words). The next turns, sent through the gateway as
+vLLM's clients send them (the earlier output as an output message item, then a new user message),
+go to the replica that holds their conversation: kvgate must build the prompt as vLLM builds it from
+``instructions`` and ``input`` items, token for token. A streamed turn arrives as the SDK's event
+stream, the whole response last."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import openai
+import pytest
+from openai.types.responses import ResponseInputParam
+
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
+from tests.e2e.test_up_engine_prefix import MODEL_DIR, received
+from tests.e2e.test_up_kv_events import POOL, endpoints
+from tests.e2e.test_up_routing import gateway_yaml, wait_ready
+
+pytestmark = pytest.mark.e2e
+INSTRUCTIONS = "You keep the harbour's books and answer in one line. " * 20
+
+
+async def test_a_responses_conversation_goes_where_it_is_held(tmp_path: Path,
+                                                             http: aiohttp.ClientSession) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gateway.yaml").write_text(gateway_yaml())
+    pool = POOL.format(events=free_port()).replace(
+        '{"kvgate.io/kv-events-port"', f'{{"kvgate.io/tokenizer": "{MODEL_DIR}", "kvgate.io/kv-events-port"')
+    (config / "pool.yaml").write_text(pool)
+    up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=2,
+                            sim_hosts_from="127.0.9.71", sim_time_scale=0.01))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        first, second = sorted(await endpoints(http, up))
+        histories: dict[str, tuple[str, ResponseInputParam]] = {}
+        for address, ledger in ((first, "the northern ledger"), (second, "the river ledger")):
+            instructions = INSTRUCTIONS + f"Today you keep {ledger}."
+            question = cast(Any, {"role": "user", "content": [{"type": "input_text", "text": "ships?"}]})
+            direct = openai.AsyncOpenAI(base_url=f"http://{address}/v1", api_key="none")  # kvgate unaware
+            answer = await direct.responses.create(model=EXAMPLE_MODEL, instructions=instructions,
+                                                   input=[question], max_output_tokens=6)
+            await direct.close()
+            earlier = cast(Any, answer.output[0].model_dump(exclude_none=True))  # the output message, resent
+            histories[address] = (instructions, [question, earlier])
+        for _ in range(100):  # both followed in step, each holding its conversation
+            seen = await endpoints(http, up)
+            if all(seen[a]["kv_events"]["in_step"] and seen[a]["kv_events"]["blocks"] >= 20
+                   for a in (first, second)):
+                break
+            await asyncio.sleep(0.05)
+        gateway = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key="none")
+        went: dict[str, list[int]] = {}
+        kinds: list[str] = []
+        for address in (second, first):
+            instructions, history = histories[address]
+            before = [await received(http, a) for a in (first, second)]
+            turn: ResponseInputParam = [*history, {"role": "user", "content": "and tomorrow?"}]
+            reply = await gateway.responses.create(model=EXAMPLE_MODEL, instructions=instructions, input=turn,
+                                                   max_output_tokens=4)
+            assert reply.usage is not None
+            assert reply.usage.input_tokens_details.cached_tokens > 0  # its conversation was there
+            stream = await gateway.responses.create(model=EXAMPLE_MODEL, instructions=instructions,
+                                                    input=turn, max_output_tokens=4, stream=True)
+            kinds = [event.type async for event in stream]
+            now = [await received(http, a) for a in (first, second)]
+            went[address] = [now[0] - before[0], now[1] - before[1]]
+        await gateway.close()
+    finally:
+        await up.stop()
+    assert went == {first: [2, 0], second: [0, 2]}, went
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds.count("response.output_text.delta") == 4
+    assert kinds[-1] == "response.completed"
