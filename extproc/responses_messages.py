@@ -8,8 +8,15 @@ message item a message. The picker then keys the prompt like a chat's (``engine-
 Only what is followed exactly is handed on: message items (``type`` "message" or none) whose
 content is a string or text parts (an assistant's with one part: vLLM keeps the first part's text
 of an output message). Anything else leaves the request to the approximate index: a
-``previous_response_id`` (the server's stored conversation), tools (converted by vLLM's own models),
-function calls and their outputs, reasoning items, media, an unfinished last item (continued).
+``previous_response_id`` (the server's stored conversation), tools, function calls and their
+outputs, reasoning items, media, an unfinished last item (continued).
+
+Why not tools (and so not the function calls of an agent's loop): vLLM hands the template each
+tool as the ``FunctionTool`` of the openai package installed beside it dumps it, every field in
+the model's order, absent ones as None, and that set changes between openai releases (3.57 has
+``allowed_callers``, ``async_``, ``defer_loading`` and ``output_schema`` after ``type``), so the
+rendered tools, and every token after them, follow the engine's openai version, which kvgate
+cannot see. A guess would only mislead the engines' keys (``engine-prefix-matches``).
 """
 
 from __future__ import annotations
