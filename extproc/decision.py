@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvgate.extproc import names
+from kvgate.extproc.anthropic_messages import anthropic_chat
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from kvgate.extproc.responses_messages import responses_messages
@@ -196,7 +197,11 @@ def schedule(
 
 def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
     """A completion's or chat's fields that shape the engine's prompt as sent
-    (``types.PROMPT_OPTIONS``), or None when it sends none."""
+    (``types.PROMPT_OPTIONS``), or None when it sends none; a Messages API request's tools as the
+    chat's (``extproc.anthropic_messages``)."""
+    if parsed is not None and parsed.api is ApiKind.MESSAGES:
+        chat = anthropic_chat(parsed.document)
+        return MappingProxyType({"tools": list(chat[1])}) if chat is not None and chat[1] else None
     if parsed is None or parsed.api not in (ApiKind.CHAT_COMPLETIONS, ApiKind.COMPLETIONS):
         return None
     document = parsed.document
@@ -206,11 +211,15 @@ def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
 
 def _messages(parsed: OpenAIRequest | None) -> tuple[Mapping[str, Any], ...] | None:
     """A chat request's messages (``parse_request_body`` checked they are a list of objects), or a
-    Responses API request's as vLLM builds them (``extproc.responses_messages``)."""
+    Responses API or Messages API request's as vLLM builds them (``extproc.responses_messages``,
+    ``extproc.anthropic_messages``)."""
     if parsed is None:
         return None
     if parsed.api is ApiKind.RESPONSES:
         return responses_messages(parsed.document)
+    if parsed.api is ApiKind.MESSAGES:
+        chat = anthropic_chat(parsed.document)
+        return chat[0] if chat is not None else None
     if parsed.api is not ApiKind.CHAT_COMPLETIONS:
         return None
     messages = parsed.document.get("messages")

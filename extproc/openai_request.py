@@ -26,6 +26,7 @@ _API_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
     ("/v1/completions", ApiKind.COMPLETIONS),
     ("/v1/embeddings", ApiKind.EMBEDDINGS),
     ("/v1/responses", ApiKind.RESPONSES),
+    ("/v1/messages", ApiKind.MESSAGES),
 )
 _USAGE_STREAMING_APIS = frozenset({ApiKind.COMPLETIONS, ApiKind.CHAT_COMPLETIONS})
 
@@ -229,6 +230,8 @@ def _prompt_of(api: ApiKind, document: dict[str, Any]) -> str:
         items = document.get("input")
         body = _flatten_messages(items) if isinstance(items, list) else _flatten_input(items)
         return head + body
+    if api is ApiKind.MESSAGES:
+        return _flatten_anthropic(document)
     return ""
 
 
@@ -277,6 +280,21 @@ def _flatten_messages(messages: list[Any]) -> str:
         role = message.get("role", "")
         lines.append(f"{role}: {_content_text(message.get('content'))}")
     return "\n".join(lines)
+
+
+def _flatten_anthropic(document: dict[str, Any]) -> str:
+    """A Messages API request's prompt for hashing: its system prompt, its tools (as JSON, in front
+    of the conversation as templates put them), then ``role: content`` lines (content blocks'
+    text; other blocks as JSON), so each turn's prompt starts with the last turn's."""
+    messages = document.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("'messages' must be a non-empty list")
+    system = document.get("system")
+    head = _content_text(system) + "\n" if system is not None else ""
+    tools = document.get("tools")
+    if isinstance(tools, list) and tools:
+        head += json.dumps(tools, separators=(",", ":"), sort_keys=True) + "\n"
+    return head + _flatten_messages(messages)
 
 
 MAX_PART_CHARS = 256

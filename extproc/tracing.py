@@ -44,6 +44,7 @@ _OPERATION = {
     ApiKind.CHAT_COMPLETIONS: "chat",
     ApiKind.COMPLETIONS: "text_completion",
     ApiKind.EMBEDDINGS: "embeddings",
+    ApiKind.MESSAGES: "chat",
 }
 """OpenTelemetry's ``gen_ai.operation.name`` values for the OpenAI APIs kvgate parses."""
 

@@ -25,6 +25,8 @@ class ApiKind(StrEnum):
     CHAT_COMPLETIONS = "chat_completions"
     EMBEDDINGS = "embeddings"
     RESPONSES = "responses"
+    MESSAGES = "messages"
+    """Anthropic's Messages API (vLLM's ``/v1/messages``)."""
     OTHER = "other"
 
 

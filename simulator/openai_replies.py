@@ -8,12 +8,13 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
 from kvgate.simulator.openai_api import (
     MAX_MODEL_LEN,
+    ApiError,
     InferenceRequest,
     JsonObject,
     error_body,
@@ -77,6 +78,23 @@ class StreamFormat(Protocol):
     def closing(self, request: InferenceRequest, finished: Finished) -> bytes: ...
 
     def error_event(self, status: int, message: str) -> bytes: ...
+
+
+class ShapedReplies(StreamFormat, Protocol):
+    """One request's replies in another API's shape than the chat it is served as."""
+
+    def whole(self, finished: Finished) -> JsonObject: ...
+
+
+class ReplyShape(Protocol):
+    """An API served as a chat (the Responses API, Anthropic's Messages API): its request as the
+    chat body, its replies, and its errors' JSON."""
+
+    def chat_body(self, body: Mapping[str, Any]) -> JsonObject: ...
+
+    def replies(self, body: Mapping[str, Any], request: InferenceRequest) -> ShapedReplies: ...
+
+    def error_body(self, err: ApiError) -> JsonObject: ...
 
 
 class SseFormatter:

@@ -132,6 +132,22 @@ def usage_json(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> Js
     }
 
 
+class ResponsesShape:
+    """The Responses API's request and replies as the server serves them."""
+
+    @staticmethod
+    def chat_body(body: Mapping[str, Any]) -> JsonObject:
+        return chat_body(body)
+
+    @staticmethod
+    def replies(body: Mapping[str, Any], request: InferenceRequest) -> ResponseReplies:
+        return ResponseReplies(body, request.model)
+
+    @staticmethod
+    def error_body(err: ApiError) -> JsonObject:
+        return err.body()
+
+
 class ResponseReplies:
     """One Responses API request's replies: the whole response, or its stream's events."""
 
@@ -172,9 +188,11 @@ class ResponseReplies:
     def _text_part(text: str) -> JsonObject:
         return {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
 
-    def whole(self, output_tokens: int, usage: JsonObject) -> JsonObject:
+    def whole(self, finished: Finished) -> JsonObject:
         """The non-streamed reply."""
-        return self.response([self.message(output_text(0, output_tokens), done=True)], usage, done=True)
+        usage = usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
+        text = output_text(0, finished.completion_tokens)
+        return self.response([self.message(text, done=True)], usage, done=True)
 
     # --- a stream --------------------------------------------------------------------------------
 
@@ -205,16 +223,14 @@ class ResponseReplies:
 
     def closing(self, request: InferenceRequest, finished: Finished) -> bytes:
         """After the last token: the text, part and message done, then the whole response."""
-        output_tokens = finished.completion_tokens
-        usage = usage_json(finished.prompt_tokens, output_tokens, finished.cached_tokens)
-        text = output_text(0, output_tokens)
+        text = output_text(0, finished.completion_tokens)
         return (
             self._event("response.output_text.done", content_index=0, item_id=self._item_id, logprobs=[],
                         output_index=0, text=text)
             + self._event("response.content_part.done", content_index=0, item_id=self._item_id,
                           output_index=0, part=self._text_part(text))
             + self._event("response.output_item.done", item=self.message(text, done=True), output_index=0)
-            + self._event("response.completed", response=self.whole(output_tokens, usage))
+            + self._event("response.completed", response=self.whole(finished))
         ).encode()
 
     def error_event(self, status: int, message: str) -> bytes:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from kvgate.simulator import openai_api as api
 from kvgate.simulator import openai_replies as replies
-from kvgate.simulator import responses_api
+from kvgate.simulator.anthropic_api import MessagesShape
 from kvgate.simulator.cors import cors
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
@@ -45,6 +45,7 @@ from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
+from kvgate.simulator.responses_api import ResponsesShape
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
 REPLICA_HEADER = "x-kvgate-sim-replica"
@@ -222,6 +223,7 @@ class Replica:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
@@ -250,31 +252,34 @@ class Replica:
         return await self._inference(request, "chat")
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._inference(request, "chat", responses=True)
+        return await self._inference(request, "chat", ResponsesShape())
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, "chat", MessagesShape())
 
     async def _inference(self, request: web.Request, kind: api.ApiKind,
-                         responses: bool = False) -> web.StreamResponse:
-        """A completion or chat; ``responses``: a Responses API request, served as the chat it
-        becomes (``simulator.responses_api``) and answered in its own shape."""
+                         shape: replies.ReplyShape | None = None) -> web.StreamResponse:
+        """A completion or chat; with ``shape``, a request of another API served as the chat it
+        becomes (the Responses API, Anthropic's Messages API) and answered in its own shape."""
         self.counters.requests_received += 1
         if not self.accepting:
-            return error_response(api.ApiError(503, "the replica is stopping"))
+            return self._refused(api.ApiError(503, "the replica is stopping"), shape)
         try:
             body = asked = api.decode_json_object(await request.read())
-            if responses:
-                body = responses_api.chat_body(asked)
+            if shape is not None:
+                body = shape.chat_body(asked)
             parsed = api.parse_inference(kind, body, self.base_model, self._memo, self.config.image_tokens)
             api.check_model(parsed.model, self.served_models())
             transfer = parse_kv_transfer_params(body)
         except api.ApiError as err:
             self.counters.requests_rejected += 1
-            return error_response(err)
+            return self._refused(err, shape)
         if self.faults.hang:
             self.counters.hung += 1
             await self._hang_cleared.wait()  # until set_faults clears it, or the client goes away
         if self._injector.should_fail(self.faults):
             self.counters.errors_injected += 1
-            return error_response(api.ApiError(500, "injected fault: internal server error"))
+            return self._refused(api.ApiError(500, "injected fault: internal server error"), shape)
         request_id = api.new_request_id(kind)
         lora = None if parsed.model == self.base_model else parsed.model
         remote_tokens = await self.kv.receive(transfer) if isinstance(transfer, RemotePrefill) else 0
@@ -290,8 +295,8 @@ class Replica:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:
             self.counters.requests_rejected += 1
-            return error_response(api.ApiError(400, str(exc), "prompt"))
-        reply = responses_api.ResponseReplies(asked, parsed.model) if responses else None
+            return self._refused(api.ApiError(400, str(exc), "prompt"), shape)
+        reply = shape.replies(asked, parsed) if shape is not None else None
         try:
             if parsed.stream:
                 return await self._stream(request, parsed, request_id, delivery, reply)
@@ -303,7 +308,7 @@ class Replica:
 
     async def _respond(
         self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery,
-        transfer: KvTransfer | None, reply: responses_api.ResponseReplies | None = None,
+        transfer: KvTransfer | None, reply: replies.ShapedReplies | None = None,
     ) -> web.Response:
         while not delivery.done:
             await delivery.wait()
@@ -311,8 +316,7 @@ class Replica:
         if finished is None:
             return error_response(api.ApiError(503, str(delivery.error)))
         if reply is not None:
-            return json_response(reply.whole(finished.completion_tokens, responses_api.usage_json(
-                finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)))
+            return json_response(reply.whole(finished))
         usage = replies.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         created = int(time.time())
         body = replies.full_response(parsed, request_id, created, finished.completion_tokens, usage)
@@ -323,7 +327,7 @@ class Replica:
 
     async def _stream(
         self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery,
-        reply: responses_api.ResponseReplies | None = None,
+        reply: replies.ShapedReplies | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                "Cache-Control": "no-cache",
@@ -366,6 +370,10 @@ class Replica:
                     self._cut(request)
                     return
         await response.write_eof()
+
+    @staticmethod
+    def _refused(err: api.ApiError, shape: replies.ReplyShape | None) -> web.Response:
+        return error_response(err) if shape is None else json_response(shape.error_body(err), err.status)
 
     def _cut(self, request: web.Request) -> None:
         """The cut_streams fault: abort the connection mid-response, as a dead engine process would."""

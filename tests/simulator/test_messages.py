@@ -1,0 +1,70 @@
+"""``POST /v1/messages`` (Anthropic's Messages API): served as the chat vLLM makes of it, answered in
+Anthropic's shape (a whole message, or its stream of events), errors included."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+
+from tests.simulator.conftest import MODEL, FleetFactory
+
+SYSTEM = "You answer questions about the simulator. " * 30
+
+
+async def test_a_message_has_the_prompt_of_its_chat(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await make_fleet()
+    url = fleet.urls[0]
+    chat = {"model": MODEL, "max_tokens": 3,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Why?"}]}
+    async with http.post(url + "/v1/chat/completions", json=chat) as reply:
+        answer = await reply.json()
+    body = {"model": MODEL, "max_tokens": 3, "system": [{"type": "text", "text": SYSTEM}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Why?"}]}]}
+    async with http.post(url + "/v1/messages", json=body) as reply:
+        assert reply.status == 200
+        message = await reply.json()
+    assert message["type"] == "message"
+    assert message["role"] == "assistant"
+    assert message["stop_reason"] == "max_tokens"
+    assert message["content"] == [{"type": "text", "text": answer["choices"][0]["message"]["content"]}]
+    assert message["usage"] == {"input_tokens": answer["usage"]["prompt_tokens"], "output_tokens": 3}
+
+
+async def test_a_streamed_message_is_anthropics_events(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await make_fleet()
+    body = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(fleet.urls[0] + "/v1/messages", json=body) as reply:
+        text = await reply.text()
+    events = [block for block in text.split("\n\n") if block]
+    assert events[-1] == "data: [DONE]"  # vLLM's, after message_stop
+    parsed = [(e.split("\n")[0].removeprefix("event: "), json.loads(e.split("\n")[1].removeprefix("data: ")))
+              for e in events[:-1]]
+    kinds = [kind for kind, _ in parsed]
+    assert kinds == ["message_start", "content_block_start", *["content_block_delta"] * 5,
+                     "content_block_stop", "message_delta", "message_stop"]
+    assert all(kind == data["type"] for kind, data in parsed)
+    start, delta = parsed[0][1], parsed[-2][1]
+    assert start["message"]["usage"]["input_tokens"] == delta["usage"]["input_tokens"] > 0
+    assert delta["usage"]["output_tokens"] == 5
+    assert delta["delta"] == {"stop_reason": "max_tokens"}
+
+
+async def test_errors_are_in_anthropics_shape(make_fleet: FleetFactory, http: aiohttp.ClientSession) -> None:
+    fleet = await make_fleet()
+    url = fleet.urls[0] + "/v1/messages"
+    turn = [{"role": "user", "content": "x"}]
+    refused = [({"model": MODEL, "messages": turn}, 400, "invalid_request_error"),  # no max_tokens
+               ({"model": MODEL, "max_tokens": 2, "messages": []}, 400, "invalid_request_error"),
+               ({"model": "nope", "max_tokens": 2, "messages": turn}, 404, "not_found_error")]
+    for body, status, kind in refused:
+        async with http.post(url, json=body) as reply:
+            assert reply.status == status
+            error = await reply.json()
+        assert error["type"] == "error"
+        assert error["error"]["type"] == kind
+        assert error["error"]["message"]
