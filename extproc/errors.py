@@ -1,4 +1,5 @@
-"""The one mapping from an exception to the data plane's answer (an OpenAI-style JSON error)."""
+"""The one mapping from an exception to the data plane's answer (an OpenAI-style JSON error, or
+Anthropic's for its Messages API)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 
 from kvgate.extproc.actions import Immediate
 from kvgate.policies.errors import KvgateError
+from kvgate.policies.types import ApiKind
 
 _log = logging.getLogger(__name__)
 
@@ -19,8 +21,9 @@ class ProtocolViolation(KvgateError):
 JSON_CONTENT_TYPE = "application/json"
 
 
-def immediate_response(error: BaseException) -> Immediate:
-    """Map ``error`` to a local reply.
+def immediate_response(error: BaseException, api: ApiKind = ApiKind.OTHER) -> Immediate:
+    """Map ``error`` to a local reply, in the shape of the request's API (Anthropic's for its
+    Messages API, OpenAI's for everything else).
 
     A :class:`KvgateError` keeps its status, code and extra headers (``retry-after`` for 429);
     anything else is a bug: it is logged with its traceback and answered 500 ``internal_error``
@@ -29,6 +32,7 @@ def immediate_response(error: BaseException) -> Immediate:
     if not isinstance(error, KvgateError):
         _log.error("unexpected error while processing a request", exc_info=error)
         error = KvgateError("internal error")
-    body = json.dumps(error.to_openai(), separators=(",", ":")).encode()
+    document = error.to_anthropic() if api is ApiKind.MESSAGES else error.to_openai()
+    body = json.dumps(document, separators=(",", ":")).encode()
     headers = (("content-type", JSON_CONTENT_TYPE), *((k.lower(), v) for k, v in error.headers.items()))
     return Immediate(status=error.status, body=body, headers=headers, details=f"kvgate_{error.code}")

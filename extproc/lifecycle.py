@@ -443,7 +443,7 @@ class RequestLifecycle:
         if self._held is not None:  # refused while it waited (a protocol violation): out of the queue
             self._held[1].leave(self._held[0].request.request_id)
             self._held = None
-        reply = immediate_response(error)
+        reply = immediate_response(error, self._api)
         code = error.code if isinstance(error, KvgateError) else "internal_error"
         self._metrics.request_error(self._labels, code)
         if self._trace is not None:

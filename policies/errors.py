@@ -45,6 +45,20 @@ class KvgateError(Exception):
         """The OpenAI-style error body: ``{"error": {"message", "type", "code"}}``."""
         return {"error": {"message": self.message, "type": self.error_type, "code": self.code}}
 
+    def to_anthropic(self) -> dict[str, object]:
+        """Anthropic's error body, for its Messages API's clients: ``{"type": "error", "error":
+        {"type", "message"}}``, the type Anthropic gives the status (503: ``overloaded_error``,
+        which Anthropic's SDKs retry as they retry 529)."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+_ANTHROPIC_TYPES = MappingProxyType({
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+    429: "rate_limit_error", 431: "invalid_request_error", 503: "overloaded_error",
+})
+
 
 class BadRequestError(KvgateError):
     status = 400

@@ -3,8 +3,8 @@ publishing KV events and naming the simulated model's directory as its tokenizer
 holds, behind kvgate's back, an agent's conversation in Anthropic's shape (a system prompt and
 tools, a tool call and its result), told apart only by the result. The next turns, sent through
 the gateway, go to the replica that holds their conversation: kvgate must build the chat vLLM
-makes of a Messages request, tools and tool calls included, token for token. Errors keep
-Anthropic's shape from the replica, and a stream arrives whole."""
+makes of a Messages request, tools and tool calls included, token for token. The picker's own
+errors are in Anthropic's shape, and a stream arrives whole."""
 
 from __future__ import annotations
 
@@ -90,4 +90,5 @@ async def test_an_anthropic_agents_next_turns_go_where_its_conversation_is_held(
     assert went == {first: [2, 0], second: [0, 2]}, went
     assert streamed.count("event: content_block_delta") == 6
     assert streamed.rstrip().endswith("data: [DONE]")
-    assert status == 400, refused  # (kvgate's own: a Messages request needs messages)
+    assert status == 400, refused  # (the picker's own: a Messages request needs messages)
+    assert json.loads(refused)["error"]["type"] == "invalid_request_error"

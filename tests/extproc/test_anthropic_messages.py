@@ -13,6 +13,7 @@ from kvgate.extproc.anthropic_messages import anthropic_chat
 from kvgate.extproc.openai_request import api_kind, parse_request_body
 from kvgate.policies.types import ApiKind
 from kvgate.simulator.anthropic_api import chat_body
+from tests.extproc.fakes import feed, make_machine, make_pool, request_body, request_headers
 
 TOOLS = [{"name": "ledger", "description": "the harbour's ledger", "input_schema": {"properties": {}}},
          {"name": "tide", "input_schema": {"type": "object", "properties": {"port": {"type": "string"}}}}]
@@ -78,3 +79,19 @@ def test_a_messages_request_is_hashed_system_tools_then_turns_each_turn_extendin
     assert "ledger" in a.prompt.split("\n")[1]
     assert b.prompt.startswith(a.prompt)
     assert a.max_tokens == 8
+
+
+def test_the_pickers_own_errors_on_the_messages_api_are_in_anthropics_shape() -> None:
+    pool = make_pool(served_models=frozenset({"m"}), undeclared=False)
+    unknown = b'{"model": "other", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}'
+    for body, status, kind in ((b'{"model": "m", "max_tokens": 8}', 400, "invalid_request_error"),
+                               (unknown, 404, "not_found_error")):
+        out = feed(make_machine(pool), [request_headers("/v1/messages"), request_body(body, eos=True)])
+        reply = out[0].immediate_response
+        assert reply.status.code == status
+        document = json.loads(reply.body)
+        assert document["type"] == "error"
+        assert document["error"]["type"] == kind
+        assert document["error"]["message"]
+    out = feed(make_machine(pool), [request_headers("/v1/chat/completions"), request_body(b"{}", eos=True)])
+    assert "code" in json.loads(out[0].immediate_response.body)["error"]  # OpenAI's shape elsewhere
