@@ -20,3 +20,11 @@ def json_text_response(text: str) -> web.Response:
 
 def error_response(err: api.ApiError) -> web.Response:
     return json_response(err.body(), err.status)
+
+
+def local_address(request: web.Request) -> tuple[str, int]:
+    """The address this replica answered on (a prefill names it as ``remote_host``/``remote_port``)."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2:
+        return str(sockname[0]), int(sockname[1])
+    return "", 0

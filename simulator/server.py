@@ -13,7 +13,6 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaS
 from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine import Engine, EngineConfig, EngineMetrics, Finished, PeekResult, SimRequest
 from kvgate.simulator.faults import ErrorInjector, Faults
-from kvgate.simulator.http_replies import error_response, json_response
+from kvgate.simulator.http_replies import error_response, json_response, local_address
 from kvgate.simulator.kv_agent import KvTransferAgent
 from kvgate.simulator.kv_events import KvEventPublisher, vllm_events
 from kvgate.simulator.kv_transfer import (
@@ -46,6 +45,7 @@ from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
 from kvgate.simulator.responses_api import ResponsesShape
+from kvgate.simulator.stream_writer import stream_reply
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
 REPLICA_HEADER = "x-kvgate-sim-replica"
@@ -82,14 +82,6 @@ class ReplicaCounters:
     errors_injected: int = 0
     hung: int = 0  # inference requests held by the hang fault
     streams_cut: int = 0  # streamed responses aborted by the cut_streams fault
-
-
-def _local_address(request: web.Request) -> tuple[str, int]:
-    """The address this replica answered on (a prefill names it as ``remote_host``/``remote_port``)."""
-    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
-    if isinstance(sockname, tuple) and len(sockname) >= 2:
-        return str(sockname[0]), int(sockname[1])
-    return "", 0
 
 
 class Replica:
@@ -321,7 +313,7 @@ class Replica:
         created = int(time.time())
         body = replies.full_response(parsed, request_id, created, finished.completion_tokens, usage)
         if isinstance(transfer, RemoteDecode):
-            address = _local_address(request)
+            address = local_address(request)
             body["kv_transfer_params"] = self.kv.hold_for_decode(request_id, finished, address)
         return json_response(body)
 
@@ -329,57 +321,18 @@ class Replica:
         self, request: web.Request, parsed: api.InferenceRequest, request_id: str, delivery: Delivery,
         reply: replies.ShapedReplies | None = None,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache",
-                                               REPLICA_HEADER: str(self.config.index)})
-        await response.prepare(request)
-        with contextlib.suppress(ConnectionResetError):  # the client went away; the caller aborts
-            sse: replies.StreamFormat = (replies.SseFormatter(parsed, request_id, int(time.time()))
-                                         if reply is None else reply)
-            await response.write(sse.preamble())
-            await self._write_stream(request, response, parsed, delivery, sse)
-        return response
-
-    async def _write_stream(
-        self, request: web.Request, response: web.StreamResponse, parsed: api.InferenceRequest,
-        delivery: Delivery, sse: replies.StreamFormat,
-    ) -> None:
-        sent = 0
-        while True:
-            await delivery.wait()
-            if delivery.error is not None:
-                await response.write(sse.error_event(503, str(delivery.error)))
-                break
-            made = delivery.tokens_made
-            finished = delivery.finished
-            parts: list[bytes] = []
-            if finished is None and sent > 0 and made - sent < self.config.stream_interval:
-                continue  # wait for a whole chunk (the first token goes out at once, as in vLLM)
-            if made > sent:
-                if sent == 0:
-                    parts.append(sse.opening())
-                parts.append(sse.token_chunks(sent, made - sent, finished is not None))
-                sent = made
-            if finished is not None:
-                parts.append(sse.closing(parsed, finished))
-                await response.write(b"".join(parts))
-                break
-            if parts:
-                await response.write(b"".join(parts))
-                if self.faults.cut_streams and 2 * sent >= parsed.max_tokens and finished is None:
-                    self._cut(request)
-                    return
-        await response.write_eof()
+        sse: replies.StreamFormat = (replies.SseFormatter(parsed, request_id, int(time.time()))
+                                     if reply is None else reply)
+        return await stream_reply(request, parsed, delivery, sse, {REPLICA_HEADER: str(self.config.index)},
+                                  stream_interval=self.config.stream_interval,
+                                  cut_streams=lambda: self.faults.cut_streams, on_cut=self._count_cut)
 
     @staticmethod
     def _refused(err: api.ApiError, shape: replies.ReplyShape | None) -> web.Response:
         return error_response(err) if shape is None else json_response(shape.error_body(err), err.status)
 
-    def _cut(self, request: web.Request) -> None:
-        """The cut_streams fault: abort the connection mid-response, as a dead engine process would."""
+    def _count_cut(self) -> None:
         self.counters.streams_cut += 1
-        if request.transport is not None:
-            request.transport.abort()
 
     # ---- model management ------------------------------------------------------------------
 
