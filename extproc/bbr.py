@@ -37,8 +37,10 @@ from kvgate.extproc.events import (
     StreamClosed,
 )
 from kvgate.extproc.model_names import check_model_name
+from kvgate.extproc.openai_request import api_kind
 from kvgate.extproc.request_headers import check_header_limits
 from kvgate.policies.errors import KvgateError
+from kvgate.policies.types import ApiKind
 
 ROLE_METADATA_KEY = "x-kvgate-role"
 """gRPC initial metadata naming the role of an ext_proc stream (set by the routes that
@@ -73,13 +75,16 @@ class BodyBasedRouter:
         self._overflowed = False
         self.model: str | None = None
         """The model found in the body (after the body's end of stream), for tests and logs."""
+        self._api = ApiKind.OTHER
+        """The request's API, from its path: its refusals in that API's error shape."""
 
     def handle(self, event: Event) -> Sequence[Action]:
         if isinstance(event, RequestHeaders):
+            self._api = api_kind(next((value for name, value in event.headers if name == ":path"), ""))
             try:
                 check_header_limits(event.headers)  # no room for the model header: 431, not 503
             except KvgateError as error:
-                return (immediate_response(error),)
+                return (immediate_response(error, self._api),)
             return (ContinueHeaders(Phase.REQUEST),)
         if isinstance(event, RequestBodyChunk):
             return (self._on_body(event),)
@@ -114,6 +119,6 @@ class BodyBasedRouter:
             check_model_name(self.model)
         except KvgateError as error:
             self.model = None
-            return immediate_response(error)
+            return immediate_response(error, self._api)
         edit = HeaderEdit(set=((names.MODEL_NAME_HEADER, self.model),))
         return ContinueBody(Phase.REQUEST, edit=edit, clear_route_cache=True)

@@ -17,6 +17,11 @@ OpenAI's SDKs cannot read:
 
 The picker's own ImmediateResponses carry their JSON already, no response flag, and code details
 that start with ``kvgate_`` (``extproc.errors``): no mapper touches them.
+
+A request to Anthropic's Messages API (a path ending in ``/v1/messages``) gets each of these in
+Anthropic's shape instead (``{"type": "error", "error": {"type", "message"}}``), as the picker's
+own errors on that API are: each mapper has a twin in front of it for those paths
+(:func:`with_anthropic_twins`).
 """
 
 from __future__ import annotations
@@ -51,10 +56,42 @@ def _client_mistake(status: int, message: str, code: str) -> JsonDict:
     }
 
 
+ANTHROPIC_PATH = cel_filter("request.url_path.endsWith('/v1/messages')")
+"""Anthropic's Messages API, as vLLM serves it (after any prefix a route matches)."""
+
+_ANTHROPIC_TYPES = {
+    "model_not_found": "not_found_error", "route_not_found": "not_found_error",
+    "payload_too_large": "request_too_large", "endpoint_picker_unavailable": "overloaded_error",
+}
+"""Anthropic's error type for an OpenAI code where it is not the type's plain counterpart."""
+
+
+def anthropic_error(openai: JsonDict) -> JsonDict:
+    """An OpenAI error body in Anthropic's shape (the message kept, a type Anthropic's clients know)."""
+    error = openai["error"]
+    kind = _ANTHROPIC_TYPES.get(error["code"]) or {
+        "invalid_request_error": "invalid_request_error", "service_unavailable": "overloaded_error",
+    }.get(error["type"], "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error["message"]}}
+
+
+def with_anthropic_twins(mappers: list[JsonDict]) -> list[JsonDict]:
+    """Each mapper preceded by its twin for Anthropic's Messages API: the same filter on those
+    paths, the same status, the body in Anthropic's shape."""
+    out: list[JsonDict] = []
+    for mapper in mappers:
+        twin = {**mapper, "filter": {"and_filter": {"filters": [mapper["filter"], ANTHROPIC_PATH]}}}
+        twin["body_format_override"] = {
+            "json_format": anthropic_error(mapper["body_format_override"]["json_format"])}
+        out += [twin, mapper]
+    return out
+
+
 def openai_local_replies(max_body_bytes: int) -> JsonDict:
-    """The mappers, for a listener whose buffer limit is ``max_body_bytes``."""
+    """The mappers, for a listener whose buffer limit is ``max_body_bytes`` (with their twins for
+    Anthropic's Messages API)."""
     return {
-        "mappers": [
+        "mappers": with_anthropic_twins([
             {
                 "filter": cel_filter("response.code_details.startsWith('ext_proc_error')"),
                 "status_code": 503,
@@ -90,5 +127,5 @@ def openai_local_replies(max_body_bytes: int) -> JsonDict:
                     "%LOCAL_REPLY_BODY%", "upstream_error", "%RESPONSE_CODE_DETAILS%",
                 )},
             },
-        ]
+        ])
     }

@@ -140,6 +140,35 @@ async def test_bad_input_gets_an_openai_error_with_the_right_status(gateway: Gat
             assert response.status == 200, await response.text()
 
 
+def message(**fields: object) -> bytes:
+    return json.dumps({"model": EXAMPLE_MODEL, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+ANTHROPIC_CASES = (  # (case, Anthropic's error type): Envoy's own replies and the picker's alike
+    (BadInput("a 9 MB body", 413, "", message(system="s" * 9 * 1024 * 1024), path="/v1/messages"),
+     "request_too_large"),
+    # (not too many headers: Envoy's HTTP codec refuses them before the request, path included, is read)
+    (BadInput("a model no replica serves", 404, "", message(model="no-such-model"), path="/v1/messages"),
+     "not_found_error"),
+    (BadInput("no messages", 400, "", message(messages=[]), path="/v1/messages"), "invalid_request_error"),
+)
+
+
+@IN_MODULE_LOOP
+@pytest.mark.parametrize(("case", "kind"), ANTHROPIC_CASES, ids=[case.what for case, _ in ANTHROPIC_CASES])
+async def test_bad_input_on_anthropics_messages_api_gets_anthropics_error(
+    gateway: Gateway, case: BadInput, kind: str
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        status, content_type, body = await send(http, gateway.url, case)
+    assert (status, content_type.split(";")[0]) == (case.status, "application/json"), body[:300]
+    document = json.loads(body)
+    assert document.get("type") == "error", document
+    assert document["error"]["type"] == kind, document
+    assert document["error"]["message"], document
+
+
 def _random_name(rng: random.Random) -> str:
     kind = rng.randrange(4)
     if kind == 0:  # plausible but unknown

@@ -138,3 +138,16 @@ def test_a_request_with_no_room_for_the_model_header_is_answered_431() -> None:
     [reply] = router.handle(RequestHeaders(tuple((f"x-{i}", "v") for i in range(120))))
     assert isinstance(reply, Immediate)
     assert reply.status == 431
+
+
+@pytest.mark.parametrize(("path", "shape"),
+                         [("/v1/messages", "anthropic"), ("/v1/chat/completions", "openai")])
+def test_a_refused_model_name_is_said_in_the_shape_of_the_requests_api(path: str, shape: str) -> None:
+    router = BodyBasedRouter()
+    router.handle(RequestHeaders(((":path", path),)))
+    (reply,) = router.handle(RequestBodyChunk(b'{"model": "a\\nb"}', end_of_stream=True))
+    assert isinstance(reply, Immediate)
+    assert reply.status == 400
+    error = json.loads(reply.body)
+    assert (error.get("type") == "error") is (shape == "anthropic")
+    assert error["error"]["message"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvgate.gateway.controlplane import envoy_config as ec
-from kvgate.gateway.controlplane.local_replies import cel_filter, openai_local_replies
+from kvgate.gateway.controlplane.local_replies import cel_filter, openai_local_replies, with_anthropic_twins
 from kvgate.gateway.controlplane.translate.names import (
     BBR_FILTER,
     BBR_ROLE,
@@ -65,9 +65,10 @@ NO_VALID_BACKEND_ERROR: JsonDict = {"error": {
 
 def invalid_backend_reply() -> JsonDict:
     """Local-reply mappers: the 503 of a split's invalid-backend share becomes a 500 (Gateway API);
-    both it and the 500 of a rule without any valid backend answer in OpenAI's error JSON."""
+    both it and the 500 of a rule without any valid backend answer in OpenAI's error JSON
+    (Anthropic's on its Messages API)."""
     return {
-        "mappers": [
+        "mappers": with_anthropic_twins([
             {
                 "filter": {
                     "and_filter": {
@@ -98,7 +99,7 @@ def invalid_backend_reply() -> JsonDict:
                 "filter": cel_filter("response.code == 500 && response.code_details == 'direct_response'"),
                 "body_format_override": {"json_format": NO_VALID_BACKEND_ERROR},
             },
-        ]
+        ])
     }
 
 
