@@ -132,6 +132,8 @@ def completion_prompts(body: Mapping[str, Any], encode: Encode = encode_direct) 
             tokens = encode(item)
         elif isinstance(item, list) and all(_is_token_id(t) for t in item):
             tokens = tuple(item)
+            if tokens and max(tokens) >= tokenizer.VOCAB_SIZE:  # vLLM's input check, its words
+                raise ApiError(400, f"Token id {max(tokens)} is out of vocabulary", "prompt")
         else:
             raise ApiError(400, "each prompt must be a string or a list of token ids", "prompt")
         if not tokens:

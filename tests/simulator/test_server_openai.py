@@ -7,6 +7,7 @@ from openai import AsyncOpenAI, BadRequestError
 from openai.types.chat import ChatCompletionMessageParam
 
 from kvgate.simulator.openai_api import MAX_MODEL_LEN
+from kvgate.simulator.tokenizer import VOCAB_SIZE
 from tests.simulator.conftest import MODEL, FleetFactory
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 100  # ~1,100 tokens
@@ -119,3 +120,14 @@ async def test_a_request_past_the_context_is_vllms_400_and_the_replica_serves_on
     assert "Please reduce the length of the input messages." in long_chat.value.message
     assert after.usage is not None
     assert after.usage.completion_tokens == 2
+
+
+async def test_a_token_id_past_the_vocabulary_is_vllms_400(make_fleet: FleetFactory) -> None:
+    fleet = await make_fleet()
+    async with client_for(fleet.urls[0]) as client:
+        with pytest.raises(BadRequestError) as refused:
+            await client.completions.create(model=MODEL, prompt=[1, 2, VOCAB_SIZE], max_tokens=2)
+        last = await client.completions.create(model=MODEL, prompt=[1, 2, VOCAB_SIZE - 1], max_tokens=2)
+    assert f"Token id {VOCAB_SIZE} is out of vocabulary" in refused.value.message
+    assert last.usage is not None
+    assert last.usage.prompt_tokens == 3
