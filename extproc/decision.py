@@ -12,7 +12,7 @@ from kvgate.extproc import names
 from kvgate.extproc.anthropic_messages import anthropic_chat
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
-from kvgate.extproc.responses_messages import responses_messages
+from kvgate.extproc.responses_messages import StoredResponse, responses_messages, stored_response
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import (
     BadRequestError,
@@ -82,6 +82,9 @@ def decide(
     return schedule(prepared, pool=pool, now=now, metrics=metrics, limiter=limiter, trace=trace)
 
 
+_NOT_STORED = StoredResponse(None, None, added=False)
+
+
 def prepare(
     *,
     pool: Pool,
@@ -108,6 +111,7 @@ def prepare(
     upstream = body
     rewritten = injected = False
     parsed = None
+    stored = _NOT_STORED
     if body and api is not ApiKind.OTHER:
         parsed = parse_request_body(api, body, name_media=pool.names_inline_media)
     elif body:
@@ -126,7 +130,10 @@ def prepare(
         if known is False:
             raise ModelNotFoundError.of(model)
         target_model = pool.rewrite_model(model, headers)
-        prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage)
+        if parsed.api is ApiKind.RESPONSES:
+            stored = stored_response(parsed.document)
+        added = {"request_id": stored.response_id} if stored.added and stored.response_id else None
+        prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage, added=added)
         upstream, rewritten, injected = prepared.data, prepared.rewritten, prepared.usage_injected
 
     objective = headers.get(names.OBJECTIVE_HEADER)
@@ -150,6 +157,8 @@ def prepare(
         messages=_messages(parsed),
         engine_prompt=parsed.engine_prompt if parsed is not None else None,
         prompt_options=_prompt_options(parsed),
+        response_id=stored.response_id,
+        previous_response_id=stored.previous_response_id,
     )
     tenant = limiter.check(pool.name, headers) if limiter is not None else None
     return Prepared(request, upstream, rewritten, injected, known, tenant)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,16 +151,22 @@ def parse_request_body(api: ApiKind, raw: bytes, *, name_media: bool = False) ->
 
 
 def upstream_body(
-    request: OpenAIRequest, raw: bytes, target_model: str, *, inject_usage: bool
+    request: OpenAIRequest, raw: bytes, target_model: str, *, inject_usage: bool,
+    added: Mapping[str, str] | None = None,
 ) -> UpstreamBody:
-    """The body to forward: ``raw`` untouched unless the model or ``stream_options`` must change."""
+    """The body to forward: ``raw`` untouched unless the model or ``stream_options`` must change,
+    or fields the body lacks are ``added`` (spliced in after the opening brace when nothing else
+    changes: no second pass over a long conversation)."""
     inject = inject_usage and request.stream and not request.usage_requested and (
         request.api in _USAGE_STREAMING_APIS
     )
     if not inject and target_model == request.model and not request.media_named:
+        if added:
+            return UpstreamBody(_spliced(raw, added), rewritten=True, usage_injected=False)
         return UpstreamBody(raw, rewritten=False, usage_injected=False)
     document = dict(request.document)
     document["model"] = target_model
+    document.update(added or {})
     if inject:
         options = document.get("stream_options")
         document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
@@ -168,6 +175,15 @@ def upstream_body(
     except RecursionError:
         raise MalformedBodyError(TOO_DEEP) from None
     return UpstreamBody(data, rewritten=True, usage_injected=inject)
+
+
+def _spliced(raw: bytes, added: Mapping[str, str]) -> bytes:
+    """``raw`` (a JSON object with at least one member: ``model``) with ``added`` as its first
+    members."""
+    at = raw.index(b"{") + 1
+    members = b"".join(json.dumps(key).encode() + b":" + json.dumps(value).encode() + b","
+                       for key, value in added.items())
+    return raw[:at] + members + raw[at:]
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

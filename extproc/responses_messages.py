@@ -21,7 +21,9 @@ cannot see. A guess would only mislead the engines' keys (``engine-prefix-matche
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -72,3 +74,28 @@ def _message(item: object) -> Mapping[str, Any] | None:
     if role == "assistant" and len(content) != 1:
         return None  # an output message: vLLM keeps its first part's text only
     return {"role": role, "content": [{"type": "text", "text": p["text"]} for p in content]}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A Responses API request's ids for the engine's response store: the id its response will be
+    stored under (``added``: kvgate chose it and adds it to the body), and the stored response it
+    continues. vLLM (with ``VLLM_ENABLE_RESPONSES_API_STORE``) keeps a response on the replica that
+    served it under the request's ``request_id`` (a field clients may send, else a random one), and
+    answers a ``previous_response_id`` only there: 404 on any other replica."""
+
+    response_id: str | None
+    previous_response_id: str | None
+    added: bool
+
+
+def stored_response(document: Mapping[str, Any]) -> StoredResponse:
+    """The ids of this request (no id when it asks not to be stored: ``store`` false)."""
+    previous = document.get("previous_response_id")
+    previous = previous if isinstance(previous, str) and previous else None
+    if document.get("store") is False:
+        return StoredResponse(None, previous, added=False)
+    given = document.get("request_id")
+    if isinstance(given, str) and given:
+        return StoredResponse(given, previous, added=False)
+    return StoredResponse("resp_" + uuid.uuid4().hex, previous, added=True)  # vLLM's own form

@@ -38,6 +38,8 @@ OWN_MODELS = "own-models"
 """:attr:`SchedulingContext.own_models` and ``own_requests``."""
 TTFT_ESTIMATES = "ttft-estimates"
 """:attr:`SchedulingContext.ttft_estimates`."""
+STORED_RESPONSES = "stored-responses"
+"""The state's pins of stored responses (Responses API) to the endpoints that stored them."""
 
 
 @dataclass(slots=True)

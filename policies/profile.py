@@ -98,7 +98,7 @@ class SchedulingProfile:
     """The feedback plugins each scheduler of this profile creates (``policies.feedback``)."""
 
 
-DEFAULT_FEEDBACK = ("inflight-recorder", "session-recorder", "outlier-ejection")
+DEFAULT_FEEDBACK = ("inflight-recorder", "session-recorder", "stored-response-recorder", "outlier-ejection")
 """The feedback of a profile that lists none (``prefix-index-recorder`` added when a plugin reads
 the prefix index)."""
 

@@ -24,6 +24,7 @@ from kvgate.policies.plugins.recorders import (
     OutlierEjectionBlueprint,
     PrefixIndexRecorder,
     Recorder,
+    RecorderType,
     SessionRecorder,
 )
 from kvgate.policies.plugins.scorers import (
@@ -36,6 +37,7 @@ from kvgate.policies.plugins.scorers import (
     RunningRequestsScorer,
     SessionAffinityScorer,
 )
+from kvgate.policies.plugins.stored_responses import StoredResponseFilter, StoredResponseRecorder
 
 PluginFactory = Callable[[Mapping[str, Any]], object]
 """Builds one plugin instance from its YAML ``parameters`` (raise ``ConfigError`` on bad ones)."""
@@ -80,6 +82,7 @@ def builtin_registry() -> PluginRegistry:
     simple: dict[str, Callable[[], object]] = {
         "healthy-filter": HealthyFilter,
         "subset-hint-filter": SubsetHintFilter,
+        "stored-response-filter": StoredResponseFilter,
         "lora-filter": LoraFilter,
         "queue-scorer": QueueScorer,
         "kv-cache-utilization-scorer": KvCacheUtilizationScorer,
@@ -99,10 +102,11 @@ def builtin_registry() -> PluginRegistry:
     registry.register("candidate-set", CandidateSetFilter.from_parameters)
     registry.register("estimated-ttft-scorer", EstimatedTtftScorer.from_parameters)
     registry.register("max-score-picker", MaxScorePicker.from_parameters)
-    recorders: dict[str, type[InflightRecorder] | type[PrefixIndexRecorder] | type[SessionRecorder]] = {
+    recorders: dict[str, RecorderType] = {
         "inflight-recorder": InflightRecorder,
         "prefix-index-recorder": PrefixIndexRecorder,
         "session-recorder": SessionRecorder,
+        "stored-response-recorder": StoredResponseRecorder,
     }
     for plugin_type, recorder in recorders.items():
         registry.register(plugin_type, no_parameters(partial(Recorder, recorder), plugin_type))

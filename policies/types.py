@@ -208,6 +208,12 @@ class InferenceRequest:
     prefilled_elsewhere: bool = False
     """The decode half of a disaggregated request: another endpoint computes the prompt's KV, the
     endpoint this request is picked for reads it (set by ``policies.pd_scheduler``, not parsed)."""
+    response_id: str | None = None
+    """A Responses API request's id for its stored response (the engine stores it where it ran:
+    ``stored-response-recorder`` remembers where)."""
+    previous_response_id: str | None = None
+    """The stored response a Responses API request continues: only the endpoint that stored it can
+    serve it (``stored-response-filter``)."""
 
     @property
     def prompt_tokens_estimate(self) -> int:

@@ -41,6 +41,7 @@ from kvgate.policies.framework import SchedulingContext
 from kvgate.policies.inflight_models import InflightModels
 from kvgate.policies.outliers import OutlierSettings, OutlierTracker
 from kvgate.policies.plugins.params import Params, parse_params
+from kvgate.policies.plugins.stored_responses import StoredResponseRecorder
 from kvgate.policies.pool_views import SubsetViews
 from kvgate.policies.types import Endpoint, EndpointView, InferenceRequest, Usage
 
@@ -276,11 +277,15 @@ class OutlierEjection(FeedbackPlugin):
 # --- blueprints: the YAML side ----------------------------------------------------------------
 
 
+RecorderType = (type[InflightRecorder] | type[PrefixIndexRecorder] | type[SessionRecorder]
+                | type[StoredResponseRecorder])
+
+
 @dataclass(frozen=True, slots=True)
 class Recorder:
     """A blueprint of a recorder that takes no parameters (``FeedbackBlueprint``)."""
 
-    plugin: type[InflightRecorder] | type[PrefixIndexRecorder] | type[SessionRecorder]
+    plugin: RecorderType
     produces: frozenset[str] = field(init=False)
     consumes: frozenset[str] = field(init=False)
 
@@ -305,6 +310,7 @@ def default_blueprints() -> dict[str, Recorder | OutlierEjectionBlueprint]:
         "inflight-recorder": Recorder(InflightRecorder),
         "prefix-index-recorder": Recorder(PrefixIndexRecorder),
         "session-recorder": Recorder(SessionRecorder),
+        "stored-response-recorder": Recorder(StoredResponseRecorder),
         "outlier-ejection": OutlierEjectionBlueprint(),
     }
 

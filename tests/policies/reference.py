@@ -97,6 +97,10 @@ class Reference:
             ]
         elif plugin_type == "lora-filter":
             return self.lora_filter(endpoints)
+        elif plugin_type == "stored-response-filter":
+            previous = self.request.previous_response_id
+            stored = self.s.state.session_get("response:" + previous) if previous else None
+            kept = [e for e in endpoints if e.address == stored]
         else:
             raise AssertionError(f"no reference for {plugin_type}")
         return kept or endpoints

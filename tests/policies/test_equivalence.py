@@ -40,9 +40,10 @@ EVERY_PLUGIN: dict[str, Any] = {
         {"type": "estimated-ttft-scorer",
          "parameters": {"miss_penalty_factor": 1.5, "delay_externality": 0.7, "time_scale": 2.0}},
         {"type": "weighted-random-picker"},
+        {"type": "stored-response-filter"},  # (its recorder: among the default feedback)
     ],
     "profile": {
-        "filters": ["healthy-filter", "lora-filter", "saturation-filter"],
+        "filters": ["stored-response-filter", "healthy-filter", "lora-filter", "saturation-filter"],
         "scorers": [
             {"plugin": "queue-scorer", "weight": 1.5},
             {"plugin": "session-affinity-scorer", "weight": 0.3},
@@ -109,6 +110,9 @@ def random_request(
         )
     session = rng.choice(("s1", "s2", "s3")) if rng.random() < 0.3 else None
     model = rng.choice(("base", "base", "a1", "a2", "zz"))
+    # Responses API: a response stored where the request is served; a later one continuing it
+    response_id = f"resp_{n}" if rng.random() < 0.5 else None
+    previous = f"resp_{rng.randrange(n)}" if n and rng.random() < 0.3 else None
     return InferenceRequest(
         request_id=f"r{n}",
         pool="pool",
@@ -118,6 +122,8 @@ def random_request(
         priority=-1 if rng.random() < 0.2 else 0,
         session_id=session,
         subset=subset,
+        response_id=response_id,
+        previous_response_id=previous,
     )
 
 

@@ -85,7 +85,8 @@ def test_a_profile_listing_no_feedback_gets_the_defaults_and_the_index_its_score
     document = profile_with([])
     del document["profile"]["feedback"]
     types = [f.plugin_type for f in build_profile(document).feedback]
-    assert types == ["inflight-recorder", "session-recorder", "outlier-ejection", "prefix-index-recorder"]
+    assert types == ["inflight-recorder", "session-recorder", "stored-response-recorder", "outlier-ejection",
+                     "prefix-index-recorder"]
 
 
 def test_each_scheduler_has_its_own_feedback_plugins() -> None:

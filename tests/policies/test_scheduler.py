@@ -207,6 +207,7 @@ def test_per_plugin_timing_through_injected_timer_and_clock() -> None:
     s = scheduler("default", timer=recorder, clock=lambda: float(next(ticks)))
     s.schedule(request(prompt=text(1, 500)), [view(1), view(2)], NOW)
     assert [(p, t, n) for p, t, n, _s in recorder.seen] == [
+        ("filter", "stored-response-filter", "stored-response-filter"),
         ("filter", "candidate-set", "candidate-set"),
         ("filter", "healthy-filter", "healthy-filter"),
         ("filter", "saturation-filter", "saturation-filter"),
@@ -231,7 +232,7 @@ def test_timing_can_sample_one_request_in_n() -> None:
         s.schedule(request(f"r{i}", text(i, 300)), [view(1), view(2)], NOW)
     timed_requests = sum(1 for point, *_rest in recorder.seen if point == "picker")
     assert timed_requests == 3  # requests 0, 3 and 6
-    assert len(recorder.seen) == 3 * 5  # healthy filter, three scorers, picker
+    assert len(recorder.seen) == 3 * 6  # stored-response and healthy filters, three scorers, picker
 
 
 def test_scores_are_a_mapping_by_address_in_candidate_order() -> None:
