@@ -16,9 +16,12 @@ model without a reasoning or tool parser): usage as ``input_tokens`` / ``output_
 ``input_tokens_details.cached_tokens``; a stream is ``event: <type>`` / ``data: <json>`` pairs
 with a ``sequence_number`` each, ``response.created`` and ``response.in_progress`` sent as the
 request starts (before its prefill), then the message's events, ending with ``response.completed``
-(no ``[DONE]``). Stored responses are not kept (vLLM's default): a ``previous_response_id`` is 404,
-as vLLM answers one it does not hold. The status is "incomplete" (``max_output_tokens``) when the
-client set ``max_output_tokens`` (the simulator makes exactly that many), else "completed".
+(no ``[DONE]``). Stored responses are kept only where ``VLLM_ENABLE_RESPONSES_API_STORE=1`` is set
+(off by default, as in vLLM), by the request's ``request_id`` (vLLM's response id: a client may
+send it, else a new one), on the replica that served it: a ``previous_response_id`` continues its
+conversation there and is 404 anywhere else, as vLLM answers one it does not hold. The status is
+"incomplete" (``max_output_tokens``) when the client set ``max_output_tokens`` (the simulator makes
+exactly that many), else "completed".
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,10 +40,31 @@ from kvgate.simulator.openai_api import ApiError, InferenceRequest, JsonObject, 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def chat_body(body: Mapping[str, Any]) -> JsonObject:
-    """The chat completions body this Responses request is served as (a 400 or 404 as vLLM's)."""
+class ResponseStore:
+    """vLLM's response store (``VLLM_ENABLE_RESPONSES_API_STORE=1``; off by default, as in vLLM):
+    each stored response's input messages and output text, by response id, on this replica alone;
+    bounded here (vLLM keeps them until it restarts)."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._capacity = capacity
+        self._kept: OrderedDict[str, tuple[list[JsonObject], str]] = OrderedDict()
+
+    def get(self, response_id: str) -> tuple[list[JsonObject], str] | None:
+        return self._kept.get(response_id)
+
+    def put(self, response_id: str, messages: list[JsonObject], output: str) -> None:
+        self._kept[response_id] = (messages, output)
+        self._kept.move_to_end(response_id)
+        while len(self._kept) > self._capacity:
+            self._kept.popitem(last=False)
+
+
+def chat_body(body: Mapping[str, Any], store: ResponseStore | None = None) -> JsonObject:
+    """The chat completions body this Responses request is served as (a 400 or 404 as vLLM's): the
+    conversation of the stored response it continues, if any, in front of its input."""
     previous = body.get("previous_response_id")
-    if previous is not None:
+    stored = store.get(previous) if store is not None and isinstance(previous, str) else None
+    if previous is not None and stored is None:
         raise ApiError(404, f"Response with id '{previous}' not found.", "previous_response_id")
     if body.get("background") is True:
         raise ApiError(400, "This vLLM engine does not support `store=True` and therefore does not support "
@@ -50,6 +75,9 @@ def chat_body(body: Mapping[str, Any]) -> JsonObject:
         messages.append({"role": "system", "content": instructions})
     elif instructions not in (None, ""):
         raise ApiError(400, "'instructions' must be a string", "instructions")
+    if stored is not None:  # its input messages, then its output, as vLLM's construct_input_messages
+        messages.extend(stored[0])
+        messages.append({"role": "assistant", "content": stored[1]})
     items = body.get("input")
     if isinstance(items, str):
         messages.append({"role": "user", "content": items})
@@ -133,15 +161,22 @@ def usage_json(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> Js
 
 
 class ResponsesShape:
-    """The Responses API's request and replies as the server serves them."""
+    """One Responses API request as the server serves it (with the replica's store, where on)."""
 
-    @staticmethod
-    def chat_body(body: Mapping[str, Any]) -> JsonObject:
-        return chat_body(body)
+    def __init__(self, store: ResponseStore | None = None) -> None:
+        self._store = store
+        self._messages: list[JsonObject] = []
 
-    @staticmethod
-    def replies(body: Mapping[str, Any], request: InferenceRequest) -> ResponseReplies:
-        return ResponseReplies(body, request.model)
+    def chat_body(self, body: Mapping[str, Any]) -> JsonObject:
+        chat = chat_body(body, self._store)
+        self._messages = chat["messages"]
+        return chat
+
+    def replies(self, body: Mapping[str, Any], request: InferenceRequest) -> ResponseReplies:
+        keep = self._store if body.get("store") is not False else None
+        given = body.get("request_id")
+        return ResponseReplies(body, request.model, given if isinstance(given, str) and given else None,
+                               store=keep, messages=self._messages)
 
     @staticmethod
     def error_body(err: ApiError) -> JsonObject:
@@ -152,8 +187,13 @@ class ResponseReplies:
     """One Responses API request's replies: the whole response, or its stream's events."""
 
     def __init__(self, body: Mapping[str, Any], model: str, response_id: str | None = None,
-                 created: int | None = None) -> None:
+                 created: int | None = None, *, store: ResponseStore | None = None,
+                 messages: list[JsonObject] | None = None) -> None:
+        """``response_id``: the request's ``request_id`` (vLLM's response id), else a new one;
+        ``store``: where the whole response is kept once made, with ``messages``, its input."""
         self._body = body
+        self._store = store
+        self._messages = messages or []
         self._model = model
         self.response_id = response_id or new_response_id()
         self._created = int(time.time()) if created is None else created
@@ -192,6 +232,8 @@ class ResponseReplies:
         """The non-streamed reply."""
         usage = usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         text = output_text(0, finished.completion_tokens)
+        if self._store is not None:
+            self._store.put(self.response_id, self._messages, text)
         return self.response([self.message(text, done=True)], usage, done=True)
 
     # --- a stream --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
-from kvgate.simulator.responses_api import ResponsesShape
+from kvgate.simulator.responses_api import ResponsesShape, ResponseStore
 from kvgate.simulator.stream_writer import stream_reply
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
@@ -98,6 +99,10 @@ class Replica:
         if not self.faults.hang:
             self._hang_cleared.set()
         self.counters = ReplicaCounters()
+        self.responses = ResponseStore() if os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in (
+            "", "0") else None
+        """vLLM's response store (the Responses API's ``previous_response_id``), where its
+        environment variable turns it on."""
         self.accepting = True
         self.adapters: dict[str, str] = {name: f"/adapters/{name}" for name in config.engine.served_loras}
         self.engine = Engine(config.engine, load_profile(config.profile))
@@ -244,7 +249,7 @@ class Replica:
         return await self._inference(request, "chat")
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._inference(request, "chat", ResponsesShape())
+        return await self._inference(request, "chat", ResponsesShape(self.responses))
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat", MessagesShape())

@@ -81,3 +81,41 @@ async def test_a_responses_conversation_goes_where_it_is_held(tmp_path: Path,
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds.count("response.output_text.delta") == 4
     assert kinds[-1] == "response.completed"
+
+
+async def test_conversations_continued_by_previous_response_id_reach_the_replica_that_stored_them(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM with its response store on keeps each response on the replica that served it and answers
+    # a previous_response_id only there (404 elsewhere: three in four turns lost on four replicas)
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gateway.yaml").write_text(gateway_yaml())
+    (config / "pool.yaml").write_text(POOL.format(events=free_port()))
+    up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=4,
+                            sim_hosts_from="127.0.9.91", sim_time_scale=0.01))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        gateway = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key="none", max_retries=0)
+        chains = [await gateway.responses.create(model=EXAMPLE_MODEL, input=f"conversation {c} begins",
+                                                 max_output_tokens=2) for c in range(6)]
+        for turn in range(5):
+            for c, last in enumerate(chains):
+                if (c + turn) % 2:
+                    chains[c] = await gateway.responses.create(
+                        model=EXAMPLE_MODEL, input=f"turn {turn}", previous_response_id=last.id,
+                        max_output_tokens=2)
+                else:
+                    stream = await gateway.responses.create(
+                        model=EXAMPLE_MODEL, input=f"turn {turn}", previous_response_id=last.id,
+                        max_output_tokens=2, stream=True)
+                    events = [event async for event in stream]
+                    assert events[-1].type == "response.completed"
+                    chains[c] = events[-1].response
+        assert len({chain.id for chain in chains}) == 6
+        assert all(chain.usage is not None and chain.usage.input_tokens > 40 for chain in chains)
+        await gateway.close()
+    finally:
+        await up.stop()

@@ -123,3 +123,27 @@ async def test_a_responses_request_the_simulator_cannot_serve_is_a_json_error(
         assert json.loads(await reply.text())["error"]["code"] == 400
     async with http.post(fleet.urls[0] + "/v1/responses", json={"model": "other", "input": "x"}) as reply:
         assert reply.status == 404
+
+
+async def test_a_stored_response_is_continued_where_it_is_stored_and_nowhere_else(
+    make_fleet: FleetFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")  # vLLM's switch (off by default)
+    fleet = await make_fleet(2)
+    here, there = (openai.AsyncOpenAI(base_url=url + "/v1", api_key="none") for url in fleet.urls)
+    first = await here.responses.create(model=MODEL, instructions="You keep the books. " * 20,
+                                        input="Which ships?", max_output_tokens=4)
+    second = await here.responses.create(model=MODEL, input="And tomorrow?", previous_response_id=first.id,
+                                         max_output_tokens=4, extra_body={"request_id": "resp_mine"})
+    assert second.id == "resp_mine"  # the client's request_id is the response's id, as in vLLM
+    assert first.usage is not None
+    assert second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + 4  # the stored conversation in front
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 16
+    with pytest.raises(openai.NotFoundError):
+        await there.responses.create(model=MODEL, input="And tomorrow?", previous_response_id=first.id)
+    unstored = await here.responses.create(model=MODEL, input="x", store=False, max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        await here.responses.create(model=MODEL, input="y", previous_response_id=unstored.id)
+    await here.close()
+    await there.close()
