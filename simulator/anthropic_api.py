@@ -15,7 +15,8 @@ finish reason ("max_tokens": the simulator makes exactly ``max_tokens``), ``usag
 ``input_tokens`` and ``output_tokens``; a stream of ``event:``/``data:`` pairs, ``message_start``
 with the first token (vLLM converts the chat stream's first chunk into it), a text block's start,
 deltas and stop, ``message_delta`` with the stop reason and usage, ``message_stop``, then vLLM's
-``data: [DONE]``. Errors in Anthropic's shape (``{"type": "error", "error": {...}}``).
+``data: [DONE]``. Errors in Anthropic's shape with vLLM's type names (``{"type": "error", "error":
+{"type": "BadRequestError", "message": ...}}``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
 from kvgate.simulator.openai_api import ApiError, InferenceRequest, JsonObject, new_request_id, output_text
 
-_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
-                429: "rate_limit_error", 503: "overloaded_error"}
-
 
 def error_body(err: ApiError) -> JsonObject:
-    kind = _ERROR_TYPES.get(err.status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    """vLLM's Anthropic error: its OpenAI error's type and message in Anthropic's shape (vLLM's
+    ``translate_error_response``: the type is vLLM's, e.g. ``BadRequestError``)."""
+    error = err.body()["error"]
+    return {"type": "error", "error": {"type": error["type"], "message": error["message"]}}
 
 
 def chat_body(body: Mapping[str, Any]) -> JsonObject:
@@ -150,7 +150,7 @@ class MessageReplies:
         text = output_text(0, finished.completion_tokens)
         return {"id": self.message_id, "type": "message", "role": "assistant",
                 "content": [{"type": "text", "text": text}], "model": self._model,
-                "stop_reason": "max_tokens", "stop_sequence": None, "usage": usage_json(finished)}
+                "stop_reason": "max_tokens", "usage": usage_json(finished)}  # (vLLM drops None fields)
 
     @staticmethod
     def _event(kind: str, **fields: Any) -> str:

@@ -54,13 +54,15 @@ async def test_a_streamed_message_is_anthropics_events(
     assert delta["delta"] == {"stop_reason": "max_tokens"}
 
 
-async def test_errors_are_in_anthropics_shape(make_fleet: FleetFactory, http: aiohttp.ClientSession) -> None:
+async def test_errors_are_in_anthropics_shape_with_vllms_types(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
     fleet = await make_fleet()
     url = fleet.urls[0] + "/v1/messages"
     turn = [{"role": "user", "content": "x"}]
-    refused = [({"model": MODEL, "messages": turn}, 400, "invalid_request_error"),  # no max_tokens
-               ({"model": MODEL, "max_tokens": 2, "messages": []}, 400, "invalid_request_error"),
-               ({"model": "nope", "max_tokens": 2, "messages": turn}, 404, "not_found_error")]
+    refused = [({"model": MODEL, "messages": turn}, 400, "BadRequestError"),  # no max_tokens
+               ({"model": MODEL, "max_tokens": 2, "messages": []}, 400, "BadRequestError"),
+               ({"model": "nope", "max_tokens": 2, "messages": turn}, 404, "NotFoundError")]
     for body, status, kind in refused:
         async with http.post(url, json=body) as reply:
             assert reply.status == status
