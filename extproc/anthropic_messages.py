@@ -6,15 +6,15 @@ read in vLLM's source): ``system`` (a string, or text blocks joined with nothing
 system message; each message's content a string, or blocks: text blocks as text parts (a message
 with one text part has it as its content), ``tool_use`` blocks as the message's tool calls (their
 ``input`` as a JSON string), a user's ``tool_result`` blocks as ``tool`` messages in front of it
-(its content as a string; the block's ``id`` as the call's id, as vLLM reads it), a message left
-with nothing dropped. Tools become chat tools (``name``, ``description``, ``input_schema`` as the
-parameters, ``"type": "object"`` added where missing), rendered as a chat's are.
+(its content as a string: a list of blocks as Python's ``str`` writes it, as vLLM does; the block's
+``id`` as the call's id, as vLLM reads it), a message left with nothing dropped. Tools become chat
+tools (``name``, ``description``, ``input_schema`` as the parameters, ``"type": "object"`` added
+where missing), rendered as a chat's are.
 
 So agents that speak Anthropic's API to a vLLM fleet (long system prompts and tool lists resent
 every turn) are keyed exactly, token for token, by ``engine-prefix-matches``. Only what is followed
-exactly is handed on: images, thinking blocks, a tool result whose content is not a string (vLLM
-renders a list by Python's ``str``), an assistant's tool result, or any other block leave the
-request to the approximate index.
+exactly is handed on: images, thinking blocks (vLLM's releases differ on them), an assistant's
+tool result, or any other block leave the request to the approximate index.
 """
 
 from __future__ import annotations
@@ -89,9 +89,12 @@ def _add_turn(turn: object, messages: list[Mapping[str, Any]]) -> bool:
                           "function": {"name": block.get("name") or "", "arguments": json.dumps(arguments)}})
         elif kind == "tool_result" and role == "user":
             result = block.get("content")
-            if not isinstance(result, str | None):
-                return False  # a list: vLLM renders it by Python's str()
-            messages.append({"role": "tool", "tool_call_id": block.get("id") or "", "content": result or ""})
+            if not isinstance(result, str | list | None):
+                return False
+            # a list of blocks (as agents send tool output) is rendered by Python's str(), as vLLM's
+            # model holds it: the JSON's dicts in their order, their values as Python writes them
+            text = str(result) if result else ""
+            messages.append({"role": "tool", "tool_call_id": block.get("id") or "", "content": text})
         else:
             return False
     message: dict[str, Any] = {"role": role}

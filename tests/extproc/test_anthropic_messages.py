@@ -24,6 +24,9 @@ AGENT = [
                                        "input": {"day": "today"}}]},
     {"role": "user", "content": [{"type": "tool_result", "id": "toolu_1", "content": "the brig"},
                                  {"type": "text", "text": "and tomorrow?"}, {"type": "text", "text": ""}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "tide", "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "id": "toolu_2", "is_error": False, "content": [
+        {"type": "text", "text": "high at 6", "cache_control": None}]}]},
 ]
 
 
@@ -47,10 +50,13 @@ def test_tool_results_go_in_front_of_their_turn_and_calls_carry_their_input_as_j
     chat = anthropic_chat({"system": "s", "messages": AGENT, "tools": TOOLS})
     assert chat is not None
     messages, tools = chat
-    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user", "assistant",
+                                             "tool"]
     assert messages[2]["tool_calls"][0]["function"] == {"name": "ledger", "arguments": '{"day": "today"}'}
     assert messages[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "the brig"}
     assert messages[4] == {"role": "user", "content": "and tomorrow?"}
+    # blocks as a tool's output: Python's str() of them, as vLLM's model renders its content
+    assert messages[6]["content"] == "[{'type': 'text', 'text': 'high at 6', 'cache_control': None}]"
     assert tools is not None
     # "type" added last where missing, as vLLM's validator adds it
     assert tools[0]["function"]["parameters"] == {"properties": {}, "type": "object"}
@@ -59,7 +65,6 @@ def test_tool_results_go_in_front_of_their_turn_and_calls_carry_their_input_as_j
 @pytest.mark.parametrize("turn", [
     {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "AA=="}}]},
     {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"}]},
-    {"role": "user", "content": [{"type": "tool_result", "id": "t", "content": [{"type": "text"}]}]},
     {"role": "assistant", "content": [{"type": "tool_use", "name": "ledger"}]},  # no id: named by the clock
     {"role": "system", "content": "x"},
 ])
