@@ -31,6 +31,7 @@ def ready_lines(up: KvgateUp, options: UpOptions) -> list[str]:
     lines = [
         f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_source})",
         f"  curl {up.url}/v1/completions -H 'content-type: application/json' -d '{body}'",
+        f"  OpenAI SDKs: base_url {up.url}/v1 (also the Responses API); Anthropic SDKs: {up.url}",
         f"  kvgate status --admin {up.admin_url}",
     ]
     for name, pool in sorted(pools.items()):
