@@ -184,7 +184,9 @@ def schedule(
     holding = pool.holding
     # flow control: the pick among endpoints with room (all, if none has), asked of the endpoints
     # the profile's filters chose (a pass over a large pool per pick cost O(pool))
-    keep = None if holding is None else partial(holding.with_room, reserved=reserved)
+    # (not for a request continuing a stored response: moved for room it lands where vLLM answers 404)
+    keep = None if holding is None or request.previous_response_id is not None else partial(
+        holding.with_room, reserved=reserved)
     started = now()
     result = pool.scheduler.schedule(request, candidates, started, trace, keep=keep)
     metrics.scheduled(pool.name, now() - started)

@@ -329,7 +329,9 @@ class RequestLifecycle:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick counted before this one is scored
-        target = self._target = spill_target(self._pool, self._metrics)
+        # a request continuing a stored response stays in its pool: only where it is stored answers
+        continues = prepared.request.previous_response_id is not None
+        target = self._target = self._pool if continues else spill_target(self._pool, self._metrics)
         decision = schedule(prepared, pool=target, now=self._clock.now, metrics=self._metrics,
                             limiter=self._config.tenant_limiter, trace=self._trace,
                             reserved=reserved and target is self._pool)

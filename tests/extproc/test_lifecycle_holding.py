@@ -260,3 +260,22 @@ def test_a_request_that_may_take_a_reserved_slot_goes_at_once() -> None:
     assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
     assert holding.held == []
     assert holding.calls == [("passed", "tenant-a"), ("reserved pick", "")]
+
+
+def test_a_request_continuing_a_stored_response_is_neither_moved_for_room_nor_spilled() -> None:
+    """Only the endpoint that stored a response answers a request continuing it (vLLM: 404 anywhere
+    else): the scheduler sees the whole pool, not those with room, and the pool keeps it."""
+    body = json.dumps({"model": "m", "input": "and then?", "previous_response_id": "resp_1"}).encode()
+    holding = FakeHolding(full=False, room=("10.0.0.2:8000",))
+    pool = make_pool("10.0.0.1:8000", "10.0.0.2:8000", holding=holding)
+    machine = make_machine(pool)
+    machine.handle(codec.decode(request_headers("/v1/responses", mode=BUFFERED, response_mode=NONE)))
+    machine.handle(codec.decode(request_body(body, eos=True)))
+    assert pool.scheduler.seen[-1][1] == ("10.0.0.1:8000", "10.0.0.2:8000")
+    reserve = make_pool("10.0.2.1:8000", name="reserve")
+    full = make_pool("10.0.0.1:8000", room=False, fallback=reserve)
+    machine = make_machine(full)
+    machine.handle(codec.decode(request_headers("/v1/responses", mode=BUFFERED, response_mode=NONE)))
+    [reply] = codec.encode_replies(machine.handle(codec.decode(request_body(body, eos=True))))
+    assert set_headers(reply)["x-gateway-destination-endpoint"] == "10.0.0.1:8000"
+    assert reserve.scheduler.seen == []
