@@ -244,8 +244,9 @@ def _prompt_of(api: ApiKind, document: dict[str, Any]) -> str:
         instructions = document.get("instructions")
         head = instructions + "\n" if isinstance(instructions, str) else ""
         items = document.get("input")
-        body = _flatten_messages(items) if isinstance(items, list) else _flatten_input(items)
-        return head + body
+        if not isinstance(items, str | list):
+            raise BadRequestError("'input' must be a string or a list of input items")
+        return head + (_flatten_messages(items) if isinstance(items, list) else items)
     if api is ApiKind.MESSAGES:
         return _flatten_anthropic(document)
     return ""
@@ -306,6 +307,8 @@ def _flatten_anthropic(document: dict[str, Any]) -> str:
     if not isinstance(messages, list) or not messages:
         raise BadRequestError("'messages' must be a non-empty list")
     system = document.get("system")
+    if not isinstance(system, str | list | None):
+        raise BadRequestError("'system' must be a string or a list of text blocks")
     head = _content_text(system) + "\n" if system is not None else ""
     tools = document.get("tools")
     if isinstance(tools, list) and tools:

@@ -95,7 +95,7 @@ def stored_response(document: Mapping[str, Any]) -> StoredResponse:
     previous = previous if isinstance(previous, str) and previous else None
     if document.get("store") is False:
         return StoredResponse(None, previous, added=False)
-    given = document.get("request_id")
-    if isinstance(given, str) and given:
-        return StoredResponse(given, previous, added=False)
+    if "request_id" in document:  # (one that is not a name: the engine answers it; nothing pinned)
+        given = document["request_id"]
+        return StoredResponse(given if isinstance(given, str) and given else None, previous, added=False)
     return StoredResponse("resp_" + uuid.uuid4().hex, previous, added=True)  # vLLM's own form

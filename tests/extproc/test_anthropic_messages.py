@@ -11,6 +11,7 @@ import pytest
 
 from kvgate.extproc.anthropic_messages import anthropic_chat
 from kvgate.extproc.openai_request import api_kind, parse_request_body
+from kvgate.policies.errors import BadRequestError
 from kvgate.policies.types import ApiKind
 from kvgate.simulator.anthropic_api import chat_body
 from tests.extproc.fakes import feed, make_machine, make_pool, request_body, request_headers
@@ -100,3 +101,16 @@ def test_the_pickers_own_errors_on_the_messages_api_are_in_anthropics_shape() ->
         assert document["error"]["message"]
     out = feed(make_machine(pool), [request_headers("/v1/chat/completions"), request_body(b"{}", eos=True)])
     assert "code" in json.loads(out[0].immediate_response.body)["error"]  # OpenAI's shape elsewhere
+
+
+@pytest.mark.parametrize(("path", "body", "said"), [
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "system": 5, "messages": [{"role": "user", "content": ""}]},
+     "'system' must be a string or a list of text blocks"),
+    ("/v1/responses", {"model": "m", "input": 5}, "'input' must be a string or a list of input items"),
+    ("/v1/responses", {"model": "m"}, "'input' must be a string or a list of input items"),
+])
+def test_a_misshapen_field_is_named_in_the_400(path: str, body: dict[str, Any], said: str) -> None:
+    api = api_kind(path)
+    with pytest.raises(BadRequestError) as refused:
+        parse_request_body(api, json.dumps(body).encode())
+    assert str(refused.value) == said
