@@ -104,7 +104,7 @@ def test_the_pickers_own_errors_on_the_messages_api_are_in_anthropics_shape() ->
 
 
 @pytest.mark.parametrize(("path", "body", "said"), [
-    ("/v1/messages", {"model": "m", "max_tokens": 8, "system": 5, "messages": [{"role": "user", "content": ""}]},
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "system": 5, "messages": [{"role": "user"}]},
      "'system' must be a string or a list of text blocks"),
     ("/v1/responses", {"model": "m", "input": 5}, "'input' must be a string or a list of input items"),
     ("/v1/responses", {"model": "m"}, "'input' must be a string or a list of input items"),
