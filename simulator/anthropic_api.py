@@ -37,9 +37,10 @@ def error_body(err: ApiError) -> JsonObject:
     return {"type": "error", "error": {"type": error["type"], "message": error["message"]}}
 
 
-def chat_body(body: Mapping[str, Any]) -> JsonObject:
-    """The chat completions body this Messages request is served as (a 400 as vLLM's)."""
-    limit = body.get("max_tokens")
+def chat_body(body: Mapping[str, Any], *, counting: bool = False) -> JsonObject:
+    """The chat completions body this Messages request is served as (a 400 as vLLM's);
+    ``counting``: for ``/v1/messages/count_tokens``, which takes no ``max_tokens``."""
+    limit = body.get("max_tokens", 1 if counting else None)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ApiError(400, "max_tokens: a positive integer is required", "max_tokens")
     messages: list[JsonObject] = []

@@ -1,4 +1,5 @@
 """What a prompt becomes, without generating: vLLM's ``POST /tokenize``, ``POST /detokenize``,
+``POST /v1/messages/count_tokens`` (Anthropic's: a Messages request's prompt tokens),
 ``POST /v1/completions/render`` and ``POST /v1/chat/completions/render`` (the routers that tokenize
 through the engine, vllm-router's among them, call them), and the simulator's ``POST /sim/peek``
 (the cached prefix, queue and estimated wait a request would meet now: the oracle router's view).
@@ -11,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvgate.simulator import anthropic_api
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine_types import PeekResult
@@ -88,3 +90,13 @@ class PromptRoutes:
             "running": found.running,
             "estimated_wait_s": found.estimated_wait,
         })
+
+    async def count_message_tokens(self, request: web.Request) -> web.Response:
+        """The prompt tokens of a Messages request (``{"input_tokens": n}``), as vLLM counts them."""
+        try:
+            body = anthropic_api.chat_body(api.decode_json_object(await request.read()), counting=True)
+            api.check_model(api.requested_model(body, self._base_model), self._served_models())
+            tokens = api.chat_prompt(body, self._memo, self._image_tokens)
+        except api.ApiError as err:
+            return json_response(anthropic_api.error_body(err), err.status)
+        return json_response({"input_tokens": len(tokens)})

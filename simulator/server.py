@@ -231,6 +231,7 @@ class Replica:
                                self.config.image_tokens)
         app.router.add_post("/tokenize", prompts.tokenize)
         app.router.add_post("/detokenize", prompts.detokenize)
+        app.router.add_post("/v1/messages/count_tokens", prompts.count_message_tokens)
         app.router.add_post("/v1/completions/render", prompts.render_completions)
         app.router.add_post("/v1/chat/completions/render", prompts.render_chat)
         app.router.add_post("/sim/peek", prompts.peek)

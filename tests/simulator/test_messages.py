@@ -70,3 +70,21 @@ async def test_errors_are_in_anthropics_shape_with_vllms_types(
         assert error["type"] == "error"
         assert error["error"]["type"] == kind
         assert error["error"]["message"]
+
+
+async def test_count_tokens_is_the_prompt_a_message_would_have(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    fleet = await make_fleet()
+    url = fleet.urls[0]
+    body = {"model": MODEL, "system": SYSTEM, "messages": [{"role": "user", "content": "Why?"}],
+            "tools": [{"name": "ledger", "input_schema": {"properties": {}}}]}
+    async with http.post(url + "/v1/messages/count_tokens", json=body) as reply:
+        assert reply.status == 200
+        counted = await reply.json()
+    async with http.post(url + "/v1/messages", json={**body, "max_tokens": 2}) as reply:
+        served = await reply.json()
+    assert counted == {"input_tokens": served["usage"]["input_tokens"]}
+    async with http.post(url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": []}) as reply:
+        assert reply.status == 400
+        assert (await reply.json())["type"] == "error"
