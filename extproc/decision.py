@@ -10,6 +10,7 @@ from typing import Any
 
 from kvgate.extproc import names
 from kvgate.extproc.anthropic_messages import anthropic_chat
+from kvgate.extproc.inference_paths import route_of, stored_response_of
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from kvgate.extproc.responses_messages import StoredResponse, responses_messages, stored_response
@@ -136,6 +137,10 @@ def prepare(
         prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage, added=added)
         upstream, rewritten, injected = prepared.data, prepared.rewritten, prepared.usage_injected
 
+    if api is ApiKind.OTHER and stored.previous_response_id is None:  # a stored response's own path
+        named = stored_response_of(route_of(headers.get(":path", "")))
+        if named is not None:
+            stored = StoredResponse(None, named, added=False)
     objective = headers.get(names.OBJECTIVE_HEADER)
     priority = (pool.objective_priority(objective) if objective else None) or 0
     request = InferenceRequest(

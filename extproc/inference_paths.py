@@ -9,7 +9,8 @@ the request's pool opts it in (``kvgate.io/extra-paths``; pools file ``extraPath
 
 A path is served when, without its query and trailing slash, it is one of the list or ends with one
 at a segment boundary (a route may match a prefix such as ``/llama/v1/completions`` that Envoy
-rewrites after the picker has seen it), or lies under ``/v1/models/`` (retrieving one model). A path
+rewrites after the picker has seen it), or lies under ``/v1/models/`` (retrieving one model), or is a
+stored response's (``/v1/responses/{id}``, ``/v1/responses/{id}/cancel``: vLLM's response store). A path
 with a ``.`` or ``..`` segment is never served: a server that resolves them could reach what the
 list leaves out. A served path with a method it does not take (``GET /v1/completions``) is 405 with
 the ``allow`` header, as the model servers answer it; before, it reached the body parser and was
@@ -45,6 +46,8 @@ INFERENCE_PATHS: tuple[str, ...] = (
     "/detokenize",
 )
 MODEL_PATH_PREFIX = "/v1/models/"
+RESPONSE_PATH_PREFIX = "/v1/responses/"
+"""vLLM's stored responses: ``GET /v1/responses/{id}`` (retrieve) and ``POST .../{id}/cancel``."""
 _EXACT = frozenset(INFERENCE_PATHS)
 
 
@@ -59,15 +62,32 @@ def served(route: str, extra: frozenset[str] = frozenset()) -> bool:
         return True
     if "/." in route and any(segment in (".", "..") for segment in route.split("/")):
         return False
-    if MODEL_PATH_PREFIX in route:
+    if MODEL_PATH_PREFIX in route or stored_response_of(route) is not None:
         return True
     return any(route.endswith(path) for path in INFERENCE_PATHS) or any(route.endswith(p) for p in extra)
 
 
+def stored_response_of(route: str) -> str | None:
+    """The response id a stored response's path names (``/v1/responses/{id}`` or its ``/cancel``),
+    else None."""
+    at = route.find(RESPONSE_PATH_PREFIX)
+    if at < 0:
+        return None
+    rest = route[at + len(RESPONSE_PATH_PREFIX):].split("/")
+    if rest[0] and (len(rest) == 1 or (len(rest) == 2 and rest[1] == "cancel")):
+        return rest[0]
+    return None
+
+
 def allowed_methods(route: str) -> str:
     """The methods the model servers take on a served ``route`` (the ``allow`` header's value):
-    listing or retrieving models is a GET (FastAPI adds HEAD), everything else a POST."""
-    return "GET, HEAD" if route.endswith("/v1/models") or MODEL_PATH_PREFIX in route else "POST"
+    listing or retrieving models or a stored response is a GET (FastAPI adds HEAD), everything else
+    a POST."""
+    if route.endswith("/v1/models") or MODEL_PATH_PREFIX in route:
+        return "GET, HEAD"
+    if stored_response_of(route) is not None and not route.endswith("/cancel"):
+        return "GET, HEAD"
+    return "POST"
 
 
 def check_path(method: str, path: str, extra: frozenset[str] = frozenset()) -> None:

@@ -212,8 +212,8 @@ class InferenceRequest:
     """A Responses API request's id for its stored response (the engine stores it where it ran:
     ``stored-response-recorder`` remembers where)."""
     previous_response_id: str | None = None
-    """The stored response a Responses API request continues: only the endpoint that stored it can
-    serve it (``stored-response-filter``)."""
+    """The stored response a Responses API request continues (or, on ``/v1/responses/{id}``, reads
+    or cancels): only the endpoint that stored it can serve it (``stored-response-filter``)."""
 
     @property
     def prompt_tokens_estimate(self) -> int:

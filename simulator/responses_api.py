@@ -47,16 +47,34 @@ class ResponseStore:
 
     def __init__(self, capacity: int = 10_000) -> None:
         self._capacity = capacity
-        self._kept: OrderedDict[str, tuple[list[JsonObject], str]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[list[JsonObject], str, JsonObject]] = OrderedDict()
 
     def get(self, response_id: str) -> tuple[list[JsonObject], str] | None:
-        return self._kept.get(response_id)
+        """A stored response's input messages and output text."""
+        kept = self._kept.get(response_id)
+        return None if kept is None else (kept[0], kept[1])
 
-    def put(self, response_id: str, messages: list[JsonObject], output: str) -> None:
-        self._kept[response_id] = (messages, output)
+    def response(self, response_id: str) -> JsonObject | None:
+        """A stored response as it was answered (``GET /v1/responses/{id}``)."""
+        kept = self._kept.get(response_id)
+        return None if kept is None else kept[2]
+
+    def put(self, response_id: str, messages: list[JsonObject], output: str, response: JsonObject) -> None:
+        self._kept[response_id] = (messages, output, response)
         self._kept.move_to_end(response_id)
         while len(self._kept) > self._capacity:
             self._kept.popitem(last=False)
+
+
+def stored_reply(store: ResponseStore | None, response_id: str, *, cancel: bool) -> JsonObject:
+    """vLLM's answer to ``GET /v1/responses/{id}`` (the stored response) and ``POST .../cancel`` (a
+    finished response cannot be: 400); 404 for one it does not hold."""
+    response = store.response(response_id) if store is not None else None
+    if response is None:
+        raise ApiError(404, f"Response with id '{response_id}' not found.", "response_id")
+    if cancel:
+        raise ApiError(400, "Cannot cancel a synchronous response.", "response_id")
+    return response
 
 
 def chat_body(body: Mapping[str, Any], store: ResponseStore | None = None) -> JsonObject:
@@ -232,9 +250,10 @@ class ResponseReplies:
         """The non-streamed reply."""
         usage = usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         text = output_text(0, finished.completion_tokens)
+        whole = self.response([self.message(text, done=True)], usage, done=True)
         if self._store is not None:
-            self._store.put(self.response_id, self._messages, text)
-        return self.response([self.message(text, done=True)], usage, done=True)
+            self._store.put(self.response_id, self._messages, text, whole)
+        return whole
 
     # --- a stream --------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
-from kvgate.simulator.responses_api import ResponsesShape, ResponseStore
+from kvgate.simulator.responses_api import ResponsesShape, ResponseStore, stored_reply
 from kvgate.simulator.stream_writer import stream_reply
 
 SIM_VERSION = "0.1.0+kvgate.sim"  # answered by GET /version (vLLM answers its own version there)
@@ -220,6 +220,8 @@ class Replica:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses/{response_id}", self._stored_response)
+        app.router.add_post("/v1/responses/{response_id}/cancel", self._stored_response)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -251,6 +253,14 @@ class Replica:
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat", ResponsesShape(self.responses))
+
+    async def _stored_response(self, request: web.Request) -> web.Response:
+        try:
+            cancel = request.method == "POST"
+            found = stored_reply(self.responses, request.match_info["response_id"], cancel=cancel)
+        except api.ApiError as err:
+            return error_response(err)
+        return json_response(found)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat", MessagesShape())

@@ -116,6 +116,10 @@ async def test_conversations_continued_by_previous_response_id_reach_the_replica
                     chains[c] = events[-1].response
         assert len({chain.id for chain in chains}) == 6
         assert all(chain.usage is not None and chain.usage.input_tokens > 40 for chain in chains)
+        for chain in chains:  # read back where it is stored; cancelling it is that replica's 400
+            assert (await gateway.responses.retrieve(chain.id)).id == chain.id
+            with pytest.raises(openai.BadRequestError):
+                await gateway.responses.cancel(chain.id)
         await gateway.close()
     finally:
         await up.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.extproc.inference_paths import INFERENCE_PATHS, check_path, route_of, served
+from kvgate.extproc.inference_paths import INFERENCE_PATHS, check_path, route_of, served, stored_response_of
 from kvgate.policies.errors import MethodNotAllowedError, UnknownPathError
 
 ADMIN = [
@@ -78,3 +78,29 @@ def test_any_method_passes_on_a_pools_own_paths_and_an_unknown_path_stays_404() 
     check_path("DELETE", "/v1/load_lora_adapter", extra)
     with pytest.raises(UnknownPathError):
         check_path("GET", "/v1/unload_lora_adapter", extra)
+
+
+@pytest.mark.parametrize(("path", "named"), [
+    ("/v1/responses/resp_1", "resp_1"),
+    ("/v1/responses/resp_1/", "resp_1"),
+    ("/v1/responses/resp_1/cancel", "resp_1"),
+    ("/llama/v1/responses/resp_1?stream=false", "resp_1"),
+    ("/v1/responses", None),
+    ("/v1/responses/resp_1/input_items", None),
+    ("/v1/responses//cancel", None),
+])
+def test_a_stored_responses_paths_name_it(path: str, named: str | None) -> None:
+    assert stored_response_of(route_of(path)) == named
+    assert served(route_of(path)) is (named is not None or route_of(path) == "/v1/responses")
+
+
+def test_a_stored_response_is_read_with_get_and_cancelled_with_post() -> None:
+    check_path("GET", "/v1/responses/resp_1")
+    check_path("POST", "/v1/responses/resp_1/cancel")
+    for method, path, allow in (("POST", "/v1/responses/resp_1", "GET, HEAD"),
+                                ("GET", "/v1/responses/resp_1/cancel", "POST")):
+        with pytest.raises(MethodNotAllowedError) as caught:
+            check_path(method, path)
+        assert caught.value.headers == {"allow": allow}
+    with pytest.raises(UnknownPathError):
+        check_path("GET", "/v1/responses/../load_lora_adapter")

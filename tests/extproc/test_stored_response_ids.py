@@ -67,3 +67,15 @@ def test_other_apis_carry_no_response_ids() -> None:
     request = pool.scheduler.seen[0][0]
     assert request.response_id is None
     assert request.previous_response_id is None
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/responses/resp_7"),
+                                              ("POST", "/v1/responses/resp_7/cancel")])
+def test_reading_or_cancelling_a_stored_response_names_it_for_the_pick(method: str, path: str) -> None:
+    pool = make_pool()
+    machine = make_machine(pool)
+    out = feed(machine, [request_headers(path, method=method, eos=True)])
+    assert set_headers(out[0])["x-gateway-destination-endpoint"]
+    request = pool.scheduler.seen[0][0]
+    assert request.previous_response_id == "resp_7"
+    assert request.response_id is None

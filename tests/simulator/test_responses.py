@@ -142,6 +142,12 @@ async def test_a_stored_response_is_continued_where_it_is_stored_and_nowhere_els
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 16
     with pytest.raises(openai.NotFoundError):
         await there.responses.create(model=MODEL, input="And tomorrow?", previous_response_id=first.id)
+    retrieved = await here.responses.retrieve(second.id)
+    assert retrieved.model_dump() == second.model_dump()
+    with pytest.raises(openai.NotFoundError):
+        await there.responses.retrieve(second.id)
+    with pytest.raises(openai.BadRequestError):  # a finished response cannot be cancelled (vLLM's 400)
+        await here.responses.cancel(second.id)
     unstored = await here.responses.create(model=MODEL, input="x", store=False, max_output_tokens=2)
     with pytest.raises(openai.NotFoundError):
         await here.responses.create(model=MODEL, input="y", previous_response_id=unstored.id)
