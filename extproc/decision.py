@@ -217,7 +217,9 @@ def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
     chat's (``extproc.anthropic_messages``)."""
     if parsed is not None and parsed.api is ApiKind.MESSAGES:
         chat = anthropic_chat(parsed.document)
-        return MappingProxyType({"tools": list(chat[1])}) if chat is not None and chat[1] else None
+        tools = chat[1] if chat is not None else None
+        # (an empty list too: vLLM hands the template [] then, not None, and templates tell them apart)
+        return MappingProxyType({"tools": list(tools)}) if tools is not None else None
     if parsed is None or parsed.api not in (ApiKind.CHAT_COMPLETIONS, ApiKind.COMPLETIONS):
         return None
     document = parsed.document

@@ -114,3 +114,21 @@ def test_a_misshapen_field_is_named_in_the_400(path: str, body: dict[str, Any], 
     with pytest.raises(BadRequestError) as refused:
         parse_request_body(api, json.dumps(body).encode())
     assert str(refused.value) == said
+
+
+@pytest.mark.parametrize(("tools", "options"), [(None, None), ([], {"tools": []}),
+                                                (TOOLS[:1], {"tools": [{"type": "function", "function": {
+                                                    "name": "ledger", "description": "the harbour's ledger",
+                                                    "parameters": {"properties": {}, "type": "object"}}}]})])
+def test_a_messages_requests_tools_reach_the_template_as_vllm_hands_them(
+    tools: list[dict[str, Any]] | None, options: dict[str, Any] | None
+) -> None:
+    pool = make_pool()
+    body: dict[str, Any] = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    if tools is not None:
+        body["tools"] = tools
+    raw = json.dumps(body).encode()
+    feed(make_machine(pool), [request_headers("/v1/messages"), request_body(raw, eos=True)])
+    request = pool.scheduler.seen[0][0]
+    assert (dict(request.prompt_options) if request.prompt_options is not None else None) == options
+    assert request.messages == ({"role": "user", "content": "x"},)
