@@ -56,8 +56,8 @@ def _usage_from_tail(tail: bytes) -> tuple[int, int, str]:
             if "error" in event:
                 error = str(event["error"])[:200]
             usage = event.get("usage")
-            if isinstance(usage, dict):
-                completion = int(usage.get("completion_tokens") or 0)
+            if isinstance(usage, dict):  # (OpenAI's names, or Anthropic's: its message_delta)
+                completion = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
                 details = usage.get("prompt_tokens_details")
                 if isinstance(details, dict):
                     cached = int(details.get("cached_tokens") or 0)

@@ -25,6 +25,10 @@ Workloads (``WORKLOADS``):
   ``max_loras`` 3 per replica, unique 512-token prompts.
 - ``long-prompts``: 8k-32k-token prompts (32-128 KB bodies; about 60 % over 100 KB) over 24 shared
   documents with a short unique question.
+- ``agent-messages``: agents speaking Anthropic's Messages API (``/v1/messages``, as coding agents
+  do to a vLLM fleet): 16 agents, each a 1,024-token system prompt and 8 tools (~1k tokens), in
+  sessions of 6 turns 4 simulated seconds apart; every turn after the first resends the history
+  with the assistant's reply and tool call and the tool's result (96 tokens).
 
 The disaggregated-serving benchmark's workloads (``PD_WORKLOADS``, ``bench.pd``): unique prompts
 (nothing cached) of a uniform length between ``extra["min_tokens"]`` and ``extra["max_tokens"]``:
@@ -116,7 +120,7 @@ class FleetSpec:
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     name: str
-    kind: str  # shared-prefix | multi-turn | lora-mix | long-prompts
+    kind: str  # shared-prefix | multi-turn | lora-mix | long-prompts | agent-messages
     fleet: FleetSpec
     output_tokens: int = 256
     groups: int = 64
@@ -180,6 +184,10 @@ WORKLOADS: dict[str, WorkloadSpec] = {
     "long-prompts": WorkloadSpec(
         "long-prompts", "long-prompts", FleetSpec(), groups=24, prefix_tokens=8192, question_tokens=64,
         description="24 documents of 8k-32k tokens (bodies 32-128 KB) + 64-token question"),
+    "agent-messages": WorkloadSpec(
+        "agent-messages", "agent-messages", FleetSpec(num_gpu_blocks=4000), groups=16, prefix_tokens=1024,
+        question_tokens=96, description="Anthropic Messages API agents: 16 system prompts + 8 tools each, "
+                                        "sessions of 6 turns with tool calls and results, 4 s apart"),
 }
 
 
@@ -232,6 +240,8 @@ def plan(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) -> list[
     """The requests of one run (deterministic in ``spec``, ``rate``, ``duration_s``, ``seed``)."""
     if spec.kind == "multi-turn":
         return _plan_chat(spec, rate, duration_s, seed)
+    if spec.kind == "agent-messages":
+        return _plan_agents(spec, rate, duration_s, seed)
     rng = random.Random(seed)
     prefix_rng = random.Random(seed + 1)
     prefixes = [text_of(prefix_rng, _doc_tokens(spec, g, seed)) for g in range(spec.groups)]
@@ -285,6 +295,45 @@ def _plan_chat(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) ->
             for i, (at, body, tokens) in enumerate(raw)]
 
 
+AGENT_TOOLS = 8
+
+
+def _plan_agents(spec: WorkloadSpec, rate: float, duration_s: float, seed: int) -> list[PlannedRequest]:
+    """``_plan_chat``'s sessions in Anthropic's Messages API: each agent's system prompt and tools
+    in front, then the turns (a user question; then the assistant's reply with a tool call, and the
+    tool's result as the next user turn)."""
+    rng = random.Random(seed)
+    gap = min(spec.turn_gap_s, duration_s / spec.turns)
+    made = random.Random(seed + 1)
+    agents = [(text_of(made, spec.prefix_tokens),
+               [{"name": f"tool_{g}_{t}", "description": text_of(made, 120),
+                 "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}
+                for t in range(AGENT_TOOLS)]) for g in range(spec.groups)]
+    reply = "".join(output_text(i) for i in range(spec.output_tokens))
+    raw: list[tuple[float, bytes, int]] = []
+    for start in poisson_times(rng, rate / spec.turns, duration_s):
+        system, tools = agents[rng.randrange(spec.groups)]
+        messages: list[dict[str, object]] = [{"role": "user", "content": text_of(rng, spec.question_tokens)}]
+        chars = len(system) + len(json.dumps(tools)) + spec.question_tokens * CHARS_PER_TOKEN
+        for turn in range(spec.turns):
+            at = start + turn * gap
+            if at < duration_s:
+                body = json.dumps({"model": MODEL, "max_tokens": spec.output_tokens, "stream": True,
+                                   "system": system, "tools": tools, "messages": list(messages)},
+                                  separators=(",", ":")).encode()
+                raw.append((at, body, chars // CHARS_PER_TOKEN))
+            call = {"type": "tool_use", "id": f"toolu_{turn}", "name": str(tools[turn % AGENT_TOOLS]["name"]),
+                    "input": {"query": text_of(rng, 4)}}
+            result = text_of(rng, spec.question_tokens)
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}, call]})
+            messages.append({"role": "user", "content": [{"type": "tool_result", "id": call["id"],
+                                                          "content": result}]})
+            chars += len(reply) + len(result) + 64
+    raw.sort(key=lambda item: item[0])
+    return [PlannedRequest(i, at, "/v1/messages", body, MODEL, tokens, spec.output_tokens)
+            for i, (at, body, tokens) in enumerate(raw)]
+
+
 WARMUP_FRACTION = 0.2
 """Requests sent in the first 20 % of a run's arrival window are warm-up: sent, not counted."""
 
@@ -314,7 +363,7 @@ def capacity_estimate(spec: WorkloadSpec) -> float:
         uncached = int((spec.extra["min_tokens"] + spec.extra["max_tokens"]) / 2)
     elif spec.kind == "long-prompts":
         uncached = spec.question_tokens + 2048  # documents mostly hit; some first reads
-    elif spec.kind == "multi-turn":
+    elif spec.kind in ("multi-turn", "agent-messages"):
         uncached = spec.question_tokens + spec.output_tokens
     decode = spec.output_tokens * (DECODE_S_PER_TOKEN + STEP_S / REFERENCE_BATCH)
     busy = uncached * PREFILL_S_PER_TOKEN + decode
