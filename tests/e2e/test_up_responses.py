@@ -123,3 +123,39 @@ async def test_conversations_continued_by_previous_response_id_reach_the_replica
         await gateway.close()
     finally:
         await up.stop()
+
+
+async def test_two_picker_workers_share_where_responses_are_stored(
+    tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kvgate up --workers 2``: a continuation often reaches the other worker than the one that
+    picked its response; the pin is shared through Redis as sessions are (within about 0.1 s: a
+    client that reads the answer first, as here, is later than that)."""
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(POOL.format(events=free_port()))
+    up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=4, workers=2,
+                            sim_hosts_from="127.0.9.101", sim_time_scale=0.01))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        gateway = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key="none", max_retries=0)
+        chains = [await gateway.responses.create(model=EXAMPLE_MODEL, input=f"conversation {c} begins",
+                                                 max_output_tokens=2) for c in range(8)]
+        for turn in range(3):
+            await asyncio.sleep(0.3)  # the client reads the answers
+            for c, last in enumerate(chains):
+                chains[c] = await gateway.responses.create(model=EXAMPLE_MODEL, input=f"turn {turn}",
+                                                           previous_response_id=last.id, max_output_tokens=2)
+        assert all(chain.usage is not None and chain.usage.input_tokens > 40 for chain in chains)
+        await gateway.close()
+        assert up.workers is not None
+        routed = []
+        for admin in (up.admin_url, *up.workers.admin_urls):  # both workers picked some of them
+            async with http.get(f"{admin}/metrics") as response:
+                page = await response.text()
+            routed.append(sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                              if line.startswith("inference_objective_request_total{")))
+        assert all(count > 0 for count in routed), routed
+    finally:
+        await up.stop()
