@@ -415,8 +415,8 @@ class ControlPlane:
         problems = frozenset((*config.status.problem_lines(), *warnings))
         for line in sorted(problems - self._problems):
             log.warning("configuration: %s", line)
-        for line in sorted(self._problems - problems):
-            log.info("configuration: resolved: %s", line)
+        for line in sorted(self._problems - problems):  # at the warning's level: seen where it was
+            log.warning("configuration: resolved: %s", line)
         self._problems = problems
 
     async def run(self, stop: asyncio.Event) -> None:

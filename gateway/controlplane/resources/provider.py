@@ -135,11 +135,14 @@ class FileProvider:
     async def _reload(self) -> ConfigSnapshot | None:
         """Load in a worker thread; None when it failed or nothing changed."""
         before = self._current
+        failing = self._last_error is not None
         try:
             snapshot = await asyncio.to_thread(self.load)
         except ConfigError as exc:
             log.warning("keeping configuration version %s: %s", before.version if before else 0, exc.message)
             return None
+        if failing:  # said at the level the failure was (an operator who saw it sees it end)
+            log.warning("manifests valid again: configuration version %s", snapshot.version)
         return None if snapshot is before else snapshot
 
     async def run(self, publish: Publish, stop: asyncio.Event | None = None) -> None:

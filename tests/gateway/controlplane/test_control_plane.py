@@ -423,4 +423,4 @@ async def test_what_is_wrong_with_an_applied_configuration_is_logged_once_and_it
     write(tmp_path, engine="vllm")  # the route names the pool that exists
     assert control.apply(provider.load())
     resolved = "configuration: resolved: HTTPRoute default/r"
-    assert any(r.getMessage().startswith(resolved) for r in caplog.records)
+    assert any(r.getMessage().startswith(resolved) and r.levelno == logging.WARNING for r in caplog.records)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -53,7 +54,9 @@ def test_first_load_failure_raises_and_is_reported(tmp_path: Path) -> None:
     assert status.version == 0
 
 
-async def test_hot_reload_publishes_changes_and_keeps_last_good(manifests: Path) -> None:
+async def test_hot_reload_publishes_changes_and_keeps_last_good(
+    manifests: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     stop = asyncio.Event()
     provider = FileProvider(manifests, quiet_ms=50, max_batch_ms=300)
     published: asyncio.Queue[ConfigSnapshot] = asyncio.Queue()
@@ -87,11 +90,15 @@ async def test_hot_reload_publishes_changes_and_keeps_last_good(manifests: Path)
         assert provider.current is second
         assert published.empty()
 
-        # A fix loads again and clears the error; a new file in a new folder is seen too.
+        # A fix loads again and clears the error (said at the failure's level); a new file in a new
+        # folder is seen too.
+        caplog.clear()
         (manifests / ROUTE_FILE).write_text(_route(90, 10))
         third = await next_snapshot()
         assert (third.version, _weights(third)) == (3, [90, 10])
         assert provider.status().last_error is None
+        assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+            "manifests valid again: configuration version 3"]
         (manifests / "more").mkdir()
         (manifests / "more" / "r2.yml").write_text(_route(1, 1).replace("{name: r,", "{name: r2,"))
         fourth = await next_snapshot()
