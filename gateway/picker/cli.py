@@ -8,7 +8,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from watchfiles import awatch
@@ -16,7 +16,7 @@ from watchfiles import awatch
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
-from kvgate.gateway.picker.pools_file import load_pools
+from kvgate.gateway.picker.pools_file import PoolSpec, load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
@@ -272,13 +272,43 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _watch(path: Path, service: PickerService, stop: asyncio.Event) -> None:
-    """Apply the pools file again whenever it changes (written whole and renamed into place)."""
+    """Apply the pools file again whenever it changes (written whole and renamed into place, or a
+    Kubernetes ConfigMap's symlink swapped: the whole folder is watched). A change elsewhere in the
+    folder that leaves the file as it was does nothing: the picker's own log written there was one,
+    and each reload logged again, a reload every ~40 ms for as long as the picker ran."""
+    applier = PoolsFileApplier(path, service.apply_pools)
     async for _changes in awatch(path.parent, stop_event=stop, debounce=50, step=20):
+        applier.changed()
+
+
+class PoolsFileApplier:
+    """Applies a pools file when its content changed; says an error once, and its end."""
+
+    def __init__(self, path: Path, apply: Callable[[Sequence[PoolSpec], str | None], None]) -> None:
+        self._path = path
+        self._apply = apply
+        self._content: bytes | None = None
+        self._error: str | None = None
+
+    def changed(self) -> None:
         try:
-            pools = load_pools(path)
-            service.apply_pools(pools.pools, pools.effective_default)
+            content: bytes | None = self._path.read_bytes()
+        except OSError:
+            content = None
+        if content is not None and content == self._content:
+            return
+        self._content = content
+        try:
+            pools = load_pools(self._path)
+            self._apply(pools.pools, pools.effective_default)  # (raises before changing anything)
         except ConfigError as exc:
-            log.warning("keeping the last good pools: %s", exc.message)
+            if exc.message != self._error:
+                log.warning("keeping the last good pools: %s", exc.message)
+            self._error = exc.message
+            return
+        if self._error is not None:
+            log.warning("pools file valid again: %s", self._path)
+        self._error = None
 
 
 def main(argv: Sequence[str]) -> int:
