@@ -64,6 +64,7 @@ from kvgate.gateway.up_sim import (
     sim_tokenizer,
 )
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class UpOptions:
     """The simulated replicas tokenize with this tokenizer.json (``--sim-tokenizer``)."""
     read_usage_every: int = 0
     """Read one response in N for its usage where the one-pass data path skips it (0: none)."""
+    max_session_pins: int = DEFAULT_MAX_SESSIONS
+    """Session pins each pool keeps, in every picker (``--max-session-pins``)."""
     scrape_interval: float = 0.05
     stale_after: float = 0.2
     quiet_ms: int = 100
@@ -318,7 +321,7 @@ class KvgateUp:
                 skip_unread_responses=options.skip_unread_responses,
                 shared_scrapes=options.shared_scrapes, shared_fairness=options.shared_fairness,
                 loop=options.loop, tracing=options.tracing,
-                read_usage_every=options.read_usage_every,
+                read_usage_every=options.read_usage_every, max_session_pins=options.max_session_pins,
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -342,6 +345,7 @@ class KvgateUp:
                 ),
                 outcome_address="127.0.0.1:0" if options.skip_unread_responses else None,
                 tracing=options.tracing,
+                max_session_pins=options.max_session_pins,
             )
         )
         self.picker = picker

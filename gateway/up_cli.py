@@ -17,6 +17,7 @@ from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 
 
 def ready_lines(up: KvgateUp, options: UpOptions) -> list[str]:
@@ -208,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=count(1), default=1, metavar="N",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); default 1")
+    parser.add_argument("--max-session-pins", type=count(1), default=DEFAULT_MAX_SESSIONS, metavar="N",
+                        help="session pins each pool keeps (x-session-id affinity, and the replica of each "
+                        "stored Responses API response); the least recent go first (default 100000)")
     add_tracing_flags(parser)
     parser.add_argument("--read-usage-every", type=count(0), default=0, metavar="N",
                         help="read one response in N for its usage (token metrics, the prefix index's "
@@ -262,6 +266,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         shared_fairness=args.shared_fairness,
         tracing=tracing_from_args(args),
         read_usage_every=args.read_usage_every,
+        max_session_pins=args.max_session_pins,
     )
 
 

@@ -66,10 +66,15 @@ class SchedulerState(Protocol):
         ...
 
 
+DEFAULT_MAX_SESSIONS = 100_000
+"""Session pins kept (a client's ``x-session-id``, a stored response's id), least recent dropped."""
+
+
 class InProcessState:
     """The embedded default: plain dicts, bounded (prefix entries and sessions), no IO."""
 
-    def __init__(self, *, max_prefix_entries: int = DEFAULT_MAX_ENTRIES, max_sessions: int = 100_000) -> None:
+    def __init__(self, *, max_prefix_entries: int = DEFAULT_MAX_ENTRIES,
+                 max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self.prefix = PrefixIndex(max_prefix_entries)
         self.max_sessions = max_sessions
         self._requests: dict[str, tuple[str, int]] = {}

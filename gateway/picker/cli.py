@@ -24,8 +24,19 @@ from kvgate.gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_b
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
 
 
 def _positive_seconds(text: str) -> float:
@@ -102,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds a requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--max-session-pins", type=_at_least_one, default=DEFAULT_MAX_SESSIONS, metavar="N",
+                        help="session pins each pool keeps (x-session-id affinity, and the replica of each "
+                        "stored Responses API response); the least recent go first (default 100000)")
     parser.add_argument("--prefill-timeout", type=_positive_seconds, default=DEFAULT_PREFILL_TIMEOUT_S,
                         metavar="SECONDS",
                         help="give up the prefill step of a disaggregated request after SECONDS and "
@@ -236,6 +250,7 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         outcome_address=f"127.0.0.1:{args.outcome_port}" if args.outcome_reports else None,
         prefill_timeout=args.prefill_timeout,
         tracing=tracing_from_args(args),
+        max_session_pins=args.max_session_pins,
     )
 
 

@@ -40,6 +40,7 @@ from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsColl
 from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.schedulers import PoolScheduler, make_scheduler
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class PickerSettings:
     aggregated): below the data plane's ext_proc message timeout (kvgate up's Envoy: 30 s)."""
     tracing: TracingSettings | None = None
     """Export the picker's spans over OTLP (``gateway.picker.tracing``); None: tracing off."""
+    max_session_pins: int = DEFAULT_MAX_SESSIONS
+    """Session pins each pool keeps (``x-session-id`` affinity and stored responses' replicas)."""
 
 
 class PickerService:
@@ -104,7 +107,7 @@ class PickerService:
         )
         self.replica_models = ReplicaModels(self.scraper.snapshot)
         self.table = PoolTable(pools=MappingProxyType({}), default=None)
-        self.sharing = SharingRuntime(settings.redis)
+        self.sharing = SharingRuntime(settings.redis, max_sessions=settings.max_session_pins)
         self.scraper.delegate_to(self.sharing.share_scrapes(self.scraper, settings.stale_after))
         self.telemetry.registry.register(SharingCollector(self.sharing))
         self.tracer_provider = tracer_provider(settings.tracing) if settings.tracing is not None else None

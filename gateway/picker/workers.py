@@ -56,6 +56,7 @@ from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,7 @@ class UpWorkers:
         loop: str = event_loop.DEFAULT,
         tracing: TracingSettings | None = None,
         read_usage_every: int = 0,
+        max_session_pins: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -260,6 +262,8 @@ class UpWorkers:
                 *(() if shared_fairness else ("--no-shared-fairness",)),
                 *(tracing.args() if tracing is not None else ()),
                 *(("--read-usage-every", str(read_usage_every)) if read_usage_every else ()),
+                *(("--max-session-pins", str(max_session_pins))
+                  if max_session_pins != DEFAULT_MAX_SESSIONS else ()),
             ),
             own_ports=self.own_ports,
             outcome_ports=self.outcome_ports,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from kvgate.gateway.picker.shared_state.codec import PrefixInsert, SessionPin, SharedEvent
 from kvgate.policies.prefix_index import DEFAULT_MAX_ENTRIES
-from kvgate.policies.state import NO_INFLIGHT, InFlight, InProcessState
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS, NO_INFLIGHT, InFlight, InProcessState
 
 
 class MirroredState:
@@ -24,7 +24,7 @@ class MirroredState:
         *,
         outbox_limit: int = 10_000,
         max_prefix_entries: int = DEFAULT_MAX_ENTRIES,
-        max_sessions: int = 100_000,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self.local = InProcessState(max_prefix_entries=max_prefix_entries, max_sessions=max_sessions)
         self.outbox_limit = outbox_limit

@@ -21,21 +21,26 @@ from kvgate.gateway.picker.redis_link import RedisLink, RedisSettings
 from kvgate.gateway.picker.shared_state.kv_relay import KvEventsRelay
 from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
 from kvgate.gateway.picker.shared_state.sync import SharedStateSync
-from kvgate.policies.state import InProcessState, SchedulerState
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS, InProcessState, SchedulerState
 from kvgate.policies.tenant_ledger import TenantLedger
 
 
 class SharingRuntime:
-    def __init__(self, redis: RedisSettings | None = None) -> None:
+    def __init__(
+        self, redis: RedisSettings | None = None, *, max_sessions: int = DEFAULT_MAX_SESSIONS
+    ) -> None:
         self.redis = redis
+        self.max_sessions = max_sessions
         self.link = RedisLink(redis) if redis is not None else None
-        self.sync = SharedStateSync(self.link) if self.link is not None else None
+        self.sync = SharedStateSync(self.link, max_sessions=max_sessions) if self.link is not None else None
         self.counter_store = RedisCounters(self.link) if self.link is not None else None
         self.limiter = TenantRateLimiter(self.counter_store or InProcessCounters())
 
     def state_for(self, pool: str) -> SchedulerState:
         """The scheduler state of ``pool`` (shared through Redis when configured)."""
-        return self.sync.state_for(pool) if self.sync is not None else InProcessState()
+        if self.sync is not None:
+            return self.sync.state_for(pool)
+        return InProcessState(max_sessions=self.max_sessions)
 
     def share_scrapes(self, source: ScrapeSource, stale_after: float) -> SharedScrapes | None:
         """With Redis and ``share_scrapes`` on: one picker per pool scrapes for all; the returned

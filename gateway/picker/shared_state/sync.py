@@ -59,6 +59,7 @@ from kvgate.gateway.picker.shared_state.kv_relay import KvEventsRelay
 from kvgate.gateway.picker.shared_state.mirror import MirroredState
 from kvgate.gateway.picker.shared_state.peer_hashes import Peer, PeerHashes
 from kvgate.gateway.picker.shared_state.scrapes import ScrapeSource, SharedScrapes
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 from kvgate.policies.tenant_ledger import TenantLedger
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,11 @@ class SharedStateSync:
         picker_id: str | None = None,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
+        """``max_sessions``: session pins (stored responses' too) each pool's mirror keeps."""
         self.link = link
+        self._max_sessions = max_sessions
         self.settings = link.settings
         self.picker_id = picker_id or new_picker_id()
         self.counters = SyncCounters()
@@ -150,7 +154,8 @@ class SharedStateSync:
         """The pool's mirror (created on first use; the same one afterwards)."""
         mirror = self._mirrors.get(pool)
         if mirror is None:
-            mirror = self._mirrors[pool] = MirroredState(outbox_limit=self.settings.outbox_limit)
+            mirror = self._mirrors[pool] = MirroredState(outbox_limit=self.settings.outbox_limit,
+                                                         max_sessions=self._max_sessions)
             start = f"{self._wall_ms() - int(self.settings.prefix_ttl_s * 1000)}-0".encode()
             self._last_ids[self._key(pool, "prefix").encode()] = start
             start = f"{self._wall_ms() - int(self.settings.session_ttl_s * 1000)}-0".encode()

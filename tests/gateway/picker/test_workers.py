@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvgate.gateway.picker.workers import WorkerPlan, worker_base_command
 
 
@@ -61,3 +63,31 @@ def test_kvgate_ups_loop_reaches_its_picker_workers() -> None:
         import shutil
 
         shutil.rmtree(workers.directory)
+
+
+def test_the_session_pins_bound_reaches_every_picker_and_bounds_their_state() -> None:
+    import shutil
+
+    from kvgate.gateway.picker.cli import build_parser as picker_parser
+    from kvgate.gateway.picker.cli import settings_from_args
+    from kvgate.gateway.picker.shared_state.runtime import SharingRuntime
+    from kvgate.gateway.picker.workers import UpWorkers
+    from kvgate.gateway.up_cli import build_parser, options_from_args
+    from kvgate.policies.state import DEFAULT_MAX_SESSIONS
+
+    options = options_from_args(build_parser().parse_args(["--max-session-pins", "2"]))
+    assert options.max_session_pins == 2
+    assert options_from_args(build_parser().parse_args([])).max_session_pins == DEFAULT_MAX_SESSIONS
+    workers = UpWorkers(1, scrape_interval=0.05, stale_after=0.2, max_session_pins=2)
+    try:
+        command = workers.plan.command(0, "redis://127.0.0.1:7000/0")
+        args = picker_parser().parse_args(list(command[command.index("--pools"):]))
+        assert settings_from_args(args, None).max_session_pins == 2
+    finally:
+        shutil.rmtree(workers.directory)
+    with pytest.raises(SystemExit):
+        picker_parser().parse_args(["--max-session-pins", "0"])
+    state = SharingRuntime(max_sessions=2).state_for("default/llama")
+    for session in ("a", "b", "c"):
+        state.session_set(session, "10.0.0.1:8000")
+    assert [state.session_get(s) for s in ("a", "b", "c")] == [None, "10.0.0.1:8000", "10.0.0.1:8000"]
