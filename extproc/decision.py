@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvgate.extproc import names
-from kvgate.extproc.anthropic_messages import anthropic_chat
+from kvgate.extproc.anthropic_messages import Chat, anthropic_chat
 from kvgate.extproc.inference_paths import route_of, stored_response_of
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
@@ -141,6 +141,8 @@ def prepare(
         named = stored_response_of(route_of(headers.get(":path", "")))
         if named is not None:
             stored = StoredResponse(None, named, added=False)
+    # a Messages API request's chat, built once for its messages and its tools (tens of µs a turn)
+    chat = anthropic_chat(parsed.document) if parsed is not None and parsed.api is ApiKind.MESSAGES else None
     objective = headers.get(names.OBJECTIVE_HEADER)
     priority = (pool.objective_priority(objective) if objective else None) or 0
     request = InferenceRequest(
@@ -159,9 +161,9 @@ def prepare(
         body_size=len(body),
         subset=frozenset(subset) if subset is not None else None,
         headers=headers,
-        messages=_messages(parsed),
+        messages=_messages(parsed, chat),
         engine_prompt=parsed.engine_prompt if parsed is not None else None,
-        prompt_options=_prompt_options(parsed),
+        prompt_options=_prompt_options(parsed, chat),
         response_id=stored.response_id,
         previous_response_id=stored.previous_response_id,
     )
@@ -211,12 +213,11 @@ def schedule(
                     labels, tenant, prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)
 
 
-def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
+def _prompt_options(parsed: OpenAIRequest | None, chat: Chat | None) -> Mapping[str, Any] | None:
     """A completion's or chat's fields that shape the engine's prompt as sent
-    (``types.PROMPT_OPTIONS``), or None when it sends none; a Messages API request's tools as the
-    chat's (``extproc.anthropic_messages``)."""
+    (``types.PROMPT_OPTIONS``), or None when it sends none; a Messages API request's tools as its
+    ``chat``'s (``extproc.anthropic_messages``)."""
     if parsed is not None and parsed.api is ApiKind.MESSAGES:
-        chat = anthropic_chat(parsed.document)
         tools = chat[1] if chat is not None else None
         # (an empty list too: vLLM hands the template [] then, not None, and templates tell them apart)
         return MappingProxyType({"tools": list(tools)}) if tools is not None else None
@@ -227,7 +228,7 @@ def _prompt_options(parsed: OpenAIRequest | None) -> Mapping[str, Any] | None:
     return MappingProxyType(found) if found else None
 
 
-def _messages(parsed: OpenAIRequest | None) -> tuple[Mapping[str, Any], ...] | None:
+def _messages(parsed: OpenAIRequest | None, chat: Chat | None) -> tuple[Mapping[str, Any], ...] | None:
     """A chat request's messages (``parse_request_body`` checked they are a list of objects), or a
     Responses API or Messages API request's as vLLM builds them (``extproc.responses_messages``,
     ``extproc.anthropic_messages``)."""
@@ -236,7 +237,6 @@ def _messages(parsed: OpenAIRequest | None) -> tuple[Mapping[str, Any], ...] | N
     if parsed.api is ApiKind.RESPONSES:
         return responses_messages(parsed.document)
     if parsed.api is ApiKind.MESSAGES:
-        chat = anthropic_chat(parsed.document)
         return chat[0] if chat is not None else None
     if parsed.api is not ApiKind.CHAT_COMPLETIONS:
         return None
