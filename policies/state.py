@@ -32,6 +32,15 @@ class InFlight:
 NO_INFLIGHT = InFlight()
 
 
+@dataclass(frozen=True, slots=True)
+class SessionCounts:
+    """Session pins kept, and those dropped (least recent first) to stay within the bound: a
+    dropped stored response's pin sends its continuation anywhere (the engine answers 404)."""
+
+    kept: int = 0
+    dropped: int = 0
+
+
 class SchedulerState(Protocol):
     def prefix_match(self, hashes: Sequence[int]) -> Mapping[str, int]:
         """Leading blocks of ``hashes`` held per endpoint address (absent = none)."""
@@ -61,6 +70,10 @@ class SchedulerState(Protocol):
 
     def session_set(self, session_id: str, address: str) -> None: ...
 
+    def session_counts(self) -> SessionCounts:
+        """Pins kept now, and pins dropped for room since the start (for metrics)."""
+        ...
+
     def forget_endpoint(self, address: str) -> None:
         """The endpoint left its pool: drop its prefix entries, in-flight requests and sessions."""
         ...
@@ -80,6 +93,7 @@ class InProcessState:
         self._requests: dict[str, tuple[str, int]] = {}
         self._per_endpoint: dict[str, InFlight] = {}
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._sessions_dropped = 0
 
     # prefix index
     def prefix_match(self, hashes: Sequence[int]) -> Mapping[str, int]:
@@ -134,9 +148,13 @@ class InProcessState:
         sessions.move_to_end(session_id)
         while len(sessions) > self.max_sessions:
             sessions.popitem(last=False)
+            self._sessions_dropped += 1
 
     def session_count(self) -> int:
         return len(self._sessions)
+
+    def session_counts(self) -> SessionCounts:
+        return SessionCounts(len(self._sessions), self._sessions_dropped)
 
     def forget_endpoint(self, address: str) -> None:
         self.prefix.forget(address)

@@ -36,11 +36,11 @@ from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.replica_models import ReplicaModels
 from kvgate.gateway.picker.scraper import MetricsScraper
 from kvgate.gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
-from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector
+from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector, SessionPinsCollector
 from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
 from kvgate.policies.registry import PluginRegistry, builtin_registry
 from kvgate.policies.schedulers import PoolScheduler, make_scheduler
-from kvgate.policies.state import DEFAULT_MAX_SESSIONS
+from kvgate.policies.state import DEFAULT_MAX_SESSIONS, SessionCounts
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +137,13 @@ class PickerService:
         self.admin = AdminServer(self, host=settings.admin_host, port=settings.admin_port)
         outcomes = self.extproc.outcomes
         self.telemetry.registry.register(OutcomeReportsCollector(lambda: outcomes.counts))
+        self.telemetry.registry.register(SessionPinsCollector(self._session_counts))
         self._serving = False
         self._readiness_updates: set[asyncio.Task[None]] = set()
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
+
+    def _session_counts(self) -> Mapping[str, SessionCounts]:
+        return {name: pool.scheduler_impl.state.session_counts() for name, pool in self.table.pools.items()}
 
     def _held_counts(self) -> Mapping[str, Mapping[tuple[int, str], int]]:
         return {name: pool.holding_area.waiting() for name, pool in self.table.pools.items()

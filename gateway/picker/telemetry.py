@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvgate.extproc.ports import OTHER_MODELS, RequestLabels
+from kvgate.policies.state import SessionCounts
 from kvgate.policies.types import EndpointSnapshot
 
 LATENCY_BUCKETS = (
@@ -91,6 +92,29 @@ class OutcomeReportsCollector(Collector):
         for result, count in self._counts().items():
             family.add_metric([result], count)
         yield family
+
+
+class SessionPinsCollector(Collector):
+    """``kvgate_session_pins{pool}`` (kept now) and ``kvgate_session_pins_dropped_total{pool}``
+    (dropped for room): a growing drop count while stored responses are in use means continuations
+    reach replicas that no longer hold them; raise ``--max-session-pins``."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, SessionCounts]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        kept = GaugeMetricFamily(
+            "kvgate_session_pins", "Session pins (session ids, stored responses) kept per pool.",
+            labels=["pool"],
+        )
+        dropped = CounterMetricFamily(
+            "kvgate_session_pins_dropped", "Session pins dropped for room, least recent first.",
+            labels=["pool"],
+        )
+        for pool, counts in sorted(self._counts().items()):
+            kept.add_metric([pool], counts.kept)
+            dropped.add_metric([pool], counts.dropped)
+        yield from (kept, dropped)
 
 
 @dataclass(frozen=True, slots=True)

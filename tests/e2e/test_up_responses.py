@@ -121,6 +121,11 @@ async def test_conversations_continued_by_previous_response_id_reach_the_replica
             with pytest.raises(openai.BadRequestError):
                 await gateway.responses.cancel(chain.id)
         await gateway.close()
+        async with http.get(f"{up.admin_url}/metrics") as response:  # each response pinned once
+            page = await response.text()
+        pins = {line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                if line.startswith("kvgate_session_pins")}
+        assert pins == {"kvgate_session_pins": 36, "kvgate_session_pins_dropped_total": 0}, pins
     finally:
         await up.stop()
 

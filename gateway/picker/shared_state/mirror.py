@@ -15,7 +15,13 @@ from collections.abc import Mapping, Sequence
 
 from kvgate.gateway.picker.shared_state.codec import PrefixInsert, SessionPin, SharedEvent
 from kvgate.policies.prefix_index import DEFAULT_MAX_ENTRIES
-from kvgate.policies.state import DEFAULT_MAX_SESSIONS, NO_INFLIGHT, InFlight, InProcessState
+from kvgate.policies.state import (
+    DEFAULT_MAX_SESSIONS,
+    NO_INFLIGHT,
+    InFlight,
+    InProcessState,
+    SessionCounts,
+)
 
 
 class MirroredState:
@@ -83,6 +89,9 @@ class MirroredState:
         self.local.session_set(session_id, address)
         if changed:
             self._share(SessionPin(session_id, address))
+
+    def session_counts(self) -> SessionCounts:
+        return self.local.session_counts()
 
     def forget_endpoint(self, address: str) -> None:
         self.local.forget_endpoint(address)

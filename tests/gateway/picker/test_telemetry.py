@@ -3,7 +3,13 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.extproc.ports import RequestLabels
-from kvgate.gateway.picker.telemetry import MAX_MODEL_LABEL_SETS, OTHER, GatewayTelemetry
+from kvgate.gateway.picker.telemetry import (
+    MAX_MODEL_LABEL_SETS,
+    OTHER,
+    GatewayTelemetry,
+    SessionPinsCollector,
+)
+from kvgate.policies.state import InProcessState
 from kvgate.policies.types import Endpoint, EndpointMetrics, EndpointSnapshot, EndpointView
 
 
@@ -77,3 +83,18 @@ def test_pool_gauges_come_from_the_live_snapshot() -> None:
     assert s[("inference_pool_average_queue_size", (("name", "p"),))] == 3
     assert abs(s[("inference_pool_average_kv_cache_utilization", (("name", "p"),))] - 0.4) < 1e-9
     assert s[("kvgate_endpoint_scrapes_total", (("endpoint", "10.0.0.1:8000"), ("result", "failure")))] == 1
+
+
+def test_session_pins_count_those_kept_and_those_dropped_for_room() -> None:
+    t = GatewayTelemetry()
+    state = InProcessState(max_sessions=2)
+    t.registry.register(SessionPinsCollector(lambda: {"p": state.session_counts()}))
+    for session in ("a", "b", "a", "c"):  # "a" used again: "b" is the least recent
+        state.session_set(session, "10.0.0.1:8000")
+    s = _samples(t)
+    assert s[("kvgate_session_pins", (("pool", "p"),))] == 2
+    assert s[("kvgate_session_pins_dropped_total", (("pool", "p"),))] == 1
+    state.forget_endpoint("10.0.0.1:8000")  # the endpoint left: its pins go, none dropped for room
+    s = _samples(t)
+    assert s[("kvgate_session_pins", (("pool", "p"),))] == 0
+    assert s[("kvgate_session_pins_dropped_total", (("pool", "p"),))] == 1
