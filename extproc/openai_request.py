@@ -18,6 +18,7 @@ from typing import Any
 
 import xxhash
 
+from kvgate.extproc.engine_values import engine_bool, engine_int
 from kvgate.extproc.model_names import check_model_name
 from kvgate.policies.errors import BadRequestError, MalformedBodyError, PayloadTooLargeError
 from kvgate.policies.types import ApiKind
@@ -132,9 +133,9 @@ def parse_request_body(api: ApiKind, raw: bytes, *, name_media: bool = False) ->
         prompt = _prompt_of(api, document)
     except RecursionError:  # content parts serialised for hashing, nested near the limit
         raise MalformedBodyError(TOO_DEEP) from None
-    stream = document.get("stream") is True
+    stream = engine_bool(document.get("stream"))
     options = document.get("stream_options")
-    usage_requested = isinstance(options, dict) and options.get("include_usage") is True
+    usage_requested = isinstance(options, dict) and engine_bool(options.get("include_usage"))
     salt = document.get("cache_salt")
     return OpenAIRequest(
         api=api,
@@ -443,7 +444,7 @@ def _digest(value: object, digest: Any) -> None:
 
 def _max_tokens(document: dict[str, Any]) -> int | None:
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-        value = document.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        value = engine_int(document.get(key))
+        if value is not None:
             return value
     return None

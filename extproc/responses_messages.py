@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.extproc.engine_values import engine_bool
+
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -93,7 +95,8 @@ def stored_response(document: Mapping[str, Any]) -> StoredResponse:
     """The ids of this request (no id when it asks not to be stored: ``store`` false)."""
     previous = document.get("previous_response_id")
     previous = previous if isinstance(previous, str) and previous else None
-    if document.get("store") is False:
+    store = document.get("store")
+    if store is not None and not engine_bool(store):  # (``"false"`` too: the engine reads it so)
         return StoredResponse(None, previous, added=False)
     if "request_id" in document:  # (one that is not a name: the engine answers it; nothing pinned)
         given = document["request_id"]

@@ -27,7 +27,15 @@ from typing import Any
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
-from kvgate.simulator.openai_api import ApiError, InferenceRequest, JsonObject, new_request_id, output_text
+from kvgate.simulator.openai_api import (
+    ApiError,
+    InferenceRequest,
+    JsonObject,
+    field_bool,
+    field_int,
+    new_request_id,
+    output_text,
+)
 
 
 def error_body(err: ApiError) -> JsonObject:
@@ -40,8 +48,8 @@ def error_body(err: ApiError) -> JsonObject:
 def chat_body(body: Mapping[str, Any], *, counting: bool = False) -> JsonObject:
     """The chat completions body this Messages request is served as (a 400 as vLLM's);
     ``counting``: for ``/v1/messages/count_tokens``, which takes no ``max_tokens``."""
-    limit = body.get("max_tokens", 1 if counting else None)
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    limit = 1 if counting else field_int(body, "max_tokens", "max_tokens: a positive integer is required")
+    if limit is None:
         raise ApiError(400, "max_tokens: a positive integer is required", "max_tokens")
     messages: list[JsonObject] = []
     system = body.get("system")
@@ -58,7 +66,7 @@ def chat_body(body: Mapping[str, Any], *, counting: bool = False) -> JsonObject:
     for turn in turns:
         _add_turn(turn, messages)
     chat: JsonObject = {"messages": messages, "max_completion_tokens": limit,
-                        "stream": body.get("stream") is True}
+                        "stream": field_bool(body, "stream")}
     for key in ("model", "temperature", "top_p"):
         if key in body:
             chat[key] = body[key]

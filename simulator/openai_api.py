@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
 from kvgate.simulator import tokenizer
 from kvgate.simulator.encode_memo import Encode, encode_direct
 from kvgate.simulator.media import (
@@ -56,6 +58,35 @@ class ApiError(Exception):
 
     def body(self) -> JsonObject:
         return error_body(self.status, self.message, self.param)
+
+
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_INT: TypeAdapter[int] = TypeAdapter(int)
+
+
+def field_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    """A boolean field as vLLM's pydantic request models take it (lax: ``"true"``, ``1``), else 400."""
+    value = body.get(key)
+    if value is None:
+        return default
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError:
+        raise ApiError(400, f"'{key}' must be a boolean", key) from None
+
+
+def field_int(body: Mapping[str, Any], key: str, message: str | None = None) -> int | None:
+    """A positive integer field as vLLM takes it (lax: ``"16"``, ``16.0``); None when absent, else 400."""
+    value = body.get(key)
+    if value is None:
+        return None
+    try:
+        number = value if type(value) is int else _INT.validate_python(value)
+    except ValidationError:
+        number = 0
+    if number < 1:
+        raise ApiError(400, message or f"'{key}' must be an integer >= 1", key)
+    return number
 
 
 def error_body(status: int, message: str, param: str | None = None) -> JsonObject:
@@ -224,15 +255,13 @@ def parse_inference(kind: ApiKind, body: Mapping[str, Any], base_model: str,
     n = body.get("n", 1)
     if n not in (None, 1):
         raise ApiError(400, "the simulator supports n=1 only", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool | None):
-        raise ApiError(400, "'stream' must be a boolean", "stream")
+    stream = field_bool(body, "stream")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise ApiError(400, "'stream_options' must be an object", "stream_options")
-        include_usage = bool(options.get("include_usage", False))
+        include_usage = field_bool(options, "include_usage")
     return InferenceRequest(
         kind=kind,
         model=model,
@@ -300,12 +329,9 @@ def check_context(prompt_tokens: int, max_tokens: int) -> None:
 
 def _max_tokens(body: Mapping[str, Any], keys: Sequence[str], default: int) -> int:
     for key in keys:
-        value = body.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ApiError(400, f"'{key}' must be an integer >= 1", key)
-        return value
+        value = field_int(body, key)
+        if value is not None:
+            return value
     return default
 
 

@@ -35,7 +35,14 @@ from typing import Any
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
-from kvgate.simulator.openai_api import ApiError, InferenceRequest, JsonObject, output_text
+from kvgate.simulator.openai_api import (
+    ApiError,
+    InferenceRequest,
+    JsonObject,
+    field_bool,
+    field_int,
+    output_text,
+)
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -84,7 +91,7 @@ def chat_body(body: Mapping[str, Any], store: ResponseStore | None = None) -> Js
     stored = store.get(previous) if store is not None and isinstance(previous, str) else None
     if previous is not None and stored is None:
         raise ApiError(404, f"Response with id '{previous}' not found.", "previous_response_id")
-    if body.get("background") is True:
+    if field_bool(body, "background"):
         raise ApiError(400, "This vLLM engine does not support `store=True` and therefore does not support "
                             "the background mode.", "background")
     messages: list[JsonObject] = []
@@ -103,22 +110,18 @@ def chat_body(body: Mapping[str, Any], store: ResponseStore | None = None) -> Js
         messages.extend(_message(item) for item in items)
     else:
         raise ApiError(400, "'input' must be a string or a non-empty list of items", "input")
-    chat: JsonObject = {"messages": messages, "stream": body.get("stream", False)}
+    chat: JsonObject = {"messages": messages, "stream": field_bool(body, "stream")}
     for key in ("model", "cache_salt", "temperature", "top_p"):
         if key in body:
             chat[key] = body[key]
-    limit = body.get("max_output_tokens")
+    limit = field_int(body, "max_output_tokens")
     if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ApiError(400, "'max_output_tokens' must be an integer >= 1", "max_output_tokens")
         chat["max_completion_tokens"] = limit
     tools = body.get("tools")
     if tools and body.get("tool_choice") != "none":
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise ApiError(400, "'tools' must be a list of objects", "tools")
         chat["tools"] = [{"type": "function", "function": tool} for tool in tools]
-    if chat.get("stream") not in (True, False, None):
-        raise ApiError(400, "'stream' must be a boolean", "stream")
     return chat
 
 
@@ -191,7 +194,7 @@ class ResponsesShape:
         return chat
 
     def replies(self, body: Mapping[str, Any], request: InferenceRequest) -> ResponseReplies:
-        keep = self._store if body.get("store") is not False else None
+        keep = self._store if field_bool(body, "store", True) else None
         given = body.get("request_id")
         return ResponseReplies(body, request.model, given if isinstance(given, str) and given else None,
                                store=keep, messages=self._messages)

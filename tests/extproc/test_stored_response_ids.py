@@ -48,6 +48,7 @@ def test_a_request_without_an_id_is_given_one_spliced_into_its_body() -> None:
 @pytest.mark.parametrize(("body", "response_id"), [
     ({"model": "m", "input": "hi", "request_id": "resp_mine"}, "resp_mine"),  # the client named it
     ({"model": "m", "input": "hi", "store": False}, None),  # not to be stored: nothing to remember
+    ({"model": "m", "input": "hi", "store": "false"}, None),  # the engine's pydantic reads it so too
     ({"model": "m", "input": "hi", "request_id": 5}, None),  # not a name: the engine answers it, as sent
 ])
 def test_a_request_that_names_its_id_or_is_not_stored_is_sent_as_it_came(

@@ -88,3 +88,27 @@ async def test_count_tokens_is_the_prompt_a_message_would_have(
     async with http.post(url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": []}) as reply:
         assert reply.status == 400
         assert (await reply.json())["type"] == "error"
+
+
+async def test_fields_are_read_as_vllms_pydantic_models_read_them(
+    make_fleet: FleetFactory, http: aiohttp.ClientSession
+) -> None:
+    # lax mode: "true" is a stream and "4" four tokens to vLLM; what it cannot read is its 400
+    fleet = await make_fleet()
+    url = fleet.urls[0]
+    chat = {"model": MODEL, "max_completion_tokens": "4", "stream": "true",
+            "stream_options": {"include_usage": 1}, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(url + "/v1/chat/completions", json=chat) as reply:
+        assert reply.status == 200 and reply.content_type == "text/event-stream"
+        chunks = [json.loads(line[6:]) for line in (await reply.text()).splitlines()
+                  if line.startswith("data: {")]
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    message = {"model": MODEL, "max_tokens": "4", "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(url + "/v1/messages", json=message) as reply:
+        assert reply.status == 200
+        assert (await reply.json())["usage"]["output_tokens"] == 4
+    for body, param in (({**chat, "stream": "maybe"}, "stream"),
+                        ({**chat, "max_completion_tokens": "four"}, "max_completion_tokens")):
+        async with http.post(url + "/v1/chat/completions", json=body) as reply:
+            assert reply.status == 400
+            assert (await reply.json())["error"]["param"] == param
