@@ -33,10 +33,15 @@ def test_a_stream_the_engine_reads_from_a_string_is_a_stream_to_the_picker_too()
     raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "true",
                       "max_completion_tokens": "12"}).encode()
     parsed = parse_request_body(ApiKind.CHAT_COMPLETIONS, raw)
-    assert parsed.stream and parsed.max_tokens == 12 and not parsed.usage_requested
+    assert parsed.stream
+    assert parsed.max_tokens == 12
+    assert not parsed.usage_requested
     body = json.loads(upstream_body(parsed, raw, "m", inject_usage=True).data)
-    assert body["stream_options"] == {"include_usage": True} and body["stream"] == "true"
-    raw = json.dumps({"model": "m", "prompt": "x", "stream": 1, "stream_options": {"include_usage": "yes"}})
-    parsed = parse_request_body(ApiKind.COMPLETIONS, raw.encode())
-    assert parsed.stream and parsed.usage_requested
-    assert upstream_body(parsed, raw.encode(), "m", inject_usage=True).rewritten is False
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["stream"] == "true"
+    options = {"include_usage": "yes"}
+    raw = json.dumps({"model": "m", "prompt": "x", "stream": 1, "stream_options": options}).encode()
+    parsed = parse_request_body(ApiKind.COMPLETIONS, raw)
+    assert parsed.stream
+    assert parsed.usage_requested
+    assert upstream_body(parsed, raw, "m", inject_usage=True).rewritten is False

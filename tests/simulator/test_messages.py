@@ -99,7 +99,8 @@ async def test_fields_are_read_as_vllms_pydantic_models_read_them(
     chat = {"model": MODEL, "max_completion_tokens": "4", "stream": "true",
             "stream_options": {"include_usage": 1}, "messages": [{"role": "user", "content": "hi"}]}
     async with http.post(url + "/v1/chat/completions", json=chat) as reply:
-        assert reply.status == 200 and reply.content_type == "text/event-stream"
+        assert reply.status == 200
+        assert reply.content_type == "text/event-stream"
         chunks = [json.loads(line[6:]) for line in (await reply.text()).splitlines()
                   if line.startswith("data: {")]
     assert chunks[-1]["usage"]["completion_tokens"] == 4

@@ -27,6 +27,8 @@ INFERENCE_GROUP = "inference.networking.k8s.io"
 CORE_GROUP = ""
 
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+_PRECISE_HOSTNAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""The Gateway API's ``PreciseHostname`` (a filter's hostname: no wildcard, nothing else)."""
 
 
 # --------------------------------------------------------------------------- Gateway
@@ -147,11 +149,28 @@ class PathModifier(SpecModel):
 
 
 class URLRewrite(SpecModel):
-    hostname: str | None = None
+    hostname: str | None = Field(default=None, min_length=1, max_length=253, pattern=_PRECISE_HOSTNAME)
     path: PathModifier | None = None
 
 
-SUPPORTED_FILTERS = frozenset({"RequestHeaderModifier", "URLRewrite"})
+class RequestRedirect(SpecModel):
+    """HTTPRequestRedirectFilter: the response is a redirect, the request reaches no backend."""
+
+    scheme: Literal["http", "https"] | None = None
+    hostname: str | None = Field(default=None, min_length=1, max_length=253, pattern=_PRECISE_HOSTNAME)
+    path: PathModifier | None = None
+    port: PortNumber | None = None
+    status_code: Literal[301, 302, 303, 307, 308] = 302
+    """301 and 302 are Core, the others Extended (Gateway API v1.6)."""
+
+
+SUPPORTED_FILTERS = frozenset(
+    {"RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite"}
+)
+"""Filter types a rule may carry (a route with another is not Accepted)."""
+SUPPORTED_BACKEND_FILTERS = frozenset({"RequestHeaderModifier", "ResponseHeaderModifier", "URLRewrite"})
+"""Filter types a backendRef may carry (a redirect names no backend: it belongs on the rule)."""
+_ONCE_PER_RULE = ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite")
 
 
 class HTTPRouteFilter(SpecModel):
@@ -169,9 +188,9 @@ class HTTPRouteFilter(SpecModel):
     ]
     request_header_modifier: HeaderModifier | None = None
     url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
-    response_header_modifier: AnyValue | None = None
+    response_header_modifier: HeaderModifier | None = None
     request_mirror: AnyValue | None = None
-    request_redirect: AnyValue | None = None
+    request_redirect: RequestRedirect | None = None
     extension_ref: AnyValue | None = None
     cors: AnyValue | None = None
     external_auth: AnyValue | None = None
@@ -182,7 +201,18 @@ class HTTPRouteFilter(SpecModel):
             raise ValueError("filter RequestHeaderModifier needs requestHeaderModifier")
         if self.type == "URLRewrite" and self.url_rewrite is None:
             raise ValueError("filter URLRewrite needs urlRewrite")
+        if self.type == "ResponseHeaderModifier" and self.response_header_modifier is None:
+            raise ValueError("filter ResponseHeaderModifier needs responseHeaderModifier")
+        if self.type == "RequestRedirect" and self.request_redirect is None:
+            raise ValueError("filter RequestRedirect needs requestRedirect")
         return self
+
+    @property
+    def path_modifier(self) -> PathModifier | None:
+        """The path a URLRewrite or a RequestRedirect of this filter replaces, if any."""
+        if self.url_rewrite is not None:
+            return self.url_rewrite.path
+        return self.request_redirect.path if self.request_redirect is not None else None
 
 
 class HTTPRouteTimeouts(SpecModel):
@@ -232,13 +262,15 @@ class HTTPRouteRule(SpecModel):
     @model_validator(mode="after")
     def _prefix_rewrite_needs_prefix_match(self) -> HTTPRouteRule:
         for flt in self.filters:
-            path = flt.url_rewrite.path if flt.url_rewrite is not None else None
+            path = flt.path_modifier
             prefix_rewrite = path is not None and path.type == "ReplacePrefixMatch"
             if prefix_rewrite and any(match.path.type != "PathPrefix" for match in self.matches):
                 raise ValueError("ReplacePrefixMatch needs every match of the rule to be a PathPrefix")
-        kinds = [flt.type for flt in self.filters if flt.type in {"RequestHeaderModifier", "URLRewrite"}]
+        kinds = [flt.type for flt in self.filters if flt.type in _ONCE_PER_RULE]
         if len(set(kinds)) != len(kinds):
-            raise ValueError("RequestHeaderModifier and URLRewrite may each appear once per rule")
+            raise ValueError(f"{', '.join(_ONCE_PER_RULE)} may each appear once per rule")
+        if "RequestRedirect" in kinds and "URLRewrite" in kinds:
+            raise ValueError("a rule may have a RequestRedirect or a URLRewrite filter, not both")
         return self
 
 

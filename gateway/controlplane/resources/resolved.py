@@ -18,6 +18,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import (
     HTTPRouteFilter,
     HTTPRouteMatch,
     HTTPRouteTimeouts,
+    RequestRedirect,
 )
 from kvgate.gateway.controlplane.resources.meta import ObjectKey
 from kvgate.policies.types import Endpoint, FailureMode
@@ -112,9 +113,15 @@ class ResolvedRule:
         return tuple(backend for backend in self.backends if backend.valid and backend.weight > 0)
 
     @property
+    def redirect(self) -> RequestRedirect | None:
+        """The rule's RequestRedirect: every request it matches is answered with a redirect."""
+        return next((f.request_redirect for f in self.filters if f.request_redirect is not None), None)
+
+    @property
     def answers_500(self) -> bool:
-        """No valid backend with a weight: every request this rule matches must get HTTP 500."""
-        return not self.valid_backends
+        """No redirect and no valid backend with a weight: every request this rule matches must get
+        HTTP 500."""
+        return self.redirect is None and not self.valid_backends
 
 
 @dataclass(frozen=True, slots=True)

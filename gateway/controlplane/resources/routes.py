@@ -24,6 +24,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import (
     CORE_GROUP,
     GATEWAY_GROUP,
     INFERENCE_GROUP,
+    SUPPORTED_BACKEND_FILTERS,
     SUPPORTED_FILTERS,
     HTTPBackendRef,
     HTTPRoute,
@@ -124,10 +125,13 @@ def _backend(
 def _rule_problem(route: HTTPRoute) -> str | None:
     """A reason the route cannot be accepted at all (unsupported filter or invalid regex)."""
     for index, rule in enumerate(route.spec.rules):
-        filters = list(rule.filters) + [f for ref in rule.backend_refs for f in ref.filters]
-        for flt in filters:
+        for flt in rule.filters:
             if flt.type not in SUPPORTED_FILTERS:
                 return f"rule {index}: filter {flt.type} is not supported (only {sorted(SUPPORTED_FILTERS)})"
+        for flt in (f for ref in rule.backend_refs for f in ref.filters):
+            if flt.type not in SUPPORTED_BACKEND_FILTERS:
+                return (f"rule {index}: filter {flt.type} is not supported on a backendRef (only "
+                        f"{sorted(SUPPORTED_BACKEND_FILTERS)})")
         for match in rule.matches:
             patterns = [match.path.value] if match.path.type == "RegularExpression" else []
             patterns += [h.value for h in match.headers if h.type == "RegularExpression"]

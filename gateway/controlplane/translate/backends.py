@@ -148,13 +148,16 @@ def pool_per_route(pool: ResolvedPool, settings: TranslationSettings) -> JsonDic
     return per_route
 
 
-def header_modifier(modifier: HeaderModifier, warnings: list[str], owner: str) -> JsonDict:
-    """Envoy ``request_headers_to_add/remove`` for a RequestHeaderModifier; system headers are refused."""
+def header_modifier(modifier: HeaderModifier, warnings: list[str], owner: str, *,
+                    response: bool = False) -> JsonDict:
+    """Envoy ``request_headers_to_add/remove`` for a RequestHeaderModifier (``response_…`` for a
+    ResponseHeaderModifier); system headers are refused."""
+    kind, side = ("ResponseHeaderModifier", "response") if response else ("RequestHeaderModifier", "request")
 
     def allowed(name: str) -> bool:
         lower = name.lower()
         if is_system_owned(lower) or lower == INVALID_BACKEND_HEADER:
-            warnings.append(f"{owner}: RequestHeaderModifier may not touch system header {name!r}; ignored")
+            warnings.append(f"{owner}: {kind} may not touch system header {name!r}; ignored")
             return False
         return True
 
@@ -170,9 +173,9 @@ def header_modifier(modifier: HeaderModifier, warnings: list[str], owner: str) -
     to_remove = [name.lower() for name in modifier.remove if allowed(name)]
     fields: JsonDict = {}
     if to_add:
-        fields["request_headers_to_add"] = to_add
+        fields[f"{side}_headers_to_add"] = to_add
     if to_remove:
-        fields["request_headers_to_remove"] = to_remove
+        fields[f"{side}_headers_to_remove"] = to_remove
     return fields
 
 
@@ -181,6 +184,8 @@ def _backend_filters(filters: tuple[HTTPRouteFilter, ...], warnings: list[str], 
     for flt in filters:
         if flt.request_header_modifier is not None:
             fields.update(header_modifier(flt.request_header_modifier, warnings, owner))
+        if flt.response_header_modifier is not None:
+            fields.update(header_modifier(flt.response_header_modifier, warnings, owner, response=True))
         if flt.url_rewrite is not None:
             if flt.url_rewrite.hostname is not None:
                 fields["host_rewrite_literal"] = flt.url_rewrite.hostname

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, PathModifier
+from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, PathModifier, RequestRedirect
 
 JsonDict = dict[str, Any]
 
@@ -104,3 +104,45 @@ def path_rewrite(match: HTTPRouteMatch, modifier: PathModifier) -> JsonDict:
     if replacement == "/":
         return {"regex_rewrite": {"pattern": {"regex": "^" + re.escape(prefix) + "/*"}, "substitution": "/"}}
     return {"prefix_rewrite": replacement}
+
+
+_REDIRECT_CODES = {301: "MOVED_PERMANENTLY", 302: "FOUND", 303: "SEE_OTHER", 307: "TEMPORARY_REDIRECT",
+                   308: "PERMANENT_REDIRECT"}
+_SCHEME_PORTS = {"http": 80, "https": 443}
+
+
+def redirect_action(match: HTTPRouteMatch, redirect: RequestRedirect) -> JsonDict:
+    """Envoy's ``RedirectAction`` for a RequestRedirect under ``match``.
+
+    The port, as the Gateway API says: the one given, else the scheme's well-known port where the
+    scheme changes, else the listener's (``port_redirect`` 0 here, Envoy's "unset", filled in per
+    listener by ``listener_redirect``); left out of the Location where it is the scheme's default
+    (the listeners strip the port from the Host, so Envoy writes none unless told).
+    """
+    action: JsonDict = {"response_code": _REDIRECT_CODES[redirect.status_code]}
+    if redirect.scheme is not None:
+        action["scheme_redirect"] = redirect.scheme
+    if redirect.hostname is not None:
+        action["host_redirect"] = redirect.hostname
+    if redirect.port is None and redirect.scheme is None:
+        action["port_redirect"] = 0
+    elif redirect.port is not None and redirect.port != _SCHEME_PORTS[redirect.scheme or "http"]:
+        action["port_redirect"] = redirect.port
+    if redirect.path is not None:
+        rewrite = path_rewrite(match, redirect.path)
+        if redirect.path.type == "ReplaceFullPath":
+            rewrite = {"path_redirect": redirect.path.replace_full_path}
+        action.update(rewrite)
+    return action
+
+
+def listener_redirect(route: JsonDict, port: int) -> JsonDict:
+    """``route`` on the listener bound at ``port``: a redirect to the listener's port names it
+    (``redirect_action``; none for port 80, http's own)."""
+    redirect = route.get("redirect")
+    if redirect is None or redirect.get("port_redirect") != 0:
+        return route
+    redirect = {key: value for key, value in redirect.items() if key != "port_redirect"}
+    if port != _SCHEME_PORTS["http"]:
+        redirect["port_redirect"] = port
+    return {**route, "redirect": redirect}

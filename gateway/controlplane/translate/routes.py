@@ -25,7 +25,12 @@ from kvgate.gateway.controlplane.translate.backends import (
     header_modifier,
     rule_targets,
 )
-from kvgate.gateway.controlplane.translate.matches import envoy_match, match_precedence, path_rewrite
+from kvgate.gateway.controlplane.translate.matches import (
+    envoy_match,
+    match_precedence,
+    path_rewrite,
+    redirect_action,
+)
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 
 JsonDict = dict[str, Any]
@@ -75,6 +80,8 @@ def _rule_fields(
     for flt in rule.filters:
         if flt.request_header_modifier is not None:
             route_fields.update(header_modifier(flt.request_header_modifier, warnings, owner))
+        if flt.response_header_modifier is not None:
+            route_fields.update(header_modifier(flt.response_header_modifier, warnings, owner, response=True))
         if flt.url_rewrite is not None:
             if flt.url_rewrite.hostname is not None:
                 action["host_rewrite_literal"] = flt.url_rewrite.hostname
@@ -134,14 +141,18 @@ def route_groups(
     for rule in route.rules:
         owner = f"HTTPRoute {route.key} rule {rule.index}"
         targets: tuple[Target, ...] = ()
-        if not rule.answers_500:
+        if rule.redirect is None and not rule.answers_500:
             targets = rule_targets(rule, settings, clusters, warnings, owner)
         timeout = _timeout(rule, settings, warnings, owner)
         for index, match in enumerate(rule.matches):
             name = f"{route.key}/rule{rule.index}/match{index}"
             envoy = envoy_match(match)
             routes: Sequence[JsonDict]
-            if rule.answers_500:
+            if rule.redirect is not None:
+                routes = ({"name": name, "match": envoy, "redirect": redirect_action(match, rule.redirect),
+                           **_merge_headers(_rule_fields(rule, match, warnings, owner)[1]),
+                           "typed_per_filter_config": dict(EXT_PROC_DISABLED)},)
+            elif rule.answers_500:
                 routes = (
                     {
                         "name": name,

@@ -81,7 +81,9 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     for port in sorted(listeners):
         on_port = attached.get(port, [])
         first = models_routes(port) if settings.models_address is not None else []
-        route_configs.append(route_configuration(port, listeners[port], on_port, first))
+        route_configs.append(
+            route_configuration(port, listeners[port], on_port, first, settings.bind_port(port))
+        )
         matches_model = any(
             MODEL_NAME_HEADER in group.header_names for item in on_port for group in item.groups
         )

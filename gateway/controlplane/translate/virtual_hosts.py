@@ -15,7 +15,7 @@ from typing import Any
 
 from kvgate.gateway.controlplane.resources import ObjectKey, ResolvedRoute, RouteAttachment
 from kvgate.gateway.controlplane.resources.hostnames import ANY_HOST, covers
-from kvgate.gateway.controlplane.translate.matches import hostname_precedence
+from kvgate.gateway.controlplane.translate.matches import hostname_precedence, listener_redirect
 from kvgate.gateway.controlplane.translate.names import route_config_name
 from kvgate.gateway.controlplane.translate.routes import RouteGroup
 
@@ -69,8 +69,10 @@ def route_configuration(
     listeners: Sequence[PortListener],
     attached: Sequence[Attached],
     first: Sequence[JsonDict] = (),
+    bound_port: int | None = None,
 ) -> JsonDict:
-    """``first``: routes put ahead of the HTTPRoutes' in every virtual host (``/v1/models``)."""
+    """``first``: routes put ahead of the HTTPRoutes' in every virtual host (``/v1/models``);
+    ``bound_port``: the port Envoy binds for the listener ``port`` (redirects name it)."""
     hosts = {ls.hostname if ls.hostname is not None else ANY_HOST for ls in listeners}
     hosts.update(name for item in attached for name in item.attachment.hostnames)
     virtual_hosts = []
@@ -86,6 +88,7 @@ def route_configuration(
             precedence = hostname_precedence(hostname)
             entries.extend(((precedence, group.key), group.routes) for group in item.groups)
         entries.sort(key=lambda entry: entry[0])
-        routes = [*first, *(route for _, group_routes in entries for route in group_routes)]
+        routes = [*first, *(listener_redirect(route, bound_port or port)
+                            for _, group_routes in entries for route in group_routes)]
         virtual_hosts.append({"name": f"{port}/{host}", "domains": [host], "routes": routes})
     return {"name": route_config_name(port), "virtual_hosts": virtual_hosts}

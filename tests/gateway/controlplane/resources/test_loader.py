@@ -105,6 +105,30 @@ def test_schema_error_names_file_document_and_field() -> None:
             "ReplacePrefixMatch",
         ),
         ("  rules: [{filters: [{type: URLRewrite}]}]", "urlRewrite"),
+        ("  rules: [{filters: [{type: RequestRedirect}]}]", "requestRedirect"),
+        ("  rules: [{filters: [{type: ResponseHeaderModifier}]}]", "responseHeaderModifier"),
+        ("  rules: [{filters: [{type: RequestRedirect, requestRedirect: {statusCode: 304}}]}]", "statusCode"),
+        ("  rules: [{filters: [{type: RequestRedirect, requestRedirect: {scheme: ftp}}]}]", "scheme"),
+        ("  rules: [{filters: [{type: RequestRedirect, requestRedirect: {port: 0}}]}]", "port"),
+        # a hostname that could carry anything but a host into the Location (or the Host)
+        ('  rules: [{filters: [{type: RequestRedirect, requestRedirect: {hostname: "a.com\\r\\nx: y"}}]}]',
+         "hostname"),
+        ('  rules: [{filters: [{type: URLRewrite, urlRewrite: {hostname: "*.example.com"}}]}]', "hostname"),
+        (
+            "  rules: [{matches: [{path: {type: Exact, value: /a}}], filters: [{type: RequestRedirect, "
+            "requestRedirect: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}]}]",
+            "ReplacePrefixMatch",
+        ),
+        (
+            "  rules: [{filters: [{type: RequestRedirect, requestRedirect: {hostname: a.com}}, "
+            "{type: URLRewrite, urlRewrite: {hostname: b.com}}]}]",
+            "not both",
+        ),
+        (
+            "  rules: [{filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {remove: [a]}}, "
+            "{type: ResponseHeaderModifier, responseHeaderModifier: {remove: [b]}}]}]",
+            "once per rule",
+        ),
     ],
 )
 def test_route_schema_errors(spec: str, fragment: str) -> None:

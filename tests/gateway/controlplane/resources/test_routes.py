@@ -209,6 +209,14 @@ def test_unsupported_filters_and_bad_regex_reject_the_route() -> None:
     config = build(*base(), route("r", mirror))
     assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue")
     assert config.routes == ()
+    redirect = "{type: RequestRedirect, requestRedirect: {hostname: a.com}}"  # names no backend
+    on_backend = f"    - backendRefs: [{{name: svc, port: 80, filters: [{redirect}]}}]"
+    config = build(*base(), route("r", on_backend))
+    assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue")
+    config = build(*base(), route("r", f"    - filters: [{redirect}]"))  # on the rule: no backend needed
+    assert _route_condition(config, ConditionType.ACCEPTED) == ("True", "Accepted")
+    assert config.routes[0].rules[0].redirect is not None
+    assert not config.routes[0].rules[0].answers_500
     regex = (
         "    - matches: [{path: {type: RegularExpression, value: '/v1/(chat'}}]\n"
         f"      backendRefs: [{pool_ref('pool-a')}]"
