@@ -56,8 +56,10 @@ def _client_mistake(status: int, message: str, code: str) -> JsonDict:
     }
 
 
-ANTHROPIC_PATH = cel_filter("request.url_path.endsWith('/v1/messages')")
-"""Anthropic's Messages API, as vLLM serves it (after any prefix a route matches)."""
+ANTHROPIC_PATH = "request.url_path.endsWith('/v1/messages')"
+"""Anthropic's Messages API, as vLLM serves it (after any prefix a route matches). A new filter
+per use: protobuf's ``json_format.ParseDict`` takes an ``Any``'s ``@type`` out of its dict and puts
+it back last, so one dict shared by every configuration changed the next one's YAML key order."""
 
 _ANTHROPIC_TYPES = {
     "model_not_found": "not_found_error", "route_not_found": "not_found_error",
@@ -80,7 +82,8 @@ def with_anthropic_twins(mappers: list[JsonDict]) -> list[JsonDict]:
     paths, the same status, the body in Anthropic's shape."""
     out: list[JsonDict] = []
     for mapper in mappers:
-        twin = {**mapper, "filter": {"and_filter": {"filters": [mapper["filter"], ANTHROPIC_PATH]}}}
+        on_path = cel_filter(ANTHROPIC_PATH)
+        twin = {**mapper, "filter": {"and_filter": {"filters": [mapper["filter"], on_path]}}}
         twin["body_format_override"] = {
             "json_format": anthropic_error(mapper["body_format_override"]["json_format"])}
         out += [twin, mapper]
