@@ -250,10 +250,12 @@ class KvgateUp:
         self._stop_watch = asyncio.Event()
         self._listens = False
         """A Gateway listener binds ``--port`` (a configuration may have none yet)."""
+        self._scheme = "http"
+        """``https`` where the listener on ``--port`` terminates TLS."""
 
     @property
     def url(self) -> str:
-        return f"http://{self.options.host}:{self.listen_port}"
+        return f"{self._scheme}://{self.options.host}:{self.listen_port}"
 
     @property
     def admin_url(self) -> str:
@@ -365,6 +367,9 @@ class KvgateUp:
         listener_ports = sorted({ls.port for gw in first.config.gateways for ls in gw.listeners})
         listen_ports = ((listener_ports[0], options.port),) if listener_ports else ()
         self._listens = bool(listen_ports)
+        self._scheme = "https" if listener_ports and any(
+            ls.certificate is not None for gw in first.config.gateways for ls in gw.listeners
+            if ls.port == listener_ports[0]) else "http"
         settings = ControlPlaneSettings(
             models_address=models.address,
             picker_address=f"127.0.0.1:{picker.grpc_port}",

@@ -39,6 +39,7 @@ KINDS = (
     KindSpec("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
     KindSpec("v1", "Service", "services"),
     KindSpec("v1", "Pod", "pods"),
+    KindSpec("v1", "Secret", "secrets"),  # HTTPS listeners' certificates
 )
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
 GATEWAY_CLASSES = KindSpec("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False)

@@ -43,6 +43,8 @@ class Reason(StrEnum):
     HOSTNAME_CONFLICT = "HostnameConflict"
     NO_CONFLICTS = "NoConflicts"
     INVALID_ROUTE_KINDS = "InvalidRouteKinds"
+    PROTOCOL_CONFLICT = "ProtocolConflict"
+    INVALID_CERTIFICATE_REF = "InvalidCertificateRef"
     # HTTPRoute Accepted
     NOT_ALLOWED_BY_LISTENERS = "NotAllowedByListeners"
     NO_MATCHING_LISTENER_HOSTNAME = "NoMatchingListenerHostname"

@@ -1,4 +1,4 @@
-"""Core Kubernetes objects kvgate reads: Pod, Service, Namespace (``v1``).
+"""Core Kubernetes objects kvgate reads: Pod, Service, Namespace, Secret (``v1``).
 
 Pods come as ``kubectl get pods -o yaml`` prints them (every field but the few read here is
 ignored) or hand-written. A Pod is *ready* when it has a ``status.podIP``, is not being deleted,
@@ -13,6 +13,8 @@ the manifests, from the annotation ``kvgate.io/endpoints: "10.0.0.7:8000, 10.0.0
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 from collections.abc import Mapping
 from typing import Literal
@@ -84,6 +86,33 @@ class Service(Resource):
 
 class Namespace(Resource):
     kind: Literal["Namespace"]
+
+
+TLS_CERT_KEY = "tls.crt"
+TLS_PRIVATE_KEY = "tls.key"
+
+
+class Secret(Resource):
+    """A Secret, for an HTTPS listener's certificate (``kubernetes.io/tls``: ``tls.crt`` and
+    ``tls.key`` in ``data``, base64, or in ``stringData`` as written by hand)."""
+
+    kind: Literal["Secret"]
+    type: str = "Opaque"
+    data: Mapping[str, str] = Field(default_factory=dict)
+    string_data: Mapping[str, str] = Field(default_factory=dict, alias="stringData")
+
+    def value(self, key: str) -> str | None:
+        """``key``'s value as text (``stringData`` first, as the API server merges them); None when
+        absent or not base64-encoded UTF-8."""
+        if key in self.string_data:
+            return self.string_data[key]
+        encoded = self.data.get(key)
+        if encoded is None:
+            return None
+        try:
+            return base64.b64decode(encoded, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
 
 
 def format_address(ip: str, port: int) -> str:

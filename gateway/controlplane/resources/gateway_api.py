@@ -49,13 +49,29 @@ class AllowedRoutes(SpecModel):
     kinds: tuple[RouteGroupKind, ...] = ()
 
 
+class SecretObjectReference(SpecModel):
+    group: str = CORE_GROUP
+    kind: str = "Secret"
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str | None = None
+
+
+class ListenerTLS(SpecModel):
+    """GatewayTLSConfig: kvgate terminates TLS (``Terminate``) with the first certificate it can
+    read; ``Passthrough`` belongs to TLS listeners, which kvgate does not serve."""
+
+    mode: Literal["Terminate", "Passthrough"] = "Terminate"
+    certificate_refs: tuple[SecretObjectReference, ...] = Field(default=(), max_length=64)
+    options: AnyValue | None = None
+
+
 class Listener(SpecModel):
     name: str = Field(min_length=1, max_length=253)
     port: PortNumber
     protocol: str = Field(min_length=1)
     hostname: str | None = None
     allowed_routes: AllowedRoutes = AllowedRoutes()
-    tls: AnyValue | None = None
+    tls: ListenerTLS | None = None
 
 
 class GatewaySpec(SpecModel):

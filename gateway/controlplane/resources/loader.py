@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ValidationError
 
-from kvgate.gateway.controlplane.resources.core import Namespace, Pod, Service
+from kvgate.gateway.controlplane.resources.core import Namespace, Pod, Secret, Service
 from kvgate.gateway.controlplane.resources.gateway_api import Gateway, HTTPRoute, ReferenceGrant
 from kvgate.gateway.controlplane.resources.inference import (
     InferenceModelRewrite,
@@ -51,6 +51,7 @@ _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
         ("v1", "Pod"): Pod,
         ("v1", "Service"): Service,
         ("v1", "Namespace"): Namespace,
+        ("v1", "Secret"): Secret,
     }
 )
 
@@ -102,6 +103,7 @@ class ResourceSet:
     services: tuple[Service, ...] = ()
     namespaces: tuple[Namespace, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()
+    secrets: tuple[Secret, ...] = ()
     notes: tuple[str, ...] = ()
     sources: Mapping[ResourceRef, str] = field(default_factory=lambda: MappingProxyType({}))
     content_hash: str = ""
@@ -203,6 +205,7 @@ def parse_manifests(files: Iterable[tuple[str, str]]) -> ResourceSet:
         services=_typed(grouped, Service),
         namespaces=_typed(grouped, Namespace),
         reference_grants=_typed(grouped, ReferenceGrant),
+        secrets=_typed(grouped, Secret),
         notes=tuple(notes),
         sources=MappingProxyType(sources),
         content_hash=digest.hexdigest()[:16],

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from kvgate.gateway.controlplane.resources.certificates import ListenerCertificate
 from kvgate.gateway.controlplane.resources.conditions import StatusReport
 from kvgate.gateway.controlplane.resources.gateway_api import (
     HTTPRouteFilter,
@@ -29,6 +30,8 @@ class ResolvedListener:
     name: str
     port: int
     hostname: str | None
+    certificate: ListenerCertificate | None = None
+    """An HTTPS listener's certificate (TLS terminated by Envoy); None for HTTP."""
 
 
 @dataclass(frozen=True, slots=True)

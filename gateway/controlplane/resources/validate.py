@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvgate.gateway.controlplane.resources.backends import PoolResolution, resolve_pool
+from kvgate.gateway.controlplane.resources.certificates import (
+    CertificateProblem,
+    ListenerCertificate,
+    listener_certificate,
+)
 from kvgate.gateway.controlplane.resources.conditions import (
+    Condition,
     ConditionType,
     Reason,
     ResourceStatus,
@@ -40,7 +46,7 @@ from kvgate.gateway.controlplane.resources.resolved import (
 )
 from kvgate.gateway.controlplane.resources.routes import RouteResult, validate_route
 
-SUPPORTED_PROTOCOLS = frozenset({"HTTP"})
+SUPPORTED_PROTOCOLS = frozenset({"HTTP", "HTTPS"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,7 @@ GatewayIndex = Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]
 
 
 def _validate_gateway(
-    gateway: Gateway, options: ValidationOptions
+    gateway: Gateway, options: ValidationOptions, resources: ResourceSet
 ) -> tuple[ResolvedGateway | None, list[ResourceStatus]]:
     generation = gateway.observed_generation
     spec = gateway.spec
@@ -72,12 +78,25 @@ def _validate_gateway(
     statuses: list[ResourceStatus] = []
     valid: list[ResolvedListener] = []
     seen: dict[tuple[int, str], str] = {}
+    protocols: dict[int, str] = {}
     for listener in spec.listeners:
         host = (listener.hostname or "").lower()
         conflicted = condition(ConditionType.CONFLICTED, False, Reason.NO_CONFLICTS, "", generation)
+        certificate: ListenerCertificate | CertificateProblem | None = None
+        if listener.protocol == "HTTPS" and (listener.tls is None or listener.tls.mode == "Terminate"):
+            certificate = listener_certificate(resources, gateway, listener)
         if listener.protocol not in SUPPORTED_PROTOCOLS:
-            message = f"protocol {listener.protocol} is not supported (HTTP only)"
+            message = f"protocol {listener.protocol} is not supported (HTTP and HTTPS only)"
             ok, reason = False, Reason.UNSUPPORTED_PROTOCOL
+        elif listener.protocol == "HTTPS" and listener.tls is not None and listener.tls.mode != "Terminate":
+            message = "tls.mode Passthrough is for TLS listeners; an HTTPS listener terminates TLS"
+            ok, reason = False, Reason.UNSUPPORTED_VALUE
+        elif protocols.get(listener.port, listener.protocol) != listener.protocol:
+            message = f"port {listener.port} already serves {protocols[listener.port]}"
+            ok, reason = False, Reason.PROTOCOL_CONFLICT
+            conflicted = condition(ConditionType.CONFLICTED, True, reason, message, generation)
+        elif isinstance(certificate, CertificateProblem):
+            ok, reason, message = False, certificate.reason, certificate.message
         elif listener.allowed_routes.kinds and not any(
             kind.kind == "HTTPRoute" for kind in listener.allowed_routes.kinds
         ):
@@ -92,13 +111,24 @@ def _validate_gateway(
         else:
             ok, reason, message = True, Reason.ACCEPTED, "listener accepted"
             seen[(listener.port, host)] = listener.name
-            valid.append(ResolvedListener(listener.name, listener.port, listener.hostname))
+            protocols[listener.port] = listener.protocol
+            served = certificate if isinstance(certificate, ListenerCertificate) else None
+            valid.append(ResolvedListener(listener.name, listener.port, listener.hostname, served))
         programmed_reason = Reason.PROGRAMMED if ok else Reason.INVALID
-        conditions = (
-            condition(ConditionType.ACCEPTED, ok, reason, message, generation),
+        refs_problem = reason in (Reason.INVALID_CERTIFICATE_REF, Reason.REF_NOT_PERMITTED)
+        # (a listener whose certificate cannot be read is accepted, not programmed)
+        conditions: tuple[Condition, ...] = (
+            condition(ConditionType.ACCEPTED, ok or refs_problem, Reason.ACCEPTED if refs_problem else reason,
+                      message, generation),
             conflicted,
             condition(ConditionType.PROGRAMMED, ok, programmed_reason, message, generation),
         )
+        if listener.protocol == "HTTPS":
+            refs_reason = reason if refs_problem else Reason.RESOLVED_REFS
+            conditions = (*conditions, condition(
+                ConditionType.RESOLVED_REFS, not refs_problem, refs_reason,
+                message if refs_problem else "certificate loaded", generation,
+            ))
         statuses.append(ResourceStatus(gateway.ref, conditions, section=listener.name))
     if not valid:
         message = "no listener is valid"
@@ -245,7 +275,7 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None) -
 
     gateways: dict[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]] = {}
     for gateway in resources.gateways:
-        resolved_gateway, gateway_statuses = _validate_gateway(gateway, options)
+        resolved_gateway, gateway_statuses = _validate_gateway(gateway, options, resources)
         statuses.extend(gateway_statuses)
         if resolved_gateway is not None:
             gateways[gateway.key] = (resolved_gateway, {ls.name: ls for ls in gateway.spec.listeners})

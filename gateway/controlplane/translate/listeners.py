@@ -9,6 +9,7 @@ model (verified with real Envoy). Routes come over RDS (ADS).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvgate.gateway.controlplane import envoy_config as ec
@@ -23,6 +24,7 @@ from kvgate.gateway.controlplane.translate.names import (
 )
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 from kvgate.gateway.controlplane.translate.tracing import hcm_tracing, request_id_extension
+from kvgate.gateway.controlplane.translate.virtual_hosts import PortListener
 from kvgate.gateway.controlplane.xds.bootstrap import ads_config_source
 
 JsonDict = dict[str, Any]
@@ -103,8 +105,11 @@ def invalid_backend_reply() -> JsonDict:
     }
 
 
-def envoy_listener(port: int, settings: TranslationSettings, body_routing: bool) -> JsonDict:
-    """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``)."""
+def envoy_listener(
+    port: int, settings: TranslationSettings, body_routing: bool, on_port: Sequence[PortListener] = ()
+) -> JsonDict:
+    """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``); where the
+    Gateway listeners ``on_port`` are HTTPS, Envoy terminates TLS (``tls_filter_chains``)."""
     extra = [bbr_filter(settings)] if body_routing else []
     hcm = ec.http_connection_manager(
         listener_name(port), {}, settings.ext_proc, extra, settings.downstream
@@ -124,10 +129,49 @@ def envoy_listener(port: int, settings: TranslationSettings, body_routing: bool)
             *openai_local_replies(settings.ext_proc.max_body_bytes)["mappers"],
         ]
     }
-    return ec.listener(
+    listener = ec.listener(
         listener_name(port),
         settings.listen_host,
         settings.bind_port(port),
         hcm,
         settings.ext_proc.max_body_bytes,
     )
+    if any(item.certificate is not None for item in on_port):
+        listener.update(tls_filter_chains(hcm, on_port))
+    return listener
+
+
+_TLS_INSPECTOR = "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"
+_DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+
+
+def tls_filter_chains(hcm: JsonDict, on_port: Sequence[PortListener]) -> JsonDict:
+    """Listener fields terminating TLS: a filter chain per HTTPS Gateway listener, chosen by the
+    client's SNI (``hostname``; a listener without one takes any other name), each with its
+    certificate inline (Envoy redacts private keys from its config dump) and the same routes."""
+    chains = []
+    for item in sorted(on_port, key=lambda item: item.hostname or ""):
+        certificate = item.certificate
+        if certificate is None:
+            continue
+        chain: JsonDict = {
+            "filters": [hcm],
+            "transport_socket": {
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": _DOWNSTREAM_TLS,
+                    "common_tls_context": {
+                        "tls_certificates": [{
+                            "certificate_chain": {"inline_string": certificate.certificate_chain},
+                            "private_key": {"inline_string": certificate.private_key},
+                        }],
+                        "alpn_protocols": ["h2", "http/1.1"],
+                    },
+                },
+            },
+        }
+        if item.hostname is not None:
+            chain["filter_chain_match"] = {"server_names": [item.hostname]}
+        chains.append(chain)
+    inspector = {"name": "envoy.filters.listener.tls_inspector", "typed_config": {"@type": _TLS_INSPECTOR}}
+    return {"listener_filters": [inspector], "filter_chains": chains}

@@ -136,13 +136,13 @@ def redirect_action(match: HTTPRouteMatch, redirect: RequestRedirect) -> JsonDic
     return action
 
 
-def listener_redirect(route: JsonDict, port: int) -> JsonDict:
+def listener_redirect(route: JsonDict, port: int, scheme: str = "http") -> JsonDict:
     """``route`` on the listener bound at ``port``: a redirect to the listener's port names it
-    (``redirect_action``; none for port 80, http's own)."""
+    (``redirect_action``; none for the listener's scheme's own, 80 or 443)."""
     redirect = route.get("redirect")
     if redirect is None or redirect.get("port_redirect") != 0:
         return route
     redirect = {key: value for key, value in redirect.items() if key != "port_redirect"}
-    if port != _SCHEME_PORTS["http"]:
+    if port != _SCHEME_PORTS[scheme]:
         redirect["port_redirect"] = port
     return {**route, "redirect": redirect}

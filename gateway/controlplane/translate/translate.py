@@ -68,7 +68,9 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     for gateway in config.gateways:
         for listener in gateway.listeners:
             hostname = listener.hostname.lower() if listener.hostname else None
-            listeners[listener.port].append(PortListener(gateway.key, listener.name, hostname))
+            listeners[listener.port].append(
+                PortListener(gateway.key, listener.name, hostname, listener.certificate)
+            )
 
     attached: dict[int, list[Attached]] = defaultdict(list)
     for route in config.routes:
@@ -90,7 +92,7 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
         body_routing = settings.body_based_routing == "on" or (
             settings.body_based_routing == "auto" and matches_model
         )
-        envoy_listeners.append(envoy_listener(port, settings, body_routing))
+        envoy_listeners.append(envoy_listener(port, settings, body_routing, listeners[port]))
     return EnvoyResources(
         listeners=tuple(envoy_listeners),
         routes=tuple(route_configs),

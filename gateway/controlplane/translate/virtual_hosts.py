@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.gateway.controlplane.resources import ObjectKey, ResolvedRoute, RouteAttachment
+from kvgate.gateway.controlplane.resources.certificates import ListenerCertificate
 from kvgate.gateway.controlplane.resources.hostnames import ANY_HOST, covers
 from kvgate.gateway.controlplane.translate.matches import hostname_precedence, listener_redirect
 from kvgate.gateway.controlplane.translate.names import route_config_name
@@ -29,6 +30,8 @@ class PortListener:
     gateway: ObjectKey
     name: str
     hostname: str | None
+    certificate: ListenerCertificate | None = None
+    """An HTTPS listener's certificate (``listeners.envoy_listener`` terminates TLS with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ def route_configuration(
     """``first``: routes put ahead of the HTTPRoutes' in every virtual host (``/v1/models``);
     ``bound_port``: the port Envoy binds for the listener ``port`` (redirects name it)."""
     hosts = {ls.hostname if ls.hostname is not None else ANY_HOST for ls in listeners}
+    scheme = "https" if any(ls.certificate is not None for ls in listeners) else "http"
     hosts.update(name for item in attached for name in item.attachment.hostnames)
     virtual_hosts = []
     for host in sorted(hosts):
@@ -88,7 +92,7 @@ def route_configuration(
             precedence = hostname_precedence(hostname)
             entries.extend(((precedence, group.key), group.routes) for group in item.groups)
         entries.sort(key=lambda entry: entry[0])
-        routes = [*first, *(listener_redirect(route, bound_port or port)
+        routes = [*first, *(listener_redirect(route, bound_port or port, scheme)
                             for _, group_routes in entries for route in group_routes)]
         virtual_hosts.append({"name": f"{port}/{host}", "domains": [host], "routes": routes})
     return {"name": route_config_name(port), "virtual_hosts": virtual_hosts}

@@ -28,10 +28,12 @@ import envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2
 import envoy.extensions.filters.http.health_check.v3.health_check_pb2
 import envoy.extensions.filters.http.router.v3.router_pb2
 import envoy.extensions.filters.listener.original_dst.v3.original_dst_pb2
+import envoy.extensions.filters.listener.tls_inspector.v3.tls_inspector_pb2
 import envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2
 import envoy.extensions.load_balancing_policies.override_host.v3.override_host_pb2
 import envoy.extensions.load_balancing_policies.round_robin.v3.round_robin_pb2
 import envoy.extensions.request_id.uuid.v3.uuid_pb2
+import envoy.extensions.transport_sockets.tls.v3.tls_pb2
 import envoy.extensions.upstreams.http.v3.http_protocol_options_pb2  # noqa: F401
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2

@@ -159,7 +159,7 @@ spec:
   listeners:
     - {name: http, port: 8080, protocol: HTTP}
     - {name: dup, port: 8080, protocol: HTTP}
-    - {name: tls, port: 8443, protocol: HTTPS}
+    - {name: tls, port: 8443, protocol: TLS}
     - {name: api, port: 8080, protocol: HTTP, hostname: api.example.com}
 """
     config = build(gateway)

@@ -1,0 +1,117 @@
+"""HTTPS listeners through ``kvgate up`` and real Envoy: TLS terminated with the certificate of the
+listener's Secret, chosen by the client's SNI; a Secret that cannot be served costs its listener
+alone; a new certificate is served without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from kvgate.gateway.picker.tls import KeyPair, self_signed
+from kvgate.gateway.processes.envoy_process import free_port
+from tests.e2e.conftest import SimFleet
+from tests.e2e.picker_harness import wait_until
+from tests.e2e.test_up_routing import (
+    StartUp,
+    pods_yaml,
+    pool_ref,
+    pool_yaml,
+    sim_fleet,
+    start_up,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.e2e
+__all__ = ["start_up"]  # the fixture, imported for this module's tests
+
+HOST = "llm.example.com"
+
+
+def secret_yaml(name: str, pair: KeyPair) -> str:
+    crt, key = (base64.b64encode(pem).decode() for pem in (pair.cert_pem, pair.key_pem))
+    return f"""
+apiVersion: v1
+kind: Secret
+metadata: {{name: {name}}}
+type: kubernetes.io/tls
+data: {{tls.crt: {crt}, tls.key: {key}}}
+"""
+
+
+def gateway_yaml(broken_port: int) -> str:
+    return f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  gatewayClassName: kvgate
+  listeners:
+    - {{name: llm, port: 8443, protocol: HTTPS, hostname: {HOST}, tls: {{certificateRefs: [{{name: llm}}]}}}}
+    - {{name: broken, port: {broken_port}, protocol: HTTPS, tls: {{certificateRefs: [{{name: missing}}]}}}}
+"""
+
+
+def client_context(pair: KeyPair) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=pair.cert_pem.decode())
+
+
+async def test_https_listener_terminates_tls_and_follows_its_secret(
+    tmp_path: Path, start_up: StartUp, start_fleet: Callable[..., Awaitable[SimFleet]],
+    http: aiohttp.ClientSession,
+) -> None:
+    port = free_port()
+    fleet = await sim_fleet(start_fleet, "127.0.5.1", port, "--model", "base")
+    first = self_signed((HOST,))
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml(free_port()))
+    (tmp_path / "secret.yaml").write_text(secret_yaml("llm", first))
+    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port))
+    (tmp_path / "pods.yaml").write_text(pods_yaml("pool", fleet))
+    (tmp_path / "route.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: llm}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules: [{{backendRefs: [{pool_ref("pool")}]}}]
+""")
+    up = await start_up(tmp_path)
+    await wait_ready(http, up, ["pool"])
+    assert up.url.startswith("https://")
+    async with http.get(f"{up.admin_url}/status") as response:
+        status = await response.json()
+    [gateway] = [e for e in status["resources"]
+                 if e["kind"] == "Gateway" and e.get("sectionName") == "broken"]
+    refs = {c["type"]: c for c in gateway["conditions"]}["ResolvedRefs"]
+    assert (refs["status"], refs["reason"]) == ("False", "InvalidCertificateRef"), gateway
+
+    async def complete(pair: KeyPair) -> tuple[int, dict[str, object]]:
+        body = {"model": "base", "prompt": "hi", "max_tokens": 2}
+        async with http.post(f"{up.url}/v1/completions", json=body, ssl=client_context(pair),
+                             server_hostname=HOST, headers={"host": HOST}) as reply:
+            return reply.status, await reply.json()
+
+    status_code, body = await complete(first)
+    assert status_code == 200, body
+    assert body["usage"]["completion_tokens"] == 2  # type: ignore[index]
+    with pytest.raises(aiohttp.ClientOSError):  # plain HTTP is not served there: the connection reset
+        async with http.post(up.url.replace("https://", "http://") + "/v1/completions", json={}) as reply:
+            await reply.read()
+
+    # the Secret rotated: new connections get the new certificate, without a restart
+    second = self_signed((HOST,))
+    (tmp_path / "secret.yaml").write_text(secret_yaml("llm", second))
+
+    async def rotated() -> bool:
+        try:
+            return (await complete(second))[0] == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(rotated, "the new certificate served", timeout_s=15.0)
+    await asyncio.sleep(0)
