@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,7 @@ class Kind:
 KINDS = (
     Kind("v1", "Pod", "pods"),
     Kind("v1", "Service", "services"),
+    Kind("v1", "Secret", "secrets"),
     Kind("v1", "Namespace", "namespaces", namespaced=False),
     Kind("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False),
     Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
@@ -63,6 +64,17 @@ KINDS = (
     Kind("authentication.k8s.io/v1", "TokenReview", "tokenreviews", namespaced=False),
     Kind("authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", namespaced=False),
 )
+
+
+def _field_selector(request: web.Request) -> Callable[[JsonDict], bool]:
+    """The API server's ``fieldSelector`` as far as kvgate uses it: ``type=...`` (Secrets)."""
+    selector = request.query.get("fieldSelector")
+    if not selector:
+        return lambda obj: True
+    field_name, _, value = selector.partition("=")
+    if field_name != "type":
+        raise web.HTTPBadRequest(text=f"field selector {selector!r} is not supported by the fake")
+    return lambda obj: obj.get("type", "Opaque") == value
 
 
 @dataclass
@@ -207,9 +219,10 @@ class FakeApiServer:
             return await self._object(request, kind, namespace or "", name, sub)
         if request.query.get("watch") in ("1", "true"):
             return await self._watch(request, kind, namespace)
+        selected = _field_selector(request)
         items = [
             _without_type(obj) for (plural, ns, _), obj in sorted(self._objects.items())
-            if plural == kind.plural and (namespace is None or ns == namespace)
+            if plural == kind.plural and (namespace is None or ns == namespace) and selected(obj)
         ]
         return web.json_response({
             "kind": f"{kind.kind}List", "apiVersion": kind.api_version,
@@ -284,6 +297,7 @@ class FakeApiServer:
 
     async def _watch(self, request: web.Request, kind: Kind, namespace: str | None) -> web.StreamResponse:
         since = int(request.query.get("resourceVersion") or self._rv)
+        selected = _field_selector(request)
         bookmarks = request.query.get("allowWatchBookmarks") in ("1", "true")
         timeout_s = float(request.query.get("timeoutSeconds", "300"))
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -305,6 +319,8 @@ class FakeApiServer:
                     if event.kind != kind:
                         continue
                     if namespace is not None and event.obj["metadata"].get("namespace") != namespace:
+                        continue
+                    if not selected(event.obj):
                         continue
                     await _send(response, {"type": event.type, "object": event.obj})
                 if bookmarks and loop.time() - last_bookmark >= self.bookmark_interval_s:

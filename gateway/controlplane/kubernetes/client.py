@@ -32,6 +32,8 @@ class KindSpec:
     kind: str
     plural: str
     namespaced: bool = True
+    field_selector: str | None = None
+    """Only the objects the API server selects by it (e.g. a Secret's ``type``): lists and watches."""
 
     def path(self, namespace: str | None) -> str:
         base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
@@ -131,7 +133,8 @@ class KubeClient:
     async def list(self, spec: KindSpec, namespace: str | None) -> tuple[list[JsonDict], str]:
         """Every object of ``spec`` (``apiVersion`` and ``kind`` set on each) and the list's
         resourceVersion."""
-        response = await self._get(spec.path(namespace), [], 30.0)
+        selector = [("fieldSelector", spec.field_selector)] if spec.field_selector else []
+        response = await self._get(spec.path(namespace), selector, 30.0)
         try:
             body = json.loads(await response.read())
         finally:
@@ -149,6 +152,8 @@ class KubeClient:
             ("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(timeout_s)),
         ]
+        if spec.field_selector:
+            query.append(("fieldSelector", spec.field_selector))
         response = await self._get(spec.path(namespace), query, timeout_s + 30.0)
         try:
             async for raw in response.content:

@@ -39,7 +39,9 @@ KINDS = (
     KindSpec("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
     KindSpec("v1", "Service", "services"),
     KindSpec("v1", "Pod", "pods"),
-    KindSpec("v1", "Secret", "secrets"),  # HTTPS listeners' certificates
+    # HTTPS listeners' certificates: TLS Secrets only (not every Secret of the cluster, e.g. Helm's
+    # large release records, each change of which would rebuild the configuration)
+    KindSpec("v1", "Secret", "secrets", field_selector="type=kubernetes.io/tls"),
 )
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
 GATEWAY_CLASSES = KindSpec("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False)

@@ -20,6 +20,10 @@ from kvgate.gateway.controlplane.resources.gateway_api import CORE_GROUP, GATEWA
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey
 
+TLS_SECRET_TYPE = "kubernetes.io/tls"
+"""The Secrets a certificateRef may name (the Gateway API's Core support; in a cluster kvgate
+follows those alone)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ListenerCertificate:
@@ -57,7 +61,9 @@ def listener_certificate(
         return CertificateProblem(Reason.REF_NOT_PERMITTED, f"Secret {key}: no ReferenceGrant allows it")
     secret = next((s for s in resources.secrets if s.key == key), None)
     if secret is None:
-        return _invalid(f"Secret {key} not found")
+        return _invalid(f"Secret {key} not found (kvgate reads Secrets of type {TLS_SECRET_TYPE})")
+    if secret.type != TLS_SECRET_TYPE:
+        return _invalid(f"Secret {key} is of type {secret.type}, not {TLS_SECRET_TYPE}")
     return _read(secret)
 
 

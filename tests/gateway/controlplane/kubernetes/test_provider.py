@@ -5,6 +5,7 @@ objects become the configuration the file provider would make of the same manife
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from kvgate.gateway.controlplane.kubernetes.client import KubeClient
 from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
 from kvgate.gateway.controlplane.resources import ConfigSnapshot, ValidationOptions
+from kvgate.gateway.picker.tls import self_signed
 from kvgate.policies.errors import ConfigError
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.kube_api_fake import FakeApiServer
@@ -148,5 +150,41 @@ async def test_only_gateways_of_kvgates_gateway_class_are_served(cluster: FakeAp
         snapshot = await provider.first()
         assert [g.key.name for g in snapshot.config.gateways] == ["gw"]
         assert provider.gateway_classes() == [("kvgate", 1)]
+    finally:
+        await provider.stop()
+
+
+async def test_an_https_listener_follows_its_tls_secret_and_no_other_secret_is_read(
+    cluster: FakeApiServer,
+) -> None:
+    pair = self_signed(("llm.example.com",))
+    https = {**GATEWAY, "spec": {"gatewayClassName": GATEWAY["spec"]["gatewayClassName"], "listeners": [
+        {"name": "https", "port": 8443, "protocol": "HTTPS",
+         "tls": {"certificateRefs": [{"name": "llm-cert"}]}}]}}
+    await cluster.apply(https)
+    release = {"name": "release", "namespace": "default"}  # not read: no listener's kind of Secret
+    await cluster.apply({"apiVersion": "v1", "kind": "Secret", "metadata": release,
+                         "type": "helm.sh/release.v1", "data": {"release": "eA=="}})
+    provider = KubernetesProvider(
+        await KubeClient.connect(host=cluster.url), namespace="default",
+        options=ValidationOptions(require_picker_service=False),
+    )
+    try:
+        first = await provider.first()
+        assert first.config.gateways == ()  # its only listener has no certificate yet
+        updates = provider.updates()
+        assert await _next(updates) is first
+        pems = (("tls.crt", pair.cert_pem), ("tls.key", pair.key_pem))
+        encoded = {k: base64.b64encode(v).decode() for k, v in pems}
+        await cluster.apply({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                             "metadata": {"name": "llm-cert", "namespace": "default"}, "data": encoded})
+        second = await _next(updates)
+        [gateway] = second.config.gateways
+        certificate = gateway.listeners[0].certificate
+        assert certificate is not None
+        assert certificate.certificate_chain == pair.cert_pem.decode()
+        secret_requests = [r for r in cluster.requests if "/secrets" in r]
+        assert secret_requests
+        assert all("fieldSelector=type%3Dkubernetes.io/tls" in r for r in secret_requests), secret_requests
     finally:
         await provider.stop()
