@@ -110,6 +110,9 @@ class ResolvedRule:
     filters: tuple[HTTPRouteFilter, ...]
     timeouts: HTTPRouteTimeouts | None
     backends: tuple[ResolvedBackend, ...]
+    ignored: tuple[str, ...] = ()
+    """Fields of the rule kvgate does not apply (the Experimental channel's ``retry``: the picker's
+    own retries apply; ``sessionPersistence``: use ``x-session-id``); translation warns of them."""
 
     @property
     def valid_backends(self) -> tuple[ResolvedBackend, ...]:

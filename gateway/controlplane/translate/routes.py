@@ -68,6 +68,7 @@ def _timeout(rule: ResolvedRule, settings: TranslationSettings, warnings: list[s
             seconds = rule.timeouts.request_seconds
         if rule.timeouts.backend_request_seconds is not None:
             warnings.append(f"{owner}: timeouts.backendRequest is not supported; ignored")
+    warnings.extend(f"{owner}: {name} is not supported; ignored" for name in rule.ignored)
     return ec.duration(seconds)
 
 
