@@ -376,7 +376,8 @@ class ControlPlane:
         """Publish ``snapshot``; False (and ``last_error`` set) when it could not be applied."""
         try:
             resources = with_pods(snapshot.resources, self.extra_pods)
-            config = validate(resources, self.settings.validation) if self.extra_pods else snapshot.config
+            config = validate(resources, self.settings.validation, snapshot.config.certificates()) \
+                if self.extra_pods else snapshot.config
             specs, warnings = pool_specs(resources, config, self.settings)
             envoy = translate(config, self.settings.translation())
             xds = envoy.snapshot()

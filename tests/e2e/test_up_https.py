@@ -1,6 +1,7 @@
 """HTTPS listeners through ``kvgate up`` and real Envoy: TLS terminated with the certificate of the
 listener's Secret, chosen by the client's SNI; a Secret that cannot be served costs its listener
-alone; a new certificate is served without a restart."""
+alone; a new certificate is served without a restart, and a broken one leaves the last good one
+serving."""
 
 from __future__ import annotations
 
@@ -114,4 +115,18 @@ spec:
             return False
 
     await wait_until(rotated, "the new certificate served", timeout_s=15.0)
-    await asyncio.sleep(0)
+
+    # a rotation gone wrong (a key that is not the certificate's): the last good one goes on serving
+    (tmp_path / "secret.yaml").write_text(secret_yaml("llm", KeyPair(self_signed().key_pem, second.cert_pem)))
+
+    async def said() -> bool:
+        async with http.get(f"{up.admin_url}/status") as response:
+            entries = (await response.json())["resources"]
+        [listener] = [e for e in entries if e["kind"] == "Gateway" and e.get("sectionName") == "llm"]
+        refs = {c["type"]: c for c in listener["conditions"]}["ResolvedRefs"]
+        return "serving the last good certificate" in refs["message"]
+
+    await wait_until(said, "the broken Secret reported", timeout_s=15.0)
+    for _ in range(3):
+        assert (await complete(second))[0] == 200
+        await asyncio.sleep(0.1)

@@ -177,7 +177,7 @@ class KubernetesProvider:
         if self._controller is not None:
             names = frozenset(name for name, _ in self.gateway_classes())
             options = dataclasses.replace(options, gateway_classes=names)
-        config = validate(resources, options)
+        config = validate(resources, options, current.config.certificates() if current else None)
         version = current.version + 1 if current else 1
         self._current = ConfigSnapshot(version, resources.content_hash, resources, config, time.time())
         return self._current

@@ -126,7 +126,7 @@ class FileProvider:
         current = self._current
         if current is not None and current.content_hash == resources.content_hash:
             return current
-        config = validate(resources, self._options)
+        config = validate(resources, self._options, current.config.certificates() if current else None)
         version = current.version + 1 if current else 1
         snapshot = ConfigSnapshot(version, resources.content_hash, resources, config, time.time())
         self._current = snapshot

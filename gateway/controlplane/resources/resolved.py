@@ -207,6 +207,12 @@ class ValidatedConfig:
     def pool(self, key: ObjectKey) -> ResolvedPool | None:
         return next((pool for pool in self.pools if pool.key == key), None)
 
+    def certificates(self) -> Mapping[tuple[ObjectKey, str], ListenerCertificate]:
+        """Each HTTPS listener's certificate by (Gateway, listener name): a later validation serves
+        it while the listener's Secret cannot be read (``validate``'s ``last_good``)."""
+        return {(gateway.key, listener.name): listener.certificate for gateway in self.gateways
+                for listener in gateway.listeners if listener.certificate is not None}
+
     def objective(self, key: ObjectKey) -> ResolvedObjective | None:
         return next((objective for objective in self.objectives if objective.key == key), None)
 

@@ -63,8 +63,11 @@ class ValidationOptions:
 GatewayIndex = Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]]
 
 
+LastGood = Mapping[tuple[ObjectKey, str], ListenerCertificate]
+
+
 def _validate_gateway(
-    gateway: Gateway, options: ValidationOptions, resources: ResourceSet
+    gateway: Gateway, options: ValidationOptions, resources: ResourceSet, last_good: LastGood
 ) -> tuple[ResolvedGateway | None, list[ResourceStatus]]:
     generation = gateway.observed_generation
     spec = gateway.spec
@@ -95,7 +98,7 @@ def _validate_gateway(
             message = f"port {listener.port} already serves {protocols[listener.port]}"
             ok, reason = False, Reason.PROTOCOL_CONFLICT
             conflicted = condition(ConditionType.CONFLICTED, True, reason, message, generation)
-        elif isinstance(certificate, CertificateProblem):
+        elif isinstance(certificate, CertificateProblem) and (gateway.key, listener.name) not in last_good:
             ok, reason, message = False, certificate.reason, certificate.message
         elif listener.allowed_routes.kinds and not any(
             kind.kind == "HTTPRoute" for kind in listener.allowed_routes.kinds
@@ -113,6 +116,10 @@ def _validate_gateway(
             seen[(listener.port, host)] = listener.name
             protocols[listener.port] = listener.protocol
             served = certificate if isinstance(certificate, ListenerCertificate) else None
+            if isinstance(certificate, CertificateProblem):  # a rotation gone wrong: nothing is lost
+                served = last_good[(gateway.key, listener.name)]
+                reason, message = certificate.reason, (
+                    f"{certificate.message}; serving the last good certificate (from Secret {served.secret})")
             valid.append(ResolvedListener(listener.name, listener.port, listener.hostname, served))
         programmed_reason = Reason.PROGRAMMED if ok else Reason.INVALID
         refs_problem = reason in (Reason.INVALID_CERTIFICATE_REF, Reason.REF_NOT_PERMITTED)
@@ -121,7 +128,8 @@ def _validate_gateway(
             condition(ConditionType.ACCEPTED, ok or refs_problem, Reason.ACCEPTED if refs_problem else reason,
                       message, generation),
             conflicted,
-            condition(ConditionType.PROGRAMMED, ok, programmed_reason, message, generation),
+            condition(ConditionType.PROGRAMMED, ok, programmed_reason,
+                      "listener accepted" if ok else message, generation),
         )
         if listener.protocol == "HTTPS":
             refs_reason = reason if refs_problem else Reason.RESOLVED_REFS
@@ -268,14 +276,18 @@ def spill_chains(pools: list[ResolvedPool], sources: Mapping[ObjectKey, Inferenc
     return out, notes
 
 
-def validate(resources: ResourceSet, options: ValidationOptions | None = None) -> ValidatedConfig:
-    """Resolve every reference and compute every resource's status conditions."""
+def validate(resources: ResourceSet, options: ValidationOptions | None = None,
+             last_good: LastGood | None = None) -> ValidatedConfig:
+    """Resolve every reference and compute every resource's status conditions. ``last_good``: the
+    certificates the previous configuration served (``ValidatedConfig.certificates``): an HTTPS
+    listener whose Secret can no longer be read goes on serving its own, and says so."""
+    last_good = last_good or {}
     options = options or ValidationOptions()
     statuses: list[ResourceStatus] = []
 
     gateways: dict[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]] = {}
     for gateway in resources.gateways:
-        resolved_gateway, gateway_statuses = _validate_gateway(gateway, options, resources)
+        resolved_gateway, gateway_statuses = _validate_gateway(gateway, options, resources, last_good)
         statuses.extend(gateway_statuses)
         if resolved_gateway is not None:
             gateways[gateway.key] = (resolved_gateway, {ls.name: ls for ls in gateway.spec.listeners})

@@ -7,10 +7,10 @@ import base64
 
 import pytest
 
-from kvgate.gateway.controlplane.resources import ResourceRef
+from kvgate.gateway.controlplane.resources import ResourceRef, validate
 from kvgate.gateway.controlplane.resources.conditions import ConditionStatus, ConditionType
 from kvgate.gateway.picker.tls import KeyPair, self_signed
-from tests.gateway.controlplane.resources.manifests import build
+from tests.gateway.controlplane.resources.manifests import build, load
 
 GW = ResourceRef("Gateway", "default", "gw")
 
@@ -116,3 +116,21 @@ def test_http_and_https_cannot_share_a_port_and_https_terminates() -> None:
     config = build(gateway(passthrough), secret(pair))
     assert listener_conditions(config, "https")[ConditionType.ACCEPTED] == (
         ConditionStatus.FALSE, "UnsupportedValue")
+
+
+def test_a_listener_whose_secret_breaks_goes_on_serving_its_last_good_certificate() -> None:
+    pair = self_signed()
+    good = build(gateway(https()), secret(pair))
+    broken_pair = KeyPair(key_pem=self_signed().key_pem, cert_pem=pair.cert_pem)
+    resources = load(gateway(https()), secret(broken_pair))
+    config = validate(resources, last_good=good.certificates())
+    (resolved,) = config.gateways
+    assert resolved.listeners[0].certificate == good.gateways[0].listeners[0].certificate
+    conditions = listener_conditions(config, "https")
+    assert conditions[ConditionType.PROGRAMMED] == (ConditionStatus.TRUE, "Programmed")
+    assert conditions[ConditionType.RESOLVED_REFS] == (ConditionStatus.FALSE, "InvalidCertificateRef")
+    message = next(e for e in config.status.for_resource(GW) if e.section == "https").get(
+        ConditionType.RESOLVED_REFS)
+    assert message is not None
+    assert "serving the last good certificate (from Secret default/cert)" in message.message
+    assert validate(resources).gateways == ()  # without one (a fresh start): not served
