@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -116,6 +117,8 @@ class RunPrefill:
     path: str
     body: bytes
     headers: Headers
+    tls: ssl.SSLContext | None = None
+    """HTTPS with this client context (the pool's model servers serve TLS); None: HTTP."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,8 @@ class RequestLifecycle:
             return reply(decision)
         self._release = reply
         self.state = State.PREFILL
-        return [prefill_step(decision, self._headers)]
+        tls = self._target.model_server_tls if self._target is not None else None
+        return [prefill_step(decision, self._headers, tls)]
 
     def _on_prefill_done(self, event: PrefillDone) -> list[Action]:
         picked, release = self._picked, self._release

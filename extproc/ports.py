@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ class Pool(Protocol):
         """A disaggregated request's prefill is run by the picker before it releases the request
         (``extproc.prefill``); False: the data plane's decode-side sidecar runs it, told the prefill
         endpoint in ``x-prefiller-host-port`` (llm-d)."""
+        ...
+
+    @property
+    def model_server_tls(self) -> ssl.SSLContext | None:
+        """The client context for the pool's model servers where they serve HTTPS (the picker's
+        own requests to them: a disaggregated request's prefill); None: plain HTTP."""
         ...
 
     @property

@@ -57,8 +57,9 @@ class PrefillClient:
         headers = dict(step.headers)
         headers["content-type"] = "application/json"
         try:
-            async with self._open().post(f"http://{step.address}{step.path}", data=step.body,
-                                         headers=headers) as response:
+            scheme = "http" if step.tls is None else "https"
+            async with self._open().post(f"{scheme}://{step.address}{step.path}", data=step.body,
+                                         headers=headers, ssl=step.tls or True) as response:
                 if response.status // 100 != 2:
                     # a 4xx is the request's own (the decode endpoint will answer it the same), but
                     # 408 and 429 say the endpoint is slow or full

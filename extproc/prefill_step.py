@@ -14,6 +14,7 @@ as any other.
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from collections.abc import Mapping
 
 from kvgate.extproc.actions import RunPrefill
@@ -25,13 +26,15 @@ FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent", "tracestate
 """The client's headers the prefill half carries too (its credentials, its ids for tracing)."""
 
 
-def prefill_step(decision: Decision, headers: Mapping[str, str]) -> RunPrefill:
-    """The prefill half of ``decision`` (which has a prefill pick), sent on the client's path."""
+def prefill_step(decision: Decision, headers: Mapping[str, str],
+                 tls: ssl.SSLContext | None = None) -> RunPrefill:
+    """The prefill half of ``decision`` (which has a prefill pick), sent on the client's path
+    (over HTTPS with ``tls``: the pool's model servers serve TLS)."""
     prefill = decision.result.prefill
     assert prefill is not None
     forwarded = tuple((name, headers[name]) for name in FORWARDED_HEADERS if name in headers)
     return RunPrefill(prefill.endpoint.address, headers.get(":path", ""), prefill_body(decision.body),
-                      forwarded)
+                      forwarded, tls)
 
 
 def decode_decision(decision: Decision, done: PrefillDone) -> Decision:

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000,
                    help="first port; replica i listens on port+i (0: ephemeral ports)")
     p.add_argument("--host", default="127.0.0.1", help="listen address when --hosts-from is not given")
+    p.add_argument("--ssl-certfile", default=None, metavar="FILE",
+                   help="serve HTTPS with this certificate (PEM; vLLM's flag): inference and /metrics")
+    p.add_argument("--ssl-keyfile", default=None, metavar="FILE", help="the certificate's private key (PEM)")
     p.add_argument("--hosts-from", default=None, metavar="IP",
                    help="give replica i the address IP+i, all on --port (e.g. 127.0.1.1)")
     p.add_argument("--tokenizer", default=None, metavar="FILE",
@@ -202,11 +205,14 @@ def fleet_config(args: argparse.Namespace) -> FleetConfig:
         raise ValueError(f"--tokenizer {args.tokenizer!r}: no such file")
     if args.image_tokens < 1:
         raise ValueError("--image-tokens must be >= 1")
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        raise ValueError("--ssl-certfile and --ssl-keyfile go together")
     overrides = _parse_overrides(args.replica, len(roles))
     replicas = tuple(_replica_config(i, args, overrides.get(i, {}), role, kv) for i, role in enumerate(roles))
     return FleetConfig(replicas=replicas, port=args.port, host=args.host, hosts_from=args.hosts_from,
                        admin_port=args.admin_port, kv_events_port=args.kv_events_port,
-                       tokenizer=args.tokenizer, kv_events_connect=args.kv_events_connect)
+                       tokenizer=args.tokenizer, kv_events_connect=args.kv_events_connect,
+                       ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
 
 
 def _roles(args: argparse.Namespace) -> list[Role]:

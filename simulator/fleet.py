@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,17 @@ class FleetConfig:
     kv_events_connect: str | None = None
     """The replicas' publishers connect to this address (a picker's bound socket, llm-d's way)
     instead of binding; their replay sockets stay on their own addresses."""
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    """Serve HTTPS with this certificate and key (vLLM's ``--ssl-certfile``/``--ssl-keyfile``):
+    inference and ``/metrics`` alike, on the same port."""
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.ssl_certfile is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
 
     def kv_events_address_of(self, index: int) -> tuple[str, int] | None:
         if self.kv_events_port is None:
@@ -81,10 +93,11 @@ _GAUGES = frozenset({"in_flight", "waiting", "running"})
 class ReplicaListener:
     """Serves one replica's app on one address; can be stopped and started again."""
 
-    def __init__(self, replica: Replica, host: str, port: int) -> None:
+    def __init__(self, replica: Replica, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
         self.replica = replica
         self.host = host
         self.port = port
+        self.tls = tls
         self._runner: web.AppRunner | None = None
 
     @property
@@ -94,7 +107,7 @@ class ReplicaListener:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{self.port}"
 
     async def start(self) -> None:
         if self._runner is not None:
@@ -102,7 +115,8 @@ class ReplicaListener:
         runner = web.AppRunner(self.replica.make_app(), access_log=None, handler_cancellation=True,
                                shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True, backlog=1024)
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True, backlog=1024,
+                           ssl_context=self.tls)
         try:
             await site.start()
         except BaseException:
@@ -142,6 +156,7 @@ class Fleet:
             self.encode_memo = EncodeMemo(encoder=file_encoder(self.config.tokenizer))
         self.lag = LagMonitor(self.config.lag_interval_s)
         self.lag.start()
+        tls = self.config.ssl_context()
         try:
             for replica_config in self.config.replicas:
                 replica = Replica(replica_config, self.lag, self.encode_memo, self.kv_hub)
@@ -149,7 +164,7 @@ class Fleet:
                 host, port = self.config.address_of(replica_config.index)
                 if self.config.hosts_from is not None and port == 0 and self.listeners:
                     port = self.listeners[0].port  # one shared port, as pods share a targetPort
-                listener = ReplicaListener(replica, host, port)
+                listener = ReplicaListener(replica, host, port, tls)
                 self.listeners.append(listener)
                 await listener.start()
                 events_at = self.config.kv_events_address_of(replica_config.index)

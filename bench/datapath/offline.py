@@ -25,6 +25,7 @@ import argparse
 import cProfile
 import pstats
 import random
+import ssl
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +67,7 @@ class StaticPool:
 
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
+    model_server_tls: ssl.SSLContext | None = None
     names_inline_media: bool = False
     holding: None = None
     fallback: None = None

@@ -35,6 +35,10 @@ from kvgate.gateway.controlplane.resources import (
     ValidatedConfig,
     validate,
 )
+from kvgate.gateway.controlplane.resources.backends import (
+    MODEL_SERVER_CA_ANNOTATION,
+    MODEL_SERVER_TLS_ANNOTATION,
+)
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
 from kvgate.gateway.controlplane.translate import BodyRouting, TranslationSettings, translate
@@ -198,6 +202,7 @@ def pool_spec(
             "flow_control": flow_control(pool.id, annotations, warnings),
             "spill_to": str(pool.spill_to) if pool.spill_to is not None else None,
             "media_uuids": _flag(pool, annotations, MEDIA_UUIDS_ANNOTATION, warnings),
+            "model_server_tls": _model_server_tls(pool, annotations, warnings),
         }
     )
     return spec, warnings
@@ -245,6 +250,17 @@ def _flag(pool: ResolvedPool, annotations: Mapping[str, str], name: str, warning
     if value not in ("true", "false"):
         warnings.append(f"InferencePool {pool.id}: {name} {value!r} is not true or false; using false")
     return value == "true"
+
+
+def _model_server_tls(
+    pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]
+) -> dict[str, str | None] | None:
+    """The pool's HTTPS to its model servers, as ``resources.backends.model_server_tls`` read it for
+    the data plane; a value other than true or false is warned about (plain HTTP then)."""
+    if MODEL_SERVER_TLS_ANNOTATION in annotations and MODEL_SERVER_CA_ANNOTATION not in annotations:
+        _flag(pool, annotations, MODEL_SERVER_TLS_ANNOTATION, warnings)
+    tls = pool.model_server_tls
+    return None if tls is None else {"ca_file": tls.ca_file}
 
 
 def _pd_execution(pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]) -> str:

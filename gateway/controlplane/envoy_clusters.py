@@ -66,6 +66,21 @@ def upstream_tls() -> JsonDict:
     }
 
 
+def model_server_tls(ca_file: str | None) -> JsonDict:
+    """TLS to a pool's model servers (HTTP/1.1, as vLLM serves it): verified against ``ca_file``
+    (the chain: pods are reached by IP, their certificates seldom name it), else not verified."""
+    context: JsonDict = {"alpn_protocols": ["http/1.1"]}
+    if ca_file is not None:
+        context["validation_context"] = {"trusted_ca": {"filename": ca_file}}
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": context,
+        },
+    }
+
+
 def ext_proc_cluster(
     addresses: Sequence[tuple[str, int]],
     name: str = EXT_PROC_CLUSTER,

@@ -11,12 +11,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
 from watchfiles import awatch
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
-from kvgate.gateway.picker.pools_file import PoolSpec, load_pools
+from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
@@ -25,6 +26,7 @@ from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
+from kvgate.policies.validation import describe
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-session-pins", type=_at_least_one, default=DEFAULT_MAX_SESSIONS, metavar="N",
                         help="session pins each pool keeps (x-session-id affinity, and the replica of each "
                         "stored Responses API response); the least recent go first (default 100000)")
+    upstream = parser.add_argument_group("the model servers' HTTPS (vLLM's --ssl-certfile)")
+    upstream.add_argument("--model-server-metrics-scheme", choices=("http", "https"), default="http",
+                          help="https: the model servers serve TLS (metrics and inference on one port); "
+                          "the picker scrapes and sends its own requests (prefill, /v1/models) over it; "
+                          "a pool's modelServerTls overrides it (default http)")
+    upstream.add_argument("--model-server-metrics-https-insecure-skip-verify", type=flag_bool, nargs="?",
+                          const=True, default=True, metavar="BOOL",
+                          help="do not verify the model servers' certificates (default true, as the "
+                          "Inference Extension's picker); false needs --model-server-ca-file")
+    upstream.add_argument("--model-server-ca-file", default=None, metavar="FILE",
+                          help="verify the model servers' certificates against this CA file (PEM; the "
+                          "chain only: pods are reached by IP)")
     parser.add_argument("--prefill-timeout", type=_positive_seconds, default=DEFAULT_PREFILL_TIMEOUT_S,
                         metavar="SECONDS",
                         help="give up the prefill step of a disaggregated request after SECONDS and "
@@ -161,8 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(accepted, so its manifests work unchanged; a warning names them)"
     )
     for flag in ("--config-file", "--config-text", "--zap-encoder", "--enable-pprof", "--v",
-                 "--model-server-metrics-path", "--model-server-metrics-scheme",
-                 "--model-server-metrics-https-insecure-skip-verify"):
+                 "--model-server-metrics-path"):
         accepted.add_argument(flag, dest=f"ignored_{flag.lstrip('-').replace('-', '_')}", default=None,
                               metavar="VALUE", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO")
@@ -251,7 +264,22 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         prefill_timeout=args.prefill_timeout,
         tracing=tracing_from_args(args),
         max_session_pins=args.max_session_pins,
+        model_server_tls=model_server_tls_from_args(args),
     )
+
+
+def model_server_tls_from_args(args: argparse.Namespace) -> ModelServerTlsSpec | None:
+    """The model servers' HTTPS for pools that do not say (None: plain HTTP). Raises ConfigError for
+    verification asked without a CA to verify against."""
+    if args.model_server_metrics_scheme != "https" and args.model_server_ca_file is None:
+        return None
+    if not args.model_server_metrics_https_insecure_skip_verify and args.model_server_ca_file is None:
+        raise ConfigError("--model-server-metrics-https-insecure-skip-verify false needs "
+                          "--model-server-ca-file (kvgate verifies model servers against a CA file)")
+    try:
+        return ModelServerTlsSpec.model_validate({"ca_file": args.model_server_ca_file})
+    except ValidationError as exc:
+        raise ConfigError(f"--model-server-ca-file: {describe(exc)}") from None
 
 
 def ready_line(args: argparse.Namespace, service: PickerService) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +84,11 @@ class PoolRuntime:
     @property
     def picker_runs_prefill(self) -> bool:
         return self.spec.pd_execution == "picker"
+
+    @property
+    def model_server_tls(self) -> ssl.SSLContext | None:
+        tls = self.spec.model_server_tls
+        return tls.client().context() if tls is not None else None
 
     @property
     def names_inline_media(self) -> bool:

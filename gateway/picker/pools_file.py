@@ -39,6 +39,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvgate.gateway.picker.model_server_tls import ClientTls
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.flow_control import DEFAULT_THRESHOLDS, FlowControlSettings
 from kvgate.policies.saturation import SaturationThresholds
@@ -181,6 +183,30 @@ class FlowControlSpec(BaseModel):
         )
 
 
+class ModelServerTlsSpec(BaseModel):
+    """The pool's model servers serve HTTPS (vLLM's ``--ssl-certfile``): the picker scrapes their
+    metrics and sends its own requests (a disaggregated request's prefill, ``/v1/models``) over
+    TLS; ``caFile`` verifies their certificates (the chain: pods are reached by IP), else they are
+    not verified (the Inference Extension picker's default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    ca_file: str | None = Field(default=None, alias="caFile", min_length=1)
+
+    @field_validator("ca_file")
+    @classmethod
+    def _loads(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ssl.create_default_context(cafile=value)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"caFile {value!r} cannot be loaded: {exc}") from exc
+        return value
+
+    def client(self) -> ClientTls:
+        return ClientTls(self.ca_file)
+
+
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -212,6 +238,8 @@ class PoolSpec(BaseModel):
     """Hold requests in the picker while the pool is full (None: never held)."""
     spill_to: str | None = Field(default=None, alias="spillTo")
     """The pool that takes this pool's requests while it is full (docs/flow-control.md)."""
+    model_server_tls: ModelServerTlsSpec | None = Field(default=None, alias="modelServerTls")
+    """HTTPS to the pool's model servers (None: plain HTTP)."""
     media_uuids: bool = Field(default=False, alias="mediaUuids")
     """Name each inline media item of a chat (a ``data:`` URL, base64 audio or embeddings) that the
     client did not name with its digest, as vLLM's ``uuid`` (docs/kv-events.md: images)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -142,8 +143,11 @@ class ReplicaModels:
     def __init__(
         self, snapshot: Callable[[], EndpointSnapshot], *, interval: float = 5.0, timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        tls_of: Callable[[str], ssl.SSLContext | None] = lambda pool: None,
     ) -> None:
+        """``tls_of``: a pool's client context where its model servers serve HTTPS."""
         self._snapshot = snapshot
+        self._tls_of = tls_of
         self._clock = clock
         self._interval = interval
         self._timeout = timeout
@@ -195,26 +199,28 @@ class ReplicaModels:
     async def poll_due(self, now: float) -> None:
         """Poll every ready replica not polled in the last ``interval`` seconds; forget the gone."""
         views = [v for vs in self._snapshot().pools.values() for v in vs if v.healthy and v.metrics]
-        present = {view.address for view in views}
-        for gone in set(self._polled) - present:
+        present = {view.address: view.endpoint.pool for view in views}
+        for gone in set(self._polled) - present.keys():
             self._polled.pop(gone, None)
             self._polled_at.pop(gone, None)
             self._version += 1
         due = [a for a in sorted(present) if now - self._polled_at.get(a, -1e18) >= self._interval]
         if due:
-            await asyncio.gather(*(self._poll(address, now) for address in due))
+            tls_of = self._tls_of
+            await asyncio.gather(*(self._poll(address, now, tls_of(present[address])) for address in due))
 
-    async def _poll(self, address: str, now: float) -> None:
+    async def _poll(self, address: str, now: float, tls: ssl.SSLContext | None) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
         self._polled_at[address] = now
+        url = f"{'http' if tls is None else 'https'}://{address}/v1/models"
         try:
-            async with self._session.get(f"http://{address}/v1/models") as response:
+            async with self._session.get(url, ssl=tls or True) as response:
                 if response.status != 200:
                     return
                 models = _parse(await response.json(content_type=None))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.debug("GET http://%s/v1/models failed: %s", address, exc)
+            log.debug("GET %s failed: %s", url, exc)
             return
         if self._polled.get(address) != models:
             self._polled[address] = models

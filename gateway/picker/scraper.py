@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Protocol, cast
 
+from kvgate.gateway.picker.model_server_tls import ClientTls
 from kvgate.gateway.picker.scrape.dialects import DIALECTS, MetricsDialect, parse_metrics
 from kvgate.gateway.picker.scrape.exposition import LineMemo, MetricsPageError
 from kvgate.gateway.picker.scrape.http_get import MetricsConnection
@@ -217,13 +218,14 @@ class MetricsScraper:
         *,
         metrics_path: str | None = None,
         metrics_port: int | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         """Make ``pool``'s endpoints exactly ``endpoints`` (``ip:port`` strings or Endpoints).
 
         New endpoints start scraping (if the scraper runs); removed ones have their task cancelled;
         kept ones keep their metrics unless their dialect or metrics URL changed.
         ``metrics_path`` defaults to the dialect's; ``metrics_port`` (e.g. Triton's 8002) to the
-        endpoint's own port. Publishes a new snapshot.
+        endpoint's own port; ``tls``: the model servers serve HTTPS. Publishes a new snapshot.
         """
         spec = DIALECTS[MetricsDialect(dialect)]
         path = metrics_path if metrics_path is not None else spec.metrics_path
@@ -238,21 +240,23 @@ class MetricsScraper:
         current = self._targets.get(pool, {})
         updated: dict[str, ScrapeTarget] = {}
         for address, endpoint in wanted.items():
-            url = metrics_url(endpoint, path, metrics_port)
+            url = metrics_url(endpoint, path, metrics_port, https=tls is not None)
             old = current.get(address)
             if (
                 old is not None
                 and old.endpoint == endpoint
                 and old.dialect == spec.dialect
                 and old.url == url
+                and old.tls == tls
             ):
                 updated[address] = old
                 continue
             if old is not None:
                 self._retire(old)
             port = endpoint.port if metrics_port is None else metrics_port
-            connection = MetricsConnection(endpoint.host, port, path, _ACCEPT)
-            target = ScrapeTarget(endpoint, spec.dialect, url, connection)
+            connection = MetricsConnection(endpoint.host, port, path, _ACCEPT,
+                                           tls.context() if tls is not None else None)
+            target = ScrapeTarget(endpoint, spec.dialect, url, connection, tls)
             updated[address] = target  # scraped from the next tick on
         for address, old in current.items():
             if address not in wanted:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,9 @@ from kvgate.extproc.tracing import RequestTracer
 from kvgate.gateway.picker.admin_http import AdminServer
 from kvgate.gateway.picker.flow_telemetry import FlowTelemetry
 from kvgate.gateway.picker.kv_events.runtime import KvEventsCollector, KvEventsRuntime
+from kvgate.gateway.picker.model_server_tls import ClientTls
 from kvgate.gateway.picker.pool_runtime import PoolRuntime, PoolTable, with_spill_chains
-from kvgate.gateway.picker.pools_file import PoolSpec
+from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.replica_models import ReplicaModels
 from kvgate.gateway.picker.scraper import MetricsScraper
@@ -91,6 +93,8 @@ class PickerSettings:
     """Export the picker's spans over OTLP (``gateway.picker.tracing``); None: tracing off."""
     max_session_pins: int = DEFAULT_MAX_SESSIONS
     """Session pins each pool keeps (``x-session-id`` affinity and stored responses' replicas)."""
+    model_server_tls: ModelServerTlsSpec | None = None
+    """HTTPS to the model servers of pools whose spec does not say (``--model-server-metrics-scheme``)."""
 
 
 class PickerService:
@@ -105,7 +109,7 @@ class PickerService:
             timeout=settings.scrape_timeout,
             stale_after=settings.stale_after,
         )
-        self.replica_models = ReplicaModels(self.scraper.snapshot)
+        self.replica_models = ReplicaModels(self.scraper.snapshot, tls_of=self._model_server_tls)
         self.table = PoolTable(pools=MappingProxyType({}), default=None)
         self.sharing = SharingRuntime(settings.redis, max_sessions=settings.max_session_pins)
         self.scraper.delegate_to(self.sharing.share_scrapes(self.scraper, settings.stale_after))
@@ -142,6 +146,10 @@ class PickerService:
         self._readiness_updates: set[asyncio.Task[None]] = set()
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
 
+    def _model_server_tls(self, pool: str) -> ssl.SSLContext | None:
+        runtime = self.table.pools.get(pool)
+        return runtime.model_server_tls if runtime is not None else None
+
     def _session_counts(self) -> Mapping[str, SessionCounts]:
         return {name: pool.scheduler_impl.state.session_counts() for name, pool in self.table.pools.items()}
 
@@ -177,6 +185,11 @@ class PickerService:
 
     def apply_pools(self, specs: Sequence[PoolSpec], default: str | None) -> None:
         """Make the service serve exactly ``specs`` (raises ConfigError before changing anything)."""
+        tls = self.settings.model_server_tls
+        if tls is not None:
+            default_tls = {"model_server_tls": tls}
+            specs = [spec if spec.model_server_tls is not None else spec.model_copy(update=default_tls)
+                     for spec in specs]
         old = self.table.pools
         tokenizers = self.kv_events.load_tokenizers(specs)
         schedulers: dict[str, PoolScheduler] = {}
@@ -194,7 +207,7 @@ class PickerService:
             self.scraper.remove_pool(name)
         for spec in specs:
             self.scraper.set_endpoints(spec.name, spec.engine, spec.endpoint_objects(),
-                                       metrics_port=spec.metrics_port)
+                                       metrics_port=spec.metrics_port, tls=_client_tls(spec))
             kept = set(spec.endpoints)
             previous = old.get(spec.name)
             if previous is not None:
@@ -319,3 +332,7 @@ def _server_credentials(settings: PickerSettings) -> grpc.ServerCredentials:
     from kvgate.gateway.picker.tls import server_credentials
 
     return server_credentials(settings.cert_path, reload=settings.cert_reload)
+
+
+def _client_tls(spec: PoolSpec) -> ClientTls | None:
+    return spec.model_server_tls.client() if spec.model_server_tls is not None else None

@@ -48,7 +48,7 @@ class SimFleet:
     @property
     def addresses(self) -> list[str]:
         """``ip:port`` of each replica, in replica order (what a pool's endpoints list holds)."""
-        return [url.removeprefix("http://").rstrip("/") for url in self.urls]
+        return [url.split("://", 1)[-1].rstrip("/") for url in self.urls]
 
     async def stop(self) -> int:
         code = await self.child.stop(10.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -105,6 +106,7 @@ class FakePool:
     rewrites: Mapping[str, str] = field(default_factory=dict)
     extra_paths: frozenset[str] = frozenset()
     picker_runs_prefill: bool = True
+    model_server_tls: ssl.SSLContext | None = None
     names_inline_media: bool = False
     roles: Mapping[str, Role] = field(default_factory=dict)
     holding: HoldingPort | None = None

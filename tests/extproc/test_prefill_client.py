@@ -4,14 +4,18 @@ and every failure becomes a PrefillDone without params (the request then goes to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from kvgate.extproc.actions import RunPrefill
 from kvgate.extproc.prefill_client import PrefillClient
+from kvgate.gateway.picker.tls import self_signed
 
 PARAMS = {"do_remote_prefill": True, "remote_block_ids": list(range(3000)), "remote_engine_id": "e"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -111,3 +115,34 @@ async def test_a_request_the_endpoint_refuses_is_the_requests_fault_and_no_warni
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1  # the 429's; the refused request's is not an endpoint's problem
     assert "status 429" in warnings[0]
+
+
+async def test_a_model_server_serving_https_is_asked_over_tls(tmp_path: Path) -> None:
+    pair = self_signed(("localhost",))
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "tls.key").write_bytes(pair.key_pem)
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        assert request.secure
+        return web.json_response({"choices": [], "kv_transfer_params": PARAMS})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_side).start()
+    address = f"127.0.0.1:{runner.addresses[0][1]}"
+    verified = ssl.create_default_context(cafile=str(tmp_path / "tls.crt"))
+    verified.check_hostname = False  # (as the picker's: pods are reached by IP)
+    client = PrefillClient()
+    try:
+        plain = await client.run(step(address))  # plain HTTP to a TLS port: a failure, no params
+        done = await client.run(dataclasses.replace(step(address), tls=verified))
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert not plain.ok
+    assert done.ok, done.error
+    assert done.params == PARAMS

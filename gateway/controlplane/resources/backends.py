@@ -7,14 +7,39 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
 
 from kvgate.gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
 from kvgate.gateway.controlplane.resources.core import Pod, Service, check_address, format_address
 from kvgate.gateway.controlplane.resources.inference import InferencePool
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey
-from kvgate.gateway.controlplane.resources.resolved import ResolvedPicker, ResolvedPool
+from kvgate.gateway.controlplane.resources.resolved import ModelServerTls, ResolvedPicker, ResolvedPool
 from kvgate.policies.types import ROLE_LABEL, Endpoint, Role
+
+MODEL_SERVER_TLS_ANNOTATION = "kvgate.io/model-server-tls"
+"""``"true"``: the pool's model servers serve HTTPS (inference and ``/metrics`` on one port)."""
+MODEL_SERVER_CA_ANNOTATION = "kvgate.io/model-server-ca-file"
+"""A CA file (PEM) on the picker's and Envoy's disk, e.g. a mounted ConfigMap: HTTPS to the model
+servers, their certificates verified against it."""
+
+
+def model_server_tls(pool: InferencePool) -> ModelServerTls | str | None:
+    """The pool's HTTPS to its model servers, from its annotations (another value than ``"true"``
+    is plain HTTP: ``control_plane.pool_spec`` warns of it), or why its CA file cannot be used:
+    read here, because Envoy refuses a whole cluster update naming a file it cannot load."""
+    annotations = pool.metadata.annotations
+    ca_file = annotations.get(MODEL_SERVER_CA_ANNOTATION, "").strip() or None
+    if ca_file is None:
+        on = annotations.get(MODEL_SERVER_TLS_ANNOTATION, "").strip().lower() == "true"
+        return ModelServerTls() if on else None
+    try:
+        x509.load_pem_x509_certificates(Path(ca_file).read_bytes())
+    except (OSError, ValueError) as exc:
+        return f"{MODEL_SERVER_CA_ANNOTATION} {ca_file!r}: not a readable PEM certificate file ({exc})"
+    return ModelServerTls(ca_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +161,11 @@ def resolve_pool(
         for pod in pods
         for port in ports
     )
-    resolved = ResolvedPool(pool.key, ports, picker, endpoints)
+    tls = model_server_tls(pool)
+    if isinstance(tls, str):
+        cond = condition(ConditionType.RESOLVED_REFS, False, Reason.INVALID, tls, generation)
+        return PoolResolution(pool, None, cond)
+    resolved = ResolvedPool(pool.key, ports, picker, endpoints, model_server_tls=tls)
     text = f"endpoint picker: {message}; {len(endpoints)} endpoints from {len(pods)} ready pods"
     cond = condition(ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, text, generation)
     return PoolResolution(pool, resolved, cond)

@@ -52,6 +52,16 @@ class ResolvedPicker:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelServerTls:
+    """The pool's model servers serve HTTPS (vLLM's ``--ssl-certfile``): inference and metrics.
+    ``ca_file`` (a path the picker and Envoy can read): verify their certificates against it (the
+    chain only: pods are reached by IP); None: encrypted, not verified (the Inference Extension
+    picker's default, ``--model-server-metrics-https-insecure-skip-verify``)."""
+
+    ca_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ResolvedPool:
     """An InferencePool with its endpoints: ready selected pods × targetPorts, sorted.
 
@@ -67,6 +77,8 @@ class ResolvedPool:
     """The pool its overflow goes to when it is full (``kvgate.io/spill-to``), if any."""
     spill_addresses: tuple[str, ...] = ()
     """The endpoints of every pool down its spill chain (its data-plane cluster reaches them too)."""
+    model_server_tls: ModelServerTls | None = None
+    """HTTPS to the pool's model servers (``kvgate.io/model-server-tls``), else plain HTTP."""
 
     @property
     def id(self) -> str:

@@ -109,6 +109,9 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
             clusters.append(ecl.pool_fallback_cluster(backend))
         else:
             clusters.append(static_cluster(ecl.pool_fallback_cluster_name(pool.id)))
+    if pool.model_server_tls is not None:  # (the clusters that reach the model servers)
+        for cluster in clusters:
+            cluster["transport_socket"] = ecl.model_server_tls(pool.model_server_tls.ca_file)
     if pool.picker.addresses:
         name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
         addresses = [ecl.split_host_port(address) for address in pool.picker.addresses]

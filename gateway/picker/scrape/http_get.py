@@ -7,17 +7,19 @@ protocol below on the same page (``python -m kvgate.bench.scrape_client``: bench
 which every picker process pays whether traffic flows or not. The scraper needs none of what aiohttp
 adds: plain HTTP to one known host, a GET with no body, one request in flight per connection.
 
-What is supported: ``Content-Length`` bodies, ``Transfer-Encoding: chunked`` bodies (trailers
-ignored), bodies ended by the connection's close, ``Connection: close`` answers (the connection is
-opened again on the next GET), IPv6 hosts. Anything else (a malformed status line or header block,
-a body cut short) is a :class:`HttpGetError` of kind ``http``; refused or reset connections are kind
-``connection``; the caller bounds each GET with its own timeout.
+What is supported: HTTP and HTTPS (a client context given), ``Content-Length`` bodies,
+``Transfer-Encoding: chunked`` bodies (trailers ignored), bodies ended by the connection's close,
+``Connection: close`` answers (the connection is opened again on the next GET), IPv6 hosts.
+Anything else (a malformed status line or header block, a body cut short) is a
+:class:`HttpGetError` of kind ``http``; refused or reset connections, and failed TLS handshakes,
+are kind ``connection``; the caller bounds each GET with its own timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable
 from typing import cast
 
@@ -77,9 +79,12 @@ class MetricsConnection:
     that took too long, and its callbacks are never called. :meth:`get` is the same as a coroutine.
     """
 
-    def __init__(self, host: str, port: int, path: str, accept: str) -> None:
+    def __init__(self, host: str, port: int, path: str, accept: str,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: HTTPS with this client context (a model server started with TLS)."""
         self._host = host.strip("[]")
         self._port = port
+        self._tls = tls
         authority = f"[{self._host}]:{port}" if ":" in self._host else f"{self._host}:{port}"
         self._request = (
             f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: {accept}\r\n"
@@ -129,8 +134,9 @@ class MetricsConnection:
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            _, reader = await loop.create_connection(lambda: _Reader(self), self._host, self._port)
-        except OSError as exc:
+            _, reader = await loop.create_connection(lambda: _Reader(self), self._host, self._port,
+                                                     ssl=self._tls)
+        except OSError as exc:  # (ssl.SSLError too: a failed handshake)
             self._connecting = None
             self._fail("connection", repr(exc))
             return

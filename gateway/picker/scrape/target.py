@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from kvgate.gateway.picker.model_server_tls import ClientTls
 from kvgate.gateway.picker.scrape.dialects import MetricsDialect
 from kvgate.gateway.picker.scrape.http_get import MetricsConnection
 from kvgate.policies.types import Endpoint, EndpointView
@@ -49,14 +50,17 @@ class ScrapeTarget:
         "last_error",
         "sent_at",
         "successes",
+        "tls",
         "url",
         "view",
     )
 
     def __init__(
-        self, endpoint: Endpoint, dialect: MetricsDialect, url: str, connection: MetricsConnection
+        self, endpoint: Endpoint, dialect: MetricsDialect, url: str, connection: MetricsConnection,
+        tls: ClientTls | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.tls = tls
         self.dialect = dialect
         self.url = url
         self.connection = connection
@@ -91,9 +95,10 @@ def checked_endpoint(endpoint: Endpoint) -> Endpoint:
     return endpoint
 
 
-def metrics_url(endpoint: Endpoint, path: str, port: int | None = None) -> str:
-    """``http://host:port/path`` for an endpoint (IPv6 hosts bracketed; ``port`` overrides its port)."""
+def metrics_url(endpoint: Endpoint, path: str, port: int | None = None, *, https: bool = False) -> str:
+    """``http://host:port/path`` for an endpoint (IPv6 hosts bracketed; ``port`` overrides its port;
+    ``https``: its model server serves TLS)."""
     host = endpoint.host
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{endpoint.port if port is None else port}{path}"
+    return f"{'https' if https else 'http'}://{host}:{endpoint.port if port is None else port}{path}"

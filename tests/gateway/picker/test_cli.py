@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S
 from kvgate.gateway.picker.cli import build_parser, settings_from_args
+from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec
+from kvgate.gateway.picker.tls import self_signed
+from kvgate.policies.errors import ConfigError
 
 
 def test_the_prefill_timeout_reaches_the_settings_and_defaults_below_envoys_message_timeout() -> None:
@@ -22,3 +27,26 @@ def test_a_prefill_timeout_that_is_not_a_positive_number_is_refused(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--prefill-timeout", value])
     assert "--prefill-timeout" in capsys.readouterr().err
+
+
+def test_the_inference_extensions_model_server_https_flags(tmp_path: Path) -> None:
+    def tls(*flags: str) -> ModelServerTlsSpec | None:
+        return settings_from_args(build_parser().parse_args(list(flags)), None).model_server_tls
+
+    assert tls() is None
+    assert tls("--model-server-metrics-scheme", "https") == ModelServerTlsSpec()  # not verified (its default)
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(self_signed().cert_pem)
+    verify = "--model-server-metrics-https-insecure-skip-verify=false"
+    assert tls("--model-server-metrics-scheme", "https", "--model-server-ca-file", str(ca), verify) == (
+        ModelServerTlsSpec(caFile=str(ca)))
+    with pytest.raises(ConfigError, match="needs --model-server-ca-file"):
+        tls("--model-server-metrics-scheme", "https", verify)
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        tls("--model-server-ca-file", str(tmp_path / "missing.pem"))
+
+
+def test_a_pools_model_server_tls_overrides_the_flags() -> None:
+    spec = PoolSpec.model_validate({"name": "p", "modelServerTls": {}})
+    assert spec.model_server_tls == ModelServerTlsSpec()
+    assert PoolSpec.model_validate({"name": "p"}).model_server_tls is None
