@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
 
+import aiohttp
+
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
@@ -116,6 +118,9 @@ class UpOptions:
     where it starts: ``kvgate up --loop``)."""
     stream_idle_retry_s: float = 30.0
     """A streamed request whose replica sends nothing this long goes to the next endpoint (0: never)."""
+    drain_timeout_s: float = 60.0
+    """On SIGTERM/SIGINT, stop taking connections and let the requests in flight finish for at most
+    this long before stopping (0: stop at once; a second signal stops at once too)."""
     attempt_timeout_s: float = 30.0
     attempt_timeout_per_token_s: float = 0.1
     """A non-streamed request with ``max_tokens`` whose replica has not answered within
@@ -252,6 +257,8 @@ class KvgateUp:
         """A Gateway listener binds ``--port`` (a configuration may have none yet)."""
         self._scheme = "http"
         """``https`` where the listener on ``--port`` terminates TLS."""
+        self.draining = False
+        """Taking no more connections (:meth:`drain`): ``/readyz`` answers 503."""
 
     @property
     def url(self) -> str:
@@ -413,6 +420,7 @@ class KvgateUp:
         supervisor = EnvoySupervisor(envoy, ready=self._envoy_listening)
         self.supervisor = supervisor
         picker.admin.readiness_checks.append(supervisor.not_ready)
+        picker.admin.readiness_checks.append(lambda: "draining: stopping" if self.draining else None)
         self._stack.push_async_callback(supervisor.stop)  # before Envoy is stopped on purpose
         supervisor.start()
         events = EnvoyEvents(envoy.admin_url)
@@ -447,6 +455,27 @@ class KvgateUp:
             watch.cancel()
         except Exception:  # stopping: report it, go on stopping the rest
             log.exception("the configuration watcher failed")
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking connections and wait, at most ``timeout_s``, until the requests in flight
+        (streams included, and those held for room) have finished; the requests still in flight
+        then (0: all finished). The configuration is no longer followed meanwhile (a new listener
+        would take connections again); :meth:`stop` follows."""
+        self.draining = True
+        self._stop_watch.set()
+        envoy = self.envoy
+        if envoy is None or not envoy.running:
+            return 0
+        await envoy.drain_listeners()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                active = await envoy.active_requests()
+            except (aiohttp.ClientError, TimeoutError, ValueError):  # Envoy gone: nothing to wait for
+                return 0
+            if active == 0 or time.monotonic() >= deadline:
+                return active
+            await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
         """Stop what was started, newest first (Envoy before the picker and the simulator)."""

