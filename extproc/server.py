@@ -143,6 +143,13 @@ class ExtProcServer:
         for service in READINESS_SERVICES:
             await self.health.set(service, status)
 
+    async def drain(self, timeout_s: float) -> None:
+        """Take no new stream (readiness NOT_SERVING; new RPCs refused) and let those open end,
+        for at most ``timeout_s``: a stream is one request, so its end is the request's (a
+        full-duplex one lasts its whole response)."""
+        await self.set_ready(False)
+        await self._server.stop(timeout_s)
+
     async def stop(self, grace: float | None = 1.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -48,6 +49,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0 seconds: {text!r}")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 seconds or more: {text!r}")
     return value
 
 
@@ -130,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     upstream.add_argument("--model-server-ca-file", default=None, metavar="FILE",
                           help="verify the model servers' certificates against this CA file (PEM; the "
                           "chain only: pods are reached by IP)")
+    parser.add_argument("--drain-timeout", type=_non_negative_seconds, default=60.0, metavar="SECONDS",
+                        help="on SIGTERM or Ctrl-C, refuse new requests and let those in flight end for "
+                        "up to SECONDS before stopping (0: stop at once; a second signal stops at once; "
+                        "default 60)")
     parser.add_argument("--prefill-timeout", type=_positive_seconds, default=DEFAULT_PREFILL_TIMEOUT_S,
                         metavar="SECONDS",
                         help="give up the prefill step of a disaggregated request after SECONDS and "
@@ -234,7 +249,7 @@ async def _supervise(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
         await supervisor.supervise(stop)
     finally:
-        await supervisor.stop()
+        await supervisor.stop(args.drain_timeout + 5.0)  # (each worker drains its own requests)
     return 0
 
 
@@ -307,11 +322,28 @@ async def _serve(args: argparse.Namespace) -> int:
     watcher = asyncio.create_task(_watch(args.pools, service, stop)) if args.watch else None
     try:
         await stop.wait()
+        if args.drain_timeout > 0:
+            await _drain(service, stop, args.drain_timeout)
     finally:
         if watcher is not None:
             watcher.cancel()
         await service.stop()
     return 0
+
+
+async def _drain(service: PickerService, stop: asyncio.Event, timeout_s: float) -> None:
+    """Let the requests in flight end (a rolling update must not cut the streams the gateway holds
+    open to the picker: a full-duplex one lasts its whole response), or a second signal come."""
+    stop.clear()
+    log.info("draining: no new requests; waiting up to %g s for those in flight", timeout_s)
+    draining = asyncio.create_task(service.drain(timeout_s))
+    again = asyncio.create_task(stop.wait())
+    await asyncio.wait({draining, again}, return_when=asyncio.FIRST_COMPLETED)
+    again.cancel()
+    if not draining.done():
+        draining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
 
 
 async def _watch(path: Path, service: PickerService, stop: asyncio.Event) -> None:

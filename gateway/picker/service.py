@@ -143,6 +143,8 @@ class PickerService:
         self.telemetry.registry.register(OutcomeReportsCollector(lambda: outcomes.counts))
         self.telemetry.registry.register(SessionPinsCollector(self._session_counts))
         self._serving = False
+        self._draining = False
+        self.admin.readiness_checks.append(lambda: "draining: stopping" if self._draining else None)
         self._readiness_updates: set[asyncio.Task[None]] = set()
         self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
 
@@ -305,6 +307,12 @@ class PickerService:
         task = asyncio.get_running_loop().create_task(self.extproc.set_ready(bool(self.table.pools)))
         self._readiness_updates.add(task)
         task.add_done_callback(self._readiness_updates.discard)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Take no new request and let those in flight end, for at most ``timeout_s`` (``/readyz``
+        answers 503 meanwhile); :meth:`stop` follows."""
+        self._draining = True
+        await self.extproc.drain(timeout_s)
 
     async def stop(self) -> None:
         self._serving = False

@@ -198,8 +198,9 @@ class WorkerSupervisor:
                 except ConfigError as exc:
                     log.error("%s", exc.message)
 
-    async def stop(self) -> None:
-        await asyncio.gather(*(p.stop() for p in self._processes if p is not None))
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the workers: each drains (its ``--drain-timeout``) and is killed after ``timeout_s``."""
+        await asyncio.gather(*(p.stop(timeout_s) for p in self._processes if p is not None))
         if self._private is not None:
             await self._private.stop()
 

@@ -3,6 +3,7 @@ gateway chunk by chunk, not buffered to the end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -95,4 +96,33 @@ async def test_sse_chunks_reach_the_client_while_the_reply_is_generated(
     _assert_incremental(chat)
     usage = [p["usage"] for p in chat.payloads if p.get("usage")]
     assert usage
+    assert usage[-1]["completion_tokens"] == TOKENS
+
+
+async def test_a_draining_picker_lets_the_streams_it_holds_finish_and_takes_no_new_one(
+    start_fleet: StartFleet,
+    start_picker: StartPicker,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+) -> None:
+    # kvgate picker on SIGTERM (a rolling update): the gateway holds an ext_proc stream per request
+    # open for its whole response; those end whole, and the next request is refused by this picker
+    fleet = await start_fleet(1, 1.0)  # (H100 step times: ~2 s for 300 tokens)
+    picker = await start_picker([{"name": "llama", "endpoints": fleet.addresses}])
+    gateway = await start_gateway(picker.grpc_port, [PoolBackend("llama")])
+    body = {"model": MODEL, "prompt": "tell a story", "max_tokens": TOKENS, "stream": True,
+            "stream_options": {"include_usage": True}}
+    streaming = asyncio.create_task(_stream(http, gateway, "/v1/completions", body))
+    await asyncio.sleep(0.5)  # the stream is under way
+    draining = asyncio.create_task(picker.drain(20.0))
+    await asyncio.sleep(0.2)
+    async with http.get(f"http://127.0.0.1:{picker.admin.port}/readyz") as response:
+        assert response.status == 503
+    async with http.post(f"{gateway}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+                         ) as refused:
+        assert refused.status != 200
+    await draining
+    trace = await streaming
+    assert trace.events[-1] == "[DONE]"
+    usage = [p["usage"] for p in trace.payloads if p.get("usage")]
     assert usage[-1]["completion_tokens"] == TOKENS
