@@ -13,13 +13,16 @@ are other processes), and Envoy's CPU per request. ``--otlp``: a second ``kvgate
 first tracing every request (``--otlp-endpoint`` to a receiver in this process: Envoy's spans and
 the picker's), measured the same way in the same run. Prints a Markdown report and writes it to
 ``--output``. ``--kv-events``: a second gateway whose pool publishes KV events and names the
-simulated model's tokenizer (the default profile then tokenizes and keys every prompt).
+simulated model's tokenizer (the default profile then tokenizes and keys every prompt). ``--https``:
+a second gateway whose listener terminates TLS (wrk and the stream client keep their connections:
+the handshake is paid once per connection, as by clients that keep them).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -37,6 +40,7 @@ from kvgate.bench.datapath.onepass import FULL, QUICK, Plan, stream_latency
 from kvgate.bench.datapath.procs import Child, cpu_snapshot, descendants, kvgate_command, start_child
 from kvgate.bench.otlp_receiver import OtlpReceiver
 from kvgate.bench.workloads import SIM_MODEL
+from kvgate.gateway.picker.tls import self_signed
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
 
@@ -117,6 +121,31 @@ async def kv_events_gateway(args: argparse.Namespace, workdir: Path, stack: cont
                                                  {"kvgate_up": up.pid, **child_pids(up.pid)})
 
 
+async def https_gateway(args: argparse.Namespace, workdir: Path, stack: contextlib.AsyncExitStack,
+                        gateways: Gateways) -> None:
+    """``--https``: a second gateway whose listener terminates TLS (the bundled example with an HTTPS
+    listener and a self-signed certificate's Secret); clients do not verify it."""
+    config = workdir / "https-config"
+    shutil.copytree(bundled_example(), config)
+    gateway = config / "gateway.yaml"
+    text = gateway.read_text()
+    plain = "    - name: http\n      protocol: HTTP\n      port: 8080\n"
+    if plain not in text:
+        raise RuntimeError("the bundled example's listener is not where --https expects it")
+    gateway.write_text(text.replace(plain, "    - name: https\n      protocol: HTTPS\n      port: 8080\n"
+                                           "      tls: {certificateRefs: [{name: bench-cert}]}\n"))
+    pair = self_signed(("localhost",))
+    crt, key = (base64.b64encode(pem).decode() for pem in (pair.cert_pem, pair.key_pem))
+    (config / "secret.yaml").write_text(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: bench-cert, namespace: default}\n"
+        f"type: kubernetes.io/tls\ndata: {{tls.crt: {crt}, tls.key: {key}}}\n")
+    port = free_port()
+    up, _ = await start_up("kvgate_up_https", port, args.https_sim_host, args, workdir, ["-f", str(config)])
+    stack.push_async_callback(up.stop)
+    gateways["through kvgate up, HTTPS"] = (f"https://127.0.0.1:{port}",
+                                             {"kvgate_up": up.pid, **child_pids(up.pid)})
+
+
 async def load_rows(
     name: str, url: str, pids: dict[str, int], files: dict[str, Path], plan: Plan
 ) -> list[str]:
@@ -157,6 +186,8 @@ async def run(args: argparse.Namespace) -> str:
             receiver = await traced_gateway(args, workdir, stack, gateways) if args.otlp else None
             if args.kv_events:
                 await kv_events_gateway(args, workdir, stack, gateways)
+            if args.https:
+                await https_gateway(args, workdir, stack, gateways)
             replica = f"http://{args.sim_host}:8000"
             files = {
                 "1 KB": write_bodies(workdir / "b.jsonl", bodies(1, False, 64)),
@@ -200,7 +231,9 @@ async def run(args: argparse.Namespace) -> str:
         + (" and the same with `--otlp-endpoint URL --otlp-sampling-ratio 1` (a receiver in the benchmark's "
            "process), `--sim-hosts-from " + args.traced_sim_host + "`" if args.otlp else "")
         + (" and the bundled example with the pool's KV events and tokenizer (`-f DIR`, "
-           "`--sim-hosts-from " + args.kv_events_sim_host + "`)" if args.kv_events else ""),
+           "`--sim-hosts-from " + args.kv_events_sim_host + "`)" if args.kv_events else "")
+        + (" and the bundled example with an HTTPS listener (`-f DIR`, a self-signed ECDSA P-256 "
+           "certificate; `--sim-hosts-from " + args.https_sim_host + "`)" if args.https else ""),
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- plan: {plan}", f"- load after: {load_average()}", "",
@@ -226,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="a second kvgate up beside the first whose pool publishes KV events and names "
                         "its tokenizer: routing on the engines' reports (issue 37)")
     parser.add_argument("--kv-events-sim-host", default="127.0.4.1", help="its first replica's address")
+    parser.add_argument("--https", action="store_true",
+                        help="a second gateway whose listener terminates TLS (a self-signed certificate)")
+    parser.add_argument("--https-sim-host", default="127.0.5.1", help="its first replica's address")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
