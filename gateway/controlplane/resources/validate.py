@@ -131,12 +131,13 @@ def _validate_gateway(
             condition(ConditionType.PROGRAMMED, ok, programmed_reason,
                       "listener accepted" if ok else message, generation),
         )
-        if listener.protocol == "HTTPS":
-            refs_reason = reason if refs_problem else Reason.RESOLVED_REFS
-            conditions = (*conditions, condition(
-                ConditionType.RESOLVED_REFS, not refs_problem, refs_reason,
-                message if refs_problem else "certificate loaded", generation,
-            ))
+        # ResolvedRefs on every listener, as the Gateway API lists a listener's conditions
+        if refs_problem or reason is Reason.INVALID_ROUTE_KINDS:
+            refs = condition(ConditionType.RESOLVED_REFS, False, reason, message, generation)
+        else:
+            loaded = "certificate loaded" if listener.protocol == "HTTPS" else "references resolved"
+            refs = condition(ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, loaded, generation)
+        conditions = (*conditions, refs)
         statuses.append(ResourceStatus(gateway.ref, conditions, section=listener.name))
     if not valid:
         message = "no listener is valid"

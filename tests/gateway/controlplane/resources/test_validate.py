@@ -178,6 +178,9 @@ spec:
     assert tls is not None
     assert (tls.status, tls.reason) == (ConditionStatus.FALSE, "UnsupportedProtocol")
     assert by_section["api"].healthy
+    refs = by_section["http"].get(ConditionType.RESOLVED_REFS)  # on every listener, as the API lists them
+    assert refs is not None
+    assert refs.is_true
     (resolved,) = config.gateways
     assert [listener.name for listener in resolved.listeners] == ["http", "api"]
 
