@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from kvgate.simulator.http_replies import json_response
-from kvgate.simulator.openai_api import ApiError, decode_json_object
+from kvgate.simulator.openai_api import decode_json_object
+from kvgate.simulator.request_fields import ApiError
 
 if TYPE_CHECKING:
     from kvgate.simulator.fleet import Fleet, ReplicaListener

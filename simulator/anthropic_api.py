@@ -27,15 +27,8 @@ from typing import Any
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
-from kvgate.simulator.openai_api import (
-    ApiError,
-    InferenceRequest,
-    JsonObject,
-    field_bool,
-    field_int,
-    new_request_id,
-    output_text,
-)
+from kvgate.simulator.openai_api import InferenceRequest, new_request_id, output_text
+from kvgate.simulator.request_fields import ApiError, JsonObject, field_bool, field_int
 
 
 def error_body(err: ApiError) -> JsonObject:

@@ -6,7 +6,7 @@ import json
 
 from aiohttp import web
 
-from kvgate.simulator import openai_api as api
+from kvgate.simulator.request_fields import ApiError
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
@@ -18,7 +18,7 @@ def json_text_response(text: str) -> web.Response:
     return web.Response(body=text.encode(), content_type="application/json")
 
 
-def error_response(err: api.ApiError) -> web.Response:
+def error_response(err: ApiError) -> web.Response:
     return json_response(err.body(), err.status)
 
 

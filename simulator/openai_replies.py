@@ -12,14 +12,8 @@ from typing import Any, Protocol
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
-from kvgate.simulator.openai_api import (
-    MAX_MODEL_LEN,
-    ApiError,
-    InferenceRequest,
-    JsonObject,
-    error_body,
-    output_text,
-)
+from kvgate.simulator.openai_api import MAX_MODEL_LEN, InferenceRequest, output_text
+from kvgate.simulator.request_fields import ApiError, JsonObject, error_body
 
 
 def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> JsonObject:

@@ -18,6 +18,7 @@ from kvgate.simulator.encode_memo import EncodeMemo
 from kvgate.simulator.engine_types import PeekResult
 from kvgate.simulator.http_replies import error_response, json_response, json_text_response
 from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
+from kvgate.simulator.request_fields import ApiError
 
 Peek = Callable[[tuple[int, ...], str, str | None, tuple[MediaSpan, ...]], PeekResult]
 """(prompt tokens, model, cache salt, images' spans) -> what the engine would meet now."""
@@ -42,7 +43,7 @@ class PromptRoutes:
         try:
             body, _ = await self._checked_body(request)
             tokens = api.tokenize_tokens(body, self._memo, self._image_tokens)
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
         return json_response({"count": len(tokens), "max_model_len": api.MAX_MODEL_LEN,
                               "tokens": list(tokens), "token_strs": None})
@@ -51,7 +52,7 @@ class PromptRoutes:
         try:
             body, _ = await self._checked_body(request)
             return json_response({"prompt": api.detokenize_text(body)})
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
 
     async def render_completions(self, request: web.Request) -> web.Response:
@@ -60,7 +61,7 @@ class PromptRoutes:
             prompts = api.completion_prompts(body, self._memo)
             items = [api.render_json("completion", model, self._memo.tokens_json(t), body) for t in prompts]
             return json_text_response("[" + ", ".join(items) + "]")
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
 
     async def render_chat(self, request: web.Request) -> web.Response:
@@ -68,7 +69,7 @@ class PromptRoutes:
             body, model = await self._checked_body(request)
             tokens = api.chat_prompt(body, self._memo, self._image_tokens)
             return json_text_response(api.render_json("chat", model, self._memo.tokens_json(tokens), body))
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
 
     async def peek(self, request: web.Request) -> web.Response:
@@ -80,7 +81,7 @@ class PromptRoutes:
             else:
                 tokens = api.completion_prompts(body, self._memo)[0]
             salt = api.cache_salt(body)
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
         found = self._peek(tokens, model, salt, media)
         return json_response({
@@ -97,6 +98,6 @@ class PromptRoutes:
             body = anthropic_api.chat_body(api.decode_json_object(await request.read()), counting=True)
             api.check_model(api.requested_model(body, self._base_model), self._served_models())
             tokens = api.chat_prompt(body, self._memo, self._image_tokens)
-        except api.ApiError as err:
+        except ApiError as err:
             return json_response(anthropic_api.error_body(err), err.status)
         return json_response({"input_tokens": len(tokens)})

@@ -35,14 +35,8 @@ from typing import Any
 
 from kvgate.simulator import tokenizer
 from kvgate.simulator.engine_types import Finished
-from kvgate.simulator.openai_api import (
-    ApiError,
-    InferenceRequest,
-    JsonObject,
-    field_bool,
-    field_int,
-    output_text,
-)
+from kvgate.simulator.openai_api import InferenceRequest, output_text
+from kvgate.simulator.request_fields import ApiError, JsonObject, field_bool, field_int
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 

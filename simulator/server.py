@@ -45,6 +45,7 @@ from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
+from kvgate.simulator.request_fields import ApiError
 from kvgate.simulator.responses_api import ResponsesShape, ResponseStore, stored_reply
 from kvgate.simulator.stream_writer import stream_reply
 
@@ -258,7 +259,7 @@ class Replica:
         try:
             cancel = request.method == "POST"
             found = stored_reply(self.responses, request.match_info["response_id"], cancel=cancel)
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
         return json_response(found)
 
@@ -271,7 +272,7 @@ class Replica:
         becomes (the Responses API, Anthropic's Messages API) and answered in its own shape."""
         self.counters.requests_received += 1
         if not self.accepting:
-            return self._refused(api.ApiError(503, "the replica is stopping"), shape)
+            return self._refused(ApiError(503, "the replica is stopping"), shape)
         try:
             body = asked = api.decode_json_object(await request.read())
             if shape is not None:
@@ -279,7 +280,7 @@ class Replica:
             parsed = api.parse_inference(kind, body, self.base_model, self._memo, self.config.image_tokens)
             api.check_model(parsed.model, self.served_models())
             transfer = parse_kv_transfer_params(body)
-        except api.ApiError as err:
+        except ApiError as err:
             self.counters.requests_rejected += 1
             return self._refused(err, shape)
         if self.faults.hang:
@@ -287,7 +288,7 @@ class Replica:
             await self._hang_cleared.wait()  # until set_faults clears it, or the client goes away
         if self._injector.should_fail(self.faults):
             self.counters.errors_injected += 1
-            return self._refused(api.ApiError(500, "injected fault: internal server error"), shape)
+            return self._refused(ApiError(500, "injected fault: internal server error"), shape)
         request_id = api.new_request_id(kind)
         lora = None if parsed.model == self.base_model else parsed.model
         remote_tokens = await self.kv.receive(transfer) if isinstance(transfer, RemotePrefill) else 0
@@ -303,7 +304,7 @@ class Replica:
             delivery = self.driver.submit(sim, parsed.stream)
         except ValueError as exc:
             self.counters.requests_rejected += 1
-            return self._refused(api.ApiError(400, str(exc), "prompt"), shape)
+            return self._refused(ApiError(400, str(exc), "prompt"), shape)
         reply = shape.replies(asked, parsed) if shape is not None else None
         try:
             if parsed.stream:
@@ -322,7 +323,7 @@ class Replica:
             await delivery.wait()
         finished = delivery.finished
         if finished is None:
-            return error_response(api.ApiError(503, str(delivery.error)))
+            return error_response(ApiError(503, str(delivery.error)))
         if reply is not None:
             return json_response(reply.whole(finished))
         usage = replies.usage_json(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
@@ -344,7 +345,7 @@ class Replica:
                                   cut_streams=lambda: self.faults.cut_streams, on_cut=self._count_cut)
 
     @staticmethod
-    def _refused(err: api.ApiError, shape: replies.ReplyShape | None) -> web.Response:
+    def _refused(err: ApiError, shape: replies.ReplyShape | None) -> web.Response:
         return error_response(err) if shape is None else json_response(shape.error_body(err), err.status)
 
     def _count_cut(self) -> None:
@@ -365,8 +366,8 @@ class Replica:
         try:
             name, path = api.lora_request_fields(api.decode_json_object(await request.read()), need_path=True)
             if name == self.base_model or name in self.adapters:
-                raise api.ApiError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
-        except api.ApiError as err:
+                raise ApiError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        except ApiError as err:
             return error_response(err)
         self.engine.load_lora(name)
         self.adapters[name] = path
@@ -376,8 +377,8 @@ class Replica:
         try:
             name, _ = api.lora_request_fields(api.decode_json_object(await request.read()), need_path=False)
             if name not in self.adapters:
-                raise api.ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
-        except api.ApiError as err:
+                raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+        except ApiError as err:
             return error_response(err)
         self.engine.unload_lora(name)
         del self.adapters[name]
@@ -402,7 +403,7 @@ class Replica:
         try:
             window = float(request.query.get("window_s", "60"))
         except ValueError:
-            return error_response(api.ApiError(400, "window_s must be a number", "window_s"))
+            return error_response(ApiError(400, "window_s must be a number", "window_s"))
         return json_response(self.stats(window))
 
     async def _get_faults(self, request: web.Request) -> web.Response:
@@ -412,7 +413,7 @@ class Replica:
         try:
             body = api.decode_json_object(await request.read())
             return json_response(self.set_faults(body).to_json())
-        except api.ApiError as err:
+        except ApiError as err:
             return error_response(err)
         except ValueError as exc:
-            return error_response(api.ApiError(400, str(exc)))
+            return error_response(ApiError(400, str(exc)))

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from kvgate.policies.model_tokenizer import ModelTokenizer
 from kvgate.simulator import openai_api as api
 from kvgate.simulator.file_tokenizer import BUNDLED
+from kvgate.simulator.request_fields import ApiError
 from kvgate.simulator.tokenizer import encode
 from tests.extproc.test_picker_prompt_fuzz import bodies as chat_bodies
 
@@ -31,7 +32,7 @@ def test_the_generation_prompt_and_a_continued_final_message_as_vllm_renders_the
                             ({"add_generation_prompt": False, "continue_final_message": True}, continued)):
         assert tuple(encode(model.chat_template.render(chat, options=options))) == tokens
     for both in ({"continue_final_message": True}, {**cut, "add_generation_prompt": True}):
-        with pytest.raises(api.ApiError) as err:
+        with pytest.raises(ApiError) as err:
             api.chat_prompt({"messages": chat, **both})
         assert err.value.status == 400
 
@@ -43,6 +44,6 @@ def test_any_chat_body_is_parsed_or_refused_with_a_400(body: dict[str, Any]) -> 
     status = 200
     try:
         api.parse_inference("chat", body, "m")
-    except api.ApiError as err:
+    except ApiError as err:
         status = err.status
     assert status in (200, 400)

@@ -41,6 +41,7 @@ from kvgate.simulator.media import (
     image_identifiers,
     with_placeholders,
 )
+from kvgate.simulator.request_fields import ApiError
 from tests.simulator.conftest import MODEL, fleet_config
 from tests.simulator.test_engine import _drain
 from tests.simulator.test_engine_support import make_engine
@@ -100,7 +101,7 @@ def test_a_chat_with_an_image_and_a_bad_part_through_the_api_parser() -> None:
     plain = api.parse_inference("chat", {"messages": [{"role": "user", "content": "hi"}]}, "m")
     assert plain.media == ()
     bad = {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "v"}}]}]}
-    with pytest.raises(api.ApiError) as err:
+    with pytest.raises(ApiError) as err:
         api.parse_inference("chat", bad, "m")
     assert err.value.status == 400
 
@@ -219,7 +220,7 @@ def test_a_grid_models_count_follows_each_images_size_and_needs_its_bytes() -> N
     assert [n for _, _, n in parsed.media] == [64, 391]
     assert parsed.prompt_tokens.count(IMAGE_TOKEN_ID) == 64 + 391
     for url in ("https://example.com/cat.png", "data:image/png;base64,bm90IGFuIGltYWdl", png_url(10, 2001)):
-        with pytest.raises(api.ApiError) as err:
+        with pytest.raises(ApiError) as err:
             parse(url)
         assert err.value.status == 400
     args = build_parser().parse_args(["--image-grid"])

@@ -10,7 +10,7 @@ import aiohttp
 import openai
 import pytest
 
-from kvgate.simulator.openai_api import ApiError
+from kvgate.simulator.request_fields import ApiError
 from kvgate.simulator.responses_api import chat_body
 from tests.simulator.conftest import MODEL, FleetFactory
 
