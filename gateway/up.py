@@ -118,6 +118,9 @@ class UpOptions:
     where it starts: ``kvgate up --loop``)."""
     stream_idle_retry_s: float = 30.0
     """A streamed request whose replica sends nothing this long goes to the next endpoint (0: never)."""
+    privileged_port_offset: int = 0
+    """Gateway listener ports below 1024, other than the one ``port`` binds, are bound at the port plus
+    this (Envoy Gateway's 10000: a container without privileges; its Service maps them back)."""
     drain_timeout_s: float = 60.0
     """On SIGTERM/SIGINT, stop taking connections and let the requests in flight finish for at most
     this long before stopping (0: stop at once; a second signal stops at once too)."""
@@ -372,7 +375,12 @@ class KvgateUp:
         await models.start()
 
         listener_ports = sorted({ls.port for gw in first.config.gateways for ls in gw.listeners})
-        listen_ports = ((listener_ports[0], options.port),) if listener_ports else ()
+        listen_ports: tuple[tuple[int, int], ...] = ()
+        if listener_ports:
+            listen_ports = ((listener_ports[0], options.port),)
+        offset = options.privileged_port_offset  # (80 and 443 in a container without privileges)
+        if offset:
+            listen_ports += tuple((port, port + offset) for port in listener_ports[1:] if port < 1024)
         self._listens = bool(listen_ports)
         self._scheme = "https" if listener_ports and any(
             ls.certificate is not None for gw in first.config.gateways for ls in gw.listeners

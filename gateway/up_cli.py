@@ -212,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--envoy-log-level", default="warning")
     parser.add_argument("--envoy-concurrency", type=int, default=0, metavar="N",
                         help="Envoy worker threads (default 0: one per core)")
+    parser.add_argument("--privileged-port-offset", type=count(0), default=0, metavar="N",
+                        help="bind Gateway listener ports below 1024 (other than the one --port binds) "
+                        "at the port + N, e.g. 10000 in a container without privileges, its Service "
+                        "mapping them back (default 0: as written)")
     parser.add_argument("--drain-timeout", type=seconds, default=60.0, metavar="SECONDS",
                         help="on SIGTERM or Ctrl-C, stop taking connections and let the requests in "
                         "flight (streams too) finish for up to SECONDS before stopping (0: stop at "
@@ -275,6 +279,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         port=args.port,
         host=args.host,
         drain_timeout_s=args.drain_timeout,
+        privileged_port_offset=args.privileged_port_offset,
         admin_host=args.admin_host,
         admin_port=args.admin_port,
         picker_port=args.picker_port,

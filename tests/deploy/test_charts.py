@@ -82,6 +82,11 @@ GATEWAY_CASES: dict[str, dict[str, Any]] = {
                     "addresses": ["203.0.113.7"]},
         "gatewayClass": {"create": False},
     },
+    "http and https": {
+        "gateway": {"listeners": [{"name": "http", "port": 80, "protocol": "HTTP"},
+                                  {"name": "https", "port": 443, "protocol": "HTTPS",
+                                   "tls": {"certificateRefs": [{"name": "llm-cert"}]}}]},
+    },
 }
 ALL_RENDERS = [("kvgate-picker", name, values) for name, values in PICKER_CASES.items()] + [
     ("kvgate", name, values) for name, values in GATEWAY_CASES.items()
@@ -253,7 +258,9 @@ def test_the_gateway_runs_kvgate_up_on_the_gateways_listener_ports(case: str) ->
     lowest = min(int(listener["port"]) for listener in listeners)
     by_port = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}
     ports = {int(listener["port"]) for listener in listeners}
-    assert by_port == {port: parsed.port if port == lowest else port for port in ports}
+    assert by_port == {port: parsed.port if port == lowest else port + 10000 if port < 1024 else port
+                       for port in ports}
+    assert parsed.privileged_port_offset == 10000  # (kvgate up binds them there)
     redis = values.get("redis", {})
     assert (parsed.redis is not None) == bool(redis.get("url") or redis.get("enabled", True))
     _services_reach_their_deployments(docs)

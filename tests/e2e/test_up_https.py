@@ -16,6 +16,7 @@ import pytest
 
 from kvgate.gateway.picker.tls import KeyPair, self_signed
 from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import KvgateUp, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import wait_until
 from tests.e2e.test_up_routing import (
@@ -130,3 +131,48 @@ spec:
     for _ in range(3):
         assert (await complete(second))[0] == 200
         await asyncio.sleep(0.1)
+
+
+async def test_http_and_https_on_80_and_443_bind_above_1023_with_the_offset(
+    tmp_path: Path, start_fleet: Callable[..., Awaitable[SimFleet]], http: aiohttp.ClientSession,
+) -> None:
+    # the gateway chart's container runs without privileges: 443 is bound at 443 + the offset
+    # (Envoy Gateway's convention), 80 (the lowest) at --port; the Service maps them back
+    port = free_port()
+    fleet = await sim_fleet(start_fleet, "127.0.5.21", port, "--model", "base")
+    pair = self_signed((HOST,))
+    https_port = free_port()
+    (tmp_path / "gateway.yaml").write_text("""
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec:
+  gatewayClassName: kvgate
+  listeners:
+    - {name: http, port: 80, protocol: HTTP}
+    - {name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: llm}]}}
+""")
+    (tmp_path / "secret.yaml").write_text(secret_yaml("llm", pair))
+    (tmp_path / "pool.yaml").write_text(pool_yaml("pool", port))
+    (tmp_path / "pods.yaml").write_text(pods_yaml("pool", fleet))
+    (tmp_path / "route.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: llm}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules: [{{backendRefs: [{pool_ref("pool")}]}}]
+""")
+    up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=0,
+                            privileged_port_offset=https_port - 443))
+    try:
+        await up.start()
+        await wait_ready(http, up, ["pool"])
+        body = {"model": "base", "prompt": "hi", "max_tokens": 2}
+        async with http.post(f"{up.url}/v1/completions", json=body) as plain:
+            assert plain.status == 200
+        async with http.post(f"https://127.0.0.1:{https_port}/v1/completions", json=body,
+                             ssl=client_context(pair), server_hostname=HOST) as secure:
+            assert secure.status == 200, await secure.text()
+    finally:
+        await up.stop()
