@@ -45,6 +45,7 @@ from kvgate.gateway.controlplane.models.server import ModelsServer
 from kvgate.gateway.controlplane.resources import ConfigProvider, FileProvider
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
+from kvgate.gateway.controlplane.telemetry import ControlPlaneCollector
 from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
 from kvgate.gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
 from kvgate.gateway.picker.redis_link import RedisSettings
@@ -406,6 +407,7 @@ class KvgateUp:
                                extra_pods=extra, on_pools=on_pools,
                                on_applied=publisher.notify if publisher is not None else None)
         self.control = control
+        picker.telemetry.registry.register(ControlPlaneCollector(control, self.xds_status))
         picker.admin.status_provider = control.status
         if not control.apply(first):
             raise ConfigError(f"cannot apply the configuration: {control.last_error}")

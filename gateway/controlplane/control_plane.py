@@ -40,6 +40,7 @@ from kvgate.gateway.controlplane.resources.backends import (
     MODEL_SERVER_TLS_ANNOTATION,
 )
 from kvgate.gateway.controlplane.resources.core import Pod
+from kvgate.gateway.controlplane.resources.provider import ProviderStatus
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
 from kvgate.gateway.controlplane.translate import BodyRouting, TranslationSettings, translate
 from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
@@ -441,6 +442,9 @@ class ControlPlane:
         async for snapshot in self.provider.updates(stop):
             if self.applied is None or snapshot.content_hash != self.applied.content_hash:
                 self.apply(snapshot)
+
+    def provider_status(self) -> ProviderStatus:
+        return self.provider.status()
 
     def status(self) -> dict[str, Any]:
         """The JSON of ``GET /status`` (what ``kvgate status`` prints)."""

@@ -14,9 +14,13 @@ from typing import Any
 
 import aiohttp
 
+from kvgate.gateway.controlplane.resources import ProviderStatus, ValidatedConfig, load_directory, validate
+from kvgate.gateway.controlplane.telemetry import ControlPlaneCollector
+from kvgate.gateway.controlplane.xds import XdsStatus
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.up import bundled_example
 from tests.redis_server import RedisServer
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kvgate-dashboard.json"
@@ -108,12 +112,25 @@ def test_dashboard_is_grafana_json_with_a_prometheus_datasource_variable() -> No
         assert grid["x"] + grid["w"] <= 24, panel["title"]
 
 
+class _ExampleControlPlane:
+    """The control plane's state the collector reads, for the bundled example's manifests."""
+
+    def __init__(self) -> None:
+        self.config: ValidatedConfig | None = validate(load_directory(bundled_example()))
+        self.last_error: str | None = None
+
+    def provider_status(self) -> ProviderStatus:
+        return ProviderStatus("example", 1, "", None, None, None)
+
+
 async def _exported_families(redis: RedisServer) -> dict[str, str]:
     """``# TYPE`` lines of a live picker's /metrics: family name → type."""
     service = PickerService(
         PickerSettings(grpc_address="127.0.0.1:0", admin_port=0, redis=RedisSettings(url=redis.url))
     )
     service.apply_pools([PoolSpec(name="llama", endpoints=("127.0.0.1:9",))], "llama")
+    # kvgate up registers the control plane's families on the same registry (its /metrics)
+    service.telemetry.registry.register(ControlPlaneCollector(_ExampleControlPlane(), XdsStatus()))
     await service.start()
     try:
         url = f"http://127.0.0.1:{service.admin.port}/metrics"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cryptography import x509
 
 from kvgate.gateway.picker.tls import KeyPair, self_signed
 from kvgate.gateway.processes.envoy_process import free_port
@@ -100,6 +101,17 @@ spec:
 
     status_code, body = await complete(first)
     assert status_code == 200, body
+    async with http.get(f"{up.admin_url}/metrics") as response:  # the control plane's own families
+        page = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in (await response.text())
+                .splitlines() if line.startswith("kvgate_") and not line.startswith("#")}
+    not_after = x509.load_pem_x509_certificate(first.cert_pem).not_valid_after_utc.timestamp()
+    assert page['kvgate_listener_certificate_expiry_timestamp_seconds{gateway="default/gw",listener="llm"}'] \
+        == not_after
+    assert page['kvgate_config_errors{stage="load"}'] == 0
+    assert page['kvgate_xds_pushes_total{type="Listener"}'] >= 1
+    assert page['kvgate_xds_rejections_total{type="Listener"}'] == 0
+    # the broken listener is counted among the bad conditions (an alert's query)
+    assert page['kvgate_resource_conditions{condition="ResolvedRefs",kind="Gateway",status="False"}'] == 1
     assert body["usage"]["completion_tokens"] == 2  # type: ignore[index]
     with pytest.raises(aiohttp.ClientOSError):  # plain HTTP is not served there: the connection reset
         async with http.post(up.url.replace("https://", "http://") + "/v1/completions", json={}) as reply:
