@@ -114,6 +114,7 @@ async def test_a_draining_picker_lets_the_streams_it_holds_finish_and_takes_no_n
             "stream_options": {"include_usage": True}}
     streaming = asyncio.create_task(_stream(http, gateway, "/v1/completions", body))
     await asyncio.sleep(0.5)  # the stream is under way
+    assert not streaming.done()
     draining = asyncio.create_task(picker.drain(20.0))
     await asyncio.sleep(0.2)
     async with http.get(f"http://127.0.0.1:{picker.admin.port}/readyz") as response:
