@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
 
-import aiohttp
-
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
@@ -476,16 +474,7 @@ class KvgateUp:
         envoy = self.envoy
         if envoy is None or not envoy.running:
             return 0
-        await envoy.drain_listeners()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                active = await envoy.active_requests()
-            except (aiohttp.ClientError, TimeoutError, ValueError):  # Envoy gone: nothing to wait for
-                return 0
-            if active == 0 or time.monotonic() >= deadline:
-                return active
-            await asyncio.sleep(0.1)
+        return await envoy.drain(timeout_s)
 
     async def stop(self) -> None:
         """Stop what was started, newest first (Envoy before the picker and the simulator)."""

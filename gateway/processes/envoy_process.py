@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -31,6 +32,7 @@ class EnvoyStartError(ConfigError):
     """Envoy exited or did not become ready; the message carries the tail of its log."""
 
 
+log = logging.getLogger(__name__)
 _ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 
 def find_envoy_binary() -> Path:
@@ -217,6 +219,24 @@ class EnvoyProcess:
                 if isinstance(port, int):
                     ports.add(port)
         return ports
+
+    async def drain(self, timeout_s: float) -> int:
+        """:meth:`drain_listeners`, then wait (at most ``timeout_s``) until no client request is in
+        flight; those still in flight then (0: all finished; also when Envoy no longer answers)."""
+        try:
+            await self.drain_listeners()
+        except (aiohttp.ClientError, TimeoutError, EnvoyStartError) as exc:  # the caller stops it
+            log.warning("Envoy could not be drained (%s): stopping it now", exc)
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                active = await self.active_requests()
+            except (aiohttp.ClientError, TimeoutError, ValueError):  # gone: nothing to wait for
+                return 0
+            if active == 0 or time.monotonic() >= deadline:
+                return active
+            await asyncio.sleep(0.1)
 
     async def drain_listeners(self) -> None:
         """Stop accepting connections; those open finish their requests (HTTP/1.1 answers close
