@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -53,6 +54,10 @@ class AdminServer:
         self.readiness_checks: list[Callable[[], str | None]] = []
         """More reasons not to be ready, asked on each ``/readyz`` (the composition root's: e.g.
         ``kvgate up``'s Envoy not running); each answers None when all is well."""
+        self.envoy_stats_url: str | None = None
+        """Envoy's admin ``/stats/prometheus`` (``kvgate up``): served at ``/metrics/envoy``, so
+        Envoy's own metrics (requests, upstream errors, TLS handshakes) are scraped where kvgate's
+        are (Envoy's admin listens on loopback only)."""
         self.metrics_auth: Callable[[str | None], Awaitable[bool]] | None = None
         """Set to require a bearer token on ``/metrics`` (``--metrics-endpoint-auth``): called with
         the token (None: no Authorization header); False answers 401 (no token) or 403."""
@@ -60,6 +65,7 @@ class AdminServer:
     def _app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics/envoy", self._envoy_metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/debug/pools", self._pools)
@@ -71,16 +77,40 @@ class AdminServer:
             return web.json_response({"error": "no control plane runs in this process"}, status=404)
         return web.json_response(dict(self.status_provider()))
 
+    async def _refused(self, request: web.Request) -> web.Response | None:
+        """401 (no token) or 403 when ``metrics_auth`` refuses the request, else None."""
+        if self.metrics_auth is None:
+            return None
+        token = _bearer(request)
+        if await self.metrics_auth(token):
+            return None
+        status, error = (401, "unauthorized") if token is None else (403, "forbidden")
+        return web.json_response({"error": error}, status=status)
+
     async def _metrics(self, request: web.Request) -> web.Response:
-        if self.metrics_auth is not None:
-            header = request.headers.get("Authorization", "")
-            token = header[7:].strip() if header.lower().startswith("bearer ") else None
-            if not await self.metrics_auth(token):
-                status = 401 if token is None else 403
-                error = "unauthorized" if token is None else "forbidden"
-                return web.json_response({"error": error}, status=status)
+        refused = await self._refused(request)
+        if refused is not None:
+            return refused
         body = self._source.telemetry.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _envoy_metrics(self, request: web.Request) -> web.Response:
+        refused = await self._refused(request)
+        if refused is not None:
+            return refused
+        if self.envoy_stats_url is None:
+            return web.json_response({"error": "no Envoy runs beside this process"}, status=404)
+        try:
+            timeout = aiohttp.ClientTimeout(total=5.0)
+            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
+                    self.envoy_stats_url) as answer:
+                body = await answer.read()
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return web.json_response({"error": f"Envoy's admin did not answer: {exc!r}"}, status=503)
+        if status != 200:
+            return web.json_response({"error": f"Envoy's admin answered {status}"}, status=503)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -117,3 +147,8 @@ class AdminServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    return header[7:].strip() if header.lower().startswith("bearer ") else None

@@ -110,6 +110,11 @@ spec:
     assert page['kvgate_config_errors{stage="load"}'] == 0
     assert page['kvgate_xds_pushes_total{type="Listener"}'] >= 1
     assert page['kvgate_xds_rejections_total{type="Listener"}'] == 0
+    async with http.get(f"{up.admin_url}/metrics/envoy") as response:  # Envoy's own, beside kvgate's
+        assert response.status == 200
+        envoy_page = await response.text()
+    assert "envoy_http_downstream_rq_total" in envoy_page
+    assert "envoy_listener_ssl_handshake" in envoy_page  # (the TLS listener's handshakes)
     # the broken listener is counted among the bad conditions (an alert's query)
     assert page['kvgate_resource_conditions{condition="ResolvedRefs",kind="Gateway",status="False"}'] == 1
     assert body["usage"]["completion_tokens"] == 2  # type: ignore[index]
