@@ -39,6 +39,7 @@ from kvgate.gateway.controlplane.resources.backends import (
     MODEL_SERVER_CA_ANNOTATION,
     MODEL_SERVER_TLS_ANNOTATION,
 )
+from kvgate.gateway.controlplane.resources.certificates import not_after
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.provider import ProviderStatus
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
@@ -472,5 +473,11 @@ class ControlPlane:
             "apply_error_at": self.last_error_at,
             "resources": [] if config is None else config.status.to_json(),
             "notes": [] if config is None else list(config.notes),
+            "certificates": [] if config is None else [
+                {"gateway": str(gateway), "listener": listener, "secret": str(certificate.secret),
+                 "not_after": not_after(certificate)}
+                for (gateway, listener), certificate in sorted(config.certificates().items(),
+                                                               key=lambda item: (str(item[0][0]), item[0][1]))
+            ],
             "xds": self.xds_status.as_dict(),
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,16 @@ def format_status(status: Mapping[str, Any]) -> str:
             rows.append([entry["kind"], name, where or "-", *cells])
     lines.append("")
     lines.extend(_table(rows) if len(rows) > 1 else ["(no resources)"])
+    certificates = status.get("certificates") or []
+    if certificates:
+        now = time.time()
+        cert_rows = [["LISTENER", "SECRET", "EXPIRES IN"]]
+        for cert in certificates:
+            days = (float(cert["not_after"]) - now) / 86400
+            cert_rows.append([f"{cert['gateway']} {cert['listener']}", cert["secret"],
+                              f"{days:.0f} days" if days >= 0 else f"EXPIRED {-days:.0f} days ago"])
+        lines.append("")
+        lines.extend(_table(cert_rows))
     xds_rows: list[list[str]] = [["ENVOY NODE", "TYPE", "SENT", "ACKED", "LAST REJECTION"]]
     for node, types in (status.get("xds") or {}).get("nodes", {}).items():
         for url, state in types.items():

@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from cryptography import x509
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.gateway.controlplane.resources import ValidatedConfig
+from kvgate.gateway.controlplane.resources.certificates import not_after
 from kvgate.gateway.controlplane.resources.provider import ProviderStatus
 from kvgate.gateway.controlplane.xds.observer import XdsStatus
 
@@ -100,8 +100,7 @@ class ControlPlaneCollector(Collector):
             key = (str(gateway), listener)
             known = self._expiries.get(key)
             if known is None or known.chain != certificate.certificate_chain:
-                first = x509.load_pem_x509_certificates(certificate.certificate_chain.encode())[0]
-                known = _Expiry(certificate.certificate_chain, first.not_valid_after_utc.timestamp())
+                known = _Expiry(certificate.certificate_chain, not_after(certificate))
             seen[key] = known
             family.add_metric(list(key), known.not_after)
         self._expiries = seen

@@ -92,6 +92,10 @@ spec:
                  if e["kind"] == "Gateway" and e.get("sectionName") == "broken"]
     refs = {c["type"]: c for c in gateway["conditions"]}["ResolvedRefs"]
     assert (refs["status"], refs["reason"]) == ("False", "InvalidCertificateRef"), gateway
+    [served] = status["certificates"]  # what kvgate status shows, with the days left
+    assert (served["listener"], served["secret"]) == ("llm", "default/llm")
+    expires = x509.load_pem_x509_certificate(first.cert_pem).not_valid_after_utc.timestamp()
+    assert served["not_after"] == expires
 
     async def complete(pair: KeyPair) -> tuple[int, dict[str, object]]:
         body = {"model": "base", "prompt": "hi", "max_tokens": 2}

@@ -37,6 +37,12 @@ class ListenerCertificate:
         return f"ListenerCertificate({self.secret})"
 
 
+def not_after(certificate: ListenerCertificate) -> float:
+    """When the chain's first certificate expires (Unix seconds)."""
+    first = x509.load_pem_x509_certificates(certificate.certificate_chain.encode())[0]
+    return first.not_valid_after_utc.timestamp()
+
+
 @dataclass(frozen=True, slots=True)
 class CertificateProblem:
     """Why a listener has no certificate: the ResolvedRefs reason and a message (never key material)."""

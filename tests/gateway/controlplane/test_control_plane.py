@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -424,3 +425,15 @@ async def test_what_is_wrong_with_an_applied_configuration_is_logged_once_and_it
     assert control.apply(provider.load())
     resolved = "configuration: resolved: HTTPRoute default/r"
     assert any(r.getMessage().startswith(resolved) and r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_status_lists_each_listener_certificate_with_the_days_left() -> None:
+    now = time.time()
+    day = 86400
+    gw = "default/gw"
+    text = format_status({"certificates": [
+        {"gateway": gw, "listener": "https", "secret": "default/cert", "not_after": now + 30.4 * day},
+        {"gateway": gw, "listener": "old", "secret": "default/old", "not_after": now - 2.2 * day},
+    ]})
+    assert "default/gw https  default/cert  30 days" in text
+    assert "EXPIRED 2 days ago" in text
