@@ -31,7 +31,8 @@ def destination_edit(
     if bound is not None:
         ms = bound.milliseconds(request.max_tokens, streamed=request.stream)
         if ms is not None:
-            set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms)))
+            cap = config.attempt_cap_ms  # (the route's backendRequest: the header would override it)
+            set_headers.append((ATTEMPT_TIMEOUT_HEADER, str(ms if cap is None else min(ms, cap))))
     if outcome is not None:
         set_headers.append((names.OUTCOME_HEADER, outcome))
     prefiller = decision.sidecar_prefill

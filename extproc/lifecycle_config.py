@@ -64,6 +64,10 @@ class LifecycleConfig:
     """Bound each attempt of a non-streamed request by its ``max_tokens`` (Envoy's per-try timeout
     header): for data planes whose routes retry on the picker's fallbacks, as kvgate's do. None:
     no bound (a gateway configured by others keeps its own timeouts)."""
+    attempt_cap_ms: int | None = None
+    """The request's route rule's ``timeouts.backendRequest`` (gRPC initial metadata, per stream):
+    the attempt bound is never longer (the route's own per-try timeout bounds the requests the
+    picker sets no bound for)."""
 
 
 class RequestIds:

@@ -25,6 +25,10 @@ SESSION_HEADER = "x-session-id"
 POOL_METADATA_KEY = "x-kvgate-pool"
 """gRPC initial metadata (set by Envoy's per-route ``ExtProcPerRoute`` override) naming the request's pool."""
 
+BACKEND_REQUEST_METADATA_KEY = "x-kvgate-backend-request-ms"
+"""gRPC initial metadata (per route, like the pool's) carrying the route rule's HTTPRoute
+``timeouts.backendRequest`` in milliseconds: the picker's attempt bound never exceeds it."""
+
 KVGATE_HEADER_PREFIX = "x-kvgate-"
 
 STREAM_HEADER = "x-kvgate-stream"

@@ -46,17 +46,21 @@ class PrefillRunner(Protocol):
     async def run(self, step: RunPrefill) -> PrefillDone: ...
 
 
-def stream_metadata(context: Context) -> tuple[str | None, str | None]:
-    """The stream's ``x-kvgate-role`` and ``x-kvgate-pool`` gRPC initial metadata values (one pass):
-    the role is ``bbr`` for the body-based router; the pool is set by Envoy's per-route
-    ``ExtProcPerRoute`` override."""
+def stream_metadata(context: Context) -> tuple[str | None, str | None, int | None]:
+    """The stream's ``x-kvgate-role``, ``x-kvgate-pool`` and ``x-kvgate-backend-request-ms`` gRPC
+    initial metadata values (one pass): the role is ``bbr`` for the body-based router; the pool and
+    the route rule's backendRequest are set by Envoy's per-route ``ExtProcPerRoute`` override."""
     role = pool = None
+    backend_ms: int | None = None
     for key, value in context.invocation_metadata() or ():
         if key == names.POOL_METADATA_KEY:
             pool = value if isinstance(value, str) else value.decode()
         elif key == ROLE_METADATA_KEY:
             role = value if isinstance(value, str) else value.decode()
-    return role, pool
+        elif key == names.BACKEND_REQUEST_METADATA_KEY:
+            text = value if isinstance(value, str) else value.decode()
+            backend_ms = int(text) if text.isdigit() and int(text) > 0 else None
+    return role, pool, backend_ms
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -84,9 +88,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._config = config or LifecycleConfig()
         self._request_ids = RequestIds().next_id
 
-    def _new_lifecycle(self, pool: str | None, span: RequestSpan | None) -> RequestLifecycle:
+    def _new_lifecycle(self, pool: str | None, span: RequestSpan | None,
+                       backend_ms: int | None = None) -> RequestLifecycle:
+        config = self._config
+        if backend_ms is not None:  # (a rule's backendRequest bounds this request's attempts)
+            config = dataclasses.replace(config, attempt_cap_ms=backend_ms)
         return RequestLifecycle(
-            self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=self._config,
+            self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=config,
             request_ids=self._request_ids, after_reply=self._after_reply, trace=span,
         )
 
@@ -112,14 +120,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         context: Context,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         machine: StreamMachine
-        role, pool = stream_metadata(context)
+        role, pool, backend_ms = stream_metadata(context)
         span: RequestSpan | None = None
         if role == BBR_ROLE:
             machine = BodyBasedRouter(max_body_bytes=self._config.max_body_bytes)
         else:
             if self._tracer is not None:
                 span = self._tracer.start(context.invocation_metadata() or ())
-            machine = self._new_lifecycle(pool, span)
+            machine = self._new_lifecycle(pool, span, backend_ms)
         cancelled = True
         try:
             async for message in request_iterator:

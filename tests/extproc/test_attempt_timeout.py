@@ -3,6 +3,8 @@ answers): what the picker computes, and the Envoy router header it writes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvgate.extproc.attempt_timeout import ATTEMPT_TIMEOUT_HEADER, AttemptTimeout
@@ -62,3 +64,13 @@ def test_a_picker_configured_without_a_bound_writes_none() -> None:
 def test_max_completion_tokens_counts_as_max_tokens() -> None:
     headers = _headers_for(completion(max_completion_tokens=10), BOUND)
     assert headers[ATTEMPT_TIMEOUT_HEADER] == "31000"
+
+
+def test_a_route_rules_backend_request_caps_the_bound() -> None:
+    # the header overrides the route's per_try_timeout in Envoy: the picker writes the smaller one
+    capped = dataclasses.replace(BOUND, attempt_cap_ms=600)
+    assert _headers_for(completion(max_tokens=200), capped)[ATTEMPT_TIMEOUT_HEADER] == "600"
+    loose = dataclasses.replace(BOUND, attempt_cap_ms=120_000)
+    assert _headers_for(completion(max_tokens=200), loose)[ATTEMPT_TIMEOUT_HEADER] == "50000"
+    # no bound of its own (streamed, no max_tokens): none written, the route's per-try timeout applies
+    assert ATTEMPT_TIMEOUT_HEADER not in _headers_for(completion(max_tokens=200, stream=True), capped)

@@ -10,11 +10,13 @@ listener's local-reply mapper turns Envoy's 503 into the Gateway API's 500.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.extproc.names import is_system_owned
+from kvgate.extproc.names import BACKEND_REQUEST_METADATA_KEY, is_system_owned
 from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
@@ -241,12 +243,34 @@ def _target(
 def rule_targets(
     rule: ResolvedRule, settings: TranslationSettings, clusters: ClusterSet, warnings: list[str], owner: str
 ) -> tuple[Target, ...]:
-    """The weighted targets of a rule that does not answer 500 (backends of weight 0 are left out)."""
-    return tuple(
+    """The weighted targets of a rule that does not answer 500 (backends of weight 0 are left out);
+    a rule with ``timeouts.backendRequest`` tells the picker of its pools (``with_backend_request``)."""
+    targets = tuple(
         _target(backend, settings, clusters, warnings, owner)
         for backend in rule.backends
         if backend.weight > 0
     )
+    seconds = rule.timeouts.backend_request_seconds if rule.timeouts is not None else None
+    if not seconds:  # (None: unset; 0: no timeout)
+        return targets
+    ms = max(1, round(seconds * 1000))
+    return tuple(dataclasses.replace(target, per_filter=with_backend_request(target.per_filter, ms),
+                                     route_filter=with_backend_request(target.route_filter, ms))
+                 for target in targets)
+
+
+def with_backend_request(configs: Mapping[str, JsonDict], ms: int) -> Mapping[str, JsonDict]:
+    """``configs`` with each ext_proc override's initial metadata also naming the rule's
+    ``backendRequest`` (copies: the pool's own configs are shared by its other rules)."""
+    out: dict[str, JsonDict] = {}
+    for name, config in configs.items():
+        copied = copy.deepcopy(config)
+        per_route = copied.get("config", copied)  # (a FilterConfig wraps the ExtProcPerRoute)
+        metadata = per_route.get("overrides", {}).get("grpc_initial_metadata")
+        if isinstance(metadata, list):
+            metadata.append({"key": BACKEND_REQUEST_METADATA_KEY, "value": str(ms)})
+        out[name] = copied
+    return out
 
 
 def cluster_action(targets: tuple[Target, ...], picked: bool) -> tuple[JsonDict, JsonDict]:

@@ -61,15 +61,21 @@ def _merge_headers(*parts: JsonDict) -> JsonDict:
     return merged
 
 
-def _timeout(rule: ResolvedRule, settings: TranslationSettings, warnings: list[str], owner: str) -> str:
+def _timeouts(
+    rule: ResolvedRule, settings: TranslationSettings, warnings: list[str], owner: str
+) -> tuple[str, str | None]:
+    """The route's timeout (``timeouts.request``) and its attempts' (``timeouts.backendRequest``:
+    each try until the backend's whole response, Envoy's ``per_try_timeout``; None: unbounded)."""
     seconds = settings.default_route_timeout_s
+    per_try: str | None = None
     if rule.timeouts is not None:
         if rule.timeouts.request_seconds is not None:
             seconds = rule.timeouts.request_seconds
-        if rule.timeouts.backend_request_seconds is not None:
-            warnings.append(f"{owner}: timeouts.backendRequest is not supported; ignored")
+        backend = rule.timeouts.backend_request_seconds
+        if backend:  # (0: no timeout)
+            per_try = ec.duration(backend)
     warnings.extend(f"{owner}: {name} is not supported; ignored" for name in rule.ignored)
-    return ec.duration(seconds)
+    return ec.duration(seconds), per_try
 
 
 def _rule_fields(
@@ -100,6 +106,7 @@ def _envoy_routes(
     timeout: str,
     retries: int,
     stream_idle_s: float = 0.0,
+    per_try: str | None = None,
 ) -> tuple[JsonDict, ...]:
     """The rule's route (a FailOpen pool: the picked one, then the fallback). With retries to the
     picker's fallbacks, a copy for streamed requests (the picker's ``x-kvgate-stream: 1``) comes
@@ -112,8 +119,11 @@ def _envoy_routes(
         action, route_fields = cluster_action(targets, picked)
         route: JsonDict = {"name": route_name, "match": route_match}
         route["route"] = {**action, **rule_action, "timeout": timeout}
-        if retry is not None and picked:
-            route["route"]["retry_policy"] = retry
+        policy = retry if retry is not None and picked else None
+        if per_try is not None:  # (without retries: the single try's bound)
+            policy = {**(policy or {}), "per_try_timeout": per_try}
+        if policy is not None:
+            route["route"]["retry_policy"] = policy
         route.update(_merge_headers(rule_route, route_fields))
         return route
 
@@ -144,7 +154,7 @@ def route_groups(
         targets: tuple[Target, ...] = ()
         if rule.redirect is None and not rule.answers_500:
             targets = rule_targets(rule, settings, clusters, warnings, owner)
-        timeout = _timeout(rule, settings, warnings, owner)
+        timeout, per_try = _timeouts(rule, settings, warnings, owner)
         for index, match in enumerate(rule.matches):
             name = f"{route.key}/rule{rule.index}/match{index}"
             envoy = envoy_match(match)
@@ -166,7 +176,7 @@ def route_groups(
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
                 routes = _envoy_routes(
                     name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
-                    settings.stream_idle_retry_s,
+                    settings.stream_idle_retry_s, per_try,
                 )
             key = (*match_precedence(match), age, str(route.key), rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)
