@@ -260,6 +260,10 @@ def spill_chains(pools: list[ResolvedPool], sources: Mapping[ObjectKey, Inferenc
             notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r} names no other resolved "
                          "InferencePool in its namespace; no spill")
             continue
+        if by_key[target].model_server_tls != pool.model_server_tls:  # (one Envoy cluster reaches both)
+            notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r}: its model servers are "
+                         "reached with other TLS settings (kvgate.io/model-server-tls, -ca-file); no spill")
+            continue
         targets[pool.key] = target
     out = []
     for pool in pools:

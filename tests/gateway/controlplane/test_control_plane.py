@@ -403,6 +403,10 @@ def test_a_spill_target_that_is_missing_or_leads_back_is_left_out_with_a_note() 
     assert all(s.spill_to is None for s in specs)
     assert len(notes) == 2
     assert "leads back" in notes[0]
+    # a pool whose model servers are reached with other TLS settings: one Envoy cluster cannot
+    specs, notes, _ = spill_config("kvgate.io/spill-to: spot, ", '"kvgate.io/model-server-tls": "true"')
+    assert all(s.spill_to is None for s in specs)
+    assert "other TLS settings" in notes[0]
 
 
 async def test_what_is_wrong_with_an_applied_configuration_is_logged_once_and_its_end_too(
