@@ -92,12 +92,18 @@ def service_addresses(resources: ResourceSet, service: Service, port: int | None
             return ServiceAddresses((), f"{service.ref} has no port {port}")
         service_port = found
     target = service_port.effective_target
-    if isinstance(target, str):
-        if not target.isdigit():
-            return ServiceAddresses((), f"{service.ref}: named targetPort {target!r} is not supported")
-        target = int(target)
     pods = ready_pods(resources, service.metadata.namespace, service.spec.selector)
-    addresses = {format_address(pod.status.pod_ip or "", target) for pod in pods}
+    if isinstance(target, int) or target.isdigit():
+        number = int(target)
+        numbered = {format_address(pod.status.pod_ip or "", number) for pod in pods}
+        return ServiceAddresses(tuple(sorted(numbered)))
+    # A named targetPort (``targetPort: http``) is each pod's container port of that name, as
+    # Kubernetes builds the Service's endpoints: pods may differ, and a pod without it is no endpoint.
+    addresses: set[str] = set()
+    for pod in pods:
+        number = pod.named_port(target, service_port.protocol)
+        if number is not None:
+            addresses.add(format_address(pod.status.pod_ip or "", number))
     return ServiceAddresses(tuple(sorted(addresses)))
 
 

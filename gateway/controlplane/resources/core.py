@@ -37,9 +37,34 @@ class PodStatus(LenientModel):
     conditions: tuple[PodCondition, ...] = ()
 
 
+class ContainerPort(LenientModel):
+    name: str | None = None
+    container_port: int = Field(alias="containerPort", ge=1, le=65535)
+    protocol: str = "TCP"
+
+
+class Container(LenientModel):
+    name: str = ""
+    ports: tuple[ContainerPort, ...] = ()
+
+
+class PodSpec(LenientModel):
+    containers: tuple[Container, ...] = ()
+
+
 class Pod(Resource):
     kind: Literal["Pod"]
+    spec: PodSpec = PodSpec()
     status: PodStatus = PodStatus()
+
+    def named_port(self, name: str, protocol: str = "TCP") -> int | None:
+        """The number of the container port called ``name`` (a Service's named ``targetPort``: each
+        pod says its own number, as Kubernetes resolves it per endpoint); None: no such port."""
+        for container in self.spec.containers:
+            for port in container.ports:
+                if port.name == name and port.protocol == protocol:
+                    return port.container_port
+        return None
 
     @property
     def ready(self) -> bool:

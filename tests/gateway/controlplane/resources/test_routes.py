@@ -115,6 +115,38 @@ spec:
     assert "no port 81" in cond.message
 
 
+def test_a_named_target_port_is_each_pods_container_port_of_that_name() -> None:
+    # As Kubernetes resolves it: per pod (two pods, two numbers), a pod without the name is no endpoint.
+    service = """
+apiVersion: v1
+kind: Service
+metadata: {name: named}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: http}]
+"""
+
+    def pod_with_ports(name: str, ip: str, ports: str) -> str:
+        return pod(name, "web", ip) + f"spec:\n  containers: [{{name: server, ports: {ports}}}]\n"
+
+    docs = (
+        *base(),
+        service,
+        pod_with_ports("a", "10.1.0.1", "[{name: http, containerPort: 8000}, {name: m, containerPort: 99}]"),
+        pod_with_ports("b", "10.1.0.2", "[{name: http, containerPort: 8080}]"),
+        pod_with_ports("c", "10.1.0.3", "[{name: grpc, containerPort: 9000}]"),
+        pod_with_ports("d", "10.1.0.4", "[{name: http, containerPort: 8000, protocol: UDP}]"),
+        route("r", "    - backendRefs: [{name: named, port: 80}]"),
+    )
+    config = build(*docs)
+    backend = config.routes[0].rules[0].backends[0]
+    assert backend.addresses == ("10.1.0.1:8000", "10.1.0.2:8080")
+    assert not config.routes[0].rules[0].answers_500
+    cond = config.status.find(ROUTE, ConditionType.RESOLVED_REFS)
+    assert cond is not None
+    assert cond.status == "True"
+
+
 def test_cross_namespace_backend_needs_a_reference_grant() -> None:
     other_pool = base()[2].replace("{name: pool-a}", "{name: pool-a, namespace: models}")
     rules = (
