@@ -101,9 +101,9 @@ def service_addresses(resources: ResourceSet, service: Service, port: int | None
     # Kubernetes builds the Service's endpoints: pods may differ, and a pod without it is no endpoint.
     addresses: set[str] = set()
     for pod in pods:
-        number = pod.named_port(target, service_port.protocol)
-        if number is not None:
-            addresses.add(format_address(pod.status.pod_ip or "", number))
+        named = pod.named_port(target, service_port.protocol)
+        if named is not None:
+            addresses.add(format_address(pod.status.pod_ip or "", named))
     return ServiceAddresses(tuple(sorted(addresses)))
 
 
