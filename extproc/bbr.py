@@ -36,10 +36,11 @@ from kvgate.extproc.events import (
     ResponseTrailers,
     StreamClosed,
 )
+from kvgate.extproc.form_request import form_boundary, parse_form
 from kvgate.extproc.model_names import check_model_name
 from kvgate.extproc.openai_request import api_kind
 from kvgate.extproc.request_headers import check_header_limits
-from kvgate.policies.errors import KvgateError
+from kvgate.policies.errors import BadRequestError, KvgateError
 from kvgate.policies.types import ApiKind
 
 ROLE_METADATA_KEY = "x-kvgate-role"
@@ -51,10 +52,17 @@ BBR_ROLE = "bbr"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
-def model_of(body: bytes) -> str | None:
-    """The top-level string ``model`` of a JSON object body, else None (never raises)."""
+def model_of(body: bytes, content_type: str | None = None) -> str | None:
+    """The top-level string ``model`` of a JSON object body, or a form's ``model`` field
+    (``extproc.form_request``: the audio APIs), else None (never raises)."""
     if not body:
         return None
+    try:
+        boundary = form_boundary(content_type)
+        if boundary is not None:
+            return parse_form(boundary, body).fields.get("model") or None
+    except BadRequestError:
+        return None  # the picker answers it
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -77,10 +85,13 @@ class BodyBasedRouter:
         """The model found in the body (after the body's end of stream), for tests and logs."""
         self._api = ApiKind.OTHER
         """The request's API, from its path: its refusals in that API's error shape."""
+        self._content_type: str | None = None
 
     def handle(self, event: Event) -> Sequence[Action]:
         if isinstance(event, RequestHeaders):
-            self._api = api_kind(next((value for name, value in event.headers if name == ":path"), ""))
+            headers = dict(event.headers)
+            self._api = api_kind(headers.get(":path", ""))
+            self._content_type = headers.get("content-type")
             try:
                 check_header_limits(event.headers)  # no room for the model header: 431, not 503
             except KvgateError as error:
@@ -112,7 +123,7 @@ class BodyBasedRouter:
             return ContinueBody(Phase.REQUEST)
         body = b"".join(self._chunks)
         self._chunks.clear()
-        self.model = None if self._overflowed else model_of(body)
+        self.model = None if self._overflowed else model_of(body, self._content_type)
         if self.model is None:
             return ContinueBody(Phase.REQUEST)
         try:

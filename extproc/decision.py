@@ -10,6 +10,7 @@ from typing import Any
 
 from kvgate.extproc import names
 from kvgate.extproc.anthropic_messages import Chat, anthropic_chat
+from kvgate.extproc.form_request import Form, form_boundary, parse_form_request, with_model
 from kvgate.extproc.inference_paths import route_of, stored_response_of
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
@@ -113,7 +114,13 @@ def prepare(
     rewritten = injected = False
     parsed = None
     stored = _NOT_STORED
-    if body and api is not ApiKind.OTHER:
+    boundary = form_boundary(headers.get("content-type")) if body and api is ApiKind.OTHER else None
+    form: Form | None = None
+    if boundary is not None:  # the audio APIs' forms
+        found = parse_form_request(api, boundary, body)
+        if found is not None:
+            parsed, form = found
+    elif body and api is not ApiKind.OTHER:
         parsed = parse_request_body(api, body, name_media=pool.names_inline_media)
     elif body:
         try:
@@ -134,8 +141,12 @@ def prepare(
         if parsed.api is ApiKind.RESPONSES:
             stored = stored_response(parsed.document)
         added = {"request_id": stored.response_id} if stored.added and stored.response_id else None
-        prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage, added=added)
-        upstream, rewritten, injected = prepared.data, prepared.rewritten, prepared.usage_injected
+        if form is not None:
+            if target_model != model:
+                upstream, rewritten = with_model(body, form, target_model), True
+        else:
+            prepared = upstream_body(parsed, body, target_model, inject_usage=inject_usage, added=added)
+            upstream, rewritten, injected = prepared.data, prepared.rewritten, prepared.usage_injected
 
     if api is ApiKind.OTHER and stored.previous_response_id is None:  # a stored response's own path
         named = stored_response_of(route_of(headers.get(":path", "")))

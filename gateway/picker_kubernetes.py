@@ -22,7 +22,7 @@ from kvgate.gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
 from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
 from kvgate.gateway.picker.service import PickerService
-from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes import event_loop, logs
 from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level)
     warn_ignored(args)
     try:
         return event_loop.run(lambda: serve(args), args.loop)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -14,7 +13,7 @@ from typing import Any
 
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
-from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
@@ -318,9 +317,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level)
     try:
         options = options_from_args(args)
         return event_loop.run(lambda: serve(options), args.loop)

@@ -4,6 +4,7 @@
 aiohttp application over it each time its listener starts (see :mod:`simulator.fleet`).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
+``POST /v1/audio/transcriptions`` and ``/translations`` (multipart forms: ``audio_api``),
 ``GET /health``, ``GET /version``, ``GET /metrics``, ``POST /v1/load_lora_adapter``,
 ``POST /v1/unload_lora_adapter``, ``POST /tokenize``, ``POST /detokenize``,
 ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``; simulator extras
@@ -16,6 +17,7 @@ import asyncio
 import dataclasses
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,7 @@ from aiohttp import web
 from kvgate.simulator import openai_api as api
 from kvgate.simulator import openai_replies as replies
 from kvgate.simulator.anthropic_api import MessagesShape
+from kvgate.simulator.audio_api import TranscriptionShape, read_form
 from kvgate.simulator.cors import cors
 from kvgate.simulator.driver import Delivery, EngineDriver, LagMonitor, ReplicaStopped
 from kvgate.simulator.encode_memo import EncodeMemo
@@ -224,6 +227,8 @@ class Replica:
         app.router.add_get("/v1/responses/{response_id}", self._stored_response)
         app.router.add_post("/v1/responses/{response_id}/cancel", self._stored_response)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/audio/transcriptions", self._audio)
+        app.router.add_post("/v1/audio/translations", self._audio)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
@@ -266,15 +271,22 @@ class Replica:
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat", MessagesShape())
 
+    async def _audio(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, "chat", TranscriptionShape(self.base_model), read=read_form)
+
     async def _inference(self, request: web.Request, kind: api.ApiKind,
-                         shape: replies.ReplyShape | None = None) -> web.StreamResponse:
+                         shape: replies.ReplyShape | None = None,
+                         read: Callable[[web.Request], Awaitable[dict[str, Any]]] | None = None,
+                         ) -> web.StreamResponse:
         """A completion or chat; with ``shape``, a request of another API served as the chat it
-        becomes (the Responses API, Anthropic's Messages API) and answered in its own shape."""
+        becomes (the Responses API, Anthropic's Messages API, speech to text) and answered in its
+        own shape; ``read``: its body when not JSON (a form)."""
         self.counters.requests_received += 1
         if not self.accepting:
             return self._refused(ApiError(503, "the replica is stopping"), shape)
         try:
-            body = asked = api.decode_json_object(await request.read())
+            body = asked = (api.decode_json_object(await request.read()) if read is None
+                            else await read(request))
             if shape is not None:
                 body = shape.chat_body(asked)
             parsed = api.parse_inference(kind, body, self.base_model, self._memo, self.config.image_tokens)

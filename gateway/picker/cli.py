@@ -23,7 +23,7 @@ from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
 from kvgate.gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
-from kvgate.gateway.processes import event_loop
+from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
@@ -388,9 +388,7 @@ class PoolsFileApplier:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level)
     warn_ignored(args)
     if args.workers < 1:
         print("kvgate picker: --workers must be at least 1", file=sys.stderr)
