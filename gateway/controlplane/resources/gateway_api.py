@@ -1,7 +1,7 @@
 """Gateway API manifests (``gateway.networking.k8s.io``): Gateway, HTTPRoute, ReferenceGrant.
 
 Only what kvgate acts on is typed; fields a real manifest may carry that kvgate does not act on
-(TLS, addresses, retries, session persistence…) are accepted and ignored so that ordinary
+(addresses, session persistence…) are accepted and ignored so that ordinary
 manifests load. Rules the Gateway API's CRDs check at admission (CEL) are checked here too, so
 a manifest ``kubectl apply`` would refuse is refused at load time.
 """
@@ -9,7 +9,7 @@ a manifest ``kubectl apply`` would refuse is refused at load time.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -254,6 +254,19 @@ class HTTPRouteTimeouts(SpecModel):
         return None if self.backend_request is None else parse_duration(self.backend_request)
 
 
+class HTTPRouteRetry(SpecModel):
+    """GEP-1731: retry a backend request on these status ``codes`` (400-599), at most ``attempts``
+    times (0: never), ``backoff`` apart at least."""
+
+    codes: tuple[Annotated[int, Field(ge=400, le=599)], ...] = ()
+    attempts: int | None = Field(default=None, ge=0)
+    backoff: Duration | None = None
+
+    @property
+    def backoff_seconds(self) -> float | None:
+        return None if self.backoff is None else parse_duration(self.backoff)
+
+
 class HTTPBackendRef(SpecModel):
     """A Service (``port`` required) or an InferencePool (``group: inference.networking.k8s.io``)."""
 
@@ -272,7 +285,7 @@ class HTTPRouteRule(SpecModel):
     filters: tuple[HTTPRouteFilter, ...] = ()
     backend_refs: tuple[HTTPBackendRef, ...] = ()
     timeouts: HTTPRouteTimeouts | None = None
-    retry: AnyValue | None = None
+    retry: HTTPRouteRetry | None = None
     session_persistence: AnyValue | None = None
 
     @model_validator(mode="after")

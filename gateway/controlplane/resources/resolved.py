@@ -18,6 +18,7 @@ from kvgate.gateway.controlplane.resources.conditions import StatusReport
 from kvgate.gateway.controlplane.resources.gateway_api import (
     HTTPRouteFilter,
     HTTPRouteMatch,
+    HTTPRouteRetry,
     HTTPRouteTimeouts,
     RequestRedirect,
 )
@@ -123,8 +124,10 @@ class ResolvedRule:
     timeouts: HTTPRouteTimeouts | None
     backends: tuple[ResolvedBackend, ...]
     ignored: tuple[str, ...] = ()
-    """Fields of the rule kvgate does not apply (the Experimental channel's ``retry``: the picker's
-    own retries apply; ``sessionPersistence``: use ``x-session-id``); translation warns of them."""
+    """Fields of the rule kvgate does not apply (the Experimental channel's ``sessionPersistence``:
+    use ``x-session-id``); translation warns of them."""
+    retry: HTTPRouteRetry | None = None
+    """The rule's ``retry`` (GEP-1731; ``translate.retries`` says how it meets the picker's own)."""
 
     @property
     def valid_backends(self) -> tuple[ResolvedBackend, ...]:

@@ -238,10 +238,11 @@ def validate_route(
                 referenced.add(backend.key)
             if problem is not None:
                 ref_problems.append((problem, backend.reason))
-        unapplied = (("retry", rule.retry), ("sessionPersistence", rule.session_persistence))
+        unapplied = (("sessionPersistence", rule.session_persistence),)
         rules.append(
             ResolvedRule(index, rule.name, rule.matches, rule.filters, rule.timeouts, tuple(backends),
-                         ignored=tuple(name for name, value in unapplied if value is not None))
+                         ignored=tuple(name for name, value in unapplied if value is not None),
+                         retry=rule.retry)
         )
     if ref_problems:
         reason, _ = ref_problems[0]

@@ -16,7 +16,7 @@ from typing import Any
 from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import ResolvedRoute, ResolvedRule
-from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch
+from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, HTTPRouteRetry
 from kvgate.gateway.controlplane.translate.backends import (
     EXT_PROC_DISABLED,
     ClusterSet,
@@ -31,6 +31,7 @@ from kvgate.gateway.controlplane.translate.matches import (
     path_rewrite,
     redirect_action,
 )
+from kvgate.gateway.controlplane.translate.retries import with_rule_retry
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 
 JsonDict = dict[str, Any]
@@ -107,11 +108,15 @@ def _envoy_routes(
     retries: int,
     stream_idle_s: float = 0.0,
     per_try: str | None = None,
+    rule_retry: HTTPRouteRetry | None = None,
 ) -> tuple[JsonDict, ...]:
     """The rule's route (a FailOpen pool: the picked one, then the fallback). With retries to the
     picker's fallbacks, a copy for streamed requests (the picker's ``x-kvgate-stream: 1``) comes
-    first, whose attempts also end when the replica stays silent for ``stream_idle_s``."""
+    first, whose attempts also end when the replica stays silent for ``stream_idle_s``. The rule's
+    own ``retry`` adjusts either (``translate.retries``)."""
     follows = retries > 0 and any(target.retries for target in targets)
+    if rule_retry is not None and rule_retry.attempts == 0:
+        follows = False  # the rule asks for none
 
     def build(
         route_name: str, route_match: JsonDict, picked: bool, retry: JsonDict | None = None
@@ -132,9 +137,10 @@ def _envoy_routes(
     routes: list[JsonDict] = []
     if follows and stream_idle_s > 0:
         stream_match = {**picked_match, "headers": [*picked_match.get("headers", []), _STREAMED]}
-        stream_retry = ec.stream_retry_policy(retries, stream_idle_s)
+        stream_retry = with_rule_retry(ec.stream_retry_policy(retries, stream_idle_s), rule_retry)
         routes.append(build(f"{name}/stream", stream_match, True, stream_retry))
-    routes.append(build(name, picked_match, True, ec.pool_retry_policy(retries) if follows else None))
+    retry = with_rule_retry(ec.pool_retry_policy(retries) if follows else None, rule_retry)
+    routes.append(build(name, picked_match, True, retry))
     if fail_open:
         routes.append(build(f"{name}/fallback", match, False))
     return tuple(routes)
@@ -176,7 +182,7 @@ def route_groups(
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
                 routes = _envoy_routes(
                     name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
-                    settings.stream_idle_retry_s, per_try,
+                    settings.stream_idle_retry_s, per_try, rule.retry,
                 )
             key = (*match_precedence(match), age, str(route.key), rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)
