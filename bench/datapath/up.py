@@ -15,7 +15,12 @@ the picker's), measured the same way in the same run. Prints a Markdown report a
 ``--output``. ``--kv-events``: a second gateway whose pool publishes KV events and names the
 simulated model's tokenizer (the default profile then tokenizes and keys every prompt). ``--https``:
 a second gateway whose listener terminates TLS (wrk and the stream client keep their connections:
-the handshake is paid once per connection, as by clients that keep them).
+the handshake is paid once per connection, as by clients that keep them). ``--workers N``: a second
+gateway run with ``kvgate up --workers N`` (its picker workers and private Redis counted with it).
+``--floor``: the one-pass floor processor (``bench.datapath.null_picker``: reads the buffered body,
+names the first replica, nothing else) behind an Envoy of the same worker count, to the first
+replica: the load table gives each gateway's p99 and CPU per request against it, in the same run
+(issue 35's tail: ``--connections 64``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -34,15 +40,26 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvgate.bench.datapath.envoy import POOL
 from kvgate.bench.datapath.full_duplex import load_average, machine, versions, wait_until_serving
 from kvgate.bench.datapath.load import completion_bodies, run_wrk, write_bodies
-from kvgate.bench.datapath.onepass import FULL, QUICK, Plan, stream_latency
-from kvgate.bench.datapath.procs import Child, cpu_snapshot, descendants, kvgate_command, start_child
+from kvgate.bench.datapath.onepass import FLOOR, FULL, QUICK, Plan, processor_listener, stream_latency
+from kvgate.bench.datapath.procs import (
+    Child,
+    cpu_snapshot,
+    descendants,
+    kvgate_command,
+    start_child,
+    start_null_picker,
+)
 from kvgate.bench.otlp_receiver import OtlpReceiver
 from kvgate.bench.workloads import SIM_MODEL
+from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, ext_proc_cluster, pool_clusters
+from kvgate.gateway.controlplane.envoy_config import bootstrap
 from kvgate.gateway.picker.tls import self_signed
-from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
+from kvgate.policies.types import FailureMode
 
 READY = "kvgate ready:"
 
@@ -59,8 +76,10 @@ def bodies(tokens: int, stream: bool, count: int) -> list[bytes]:
 
 
 def child_pids(pid: int) -> dict[str, int]:
-    """Envoy and the simulator, started by the ``kvgate up`` process, by command line."""
+    """Envoy and the simulator, started by the ``kvgate up`` process, by command line; with
+    ``--workers``, its picker workers (``worker1``...) and their private Redis too."""
     found: dict[str, int] = {}
+    workers = 0
     for child in descendants(pid):
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
@@ -68,7 +87,17 @@ def child_pids(pid: int) -> dict[str, int]:
                 found.setdefault("envoy", child)
             elif b"simulator" in cmdline:
                 found.setdefault("simulator", child)
+            elif b"redis-server" in cmdline:
+                found.setdefault("redis", child)
+            elif b"picker" in cmdline:
+                workers += 1
+                found[f"worker{workers}"] = child
     return found
+
+
+def picker_side(name: str) -> bool:
+    """Whether process ``name`` of a gateway is its picker's: counted in its CPU per request."""
+    return name in ("kvgate_up", "redis", "null_picker") or name.startswith("worker")
 
 
 async def start_up(name: str, port: int, sim_host: str, args: argparse.Namespace, workdir: Path,
@@ -147,13 +176,16 @@ async def https_gateway(args: argparse.Namespace, workdir: Path, stack: contextl
 
 
 async def load_rows(
-    name: str, url: str, pids: dict[str, int], files: dict[str, Path], plan: Plan
+    name: str, url: str, pids: dict[str, int], files: dict[str, Path], plan: Plan,
+    floor: dict[str, tuple[float, float]] | None = None,
 ) -> list[str]:
+    """The closed-loop rows of one path; ``floor``: per case, the floor's p99 and CPU per request
+    (picker and Envoy) in this run, which each row is given as a ratio of."""
     names = " | ".join(sorted(pids))
     lines = ["", f"## {name[0].upper()}{name[1:]} at c={plan.connections}", "",
-             "| request | req/s | p50 ms | kvgate up µs/req | Envoy µs/req | errors "
-             f"| cores: {names} | wrk |",
-             "|---|---|---|---|---|---|" + "---|" * (len(pids) + 1)]
+             "| request | req/s | p50 ms | p99 ms | p99 × floor's | picker µs/req | Envoy µs/req "
+             f"| CPU/req × floor's | errors | cores: {names} | wrk |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(pids) + 1)]
     for case in ("1 KB", "stream 64"):
         before = cpu_snapshot(pids)
         started = time.monotonic()
@@ -161,18 +193,59 @@ async def load_rows(
         wall = time.monotonic() - started
         after = cpu_snapshot(pids)
         served = max(1, result.requests)
-        picker = (after["kvgate_up"] - before["kvgate_up"]) / served * 1e6
+        picker = sum(after[n] - before[n] for n in pids if picker_side(n)) / served * 1e6
         envoy = (after.get("envoy", 0.0) - before.get("envoy", 0.0)) / served * 1e6
         cores = " | ".join(f"{(after[n] - before[n]) / wall:.2f}" for n in sorted(pids))
         rate = result.requests / result.duration_s
-        lines.append(f"| {case} | {rate:.0f} | {result.p50_ms:.2f} | {picker:.0f} | {envoy:.0f} | "
-                     f"{result.errors} | {cores} | {result.wrk_cpu:.2f} |")
+        against = floor.get(case) if floor is not None else None
+        p99_ratio = f"{result.p99_ms / against[0]:.2f}" if against else "–"
+        cpu_ratio = f"{(picker + envoy) / against[1]:.2f}" if against else "–"
+        if floor is not None and against is None:  # the floor's own row
+            floor[case] = (result.p99_ms, picker + envoy)
+            p99_ratio = cpu_ratio = "1.00"
+        lines.append(f"| {case} | {rate:.0f} | {result.p50_ms:.2f} | {result.p99_ms:.2f} | {p99_ratio} | "
+                     f"{picker:.0f} | {envoy:.0f} | {cpu_ratio} | {result.errors} | {cores} | "
+                     f"{result.wrk_cpu:.2f} |")
         print(lines[-1], file=sys.stderr, flush=True)
     return lines
 
 
+async def workers_gateway(args: argparse.Namespace, workdir: Path, stack: contextlib.AsyncExitStack,
+                          gateways: Gateways) -> None:
+    """``--workers N``: a second gateway, ``kvgate up --workers N``."""
+    port = free_port()
+    up, _ = await start_up("kvgate_up_workers", port, args.workers_sim_host, args, workdir,
+                           ["--workers", str(args.workers)])
+    stack.push_async_callback(up.stop)
+    gateways[f"through kvgate up --workers {args.workers}"] = (
+        f"http://127.0.0.1:{port}", {"kvgate_up": up.pid, **child_pids(up.pid)})
+
+
+async def floor_path(
+    args: argparse.Namespace, stack: contextlib.AsyncExitStack
+) -> tuple[str, dict[str, int]]:
+    """``--floor``: the one-pass floor processor behind its own Envoy (the same worker count as
+    ``kvgate up``'s), naming the first replica for every request."""
+    replica = f"{args.sim_host}:8000"
+    null_picker, address = await start_null_picker(replica)
+    stack.push_async_callback(null_picker.stop)
+    port = free_port()
+    config = bootstrap(
+        free_port(), [processor_listener("floor", port, "ext_proc_null", FLOOR)],
+        [ext_proc_cluster([address], name="ext_proc_null"),
+         *pool_clusters(PoolBackend(POOL, FailureMode.FAIL_CLOSE))],
+        node_id="kvgate-bench-up-floor",
+    )
+    envoy = EnvoyProcess(config, EnvoyOptions(concurrency=args.envoy_concurrency or (os.cpu_count() or 1)))
+    await envoy.start()
+    stack.push_async_callback(envoy.stop)
+    return f"http://127.0.0.1:{port}", {"null_picker": null_picker.pid, "envoy": envoy.pid or 0}
+
+
 async def run(args: argparse.Namespace) -> str:
     plan = QUICK if args.quick else FULL
+    if args.connections:
+        plan = dataclasses.replace(plan, connections=args.connections)
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-up-bench-") as tmp:
         workdir = Path(tmp)
@@ -188,12 +261,17 @@ async def run(args: argparse.Namespace) -> str:
                 await kv_events_gateway(args, workdir, stack, gateways)
             if args.https:
                 await https_gateway(args, workdir, stack, gateways)
+            if args.workers > 1:
+                await workers_gateway(args, workdir, stack, gateways)
+            floor = await floor_path(args, stack) if args.floor else None
             replica = f"http://{args.sim_host}:8000"
             files = {
                 "1 KB": write_bodies(workdir / "b.jsonl", bodies(1, False, 64)),
                 "stream 64": write_bodies(workdir / "s.jsonl", bodies(64, True, 64)),
             }
-            paths = {"straight to a replica": replica, **{n: url for n, (url, _) in gateways.items()}}
+            paths = {"straight to a replica": replica,
+                     **({"the floor processor": floor[0]} if floor is not None else {}),
+                     **{n: url for n, (url, _) in gateways.items()}}
             for url in paths.values():
                 await wait_until_serving(url, bodies(1, False, 1)[0])
             for url in paths.values():  # warm-up
@@ -213,12 +291,16 @@ async def run(args: argparse.Namespace) -> str:
             ]
             for key, label in (("1 KB", "1 KB non-streamed, max_tokens 1"), ("ttft", "64-token stream: TTFT"),
                                ("last", "64-token stream: last byte")):
-                for name in gateways:
+                for name in (n for n in paths if n != "straight to a replica"):
                     through = latency[name]
                     lines.append(f"| {label} | {name} | {straight[key]:.3f} | {through[key]:.3f} | "
                                  f"+{through[key] - straight[key]:.3f} | {int(through['errors'])} |")
+            floor_figures: dict[str, tuple[float, float]] | None = None
+            if floor is not None:
+                floor_figures = {}
+                lines += await load_rows("the floor processor", *floor, files, plan, floor_figures)
             for name, (url, pids) in gateways.items():
-                lines += await load_rows(name, url, pids, files, plan)
+                lines += await load_rows(name, url, pids, files, plan, floor_figures)
             if receiver is not None:
                 await asyncio.sleep(6.0)  # Envoy's exporter flushes every 5 s
                 exported = receiver.received
@@ -233,7 +315,13 @@ async def run(args: argparse.Namespace) -> str:
         + (" and the bundled example with the pool's KV events and tokenizer (`-f DIR`, "
            "`--sim-hosts-from " + args.kv_events_sim_host + "`)" if args.kv_events else "")
         + (" and the bundled example with an HTTPS listener (`-f DIR`, a self-signed ECDSA P-256 "
-           "certificate; `--sim-hosts-from " + args.https_sim_host + "`)" if args.https else ""),
+           "certificate; `--sim-hosts-from " + args.https_sim_host + "`)" if args.https else "")
+        + (f" and the same with `--workers {args.workers}` (`--sim-hosts-from {args.workers_sim_host}`; its "
+           "picker workers and private Redis counted as the picker)" if args.workers > 1 else ""),
+        *(["- the floor: bench.datapath.null_picker (the buffered body read, the first replica named, "
+           "response phases skipped) behind its own Envoy with the same worker count, to the first "
+           "replica of the first gateway; CPU per request × floor's: picker and Envoy together"]
+          if args.floor else []),
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
         f"- plan: {plan}", f"- load after: {load_average()}", "",
@@ -262,6 +350,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--https", action="store_true",
                         help="a second gateway whose listener terminates TLS (a self-signed certificate)")
     parser.add_argument("--https-sim-host", default="127.0.5.1", help="its first replica's address")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="above 1: a second gateway run with kvgate up --workers N")
+    parser.add_argument("--workers-sim-host", default="127.0.6.1", help="its first replica's address")
+    parser.add_argument("--floor", action="store_true",
+                        help="the one-pass floor processor behind its own Envoy, in the same run")
+    parser.add_argument("--connections", type=int, default=0, help="closed-loop connections (0: the plan's)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
