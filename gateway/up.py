@@ -30,15 +30,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
-from kvgate.gateway.controlplane.kubernetes.client import KubeClient, own_namespace
-from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
-from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
-from kvgate.gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
 from kvgate.gateway.controlplane.models.server import ModelsServer
 from kvgate.gateway.controlplane.resources import ConfigProvider, FileProvider
 from kvgate.gateway.controlplane.resources.core import Pod
@@ -66,6 +63,10 @@ from kvgate.gateway.up_sim import (
 )
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
+
+if TYPE_CHECKING:
+    from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
+    from kvgate.gateway.controlplane.kubernetes.status import StatusPublisher
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +274,10 @@ class KvgateUp:
 
     async def _status_publisher(self, cluster: KubernetesProvider) -> StatusPublisher:
         """Status back to ``cluster``, by whichever kvgate replica holds the status Lease."""
+        from kvgate.gateway.controlplane.kubernetes.client import KubeClient, own_namespace
+        from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
+        from kvgate.gateway.controlplane.kubernetes.status import StatusPublisher, StatusWriter
+
         options = self.options
         client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
         lease_s = options.status_lease_s
@@ -291,6 +296,11 @@ class KvgateUp:
         check_ports_free(options)
         cluster: KubernetesProvider | None = None
         if options.kubernetes:
+            # imported here: kubernetes_asyncio's client costs ~0.5 s and ~37 MB to import, which a
+            # gateway run from manifest files never needs
+            from kvgate.gateway.controlplane.kubernetes.client import KubeClient
+            from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
+
             client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
             cluster = KubernetesProvider(
                 client, namespace=options.namespace,
