@@ -56,7 +56,6 @@ from kvgate.bench.otlp_receiver import OtlpReceiver
 from kvgate.bench.workloads import SIM_MODEL
 from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, ext_proc_cluster, pool_clusters
 from kvgate.gateway.controlplane.envoy_config import bootstrap
-from kvgate.gateway.picker.tls import self_signed
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
 from kvgate.policies.types import FailureMode
@@ -154,6 +153,7 @@ async def https_gateway(args: argparse.Namespace, workdir: Path, stack: contextl
                         gateways: Gateways) -> None:
     """``--https``: a second gateway whose listener terminates TLS (the bundled example with an HTTPS
     listener and a self-signed certificate's Secret); clients do not verify it."""
+    from kvgate.gateway.picker.tls import self_signed
     config = workdir / "https-config"
     shutil.copytree(bundled_example(), config)
     gateway = config / "gateway.yaml"

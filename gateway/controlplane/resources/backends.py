@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-
 from kvgate.gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
 from kvgate.gateway.controlplane.resources.core import Pod, Service, check_address, format_address
 from kvgate.gateway.controlplane.resources.inference import InferencePool
@@ -35,6 +33,8 @@ def model_server_tls(pool: InferencePool) -> ModelServerTls | str | None:
     if ca_file is None:
         on = annotations.get(MODEL_SERVER_TLS_ANNOTATION, "").strip().lower() == "true"
         return ModelServerTls() if on else None
+    from cryptography import x509  # (imported here: most pools' model servers serve plain HTTP)
+
     try:
         x509.load_pem_x509_certificates(Path(ca_file).read_bytes())
     except (OSError, ValueError) as exc:

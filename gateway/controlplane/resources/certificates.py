@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 from kvgate.gateway.controlplane.resources.conditions import Reason
 from kvgate.gateway.controlplane.resources.core import TLS_CERT_KEY, TLS_PRIVATE_KEY, Secret
 from kvgate.gateway.controlplane.resources.gateway_api import CORE_GROUP, GATEWAY_GROUP, Gateway, Listener
@@ -39,6 +36,8 @@ class ListenerCertificate:
 
 def not_after(certificate: ListenerCertificate) -> float:
     """When the chain's first certificate expires (Unix seconds)."""
+    from cryptography import x509  # (imported on first use: most gateways serve HTTP alone)
+
     first = x509.load_pem_x509_certificates(certificate.certificate_chain.encode())[0]
     return first.not_valid_after_utc.timestamp()
 
@@ -87,6 +86,9 @@ def _granted(resources: ResourceSet, gateway: Gateway, secret: ObjectKey) -> boo
 
 
 def _read(secret: Secret) -> ListenerCertificate | CertificateProblem:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     chain, private_key = secret.value(TLS_CERT_KEY), secret.value(TLS_PRIVATE_KEY)
     if chain is None or private_key is None:
         return _invalid(
