@@ -56,6 +56,8 @@ from kvgate.gateway.up_sim import (
     check_sim_addresses_free,
     find_pool,
     host_of,
+    nth_host,
+    process_shares,
     sim_kv_events_connect,
     sim_kv_events_port,
     sim_pods,
@@ -103,6 +105,8 @@ class UpOptions:
     sim_pool: str | None = None
     sim_hosts_from: str = "127.0.1.1"
     sim_time_scale: float = 1.0
+    sim_processes: int = 1
+    """Simulator processes the replicas are spread over (``--sim-processes``)."""
     sim_model: str | None = None
     sim_prefill: int = 0
     sim_decode: int = 0
@@ -240,7 +244,8 @@ class KvgateUp:
             quiet_ms=options.quiet_ms,
             max_batch_ms=options.max_batch_ms,
         )
-        self.fleet: SimFleetProcess | None = None
+        self.fleets: list[SimFleetProcess] = []
+        """``--sim N``'s simulator processes (``--sim-processes``)."""
         self.workers: UpWorkers | None = None
         """``--workers N``: the other N - 1 picker processes."""
         self.picker: PickerService | None = None
@@ -314,20 +319,24 @@ class KvgateUp:
             pool = find_pool(first.resources, options.sim_pool)
             check_sim_addresses_free(options.sim_hosts_from, options.sim_replicas,
                                      pool.spec.target_ports[0].number)
-            fleet = SimFleetProcess(
-                roles=options.sim_roles,
-                port=pool.spec.target_ports[0].number,
-                hosts_from=options.sim_hosts_from,
-                time_scale=options.sim_time_scale,
-                model=options.sim_model,
-                kv_events_port=sim_kv_events_port(pool),
-                kv_events_connect=sim_kv_events_connect(pool),
-                tokenizer=sim_tokenizer(pool, options.sim_tokenizer),
-            )
-            self.fleet = fleet
-            self._stack.push_async_callback(fleet.stop)
-            await fleet.start()
-            extra = sim_pods(pool, [host_of(url) for url in fleet.urls], options.sim_roles)
+            urls: list[str] = []
+            kv_events_port = sim_kv_events_port(pool)
+            for first_replica, roles in process_shares(options.sim_roles, options.sim_processes):
+                fleet = SimFleetProcess(
+                    roles=roles,
+                    port=pool.spec.target_ports[0].number,
+                    hosts_from=nth_host(options.sim_hosts_from, first_replica),
+                    time_scale=options.sim_time_scale,
+                    model=options.sim_model,
+                    kv_events_port=kv_events_port,
+                    kv_events_connect=sim_kv_events_connect(pool),
+                    tokenizer=sim_tokenizer(pool, options.sim_tokenizer),
+                )
+                self.fleets.append(fleet)
+                self._stack.push_async_callback(fleet.stop)
+                await fleet.start()
+                urls += fleet.urls
+            extra = sim_pods(pool, [host_of(url) for url in urls], options.sim_roles)
 
         attempt_bound = (
             AttemptTimeout(options.attempt_timeout_s, options.attempt_timeout_per_token_s)

@@ -23,10 +23,8 @@ def ready_lines(up: KvgateUp, options: UpOptions) -> list[str]:
     """What ``kvgate up`` prints once Envoy listens: where, a request to try, and what is missing."""
     pools = up.picker.table.pools if up.picker is not None else {}
     declared = [model for pool in pools.values() for model in (*pool.spec.models, *pool.spec.route_models)]
-    if up.fleet is not None:
-        model = options.sim_model or EXAMPLE_MODEL
-    else:
-        model = declared[0] if declared else "MODEL"
+    simulated = options.sim_model or EXAMPLE_MODEL
+    model = simulated if up.fleets else declared[0] if declared else "MODEL"
     body = f'{{"model": "{model}", "prompt": "Say hello", "max_tokens": 16}}'
     lines = [
         f"kvgate ready: {up.url} (admin {up.admin_url}; config {up.options.config_source})",
@@ -191,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="InferencePool the simulated replicas join (needed when there are several)")
     parser.add_argument("--sim-hosts-from", default="127.0.1.1", metavar="IP",
                         help="address of the first simulated replica (default 127.0.1.1)")
+    parser.add_argument("--sim-processes", type=int, default=1, metavar="K",
+                        help="spread the simulated replicas over K processes (one process serves a few "
+                        "thousand requests a second: a benchmark on many cores needs more)")
     parser.add_argument("--sim-time-scale", type=float, default=1.0,
                         help="simulator real seconds per simulated second (0.1: ten times faster)")
     parser.add_argument("--sim-model", default=None, help="model the simulated replicas serve")
@@ -288,6 +289,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         sim_pool=args.sim_pool,
         sim_hosts_from=args.sim_hosts_from,
         sim_time_scale=args.sim_time_scale,
+        sim_processes=args.sim_processes,
         sim_model=args.sim_model,
         sim_tokenizer=args.sim_tokenizer,
         sim_prefill=args.sim_prefill,

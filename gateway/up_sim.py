@@ -99,8 +99,27 @@ def sim_pods(pool: InferencePool, hosts: Sequence[str], roles: Sequence[str] = (
     return tuple(pods)
 
 
+def process_shares(roles: Sequence[str], processes: int) -> list[tuple[int, Sequence[str]]]:
+    """The replicas (index of the first, roles) each of ``processes`` simulator processes runs:
+    contiguous runs of the fleet's order, as even as they divide. One Python process serves a few
+    thousand requests a second at the smallest time scale: on a machine with cores to spare, a
+    benchmark's fleet in one process is the bottleneck the gateway is measured against."""
+    count = max(1, min(processes, len(roles)))
+    shares: list[tuple[int, Sequence[str]]] = []
+    start = 0
+    for index in range(count):
+        end = start + len(roles) // count + (1 if index < len(roles) % count else 0)
+        shares.append((start, roles[start:end]))
+        start = end
+    return shares
+
+
 def host_of(url: str) -> str:
     return url.removeprefix("http://").rstrip("/").rpartition(":")[0].strip("[]")
+
+
+def nth_host(hosts_from: str, index: int) -> str:
+    return str(ipaddress.ip_address(hosts_from) + index)
 
 
 def sim_hosts(hosts_from: str, replicas: int) -> list[str]:

@@ -78,14 +78,15 @@ def child_pids(pid: int) -> dict[str, int]:
     """Envoy and the simulator, started by the ``kvgate up`` process, by command line; with
     ``--workers``, its picker workers (``worker1``...) and their private Redis too."""
     found: dict[str, int] = {}
-    workers = 0
+    workers = simulators = 0
     for child in descendants(pid):
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             if b"envoy" in cmdline:
                 found.setdefault("envoy", child)
             elif b"simulator" in cmdline:
-                found.setdefault("simulator", child)
+                simulators += 1
+                found["simulator" if simulators == 1 else f"simulator{simulators}"] = child
             elif b"redis-server" in cmdline:
                 found.setdefault("redis", child)
             elif b"picker" in cmdline:
@@ -107,6 +108,8 @@ async def start_up(name: str, port: int, sim_host: str, args: argparse.Namespace
     ]
     if args.envoy_concurrency:
         command += ["--envoy-concurrency", str(args.envoy_concurrency)]
+    if args.sim_processes > 1:
+        command += ["--sim-processes", str(args.sim_processes)]
     return await start_child(name, command, READY, workdir / f"{name}.log"), command
 
 
@@ -339,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sim", type=int, default=4, help="simulated replicas")
     parser.add_argument("--sim-host", default="127.0.1.1", help="the first replica's address")
+    parser.add_argument("--sim-processes", type=int, default=1,
+                        help="each gateway's replicas spread over this many simulator processes")
     parser.add_argument("--envoy-concurrency", type=int, default=0, help="0: kvgate up's default")
     parser.add_argument("--otlp", action="store_true",
                         help="a second kvgate up beside the first, tracing every request (issue 36)")

@@ -39,6 +39,12 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for whoever adopted it to reap it counts as gone)."""
     try:
@@ -100,14 +106,16 @@ async def test_kvgate_up_killed_takes_envoy_and_the_simulator_with_it() -> None:
     (``setpriv --pdeathsig``), so no orphaned Envoy keeps the port."""
     port = free_port()
     process = ChildProcess([
-        *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "1",
+        *KVGATE, "up", "--port", str(port), "--admin-port", "0", "--sim", "2", "--sim-processes", "2",
         "--sim-time-scale", "0.01", "--sim-hosts-from", "127.0.8.11",
     ], name="kvgate up")
     await process.start()
     try:
         await process.wait_for_line("kvgate ready:", 60.0)
         children = children_of(_pid(process))
-        assert len(children) >= 2, children
+        simulators = [pid for pid in children if b"kvgate.simulator" in cmdline(pid)]
+        assert len(simulators) == 2, children  # --sim-processes 2: a replica in each
+        assert len(children) >= 3, children
     finally:
         await process.kill()
 
