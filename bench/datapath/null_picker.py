@@ -1,6 +1,7 @@
 """A null ext_proc processor: the grpc.aio + Envoy floor under any Python picker.
 
-``python -m kvgate.bench.datapath.null_picker --destination IP:PORT [--port P] [--loop auto|uvloop|asyncio]``
+``python -m kvgate.bench.datapath.null_picker --destination IP:PORT [--destination ...] [--port P]
+[--loop auto|uvloop|asyncio]`` (several destinations: each request the next, round robin)
 
 With Envoy's one-pass processing mode (request headers SEND, request body BUFFERED, response phases
 SKIP/NONE: the ``floor`` path of ``bench.datapath.onepass``) the same loop is the one-pass floor:
@@ -46,7 +47,16 @@ def _streamed(body: bytes, end: bool) -> pb.BodyResponse:
 
 
 class NullPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, destination: str) -> None:
+    def __init__(self, destinations: Sequence[str]) -> None:
+        """Each stream names the next of ``destinations`` in turn (one: every request goes there)."""
+        self._answers = [self._decisions(destination) for destination in destinations]
+        self._turn = 0
+        self._response_headers = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+        self._continue_headers = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+
+    @staticmethod
+    def _decisions(destination: str) -> tuple[pb.ProcessingResponse, pb.ProcessingResponse]:
+        """The headers' and the buffered body's answers naming ``destination`` (built once)."""
         header = base_pb2.HeaderValueOption(
             header=base_pb2.HeaderValue(key=DESTINATION_HEADER, raw_value=destination.encode()),
             append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
@@ -55,37 +65,35 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                                    clear_route_cache=True)
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION_HEADER: destination}})
-        self._decision = pb.ProcessingResponse(
-            request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
-        )
-        self._response_headers = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
-        self._continue_headers = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
-        self._body_decision = pb.ProcessingResponse(
-            request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
-        )
+        return (pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common),
+                                      dynamic_metadata=metadata),
+                pb.ProcessingResponse(request_body=pb.BodyResponse(response=common),
+                                      dynamic_metadata=metadata))
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         chunks: list[bytes] = []
         buffered = False
+        decision, body_decision = self._answers[self._turn % len(self._answers)]
+        self._turn += 1
         async for message in requests:
             kind = message.WhichOneof("request")
             if kind == "request_headers":
                 buffered = message.protocol_config.request_body_mode == BUFFERED
                 if message.request_headers.end_of_stream:
-                    yield self._decision
+                    yield decision
                 elif buffered:
                     yield self._continue_headers
             elif kind == "request_body" and buffered:
                 json.loads(message.request_body.body)  # the floor parses the body, as any picker must
-                yield self._body_decision
+                yield body_decision
             elif kind == "request_body":
                 chunks.append(message.request_body.body)
                 if not message.request_body.end_of_stream:
                     continue
                 body = b"".join(chunks)
-                yield self._decision
+                yield decision
                 pieces = [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)] or [b""]
                 for index, piece in enumerate(pieces):
                     yield pb.ProcessingResponse(request_body=_streamed(piece, index == len(pieces) - 1))
@@ -100,9 +108,9 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
-async def serve(destination: str, host: str, port: int) -> None:
+async def serve(destinations: Sequence[str], host: str, port: int) -> None:
     server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(destination), server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(NullPicker(destinations), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     print(f"{READY_PREFIX} {bound}", flush=True)
@@ -117,7 +125,8 @@ async def serve(destination: str, host: str, port: int) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kvgate.bench.datapath.null_picker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--destination", required=True, help="ip:port every request goes to")
+    parser.add_argument("--destination", required=True, action="append",
+                        help="ip:port requests go to (repeatable: each request the next in turn)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     event_loop.add_loop_argument(parser)

@@ -60,13 +60,15 @@ async def start_upstream(endpoints: int) -> tuple[Child, list[str]]:
 
 
 async def start_null_picker(
-    destination: str, loop: str = event_loop.DEFAULT
+    destination: str | Sequence[str], loop: str = event_loop.DEFAULT
 ) -> tuple[Child, tuple[str, int]]:
-    """bench/datapath/null_picker.py routing everything to ``destination``, on event loop ``loop``."""
+    """bench/datapath/null_picker.py routing everything to ``destination`` (several: round robin),
+    on event loop ``loop``."""
     from kvgate.bench.datapath.null_picker import READY_PREFIX
 
-    command = [sys.executable, "-m", "kvgate.bench.datapath.null_picker", "--destination", destination,
-               "--loop", loop]
+    destinations = [destination] if isinstance(destination, str) else list(destination)
+    command = [sys.executable, "-m", "kvgate.bench.datapath.null_picker",
+               *(arg for d in destinations for arg in ("--destination", d)), "--loop", loop]
     child = await start_child("null_picker", command, READY_PREFIX)
     return child, ("127.0.0.1", int(child.ready_words[0]))
 

@@ -18,8 +18,8 @@ a second gateway whose listener terminates TLS (wrk and the stream client keep t
 the handshake is paid once per connection, as by clients that keep them). ``--workers N``: a second
 gateway run with ``kvgate up --workers N`` (its picker workers and private Redis counted with it).
 ``--floor``: the one-pass floor processor (``bench.datapath.null_picker``: reads the buffered body,
-names the first replica, nothing else) behind an Envoy of the same worker count, to the first
-replica: the load table gives each gateway's p99 and CPU per request against it, in the same run
+names the first gateway's replicas in turn, nothing else) behind an Envoy of the same worker count:
+the load table gives each gateway's p99 and CPU per request against it, in the same run
 (issue 35's tail: ``--connections 64``).
 """
 
@@ -58,6 +58,7 @@ from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, ext_proc_clu
 from kvgate.gateway.controlplane.envoy_config import bootstrap
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
+from kvgate.gateway.up_sim import nth_host
 from kvgate.policies.types import FailureMode
 
 READY = "kvgate ready:"
@@ -228,9 +229,10 @@ async def floor_path(
     args: argparse.Namespace, stack: contextlib.AsyncExitStack
 ) -> tuple[str, dict[str, int]]:
     """``--floor``: the one-pass floor processor behind its own Envoy (the same worker count as
-    ``kvgate up``'s), naming the first replica for every request."""
-    replica = f"{args.sim_host}:8000"
-    null_picker, address = await start_null_picker(replica)
+    ``kvgate up``'s), naming the first gateway's replicas in turn (round robin: the same upstream
+    processes as the gateway's, none of them its bottleneck alone)."""
+    replicas = [f"{nth_host(args.sim_host, index)}:8000" for index in range(args.sim)]
+    null_picker, address = await start_null_picker(replicas)
     stack.push_async_callback(null_picker.stop)
     port = free_port()
     config = bootstrap(
@@ -321,9 +323,9 @@ async def run(args: argparse.Namespace) -> str:
            "certificate; `--sim-hosts-from " + args.https_sim_host + "`)" if args.https else "")
         + (f" and the same with `--workers {args.workers}` (`--sim-hosts-from {args.workers_sim_host}`; its "
            "picker workers and private Redis counted as the picker)" if args.workers > 1 else ""),
-        *(["- the floor: bench.datapath.null_picker (the buffered body read, the first replica named, "
-           "response phases skipped) behind its own Envoy with the same worker count, to the first "
-           "replica of the first gateway; CPU per request × floor's: picker and Envoy together"]
+        *(["- the floor: bench.datapath.null_picker (the buffered body read, the first gateway's replicas "
+           "named in turn, response phases skipped) behind its own Envoy with the same worker count; "
+           "CPU per request × floor's: picker and Envoy together"]
           if args.floor else []),
         *(f"- machine {k}: {v}" for k, v in machine().items()),
         *(f"- version {k}: {v}" for k, v in versions().items()),
