@@ -36,7 +36,7 @@ from kvgate.bench.datapath.full_duplex import machine
 from kvgate.bench.datapath.procs import cpu_snapshot, kvgate_command, start_child
 from kvgate.bench.datapath.up import child_pids
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL
+from kvgate.gateway.up_options import EXAMPLE_MODEL
 
 READY = "kvgate ready:"
 ENVOY_COUNTERS = (

@@ -27,7 +27,8 @@ import aiohttp
 from kvgate.bench.processes import ManagedProcess
 from kvgate.gateway.controlplane.xds import ROUTE
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import UpOptions
 
 GATEWAY = """
 apiVersion: gateway.networking.k8s.io/v1

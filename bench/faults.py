@@ -44,7 +44,8 @@ import aiohttp
 
 from kvgate.bench.processes import ManagedProcess, http_get_text, metric_sum
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import UpOptions
 
 MODEL = "base"
 FIRST_IP = "127.0.6.1"

@@ -55,7 +55,7 @@ from kvgate.bench.overload_plan import (
 )
 from kvgate.bench.workloads import PlannedRequest
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import bundled_example
+from kvgate.gateway.up_options import bundled_example
 
 SIM_READY = "kvgate-sim ready"
 UP_READY = "kvgate ready:"

@@ -28,7 +28,7 @@ import aiohttp
 
 from kvgate.bench.datapath.procs import kvgate_command, start_child
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
+from kvgate.gateway.up_options import EXAMPLE_MODEL, bundled_example
 
 UP_READY = "kvgate ready:"
 SIM_READY = "kvgate-sim ready"

@@ -39,7 +39,7 @@ from kvgate.bench.loadgen import run_open_loop
 from kvgate.bench.overload_plan import Stream, percentile, plan
 from kvgate.bench.workloads import PlannedRequest
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import bundled_example
+from kvgate.gateway.up_options import bundled_example
 
 POOL = """---
 apiVersion: inference.networking.k8s.io/v1

@@ -14,7 +14,8 @@ from typing import Any
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
 from kvgate.gateway.processes import event_loop, logs
-from kvgate.gateway.up import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, UpOptions
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 

@@ -59,7 +59,7 @@ async def test_the_provider_example_feeds_the_control_plane() -> None:
     from kvgate.gateway.controlplane.control_plane import ControlPlane, ControlPlaneSettings
     from kvgate.gateway.controlplane.xds import SnapshotCache
     from kvgate.gateway.picker.service import PickerService, PickerSettings
-    from kvgate.gateway.up import bundled_example
+    from kvgate.gateway.up_options import bundled_example
 
     namespace = run(next(block for block in examples() if "StaticProvider" in block))
     text = "\n---\n".join(path.read_text() for path in sorted(bundled_example().glob("*.yaml")))

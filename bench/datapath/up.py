@@ -57,7 +57,7 @@ from kvgate.bench.workloads import SIM_MODEL
 from kvgate.gateway.controlplane.envoy_clusters import PoolBackend, ext_proc_cluster, pool_clusters
 from kvgate.gateway.controlplane.envoy_config import bootstrap
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, bundled_example
+from kvgate.gateway.up_options import EXAMPLE_MODEL, bundled_example
 from kvgate.gateway.up_sim import nth_host
 from kvgate.policies.types import FailureMode
 

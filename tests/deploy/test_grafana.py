@@ -20,7 +20,7 @@ from kvgate.gateway.controlplane.xds import XdsStatus
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
-from kvgate.gateway.up import bundled_example
+from kvgate.gateway.up_options import bundled_example
 from tests.redis_server import RedisServer
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kvgate-dashboard.json"

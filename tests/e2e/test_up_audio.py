@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions, bundled_example
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions, bundled_example
 from tests.e2e.test_up_routing import wait_ready
 
 pytestmark = pytest.mark.e2e

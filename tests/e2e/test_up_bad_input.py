@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.gateway.processes.child_process import ChildProcess
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL
+from kvgate.gateway.up_options import EXAMPLE_MODEL
 from tests.e2e.picker_harness import KVGATE, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_admin_url, fleet_stats
 from tests.e2e.test_up_faults import ROUTE, inflight_settles_at_zero

@@ -23,7 +23,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions
 from kvgate.policies.profile import read_profile_document
 from tests.e2e.test_up_engine_prefix import MODEL_DIR
 from tests.e2e.test_up_kv_events import POOL, endpoints

@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions
 from tests.e2e.test_up_kv_events import POOL, endpoints
 from tests.e2e.test_up_routing import gateway_yaml, wait_ready
 

@@ -17,7 +17,8 @@ from cryptography import x509
 
 from kvgate.gateway.picker.tls import KeyPair, self_signed
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import wait_until
 from tests.e2e.test_up_routing import (

@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import UpOptions
 from kvgate.policies.plugins.recorders import OutlierEjection
 from kvgate.policies.scheduler import ProfileScheduler
 from tests.e2e.conftest import SimFleet

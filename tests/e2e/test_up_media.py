@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions
 from kvgate.policies.profile import read_profile_document
 from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, IMAGE_PLACEHOLDER, IMAGE_TOKEN_ID
 from tests.e2e.test_up_engine_prefix import MODEL_DIR, received

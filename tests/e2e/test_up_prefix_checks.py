@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions
 from tests.e2e.test_up_routing import wait_ready
 
 pytestmark = pytest.mark.e2e

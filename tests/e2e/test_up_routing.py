@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_stats, post_json, received, wait_until
 

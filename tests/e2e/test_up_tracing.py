@@ -21,7 +21,8 @@ from kvgate.bench.otlp_receiver import OtlpReceiver, ReceivedSpan
 from kvgate.extproc.tracing import SPAN_NAME
 from kvgate.gateway.picker.tracing import TracingSettings
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.gateway.up import EXAMPLE_MODEL, KvgateUp, UpOptions
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions
 from tests.e2e.conftest import SimFleet
 from tests.e2e.picker_harness import fleet_admin_url
 from tests.e2e.test_up_faults import ROUTE, three_replicas_configured

@@ -25,7 +25,7 @@ from kvgate.gateway.picker.pool_runtime import PoolRuntime
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.processes.simulator import SimFleetProcess
-from kvgate.gateway.up import UpOptions, bundled_example
+from kvgate.gateway.up_options import UpOptions, bundled_example
 from kvgate.gateway.up_sim import find_pool, sim_pods, sim_tokenizer
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.flow_control import FlowControlSettings

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvgate.gateway.controlplane.kubernetes.client import own_namespace
-from kvgate.gateway.up import UpOptions
 from kvgate.gateway.up_cli import build_parser
+from kvgate.gateway.up_options import UpOptions
 
 
 def test_own_namespace_prefers_the_downward_api_then_the_service_account(
