@@ -181,12 +181,60 @@ class RequestRedirect(SpecModel):
 
 
 SUPPORTED_FILTERS = frozenset(
-    {"RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite"}
+    {"RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "RequestMirror"}
 )
 """Filter types a rule may carry (a route with another is not Accepted)."""
 SUPPORTED_BACKEND_FILTERS = frozenset({"RequestHeaderModifier", "ResponseHeaderModifier", "URLRewrite"})
 """Filter types a backendRef may carry (a redirect names no backend: it belongs on the rule)."""
 _ONCE_PER_RULE = ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite")
+
+
+class Fraction(SpecModel):
+    numerator: int = Field(ge=0)
+    denominator: int = Field(default=100, ge=1)
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> Fraction:
+        if self.numerator > self.denominator:
+            raise ValueError("numerator must be less than or equal to denominator")
+        return self
+
+
+class BackendObjectReference(SpecModel):
+    """A backend named without a weight or filters (a RequestMirror's)."""
+
+    group: str = CORE_GROUP
+    kind: str = "Service"
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    port: PortNumber | None = None
+
+
+MILLION = 1_000_000
+
+
+class RequestMirror(SpecModel):
+    """Copies of the requests to ``backend_ref`` (their answers are dropped): all, or ``percent`` /
+    ``fraction`` of them."""
+
+    backend_ref: BackendObjectReference
+    percent: int | None = Field(default=None, ge=0, le=100)
+    fraction: Fraction | None = None
+
+    @model_validator(mode="after")
+    def _one_share(self) -> RequestMirror:
+        if self.percent is not None and self.fraction is not None:
+            raise ValueError("only one of percent or fraction may be specified in requestMirror")
+        return self
+
+    @property
+    def millionths(self) -> int:
+        """The share of requests mirrored, in millionths (Envoy's finest denominator)."""
+        if self.percent is not None:
+            return self.percent * MILLION // 100
+        if self.fraction is not None:
+            return self.fraction.numerator * MILLION // self.fraction.denominator
+        return MILLION
 
 
 class HTTPRouteFilter(SpecModel):
@@ -205,7 +253,7 @@ class HTTPRouteFilter(SpecModel):
     request_header_modifier: HeaderModifier | None = None
     url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
     response_header_modifier: HeaderModifier | None = None
-    request_mirror: AnyValue | None = None
+    request_mirror: RequestMirror | None = None
     request_redirect: RequestRedirect | None = None
     extension_ref: AnyValue | None = None
     cors: AnyValue | None = None
@@ -221,6 +269,8 @@ class HTTPRouteFilter(SpecModel):
             raise ValueError("filter ResponseHeaderModifier needs responseHeaderModifier")
         if self.type == "RequestRedirect" and self.request_redirect is None:
             raise ValueError("filter RequestRedirect needs requestRedirect")
+        if self.type == "RequestMirror" and self.request_mirror is None:
+            raise ValueError("filter RequestMirror needs requestMirror")
         return self
 
     @property

@@ -116,6 +116,15 @@ class ResolvedBackend:
 
 
 @dataclass(frozen=True, slots=True)
+class ResolvedMirror:
+    """A rule's RequestMirror: where the copies go (``backend.valid`` False: nowhere, the route's
+    ResolvedRefs says why) and the share of requests copied, in millionths."""
+
+    backend: ResolvedBackend
+    millionths: int
+
+
+@dataclass(frozen=True, slots=True)
 class ResolvedRule:
     index: int
     name: str | None
@@ -128,6 +137,8 @@ class ResolvedRule:
     use ``x-session-id``); translation warns of them."""
     retry: HTTPRouteRetry | None = None
     """The rule's ``retry`` (GEP-1731; ``translate.retries`` says how it meets the picker's own)."""
+    mirrors: tuple[ResolvedMirror, ...] = ()
+    """The rule's RequestMirror filters, resolved (``translate.mirrors``)."""
 
     @property
     def valid_backends(self) -> tuple[ResolvedBackend, ...]:

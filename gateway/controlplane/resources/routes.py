@@ -38,6 +38,7 @@ from kvgate.gateway.controlplane.resources.resolved import (
     BackendKind,
     ResolvedBackend,
     ResolvedGateway,
+    ResolvedMirror,
     ResolvedPool,
     ResolvedRoute,
     ResolvedRule,
@@ -238,11 +239,22 @@ def validate_route(
                 referenced.add(backend.key)
             if problem is not None:
                 ref_problems.append((problem, backend.reason))
+        mirrors = []
+        for flt in rule.filters:
+            if flt.request_mirror is None:
+                continue
+            target = flt.request_mirror.backend_ref
+            ref = HTTPBackendRef(group=target.group, kind=target.kind, name=target.name,
+                                 namespace=target.namespace, port=target.port)
+            backend, problem = _backend(resources, route, ref, pools)
+            if problem is not None:
+                ref_problems.append((problem, f"RequestMirror: {backend.reason}"))
+            mirrors.append(ResolvedMirror(backend, flt.request_mirror.millionths))
         unapplied = (("sessionPersistence", rule.session_persistence),)
         rules.append(
             ResolvedRule(index, rule.name, rule.matches, rule.filters, rule.timeouts, tuple(backends),
                          ignored=tuple(name for name, value in unapplied if value is not None),
-                         retry=rule.retry)
+                         retry=rule.retry, mirrors=tuple(mirrors))
         )
     if ref_problems:
         reason, _ = ref_problems[0]

@@ -46,3 +46,9 @@ def service_cluster_name(key: ObjectKey, port: int | None) -> str:
 def picker_cluster_name(namespace: str, service: str, port: int) -> str:
     """The ext_proc cluster of an external endpoint picker (a pool whose picker Service has addresses)."""
     return f"kvgate_epp_{namespace}/{service}_{port}"
+
+
+def mirror_cluster_name(pool_id: str) -> str:
+    """The cluster a RequestMirror to an InferencePool sends its copies through (round robin over the
+    pool's serving replicas: no picker is asked for a copy)."""
+    return f"kvgate_mirror_{pool_id}"

@@ -31,6 +31,7 @@ from kvgate.gateway.controlplane.translate.matches import (
     path_rewrite,
     redirect_action,
 )
+from kvgate.gateway.controlplane.translate.mirrors import mirror_policies
 from kvgate.gateway.controlplane.translate.retries import with_rule_retry
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 
@@ -161,6 +162,10 @@ def route_groups(
         if rule.redirect is None and not rule.answers_500:
             targets = rule_targets(rule, settings, clusters, warnings, owner)
         timeout, per_try = _timeouts(rule, settings, warnings, owner)
+        mirrors = mirror_policies(rule, clusters) if rule.redirect is None and not rule.answers_500 else []
+        if rule.mirrors and rule.redirect is not None:
+            warnings.append(f"{owner}: RequestMirror beside RequestRedirect: a redirect sends nothing "
+                            "to copy; ignored")
         for index, match in enumerate(rule.matches):
             name = f"{route.key}/rule{rule.index}/match{index}"
             envoy = envoy_match(match)
@@ -180,6 +185,8 @@ def route_groups(
                 )
             else:
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
+                if mirrors:
+                    rule_action["request_mirror_policies"] = mirrors
                 routes = _envoy_routes(
                     name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
                     settings.stream_idle_retry_s, per_try, rule.retry,

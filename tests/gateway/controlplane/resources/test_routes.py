@@ -234,11 +234,11 @@ def test_hostnames_intersect_with_the_listener() -> None:
 
 
 def test_unsupported_filters_and_bad_regex_reject_the_route() -> None:
-    mirror = (
-        f"    - filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: x, port: 80}}}}}}]\n"
+    cors = (
+        "    - filters: [{type: CORS, cors: {allowOrigins: ['https://a.example']}}]\n"
         f"      backendRefs: [{pool_ref('pool-a')}]"
     )
-    config = build(*base(), route("r", mirror))
+    config = build(*base(), route("r", cors))
     assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue")
     assert config.routes == ()
     redirect = "{type: RequestRedirect, requestRedirect: {hostname: a.com}}"  # names no backend
@@ -264,6 +264,38 @@ def test_unsupported_filters_and_bad_regex_reject_the_route() -> None:
         config = build(*base(), route("r", regex))
         assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue"), python_only
         assert config.routes == ()
+
+
+def test_request_mirrors_resolve_their_backends_and_shares() -> None:
+    service = """
+apiVersion: v1
+kind: Service
+metadata:
+  name: shadow
+  annotations: {kvgate.io/endpoints: "10.2.0.1:8000"}
+spec:
+  ports: [{port: 8000}]
+"""
+    rules = (
+        "    - filters:\n"
+        "        - type: RequestMirror\n"
+        "          requestMirror: {backendRef: {name: shadow, port: 8000}, percent: 25}\n"
+        "        - type: RequestMirror\n"
+        f"          requestMirror: {{backendRef: {pool_ref('pool-a')},\n"
+        "                          fraction: {numerator: 1, denominator: 3}}\n"
+        "        - {type: RequestMirror, requestMirror: {backendRef: {name: gone, port: 80}}}\n"
+        f"      backendRefs: [{pool_ref('pool-a')}]"
+    )
+    config = build(*base(), service, route("r", rules))
+    assert _route_condition(config, ConditionType.ACCEPTED) == ("True", "Accepted")
+    rule = config.routes[0].rules[0]
+    assert not rule.answers_500  # a mirror's backend never stops the rule serving
+    shadow, pool, gone = rule.mirrors
+    assert (shadow.backend.valid, shadow.millionths) == (True, 250_000)
+    assert shadow.backend.addresses == ("10.2.0.1:8000",)
+    assert (pool.backend.valid, pool.millionths) == (True, 333_333)
+    assert (gone.backend.valid, gone.millionths) == (False, 1_000_000)
+    assert _route_condition(config, ConditionType.RESOLVED_REFS) == ("False", "BackendNotFound")
 
 
 def test_matches_filters_and_timeouts_reach_the_resolved_rule() -> None:
