@@ -97,6 +97,7 @@ def prepare(
     inject_usage: bool,
     request_id: str,
     limiter: TenantLimiter | None = None,
+    session_id: str | None = None,
 ) -> Prepared:
     """Parse, check the model and the tenant's limits. ``headers`` (lower-case names, read-only)
     become the request's own, not copied.
@@ -166,7 +167,7 @@ def prepare(
         stream=stream,
         priority=priority,
         fairness_id=headers.get(names.FAIRNESS_HEADER),
-        session_id=headers.get(names.SESSION_HEADER),
+        session_id=session_id or headers.get(names.SESSION_HEADER),
         cache_salt=cache_salt,
         max_tokens=max_tokens,
         body_size=len(body),

@@ -84,6 +84,7 @@ from kvgate.extproc.prefill_step import decode_decision, prefill_step
 from kvgate.extproc.request_headers import PendingHeaders, read_request_headers, resolve_pool
 from kvgate.extproc.request_plan import RequestPlan, plan_request
 from kvgate.extproc.response_head import response_head, response_processor
+from kvgate.extproc.session_persistence import session_of
 from kvgate.policies.errors import KvgateError
 from kvgate.policies.flow_control import HoldOutcome
 from kvgate.policies.types import ApiKind
@@ -154,6 +155,8 @@ class RequestLifecycle:
         """Request headers answered before they were read (a BUFFERED body follows)."""
         self._release: Callable[[Decision], list[Action]] | None = None
         """The reply that releases a request held for the picker's prefill (state PREFILL)."""
+        self._new_session: tuple[str, str] | None = None
+        """The response header that tells the client the session this request started."""
         self._held: tuple[Prepared, HoldingPort, Callable[[Decision], Sequence[Step]]] | None = None
         """A request waiting for room (state HOLDING): what it is, where, and what follows its pick."""
 
@@ -277,11 +280,14 @@ class RequestLifecycle:
         assert self._pool is not None
         if self._after_reply is not None:
             self._after_reply.flush()  # every earlier pick (and end) counted before this one
+        session = session_of(self._headers, self._config.session) if self._config.session else None
+        self._new_session = session.set_header if session is not None else None
         prepared = prepare(
             pool=self._pool, api=self._api, headers=self._headers, body=body, subset=self._subset,
             inject_usage=self._config.inject_include_usage and self._plan.observe,
             # our own id: the scheduler keys in-flight state by it (clients repeat x-request-id)
             request_id=self._request_ids(), limiter=self._config.tenant_limiter,
+            session_id=session.id if session is not None else None,
         )
         area = self._pool.holding
         if area is None:
@@ -363,7 +369,8 @@ class RequestLifecycle:
         if self._status >= 500:
             picked.endpoint_failed()
         self._response = response_processor(picked.decision, self._config, content_type)
-        edit = HeaderEdit(remove=("content-length",)) if self._response.edits else HeaderEdit()
+        edit = HeaderEdit(remove=("content-length",) if self._response.edits else (),
+                          set=(self._new_session,) if self._new_session is not None else ())
         if event.end_of_stream:
             self._finish(ok=self._status_ok)
             self.state = State.RESPONSE_DONE
@@ -381,7 +388,7 @@ class RequestLifecycle:
             picked.first_token_unseen()
         else:  # a whole (non-streamed) response: its headers come when it is complete
             picked.first_token()
-        return [ContinueHeaders(Phase.RESPONSE)]
+        return [ContinueHeaders(Phase.RESPONSE, edit)]
 
     def _on_response_body(self, event: ResponseBodyChunk) -> list[Action]:
         processor, picked = self._response, self._picked

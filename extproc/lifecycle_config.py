@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.events import BodyMode, BodyModes
 from kvgate.extproc.ports import TenantLimiter
+from kvgate.extproc.session_persistence import SessionSpec
 
 STREAM_CHUNK_BYTES = 62_000
 """Largest streamed body chunk sent back to Envoy (GIE's margin under a 64 KiB per-chunk limit)."""
@@ -60,6 +61,9 @@ class LifecycleConfig:
     """The data plane's ext_proc message timeout (kvgate up's Envoy: 30 s): a request held for room
     asks Envoy to wait its queue timeout plus this (``override_message_timeout``, capped by the
     filter's ``max_message_timeout``)."""
+    session: SessionSpec | None = None
+    """The route rule's ``sessionPersistence`` (a cookie or header naming the session; set per
+    stream from its metadata): the response is read, to start a session a request names none of."""
     attempt_timeout: AttemptTimeout | None = None
     """Bound each attempt of a non-streamed request by its ``max_tokens`` (Envoy's per-try timeout
     header): for data planes whose routes retry on the picker's fallbacks, as kvgate's do. None:

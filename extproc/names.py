@@ -23,6 +23,8 @@ REQUEST_ID_HEADER = "x-request-id"
 SESSION_HEADER = "x-session-id"
 
 POOL_METADATA_KEY = "x-kvgate-pool"
+SESSION_METADATA_KEY = "x-kvgate-session"
+"""gRPC initial metadata of a route rule with ``sessionPersistence`` (``extproc.session_persistence``)."""
 """gRPC initial metadata (set by Envoy's per-route ``ExtProcPerRoute`` override) naming the request's pool."""
 
 BACKEND_REQUEST_METADATA_KEY = "x-kvgate-backend-request-ms"

@@ -12,7 +12,8 @@ The choices (kvgate's one-pass data path, ``LifecycleConfig``):
   counts tokens (a tenant limit), or when this request is sampled for usage (``observe_usage``);
 - **skip the response phases** (``skip_response``) when nothing reads the response: the one-pass
   mode (a BUFFERED request, the response body off), ``skip_unread_responses`` on, a pool without
-  model rewrites (a response's ``model`` would need renaming) and the body not observed; a request
+  model rewrites (a response's ``model`` would need renaming), no session persistence (a new session
+  is told in the response's headers) and the body not observed; a request
   without a body is never skipped (its reply to the headers is its decision);
 - **reported** when skipped and Envoy reports outcomes to the picker (``extproc.outcomes``);
 - **read the headers later** when a BUFFERED body follows: the reply to the headers depends on none
@@ -66,7 +67,7 @@ def plan_request(modes: BodyModes, *, has_body: bool, pool: Pool, config: Lifecy
     buffered = modes.request is BodyMode.BUFFERED
     skip = (
         has_body and not observe and config.skip_unread_responses and buffered and response_body_off
-        and not pool.rewrites_models
+        and not pool.rewrites_models and config.session is None  # (a new session is told in the response)
     )
     return RequestPlan(
         modes, observe, skip, skip and config.outcome_reports, read_headers_later=has_body and buffered,

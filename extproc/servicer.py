@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
@@ -26,6 +27,7 @@ from kvgate.extproc.events import Event, HoldEnded, PrefillDone, StreamClosed
 from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
 from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
+from kvgate.extproc.session_persistence import SessionSpec
 from kvgate.extproc.tracing import RequestSpan, RequestTracer
 
 _log = logging.getLogger(__name__)
@@ -46,21 +48,34 @@ class PrefillRunner(Protocol):
     async def run(self, step: RunPrefill) -> PrefillDone: ...
 
 
-def stream_metadata(context: Context) -> tuple[str | None, str | None, int | None]:
-    """The stream's ``x-kvgate-role``, ``x-kvgate-pool`` and ``x-kvgate-backend-request-ms`` gRPC
-    initial metadata values (one pass): the role is ``bbr`` for the body-based router; the pool and
-    the route rule's backendRequest are set by Envoy's per-route ``ExtProcPerRoute`` override."""
+@dataclass(frozen=True, slots=True)
+class StreamMetadata:
+    """A stream's gRPC initial metadata: ``x-kvgate-role`` (``bbr`` for the body-based router) and,
+    set by Envoy's per-route ``ExtProcPerRoute`` override, ``x-kvgate-pool``, the route rule's
+    backendRequest (``x-kvgate-backend-request-ms``) and session persistence (``x-kvgate-session``)."""
+
+    role: str | None = None
+    pool: str | None = None
+    backend_ms: int | None = None
+    session: SessionSpec | None = None
+
+
+def stream_metadata(context: Context) -> StreamMetadata:
+    """The stream's metadata (one pass over it)."""
     role = pool = None
     backend_ms: int | None = None
+    session: SessionSpec | None = None
     for key, value in context.invocation_metadata() or ():
+        text = value if isinstance(value, str) else value.decode()
         if key == names.POOL_METADATA_KEY:
-            pool = value if isinstance(value, str) else value.decode()
+            pool = text
         elif key == ROLE_METADATA_KEY:
-            role = value if isinstance(value, str) else value.decode()
+            role = text
         elif key == names.BACKEND_REQUEST_METADATA_KEY:
-            text = value if isinstance(value, str) else value.decode()
             backend_ms = int(text) if text.isdigit() and int(text) > 0 else None
-    return role, pool, backend_ms
+        elif key == names.SESSION_METADATA_KEY:
+            session = SessionSpec.decode(text)
+    return StreamMetadata(role, pool, backend_ms, session)
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -88,13 +103,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._config = config or LifecycleConfig()
         self._request_ids = RequestIds().next_id
 
-    def _new_lifecycle(self, pool: str | None, span: RequestSpan | None,
-                       backend_ms: int | None = None) -> RequestLifecycle:
+    def _new_lifecycle(self, stream: StreamMetadata, span: RequestSpan | None) -> RequestLifecycle:
         config = self._config
-        if backend_ms is not None:  # (a rule's backendRequest bounds this request's attempts)
-            config = dataclasses.replace(config, attempt_cap_ms=backend_ms)
+        if stream.backend_ms is not None:  # (a rule's backendRequest bounds this request's attempts)
+            config = dataclasses.replace(config, attempt_cap_ms=stream.backend_ms)
+        if stream.session is not None:  # (a rule's sessionPersistence names the session)
+            config = dataclasses.replace(config, session=stream.session)
         return RequestLifecycle(
-            self._directory, self._clock, pool_name=pool, metrics=self._metrics, config=config,
+            self._directory, self._clock, pool_name=stream.pool, metrics=self._metrics, config=config,
             request_ids=self._request_ids, after_reply=self._after_reply, trace=span,
         )
 
@@ -120,14 +136,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         context: Context,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         machine: StreamMachine
-        role, pool, backend_ms = stream_metadata(context)
+        stream = stream_metadata(context)
         span: RequestSpan | None = None
-        if role == BBR_ROLE:
+        if stream.role == BBR_ROLE:
             machine = BodyBasedRouter(max_body_bytes=self._config.max_body_bytes)
         else:
             if self._tracer is not None:
                 span = self._tracer.start(context.invocation_metadata() or ())
-            machine = self._new_lifecycle(pool, span, backend_ms)
+            machine = self._new_lifecycle(stream, span)
         cancelled = True
         try:
             async for message in request_iterator:

@@ -317,6 +317,31 @@ class HTTPRouteRetry(SpecModel):
         return None if self.backoff is None else parse_duration(self.backoff)
 
 
+class CookieConfig(SpecModel):
+    lifetime_type: Literal["Permanent", "Session"] = "Session"
+
+
+class SessionPersistence(SpecModel):
+    """GEP-1619: requests that name the same session (a cookie, or a header) go to the same backend."""
+
+    session_name: str | None = Field(default=None, max_length=128)
+    absolute_timeout: Duration | None = None
+    idle_timeout: Duration | None = None
+    type: Literal["Cookie", "Header"] = "Cookie"
+    cookie_config: CookieConfig | None = None
+
+    @model_validator(mode="after")
+    def _permanent_needs_timeout(self) -> SessionPersistence:
+        permanent = self.cookie_config is not None and self.cookie_config.lifetime_type == "Permanent"
+        if permanent and self.absolute_timeout is None:
+            raise ValueError("AbsoluteTimeout must be specified when cookie lifetimeType is Permanent")
+        return self
+
+    @property
+    def absolute_seconds(self) -> float | None:
+        return None if self.absolute_timeout is None else parse_duration(self.absolute_timeout)
+
+
 class HTTPBackendRef(SpecModel):
     """A Service (``port`` required) or an InferencePool (``group: inference.networking.k8s.io``)."""
 
@@ -336,7 +361,7 @@ class HTTPRouteRule(SpecModel):
     backend_refs: tuple[HTTPBackendRef, ...] = ()
     timeouts: HTTPRouteTimeouts | None = None
     retry: HTTPRouteRetry | None = None
-    session_persistence: AnyValue | None = None
+    session_persistence: SessionPersistence | None = None
 
     @model_validator(mode="after")
     def _prefix_rewrite_needs_prefix_match(self) -> HTTPRouteRule:

@@ -21,6 +21,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import (
     HTTPRouteRetry,
     HTTPRouteTimeouts,
     RequestRedirect,
+    SessionPersistence,
 )
 from kvgate.gateway.controlplane.resources.meta import ObjectKey
 from kvgate.policies.types import Endpoint, FailureMode
@@ -133,8 +134,9 @@ class ResolvedRule:
     timeouts: HTTPRouteTimeouts | None
     backends: tuple[ResolvedBackend, ...]
     ignored: tuple[str, ...] = ()
-    """Fields of the rule kvgate does not apply (the Experimental channel's ``sessionPersistence``:
-    use ``x-session-id``); translation warns of them."""
+    """Fields of the rule kvgate does not apply; translation warns of them."""
+    session_persistence: SessionPersistence | None = None
+    """The rule's ``sessionPersistence`` (its pools' pickers keep the sessions: ``translate.sessions``)."""
     retry: HTTPRouteRetry | None = None
     """The rule's ``retry`` (GEP-1731; ``translate.retries`` says how it meets the picker's own)."""
     mirrors: tuple[ResolvedMirror, ...] = ()

@@ -250,11 +250,10 @@ def validate_route(
             if problem is not None:
                 ref_problems.append((problem, f"RequestMirror: {backend.reason}"))
             mirrors.append(ResolvedMirror(backend, flt.request_mirror.millionths))
-        unapplied = (("sessionPersistence", rule.session_persistence),)
         rules.append(
             ResolvedRule(index, rule.name, rule.matches, rule.filters, rule.timeouts, tuple(backends),
-                         ignored=tuple(name for name, value in unapplied if value is not None),
-                         retry=rule.retry, mirrors=tuple(mirrors))
+                         retry=rule.retry, mirrors=tuple(mirrors),
+                         session_persistence=rule.session_persistence)
         )
     if ref_problems:
         reason, _ = ref_problems[0]

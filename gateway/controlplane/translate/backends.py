@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.extproc.names import BACKEND_REQUEST_METADATA_KEY, is_system_owned
+from kvgate.extproc.names import BACKEND_REQUEST_METADATA_KEY, SESSION_METADATA_KEY, is_system_owned
 from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
@@ -27,6 +27,7 @@ from kvgate.gateway.controlplane.translate.names import (
     picker_cluster_name,
     service_cluster_name,
 )
+from kvgate.gateway.controlplane.translate.sessions import session_spec
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 from kvgate.policies.types import FailureMode
 
@@ -244,31 +245,42 @@ def rule_targets(
     rule: ResolvedRule, settings: TranslationSettings, clusters: ClusterSet, warnings: list[str], owner: str
 ) -> tuple[Target, ...]:
     """The weighted targets of a rule that does not answer 500 (backends of weight 0 are left out);
-    a rule with ``timeouts.backendRequest`` tells the picker of its pools (``with_backend_request``)."""
+    a rule with ``timeouts.backendRequest`` or ``sessionPersistence`` tells its pools' picker
+    (``with_initial_metadata``)."""
     targets = tuple(
         _target(backend, settings, clusters, warnings, owner)
         for backend in rule.backends
         if backend.weight > 0
     )
+    metadata: list[tuple[str, str]] = []
     seconds = rule.timeouts.backend_request_seconds if rule.timeouts is not None else None
-    if not seconds:  # (None: unset; 0: no timeout)
+    if seconds:  # (None: unset; 0: no timeout)
+        metadata.append((BACKEND_REQUEST_METADATA_KEY, str(max(1, round(seconds * 1000)))))
+    if rule.session_persistence is not None:
+        spec = session_spec(rule.session_persistence, warnings, owner)
+        metadata.append((SESSION_METADATA_KEY, spec.encode()))
+        if any(backend.kind is BackendKind.SERVICE for backend in rule.backends):
+            warnings.append(f"{owner}: sessionPersistence applies to InferencePool backends (their picker "
+                            "keeps the sessions); its Service backends are balanced without it")
+    if not metadata:
         return targets
-    ms = max(1, round(seconds * 1000))
-    return tuple(dataclasses.replace(target, per_filter=with_backend_request(target.per_filter, ms),
-                                     route_filter=with_backend_request(target.route_filter, ms))
+    return tuple(dataclasses.replace(target, per_filter=with_initial_metadata(target.per_filter, metadata),
+                                     route_filter=with_initial_metadata(target.route_filter, metadata))
                  for target in targets)
 
 
-def with_backend_request(configs: Mapping[str, JsonDict], ms: int) -> Mapping[str, JsonDict]:
-    """``configs`` with each ext_proc override's initial metadata also naming the rule's
-    ``backendRequest`` (copies: the pool's own configs are shared by its other rules)."""
+def with_initial_metadata(
+    configs: Mapping[str, JsonDict], added: list[tuple[str, str]]
+) -> Mapping[str, JsonDict]:
+    """``configs`` with each ext_proc override's gRPC initial metadata also carrying ``added``
+    (copies: the pool's own configs are shared by its other rules)."""
     out: dict[str, JsonDict] = {}
     for name, config in configs.items():
         copied = copy.deepcopy(config)
         per_route = copied.get("config", copied)  # (a FilterConfig wraps the ExtProcPerRoute)
         metadata = per_route.get("overrides", {}).get("grpc_initial_metadata")
         if isinstance(metadata, list):
-            metadata.append({"key": BACKEND_REQUEST_METADATA_KEY, "value": str(ms)})
+            metadata.extend({"key": key, "value": value} for key, value in added)
         out[name] = copied
     return out
 
