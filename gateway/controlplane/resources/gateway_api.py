@@ -180,13 +180,14 @@ class RequestRedirect(SpecModel):
     """301 and 302 are Core, the others Extended (Gateway API v1.6)."""
 
 
-SUPPORTED_FILTERS = frozenset(
-    {"RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "RequestMirror"}
-)
+SUPPORTED_FILTERS = frozenset({
+    "RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "RequestMirror",
+    "CORS",
+})
 """Filter types a rule may carry (a route with another is not Accepted)."""
 SUPPORTED_BACKEND_FILTERS = frozenset({"RequestHeaderModifier", "ResponseHeaderModifier", "URLRewrite"})
 """Filter types a backendRef may carry (a redirect names no backend: it belongs on the rule)."""
-_ONCE_PER_RULE = ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite")
+_ONCE_PER_RULE = ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "CORS")
 
 
 class Fraction(SpecModel):
@@ -237,6 +238,26 @@ class RequestMirror(SpecModel):
         return MILLION
 
 
+class HTTPCORSFilter(SpecModel):
+    """A rule's CORS policy (the Gateway API's HTTPCORSFilter): the gateway answers browsers'
+    preflight requests and adds the response headers that let the origins read the answers."""
+
+    allow_origins: tuple[str, ...] = Field(default=(), max_length=64)
+    allow_credentials: bool | None = None
+    allow_methods: tuple[str, ...] = Field(default=(), max_length=9)
+    allow_headers: tuple[str, ...] = Field(default=(), max_length=64)
+    expose_headers: tuple[str, ...] = Field(default=(), max_length=64)
+    max_age: int = Field(default=5, ge=1)
+
+    @field_validator("allow_origins")
+    @classmethod
+    def _origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in origins:
+            if origin != "*" and not re.match(r"^(https?)://[^/?#\s]+$", origin):
+                raise ValueError(f"allowOrigins entry {origin!r} is not \"*\" or scheme://host[:port]")
+        return origins
+
+
 class HTTPRouteFilter(SpecModel):
     """One filter. Types other than ``SUPPORTED_FILTERS`` load, and make the route not Accepted."""
 
@@ -256,7 +277,7 @@ class HTTPRouteFilter(SpecModel):
     request_mirror: RequestMirror | None = None
     request_redirect: RequestRedirect | None = None
     extension_ref: AnyValue | None = None
-    cors: AnyValue | None = None
+    cors: HTTPCORSFilter | None = None
     external_auth: AnyValue | None = None
 
     @model_validator(mode="after")
@@ -271,6 +292,8 @@ class HTTPRouteFilter(SpecModel):
             raise ValueError("filter RequestRedirect needs requestRedirect")
         if self.type == "RequestMirror" and self.request_mirror is None:
             raise ValueError("filter RequestMirror needs requestMirror")
+        if self.type == "CORS" and self.cors is None:
+            raise ValueError("filter CORS needs cors")
         return self
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.local_replies import cel_filter, openai_local_replies, with_anthropic_twins
+from kvgate.gateway.controlplane.translate.cors import cors_filter
 from kvgate.gateway.controlplane.translate.names import (
     BBR_FILTER,
     BBR_ROLE,
@@ -106,11 +107,13 @@ def invalid_backend_reply() -> JsonDict:
 
 
 def envoy_listener(
-    port: int, settings: TranslationSettings, body_routing: bool, on_port: Sequence[PortListener] = ()
+    port: int, settings: TranslationSettings, body_routing: bool, on_port: Sequence[PortListener] = (),
+    *, cors: bool = False,
 ) -> JsonDict:
     """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``); where the
-    Gateway listeners ``on_port`` are HTTPS, Envoy terminates TLS (``tls_filter_chains``)."""
-    extra = [bbr_filter(settings)] if body_routing else []
+    Gateway listeners ``on_port`` are HTTPS, Envoy terminates TLS (``tls_filter_chains``); ``cors``:
+    a route on it has a CORS policy (Envoy's CORS filter first: a preflight is answered there)."""
+    extra = [*([cors_filter()] if cors else []), *([bbr_filter(settings)] if body_routing else [])]
     hcm = ec.http_connection_manager(
         listener_name(port), {}, settings.ext_proc, extra, settings.downstream
     )

@@ -25,6 +25,7 @@ from kvgate.gateway.controlplane.translate.backends import (
     header_modifier,
     rule_targets,
 )
+from kvgate.gateway.controlplane.translate.cors import CORS_FILTER, cors_policy
 from kvgate.gateway.controlplane.translate.matches import (
     envoy_match,
     match_precedence,
@@ -50,6 +51,8 @@ class RouteGroup:
     key: MatchKey
     routes: tuple[JsonDict, ...]
     header_names: frozenset[str]
+    cors: bool = False
+    """Its routes carry a CORS policy (the listener then runs Envoy's CORS filter)."""
 
 
 def _merge_headers(*parts: JsonDict) -> JsonDict:
@@ -58,6 +61,8 @@ def _merge_headers(*parts: JsonDict) -> JsonDict:
         for key, value in part.items():
             if isinstance(value, list) and key in merged:
                 merged[key] = [*merged[key], *value]
+            elif isinstance(value, dict) and isinstance(merged.get(key), dict):  # typed_per_filter_config
+                merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
     return merged
@@ -91,6 +96,8 @@ def _rule_fields(
             route_fields.update(header_modifier(flt.request_header_modifier, warnings, owner))
         if flt.response_header_modifier is not None:
             route_fields.update(header_modifier(flt.response_header_modifier, warnings, owner, response=True))
+        if flt.cors is not None:
+            route_fields["typed_per_filter_config"] = {CORS_FILTER: cors_policy(flt.cors)}
         if flt.url_rewrite is not None:
             if flt.url_rewrite.hostname is not None:
                 action["host_rewrite_literal"] = flt.url_rewrite.hostname
@@ -193,5 +200,6 @@ def route_groups(
                 )
             key = (*match_precedence(match), age, str(route.key), rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)
-            groups.append(RouteGroup(key, tuple(routes), names))
+            cors = any(flt.cors is not None for flt in rule.filters)
+            groups.append(RouteGroup(key, tuple(routes), names, cors))
     return groups

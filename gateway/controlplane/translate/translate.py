@@ -92,7 +92,8 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
         body_routing = settings.body_based_routing == "on" or (
             settings.body_based_routing == "auto" and matches_model
         )
-        envoy_listeners.append(envoy_listener(port, settings, body_routing, listeners[port]))
+        cors = any(group.cors for item in on_port for group in item.groups)
+        envoy_listeners.append(envoy_listener(port, settings, body_routing, listeners[port], cors=cors))
     return EnvoyResources(
         listeners=tuple(envoy_listeners),
         routes=tuple(route_configs),

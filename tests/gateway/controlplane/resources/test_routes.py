@@ -234,11 +234,11 @@ def test_hostnames_intersect_with_the_listener() -> None:
 
 
 def test_unsupported_filters_and_bad_regex_reject_the_route() -> None:
-    cors = (
-        "    - filters: [{type: CORS, cors: {allowOrigins: ['https://a.example']}}]\n"
+    extension = (
+        "    - filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Thing, name: x}}]\n"
         f"      backendRefs: [{pool_ref('pool-a')}]"
     )
-    config = build(*base(), route("r", cors))
+    config = build(*base(), route("r", extension))
     assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue")
     assert config.routes == ()
     redirect = "{type: RequestRedirect, requestRedirect: {hostname: a.com}}"  # names no backend
