@@ -117,6 +117,21 @@ def openai_local_replies(max_body_bytes: int) -> JsonDict:
                     "no route matches this request", "invalid_request_error", "route_not_found",
                 )},
             },
+            {  # an ExternalAuth service that could not answer: never let the request through
+                "filter": cel_filter("response.code_details == 'ext_authz_error'"),
+                "status_code": 503,
+                "body_format_override": {"json_format": _error(
+                    "the gateway's authorization service is unavailable", "service_unavailable",
+                    "authorization_unavailable",
+                )},
+            },
+            {  # refused by an ExternalAuth service: its status, in OpenAI's JSON
+                "filter": cel_filter("response.code_details.startsWith('ext_authz')"),
+                "body_format_override": {"json_format": _error(
+                    "the request is not authorized (%RESPONSE_CODE%)", "invalid_request_error",
+                    "unauthorized",
+                )},
+            },
             _client_mistake(413, f"request body exceeds the gateway limit of {max_body_bytes} bytes",
                             "payload_too_large"),
             _client_mistake(431, "request headers exceed the gateway's limits (%RESPONSE_CODE_DETAILS%)",

@@ -182,12 +182,15 @@ class RequestRedirect(SpecModel):
 
 SUPPORTED_FILTERS = frozenset({
     "RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "RequestMirror",
-    "CORS",
+    "CORS", "ExternalAuth",
 })
 """Filter types a rule may carry (a route with another is not Accepted)."""
 SUPPORTED_BACKEND_FILTERS = frozenset({"RequestHeaderModifier", "ResponseHeaderModifier", "URLRewrite"})
 """Filter types a backendRef may carry (a redirect names no backend: it belongs on the rule)."""
-_ONCE_PER_RULE = ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "CORS")
+_ONCE_PER_RULE = (
+    "RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite", "CORS",
+    "ExternalAuth",
+)
 
 
 class Fraction(SpecModel):
@@ -258,6 +261,31 @@ class HTTPCORSFilter(SpecModel):
         return origins
 
 
+class GRPCAuthConfig(SpecModel):
+    allowed_headers: tuple[str, ...] = Field(default=(), max_length=64)
+
+
+class HTTPAuthConfig(SpecModel):
+    path: str | None = None
+    allowed_headers: tuple[str, ...] = Field(default=(), max_length=64)
+    allowed_response_headers: tuple[str, ...] = Field(default=(), max_length=64)
+
+
+class ForwardBody(SpecModel):
+    max_size: int = Field(default=0, ge=0)
+
+
+class HTTPExternalAuthFilter(SpecModel):
+    """A rule's external authorization (the Gateway API's HTTPExternalAuthFilter): each request is
+    checked with a service speaking Envoy's ext_authz protocol (gRPC) or plain HTTP first."""
+
+    protocol: Literal["HTTP", "GRPC"]
+    backend_ref: BackendObjectReference
+    grpc: GRPCAuthConfig | None = None
+    http: HTTPAuthConfig | None = None
+    forward_body: ForwardBody | None = None
+
+
 class HTTPRouteFilter(SpecModel):
     """One filter. Types other than ``SUPPORTED_FILTERS`` load, and make the route not Accepted."""
 
@@ -278,7 +306,7 @@ class HTTPRouteFilter(SpecModel):
     request_redirect: RequestRedirect | None = None
     extension_ref: AnyValue | None = None
     cors: HTTPCORSFilter | None = None
-    external_auth: AnyValue | None = None
+    external_auth: HTTPExternalAuthFilter | None = None
 
     @model_validator(mode="after")
     def _config_present(self) -> HTTPRouteFilter:
@@ -294,6 +322,8 @@ class HTTPRouteFilter(SpecModel):
             raise ValueError("filter RequestMirror needs requestMirror")
         if self.type == "CORS" and self.cors is None:
             raise ValueError("filter CORS needs cors")
+        if self.type == "ExternalAuth" and self.external_auth is None:
+            raise ValueError("filter ExternalAuth needs externalAuth")
         return self
 
     @property

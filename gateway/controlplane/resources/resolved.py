@@ -16,6 +16,7 @@ from types import MappingProxyType
 from kvgate.gateway.controlplane.resources.certificates import ListenerCertificate
 from kvgate.gateway.controlplane.resources.conditions import StatusReport
 from kvgate.gateway.controlplane.resources.gateway_api import (
+    HTTPExternalAuthFilter,
     HTTPRouteFilter,
     HTTPRouteMatch,
     HTTPRouteRetry,
@@ -126,6 +127,15 @@ class ResolvedMirror:
 
 
 @dataclass(frozen=True, slots=True)
+class ResolvedExternalAuth:
+    """A rule's ExternalAuth filter and its service (``backend.valid`` False: the rule answers 500,
+    never letting a request through unchecked)."""
+
+    config: HTTPExternalAuthFilter
+    backend: ResolvedBackend
+
+
+@dataclass(frozen=True, slots=True)
 class ResolvedRule:
     index: int
     name: str | None
@@ -141,6 +151,8 @@ class ResolvedRule:
     """The rule's ``retry`` (GEP-1731; ``translate.retries`` says how it meets the picker's own)."""
     mirrors: tuple[ResolvedMirror, ...] = ()
     """The rule's RequestMirror filters, resolved (``translate.mirrors``)."""
+    external_auth: ResolvedExternalAuth | None = None
+    """The rule's ExternalAuth filter, resolved (``translate.external_auth``)."""
 
     @property
     def valid_backends(self) -> tuple[ResolvedBackend, ...]:
@@ -155,7 +167,8 @@ class ResolvedRule:
     def answers_500(self) -> bool:
         """No redirect and no valid backend with a weight: every request this rule matches must get
         HTTP 500."""
-        return self.redirect is None and not self.valid_backends
+        unchecked = self.external_auth is not None and not self.external_auth.backend.valid
+        return self.redirect is None and (not self.valid_backends or unchecked)
 
 
 @dataclass(frozen=True, slots=True)

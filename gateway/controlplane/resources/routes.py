@@ -37,6 +37,7 @@ from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
 from kvgate.gateway.controlplane.resources.resolved import (
     BackendKind,
     ResolvedBackend,
+    ResolvedExternalAuth,
     ResolvedGateway,
     ResolvedMirror,
     ResolvedPool,
@@ -250,10 +251,25 @@ def validate_route(
             if problem is not None:
                 ref_problems.append((problem, f"RequestMirror: {backend.reason}"))
             mirrors.append(ResolvedMirror(backend, flt.request_mirror.millionths))
+        external_auth = None
+        auth = next((flt.external_auth for flt in rule.filters if flt.external_auth is not None), None)
+        if auth is not None:
+            target = auth.backend_ref
+            if (target.group, target.kind) == (CORE_GROUP, "Service"):
+                ref = HTTPBackendRef(name=target.name, namespace=target.namespace, port=target.port)
+                auth_backend, problem = _backend(resources, route, ref, pools)
+            else:
+                key = ObjectKey(target.namespace or route.metadata.namespace, target.name)
+                auth_backend = ResolvedBackend(BackendKind.INVALID, key, 1, False,
+                                               f"ExternalAuth backendRef kind {target.kind}: a Service only")
+                problem = Reason.INVALID_KIND
+            if problem is not None:
+                ref_problems.append((problem, f"ExternalAuth: {auth_backend.reason}"))
+            external_auth = ResolvedExternalAuth(auth, auth_backend)
         rules.append(
             ResolvedRule(index, rule.name, rule.matches, rule.filters, rule.timeouts, tuple(backends),
                          retry=rule.retry, mirrors=tuple(mirrors),
-                         session_persistence=rule.session_persistence)
+                         session_persistence=rule.session_persistence, external_auth=external_auth)
         )
     if ref_problems:
         reason, _ = ref_problems[0]

@@ -108,12 +108,13 @@ def invalid_backend_reply() -> JsonDict:
 
 def envoy_listener(
     port: int, settings: TranslationSettings, body_routing: bool, on_port: Sequence[PortListener] = (),
-    *, cors: bool = False,
+    *, cors: bool = False, auth_filters: Sequence[JsonDict] = (),
 ) -> JsonDict:
     """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``); where the
     Gateway listeners ``on_port`` are HTTPS, Envoy terminates TLS (``tls_filter_chains``); ``cors``:
     a route on it has a CORS policy (Envoy's CORS filter first: a preflight is answered there)."""
-    extra = [*([cors_filter()] if cors else []), *([bbr_filter(settings)] if body_routing else [])]
+    extra = [*([cors_filter()] if cors else []), *auth_filters,
+             *([bbr_filter(settings)] if body_routing else [])]
     hcm = ec.http_connection_manager(
         listener_name(port), {}, settings.ext_proc, extra, settings.downstream
     )

@@ -26,6 +26,7 @@ from kvgate.gateway.controlplane.translate.backends import (
     rule_targets,
 )
 from kvgate.gateway.controlplane.translate.cors import CORS_FILTER, cors_policy
+from kvgate.gateway.controlplane.translate.external_auth import auth_filter
 from kvgate.gateway.controlplane.translate.matches import (
     envoy_match,
     match_precedence,
@@ -53,6 +54,8 @@ class RouteGroup:
     header_names: frozenset[str]
     cors: bool = False
     """Its routes carry a CORS policy (the listener then runs Envoy's CORS filter)."""
+    auth_filters: tuple[JsonDict, ...] = ()
+    """The ext_authz filters its routes turn on (the listener carries them, off by default)."""
 
 
 def _merge_headers(*parts: JsonDict) -> JsonDict:
@@ -170,6 +173,9 @@ def route_groups(
             targets = rule_targets(rule, settings, clusters, warnings, owner)
         timeout, per_try = _timeouts(rule, settings, warnings, owner)
         mirrors = mirror_policies(rule, clusters) if rule.redirect is None and not rule.answers_500 else []
+        auth = auth_filter(rule, clusters) if rule.redirect is None and not rule.answers_500 else None
+        if rule.external_auth is not None and rule.redirect is not None:
+            warnings.append(f"{owner}: ExternalAuth beside RequestRedirect: a redirect is answered to anyone")
         if rule.mirrors and rule.redirect is not None:
             warnings.append(f"{owner}: RequestMirror beside RequestRedirect: a redirect sends nothing "
                             "to copy; ignored")
@@ -194,6 +200,8 @@ def route_groups(
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
                 if mirrors:
                     rule_action["request_mirror_policies"] = mirrors
+                if auth is not None:
+                    rule_route = _merge_headers(rule_route, {"typed_per_filter_config": auth[1]})
                 routes = _envoy_routes(
                     name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
                     settings.stream_idle_retry_s, per_try, rule.retry,
@@ -201,5 +209,5 @@ def route_groups(
             key = (*match_precedence(match), age, str(route.key), rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)
             cors = any(flt.cors is not None for flt in rule.filters)
-            groups.append(RouteGroup(key, tuple(routes), names, cors))
+            groups.append(RouteGroup(key, tuple(routes), names, cors, (auth[0],) if auth is not None else ()))
     return groups

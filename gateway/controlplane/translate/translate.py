@@ -93,7 +93,9 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
             settings.body_based_routing == "auto" and matches_model
         )
         cors = any(group.cors for item in on_port for group in item.groups)
-        envoy_listeners.append(envoy_listener(port, settings, body_routing, listeners[port], cors=cors))
+        auth = {f["name"]: f for item in on_port for group in item.groups for f in group.auth_filters}
+        envoy_listeners.append(envoy_listener(port, settings, body_routing, listeners[port], cors=cors,
+                                              auth_filters=tuple(auth[name] for name in sorted(auth))))
     return EnvoyResources(
         listeners=tuple(envoy_listeners),
         routes=tuple(route_configs),

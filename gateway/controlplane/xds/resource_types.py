@@ -24,6 +24,7 @@ import envoy.extensions.access_loggers.filters.cel.v3.cel_pb2
 import envoy.extensions.access_loggers.grpc.v3.als_pb2
 import envoy.extensions.access_loggers.stream.v3.stream_pb2
 import envoy.extensions.filters.http.cors.v3.cors_pb2
+import envoy.extensions.filters.http.ext_authz.v3.ext_authz_pb2
 import envoy.extensions.filters.http.ext_proc.v3.ext_proc_pb2
 import envoy.extensions.filters.http.header_mutation.v3.header_mutation_pb2
 import envoy.extensions.filters.http.health_check.v3.health_check_pb2

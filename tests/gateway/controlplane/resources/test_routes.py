@@ -298,6 +298,26 @@ spec:
     assert _route_condition(config, ConditionType.RESOLVED_REFS) == ("False", "BackendNotFound")
 
 
+def test_an_external_auth_that_cannot_be_resolved_lets_nothing_through() -> None:
+    auth = ("    - filters:\n"
+            "        - type: ExternalAuth\n"
+            "          externalAuth: {protocol: HTTP, backendRef: {name: gone, port: 80}}\n"
+            f"      backendRefs: [{pool_ref('pool-a')}]")
+    config = build(*base(), route("r", auth))
+    rule = config.routes[0].rules[0]
+    assert rule.external_auth is not None
+    assert not rule.external_auth.backend.valid
+    assert rule.answers_500  # the rule answers 500: never served unchecked
+    assert _route_condition(config, ConditionType.RESOLVED_REFS) == ("False", "BackendNotFound")
+    on_pool = ("    - filters:\n"
+               "        - type: ExternalAuth\n"
+               f"          externalAuth: {{protocol: GRPC, backendRef: {pool_ref('pool-a')}}}\n"
+               f"      backendRefs: [{pool_ref('pool-a')}]")
+    config = build(*base(), route("r", on_pool))
+    assert config.routes[0].rules[0].answers_500
+    assert _route_condition(config, ConditionType.RESOLVED_REFS) == ("False", "InvalidKind")
+
+
 def test_matches_filters_and_timeouts_reach_the_resolved_rule() -> None:
     rules = f"""    - matches:
         - path: {{type: Exact, value: /v1/chat/completions}}

@@ -1,0 +1,87 @@
+"""An HTTPRoute ExternalAuth filter through ``kvgate up`` and real Envoy, with an HTTP authorization
+service: requests it allows are served, the others get its status in OpenAI's JSON shape, and when
+it cannot be reached no request passes (503)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.up import KvgateUp
+from kvgate.gateway.up_options import EXAMPLE_MODEL, UpOptions, bundled_example
+from tests.e2e.test_up_routing import wait_ready
+
+pytestmark = pytest.mark.e2e
+AUTH = """
+      filters:
+        - type: ExternalAuth
+          externalAuth:
+            protocol: HTTP
+            backendRef: {name: auth, port: 80}
+            http: {path: /check, allowedHeaders: [x-api-key]}
+      backendRefs:"""
+
+
+class Authorizer:
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    async def check(self, request: web.Request) -> web.Response:
+        self.checked.append(request.path)
+        if request.headers.get("x-api-key") == "good":
+            return web.Response(status=200)
+        return web.Response(status=401, text="no such key")
+
+
+@pytest.fixture
+async def authorizer() -> AsyncIterator[tuple[Authorizer, int, web.AppRunner]]:
+    auth = Authorizer()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", auth.check)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield auth, port, runner
+    await runner.cleanup()
+
+
+async def test_only_requests_the_service_allows_are_served(
+    tmp_path: Path, http: aiohttp.ClientSession, authorizer: tuple[Authorizer, int, web.AppRunner]
+) -> None:
+    auth, port, runner = authorizer
+    config = tmp_path / "config"
+    shutil.copytree(bundled_example(), config)
+    gateway = config / "gateway.yaml"
+    gateway.write_text(gateway.read_text().replace("\n      backendRefs:", AUTH, 1))
+    (config / "auth.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: auth\n  namespace: default\n"
+        f"  annotations: {{kvgate.io/endpoints: \"127.0.0.1:{port}\"}}\nspec:\n  ports: [{{port: 80}}]\n")
+    up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=2,
+                            sim_hosts_from="127.0.9.151", sim_time_scale=0.01))
+    body = {"model": EXAMPLE_MODEL, "prompt": "who may ask", "max_tokens": 2}
+    url = f"{up.url}/v1/completions"
+    good = {"x-api-key": "good"}
+    try:
+        await up.start()
+        await wait_ready(http, up, ["llama"])
+        async with http.post(url, json=body, headers=good) as response:
+            assert response.status == 200, await response.text()
+        assert auth.checked == ["/check/v1/completions"]
+        for headers in ({}, {"x-api-key": "bad"}):
+            async with http.post(url, json=body, headers=headers) as response:
+                assert response.status == 401
+                error = (await response.json())["error"]
+                assert (error["type"], error["code"]) == ("invalid_request_error", "unauthorized")
+        await runner.cleanup()  # the service goes away: nothing passes unchecked
+        async with http.post(url, json=body, headers=good) as response:
+            assert response.status == 503
+            assert (await response.json())["error"]["code"] == "authorization_unavailable"
+    finally:
+        await up.stop()
