@@ -1,6 +1,7 @@
 """An HTTPRoute ExternalAuth filter through ``kvgate up`` and real Envoy, with an HTTP authorization
-service: requests it allows are served, the others get its status in OpenAI's JSON shape, and when
-it cannot be reached no request passes (503)."""
+service (requests it allows are served, the others get its status in OpenAI's JSON shape, and when
+it cannot be reached no request passes: 503) and with one speaking Envoy's ext_authz gRPC protocol
+(which sees the body it asked for)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
 from aiohttp import web
+from envoy.service.auth.v3 import external_auth_pb2 as auth_pb
+from envoy.service.auth.v3 import external_auth_pb2_grpc as auth_grpc
+from envoy.type.v3 import http_status_pb2
+from google.rpc import code_pb2, status_pb2
 
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import KvgateUp
@@ -85,3 +91,55 @@ async def test_only_requests_the_service_allows_are_served(
             assert (await response.json())["error"]["code"] == "authorization_unavailable"
     finally:
         await up.stop()
+
+
+class GrpcAuthorizer(auth_grpc.AuthorizationServicer):  # type: ignore[misc]
+    """Envoy's ext_authz gRPC protocol: OK when the request carries ``x-api-key: good``."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def Check(self, request: auth_pb.CheckRequest, context: object) -> auth_pb.CheckResponse:
+        http_request = request.attributes.request.http
+        self.bodies.append(http_request.raw_body or http_request.body.encode())
+        if http_request.headers.get("x-api-key") == "good":
+            return auth_pb.CheckResponse(status=status_pb2.Status(code=code_pb2.OK))
+        return auth_pb.CheckResponse(
+            status=status_pb2.Status(code=code_pb2.PERMISSION_DENIED),
+            denied_response=auth_pb.DeniedHttpResponse(status=http_status_pb2.HttpStatus(code=403)),
+        )
+
+
+async def test_a_grpc_authorization_service_sees_the_body_it_asked_for(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    authorizer = GrpcAuthorizer()
+    server = grpc.aio.server()
+    auth_grpc.add_AuthorizationServicer_to_server(authorizer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    config = tmp_path / "config"
+    shutil.copytree(bundled_example(), config)
+    gateway = config / "gateway.yaml"
+    grpc_auth = AUTH.replace("protocol: HTTP", "protocol: GRPC").replace(
+        "http: {path: /check, allowedHeaders: [x-api-key]}", "forwardBody: {maxSize: 4096}")
+    gateway.write_text(gateway.read_text().replace("\n      backendRefs:", grpc_auth, 1))
+    (config / "auth.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: auth\n  namespace: default\n"
+        f"  annotations: {{kvgate.io/endpoints: \"127.0.0.1:{port}\"}}\nspec:\n  ports: [{{port: 80}}]\n")
+    up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=2,
+                            sim_hosts_from="127.0.9.161", sim_time_scale=0.01))
+    body = {"model": EXAMPLE_MODEL, "prompt": "checked over gRPC", "max_tokens": 2}
+    try:
+        await up.start()
+        await wait_ready(http, up, ["llama"])
+        url = f"{up.url}/v1/completions"
+        async with http.post(url, json=body, headers={"x-api-key": "good"}) as response:
+            assert response.status == 200, await response.text()
+        assert b"checked over gRPC" in authorizer.bodies[0]  # forwardBody: the service saw the body
+        async with http.post(url, json=body) as response:
+            assert response.status == 403
+            assert (await response.json())["error"]["code"] == "unauthorized"
+    finally:
+        await up.stop()
+        await server.stop(0)
