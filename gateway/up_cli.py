@@ -13,6 +13,7 @@ from typing import Any
 
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
+from kvgate.gateway.picker.workers import resolve_workers, workers_argument
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.up import KvgateUp
 from kvgate.gateway.up_options import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, UpOptions
@@ -251,9 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared-fairness", action=argparse.BooleanOptionalAction, default=True,
                         help="with Redis and flow control: pickers share each tenant's held and "
                         "dispatched work, so fairness between tenants holds across them (default on)")
-    parser.add_argument("--workers", type=count(1), default=1, metavar="N",
+    parser.add_argument("--workers", type=workers_argument, default=1, metavar="N|auto",
                         help="picker processes, sharing state through Redis (--redis, else a private "
-                        "redis-server); default 1")
+                        "redis-server); auto: one per two cores, at most 8 (1 without Redis); default 1")
     parser.add_argument("--max-session-pins", type=count(1), default=DEFAULT_MAX_SESSIONS, metavar="N",
                         help="session pins each pool keeps (x-session-id affinity, and the replica of each "
                         "stored Responses API response); the least recent go first (default 100000)")
@@ -297,7 +298,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         sim_decode=args.sim_decode,
         envoy_log_level=args.envoy_log_level,
         envoy_concurrency=args.envoy_concurrency,
-        workers=args.workers,
+        workers=resolve_workers(args.workers, args.redis),
         loop=args.loop,
         stream_idle_retry_s=args.stream_idle_retry,
         attempt_timeout_s=args.attempt_timeout,

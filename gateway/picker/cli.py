@@ -22,7 +22,13 @@ from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, load_
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
-from kvgate.gateway.picker.workers import WorkerPlan, WorkerSupervisor, worker_base_command
+from kvgate.gateway.picker.workers import (
+    WorkerPlan,
+    WorkerSupervisor,
+    resolve_workers,
+    worker_base_command,
+    workers_argument,
+)
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.policies.errors import ConfigError
@@ -97,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides the pools file's redis: key; default: in process",
     )
     parser.add_argument(
-        "--workers", type=int, default=1, metavar="N",
+        "--workers", type=workers_argument, default=1, metavar="N|auto",
         help="picker processes on the one gRPC port (SO_REUSEPORT), sharing state through Redis "
-        "(--redis, else a private redis-server); default 1",
+        "(--redis, else a private redis-server); auto: one per two cores, at most 8 (1 without "
+        "Redis); default 1",
     )
     parser.add_argument(
         "--shared-scrapes", action=argparse.BooleanOptionalAction, default=True,
@@ -390,9 +397,7 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     logs.configure(args.log_level)
     warn_ignored(args)
-    if args.workers < 1:
-        print("kvgate picker: --workers must be at least 1", file=sys.stderr)
-        return 2
+    args.workers = resolve_workers(args.workers, args.redis)
     if args.pools is None:
         print("kvgate picker: give --pools FILE, or --kubernetes --pool-name NAME", file=sys.stderr)
         return 2
