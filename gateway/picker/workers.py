@@ -55,7 +55,7 @@ from kvgate.gateway.picker.pools_file import PoolSpec, dump_pools
 from kvgate.gateway.picker.tracing import TracingSettings
 from kvgate.gateway.processes import event_loop
 from kvgate.gateway.processes.child_process import ChildProcess, ChildProcessError
-from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.gateway.processes.envoy_process import free_port, free_ports
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 
@@ -285,14 +285,17 @@ class UpWorkers:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
         self.pools_path = self.directory / "pools.yaml"
-        self.own_ports = tuple(free_port() for _ in range(count))
+        # chosen in advance, all distinct (two random draws can meet: seen once in CI)
+        ports = free_ports(count + 1)
+        self.own_ports, grpc_port = ports[:count], ports[count]
         self.addresses = tuple(f"127.0.0.1:{port}" for port in self.own_ports)
         """The workers' own gRPC addresses (for the ext_proc cluster)."""
-        self.outcome_ports = tuple(free_port() for _ in range(count)) if skip_unread_responses else ()
+        self.outcome_ports = (free_ports(count, taken=(*self.own_ports, grpc_port))
+                              if skip_unread_responses else ())
         self.outcome_addresses = tuple(f"127.0.0.1:{port}" for port in self.outcome_ports)
         """Where the workers take Envoy's outcome reports (for the outcome cluster)."""
         self.plan = WorkerPlan(
-            workers=count, grpc_port=free_port(), admin_port=0,
+            workers=count, grpc_port=grpc_port, admin_port=0,
             base_command=(
                 sys.executable, "-m", "kvgate.gateway.cli", "picker", "--pools", str(self.pools_path),
                 "--watch",

@@ -16,7 +16,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -91,6 +91,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         bound: int = sock.getsockname()[1]
         return bound
+
+
+def free_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -> tuple[int, ...]:
+    """``count`` distinct free ports (:func:`free_port` draws at random: two draws can meet, and
+    ports chosen in advance for several processes must not), none of ``taken``."""
+    chosen: list[int] = []
+    avoid = set(taken)
+    while len(chosen) < count:
+        port = free_port(host)
+        if port not in avoid:
+            chosen.append(port)
+            avoid.add(port)
+    return tuple(chosen)
 
 
 @dataclass(frozen=True, slots=True)
