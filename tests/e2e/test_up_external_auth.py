@@ -143,3 +143,4 @@ async def test_a_grpc_authorization_service_sees_the_body_it_asked_for(
     finally:
         await up.stop()
         await server.stop(0)
+
