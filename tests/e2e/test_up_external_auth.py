@@ -144,3 +144,65 @@ async def test_a_grpc_authorization_service_sees_the_body_it_asked_for(
         await up.stop()
         await server.stop(0)
 
+
+
+MODEL_ROUTES = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: kvgate, namespace: default}
+spec:
+  gatewayClassName: kvgate
+  listeners: [{name: http, protocol: HTTP, port: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: llm, namespace: default}
+spec:
+  parentRefs: [{name: kvgate}]
+  rules:
+    - matches:
+        - path: {type: PathPrefix, value: /v1/}
+          headers: [{name: x-gateway-model-name, value: MODEL}]
+      filters:
+        - type: ExternalAuth
+          externalAuth:
+            protocol: HTTP
+            backendRef: {name: auth, port: 80}
+            http: {allowedHeaders: [x-api-key]}
+      backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: llama}]
+    - matches: [{path: {type: PathPrefix, value: /v1/}}]
+      backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: llama}]
+""".replace("MODEL", EXAMPLE_MODEL)
+
+
+async def test_a_model_routed_to_a_rule_with_external_auth_is_checked(
+    tmp_path: Path, http: aiohttp.ClientSession, authorizer: tuple[Authorizer, int, web.AppRunner]
+) -> None:
+    """A request's first match (no model header yet) is the open rule; the body-based router
+    re-matches on the model to the guarded rule, whose check must still run (it did not, when the
+    ext_authz filter was off by default and turned on per route: docs in translate.external_auth);
+    a request for another model stays on the open rule, unchecked."""
+    auth, port, _ = authorizer
+    config = tmp_path / "config"
+    shutil.copytree(bundled_example(), config)
+    (config / "gateway.yaml").write_text(MODEL_ROUTES)
+    (config / "auth.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: auth\n  namespace: default\n"
+        f"  annotations: {{kvgate.io/endpoints: \"127.0.0.1:{port}\"}}\nspec:\n  ports: [{{port: 80}}]\n")
+    up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=2,
+                            sim_hosts_from="127.0.9.171", sim_time_scale=0.01))
+    body = {"model": EXAMPLE_MODEL, "prompt": "a guarded model", "max_tokens": 2}
+    url = f"{up.url}/v1/completions"
+    try:
+        await up.start()
+        await wait_ready(http, up, ["llama"])
+        async with http.post(url, json=body) as response:
+            assert response.status == 401, await response.text()
+        async with http.post(url, json=body, headers={"x-api-key": "good"}) as response:
+            assert response.status == 200, await response.text()
+        assert len(auth.checked) == 2
+        async with http.post(url, json={**body, "model": "another-model"}) as response:
+            assert response.status == 404  # the open rule: no check, the model unknown to the pool
+        assert len(auth.checked) == 2
+    finally:
+        await up.stop()

@@ -11,7 +11,6 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kvgate.extproc.names import MODEL_NAME_HEADER
 from kvgate.gateway.controlplane.resources.backends import find_service, service_addresses
 from kvgate.gateway.controlplane.resources.conditions import (
     Condition,
@@ -135,14 +134,6 @@ def _rule_problem(route: HTTPRoute) -> str | None:
             if flt.type not in SUPPORTED_BACKEND_FILTERS:
                 return (f"rule {index}: filter {flt.type} is not supported on a backendRef (only "
                         f"{sorted(SUPPORTED_BACKEND_FILTERS)})")
-        guarded = any(flt.type == "ExternalAuth" for flt in rule.filters)
-        if guarded and any(h.name.lower() == MODEL_NAME_HEADER for m in rule.matches for h in m.headers):
-            # Envoy settles which filters run on the route a request matches first, before the
-            # body-based router names its model: such a rule's check would be skipped for requests
-            # that first matched a rule without one
-            return (f"rule {index}: ExternalAuth on a rule that matches {MODEL_NAME_HEADER} is not supported "
-                    "(the check is decided before the body names the model): guard the rule a request "
-                    "matches by path or header first, or every rule of the listener")
         for match in rule.matches:
             patterns = [match.path.value] if match.path.type == "RegularExpression" else []
             patterns += [h.value for h in match.headers if h.type == "RegularExpression"]

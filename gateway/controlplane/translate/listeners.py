@@ -113,8 +113,9 @@ def envoy_listener(
     """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``); where the
     Gateway listeners ``on_port`` are HTTPS, Envoy terminates TLS (``tls_filter_chains``); ``cors``:
     a route on it has a CORS policy (Envoy's CORS filter first: a preflight is answered there)."""
-    extra = [*([cors_filter()] if cors else []), *auth_filters,
-             *([bbr_filter(settings)] if body_routing else [])]
+    # ExternalAuth after the body-based router: the route is then the one the body's model chose
+    extra = [*([cors_filter()] if cors else []), *([bbr_filter(settings)] if body_routing else []),
+             *auth_filters]
     hcm = ec.http_connection_manager(
         listener_name(port), {}, settings.ext_proc, extra, settings.downstream
     )

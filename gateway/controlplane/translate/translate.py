@@ -14,6 +14,7 @@ from kvgate.extproc.names import MODEL_NAME_HEADER
 from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane.resources import ValidatedConfig
 from kvgate.gateway.controlplane.translate.backends import ClusterSet, pool_clusters
+from kvgate.gateway.controlplane.translate.external_auth import with_auth_off
 from kvgate.gateway.controlplane.translate.listeners import envoy_listener
 from kvgate.gateway.controlplane.translate.messages import snapshot_of
 from kvgate.gateway.controlplane.translate.models import models_cluster, models_routes
@@ -83,9 +84,10 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
     for port in sorted(listeners):
         on_port = attached.get(port, [])
         first = models_routes(port) if settings.models_address is not None else []
-        route_configs.append(
-            route_configuration(port, listeners[port], on_port, first, settings.bind_port(port))
-        )
+        auth = {f["name"]: f for item in on_port for group in item.groups for f in group.auth_filters}
+        route_configs.append(with_auth_off(
+            route_configuration(port, listeners[port], on_port, first, settings.bind_port(port)), sorted(auth)
+        ))
         matches_model = any(
             MODEL_NAME_HEADER in group.header_names for item in on_port for group in item.groups
         )
@@ -93,7 +95,6 @@ def translate(config: ValidatedConfig, settings: TranslationSettings) -> EnvoyRe
             settings.body_based_routing == "auto" and matches_model
         )
         cors = any(group.cors for item in on_port for group in item.groups)
-        auth = {f["name"]: f for item in on_port for group in item.groups for f in group.auth_filters}
         envoy_listeners.append(envoy_listener(port, settings, body_routing, listeners[port], cors=cors,
                                               auth_filters=tuple(auth[name] for name in sorted(auth))))
     return EnvoyResources(

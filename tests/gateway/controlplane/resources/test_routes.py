@@ -318,19 +318,6 @@ def test_an_external_auth_that_cannot_be_resolved_lets_nothing_through() -> None
     assert _route_condition(config, ConditionType.RESOLVED_REFS) == ("False", "InvalidKind")
 
 
-def test_external_auth_on_a_rule_matched_by_the_model_is_refused() -> None:
-    # Envoy settles the filters on the first match, before the body-based router names the model:
-    # a check on such a rule would be skipped for requests that first matched an open rule
-    rules = ("    - matches: [{headers: [{name: X-Gateway-Model-Name, value: secret}]}]\n"
-             "      filters:\n"
-             "        - type: ExternalAuth\n"
-             "          externalAuth: {protocol: GRPC, backendRef: {name: auth, port: 80}}\n"
-             f"      backendRefs: [{pool_ref('pool-a')}]")
-    config = build(*base(), route("r", rules))
-    assert _route_condition(config, ConditionType.ACCEPTED) == ("False", "UnsupportedValue")
-    assert config.routes == ()
-
-
 def test_matches_filters_and_timeouts_reach_the_resolved_rule() -> None:
     rules = f"""    - matches:
         - path: {{type: Exact, value: /v1/chat/completions}}
