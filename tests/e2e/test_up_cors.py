@@ -57,3 +57,51 @@ async def test_the_gateway_answers_allowed_origins_preflights(
             assert response.headers["access-control-allow-origin"] == "https://chat.example.com"
     finally:
         await up.stop()
+
+
+MODEL_ROUTES = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: kvgate, namespace: default}
+spec:
+  gatewayClassName: kvgate
+  listeners: [{name: http, protocol: HTTP, port: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: llm, namespace: default}
+spec:
+  parentRefs: [{name: kvgate}]
+  rules:
+    - matches:
+        - path: {type: PathPrefix, value: /v1/}
+          headers: [{name: x-gateway-model-name, value: MODEL}]
+      filters:
+        - type: CORS
+          cors: {allowOrigins: ["https://chat.example.com"], allowMethods: [POST]}
+      backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: llama}]
+    - matches: [{path: {type: PathPrefix, value: /v1/}}]
+      backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: llama}]
+""".replace("MODEL", EXAMPLE_MODEL)
+
+
+async def test_a_model_routed_rules_policy_is_the_one_applied(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The body-based router re-matches on the model after the headers came: the CORS policy of the
+    rule the model routes to applies, not the first match's (none here)."""
+    config = tmp_path / "config"
+    shutil.copytree(bundled_example(), config)
+    (config / "gateway.yaml").write_text(MODEL_ROUTES)
+    up = KvgateUp(UpOptions(directory=config, port=free_port(), admin_port=0, sim=2,
+                            sim_hosts_from="127.0.9.181", sim_time_scale=0.01))
+    origin = {"origin": "https://chat.example.com"}
+    try:
+        await up.start()
+        await wait_ready(http, up, ["llama"])
+        body = {"model": EXAMPLE_MODEL, "prompt": "from a web page", "max_tokens": 2}
+        async with http.post(f"{up.url}/v1/completions", json=body, headers=origin) as response:
+            assert response.status == 200
+            assert response.headers.get("access-control-allow-origin") == "https://chat.example.com"
+    finally:
+        await up.stop()

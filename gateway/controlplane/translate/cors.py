@@ -1,11 +1,13 @@
 """A rule's CORS filter (the Gateway API's HTTPCORSFilter) as Envoy's per-route ``CorsPolicy``.
 
-Envoy's CORS filter runs first in the chain of a listener whose routes have a policy (before the
-body-based router and the picker): it answers a browser's preflight (``OPTIONS`` with
-``Access-Control-Request-Method``) itself and adds ``Access-Control-Allow-Origin`` (and the rest) to
-the answers of allowed origins, so a web page can call the gateway's OpenAI API directly. Origins
-are exact, ``*``, or with ``*`` in the host (``https://*.example.com``), as the Gateway API writes
-them; without a policy a route's preflight goes to the model server as before (vLLM answers it).
+Envoy's CORS filter runs in the chain of a listener whose routes have a policy, after the body-based
+router (which holds a request's headers until its body names the model and re-matches the route:
+the policy read is the final route's) and before ExternalAuth and the picker: it answers a
+browser's preflight (``OPTIONS`` with ``Access-Control-Request-Method``) itself and adds
+``Access-Control-Allow-Origin`` (and the rest) to the answers of allowed origins, so a web page can
+call the gateway's OpenAI API directly. Origins are exact, ``*``, or with ``*`` in the host
+(``https://*.example.com``), as the Gateway API writes them; without a policy a route's preflight
+goes to the model server as before (vLLM answers it).
 """
 
 from __future__ import annotations

@@ -112,9 +112,12 @@ def envoy_listener(
 ) -> JsonDict:
     """The listener for Gateway listener ``port`` (bound at ``settings.bind_port(port)``); where the
     Gateway listeners ``on_port`` are HTTPS, Envoy terminates TLS (``tls_filter_chains``); ``cors``:
-    a route on it has a CORS policy (Envoy's CORS filter first: a preflight is answered there)."""
-    # ExternalAuth after the body-based router: the route is then the one the body's model chose
-    extra = [*([cors_filter()] if cors else []), *([bbr_filter(settings)] if body_routing else []),
+    a route on it has a CORS policy (Envoy's CORS filter: a preflight is answered there);
+    ``auth_filters``: the ext_authz filters its routes use (``translate.external_auth``)."""
+    # CORS and ExternalAuth after the body-based router, which holds a request's headers until its
+    # body names the model and re-matches the route: they read the final route's settings (CORS
+    # before ExternalAuth: a browser's preflight needs no credentials)
+    extra = [*([bbr_filter(settings)] if body_routing else []), *([cors_filter()] if cors else []),
              *auth_filters]
     hcm = ec.http_connection_manager(
         listener_name(port), {}, settings.ext_proc, extra, settings.downstream
