@@ -248,6 +248,8 @@ def validate_route(
             ref = HTTPBackendRef(group=target.group, kind=target.kind, name=target.name,
                                  namespace=target.namespace, port=target.port)
             backend, problem = _backend(resources, route, ref, pools)
+            if backend.kind is BackendKind.INFERENCE_POOL:
+                referenced.add(backend.key)  # (a pool mirrored to is one this route uses)
             if problem is not None:
                 ref_problems.append((problem, f"RequestMirror: {backend.reason}"))
             mirrors.append(ResolvedMirror(backend, flt.request_mirror.millionths))
