@@ -30,10 +30,12 @@ def _no_metadata() -> DynamicMetadata:
 
 @dataclass(frozen=True, slots=True)
 class HeaderEdit:
-    """Headers to set (overwrite or add) and to remove."""
+    """Headers to set (overwrite or add), to append (beside any of the same name: a ``Set-Cookie``)
+    and to remove."""
 
     set: Headers = ()
     remove: tuple[str, ...] = ()
+    append: Headers = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ _SKIP = 2  # ProcessingMode.HeaderSendMode.SKIP
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_APPEND = base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
 
 
 class UnknownMessage(ValueError):
@@ -210,11 +211,13 @@ def _fill_common(common: pb.CommonResponse, edit: HeaderEdit, clear_route_cache:
     common.SetInParent()
     if clear_route_cache:
         common.clear_route_cache = True
-    if edit.set or edit.remove:
-        _fill_header_mutation(common.header_mutation, edit.set, edit.remove)
+    if edit.set or edit.remove or edit.append:
+        _fill_header_mutation(common.header_mutation, edit.set, edit.remove, edit.append)
 
 
-def _fill_header_mutation(mutation: pb.HeaderMutation, set_headers: Headers, remove: tuple[str, ...]) -> None:
+def _fill_header_mutation(
+    mutation: pb.HeaderMutation, set_headers: Headers, remove: tuple[str, ...], append: Headers = ()
+) -> None:
     mutation.SetInParent()
     add = mutation.set_headers.add
     for key, value in set_headers:
@@ -222,6 +225,11 @@ def _fill_header_mutation(mutation: pb.HeaderMutation, set_headers: Headers, rem
         option.header.key = key
         option.header.raw_value = value.encode()
         option.append_action = _OVERWRITE
+    for key, value in append:
+        option = add()
+        option.header.key = key
+        option.header.raw_value = value.encode()
+        option.append_action = _APPEND
     if remove:
         mutation.remove_headers.extend(remove)
 

@@ -369,8 +369,9 @@ class RequestLifecycle:
         if self._status >= 500:
             picked.endpoint_failed()
         self._response = response_processor(picked.decision, self._config, content_type)
+        # (a new session's Set-Cookie beside any the model server set)
         edit = HeaderEdit(remove=("content-length",) if self._response.edits else (),
-                          set=(self._new_session,) if self._new_session is not None else ())
+                          append=(self._new_session,) if self._new_session is not None else ())
         if event.end_of_stream:
             self._finish(ok=self._status_ok)
             self.state = State.RESPONSE_DONE

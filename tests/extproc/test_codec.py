@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import text_format
 
@@ -101,3 +102,13 @@ def test_an_immediate_response() -> None:
         }
         """
     )
+
+
+def test_appended_headers_keep_those_of_the_same_name() -> None:
+    """A new session's Set-Cookie goes beside any the model server set (append, not overwrite)."""
+    edit = HeaderEdit(set=(("x-a", "1"),), append=(("set-cookie", "s=1; Path=/"),))
+    message = codec.encode(ContinueHeaders(Phase.RESPONSE, edit))
+    options = message.response_headers.response.header_mutation.set_headers
+    actions = {option.header.key: option.append_action for option in options}
+    assert actions == {"x-a": base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                       "set-cookie": base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD}
