@@ -70,6 +70,11 @@ log = logging.getLogger(__name__)
 NODE_ID = "kvgate"
 
 
+def picker_body_limit(listener_limit: int) -> int:
+    """The pickers read every body Envoy's listener takes (their own default if larger)."""
+    return max(listener_limit, LifecycleConfig().max_body_bytes)
+
+
 def envoy_tracing(settings: TracingSettings) -> EnvoyTracing:
     """Envoy's half of ``--otlp-endpoint``: the same receiver and sampling ratio."""
     host, port = settings.host_port()
@@ -195,6 +200,7 @@ class KvgateUp:
                 shared_scrapes=options.shared_scrapes, shared_fairness=options.shared_fairness,
                 loop=options.loop, tracing=options.tracing,
                 read_usage_every=options.read_usage_every, max_session_pins=options.max_session_pins,
+                max_request_body=picker_body_limit(options.max_request_body),
             )
             self._stack.push_async_callback(workers.stop)
             redis_url = await workers.redis_url(redis_url)
@@ -212,6 +218,7 @@ class KvgateUp:
                     if redis_url else None
                 ),
                 lifecycle=LifecycleConfig(
+                    max_body_bytes=picker_body_limit(options.max_request_body),
                     attempt_timeout=attempt_bound, skip_unread_responses=options.skip_unread_responses,
                     outcome_reports=options.skip_unread_responses,  # kvgate's Envoy reports them
                     observe_usage=EveryNth(options.read_usage_every) if options.read_usage_every else None,
@@ -260,6 +267,7 @@ class KvgateUp:
             listen_ports=listen_ports,
             downstream=options.downstream,
             tracing=envoy_tracing(options.tracing) if options.tracing is not None else None,
+            max_body_bytes=options.max_request_body,
         )
         on_pools = workers.write_pools if workers is not None else None
         publisher = await self._status_publisher(cluster) if cluster is not None else None

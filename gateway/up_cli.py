@@ -13,7 +13,7 @@ from typing import Any
 
 from kvgate.gateway.controlplane.downstream import DownstreamSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
-from kvgate.gateway.picker.workers import resolve_workers, workers_argument
+from kvgate.gateway.picker.workers import byte_size, resolve_workers, workers_argument
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.up import KvgateUp
 from kvgate.gateway.up_options import DEFAULT_SIM_REPLICAS, EXAMPLE_MODEL, UpOptions
@@ -255,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=workers_argument, default=1, metavar="N|auto",
                         help="picker processes, sharing state through Redis (--redis, else a private "
                         "redis-server); auto: one per two cores, at most 8 (1 without Redis); default 1")
+    parser.add_argument("--max-request-body", type=byte_size, default=UpOptions().max_request_body,
+                        metavar="BYTES",
+                        help="the largest request body the gateway takes (e.g. 32MiB for long recordings "
+                        "to speech-to-text models); a larger one is 413 (default 8MiB)")
     parser.add_argument("--max-session-pins", type=count(1), default=DEFAULT_MAX_SESSIONS, metavar="N",
                         help="session pins each pool keeps (x-session-id affinity, and the replica of each "
                         "stored Responses API response); the least recent go first (default 100000)")
@@ -292,6 +296,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         sim_hosts_from=args.sim_hosts_from,
         sim_time_scale=args.sim_time_scale,
         sim_processes=args.sim_processes,
+        max_request_body=args.max_request_body,
         sim_model=args.sim_model,
         sim_tokenizer=args.sim_tokenizer,
         sim_prefill=args.sim_prefill,

@@ -41,6 +41,9 @@ class UpOptions:
     sim_pool: str | None = None
     sim_hosts_from: str = "127.0.1.1"
     sim_time_scale: float = 1.0
+    max_request_body: int = 8 * 1024 * 1024
+    """The largest request body the gateway takes (Envoy's listener buffer; the pickers read at least
+    as much); a larger one is 413 (``--max-request-body``)."""
     sim_processes: int = 1
     """Simulator processes the replicas are spread over (``--sim-processes``)."""
     sim_model: str | None = None

@@ -120,6 +120,8 @@ class ControlPlaneSettings:
     """The clients' timeouts and limits (``gateway.controlplane.downstream``)."""
     tracing: EnvoyTracing | None = None
     """Envoy's tracing (``kvgate up --otlp-endpoint``); None: off."""
+    max_body_bytes: int = ONE_PASS.max_body_bytes
+    """The listeners' buffer limit: a larger request body is 413 (``kvgate up --max-request-body``)."""
     validation: ValidationOptions = field(
         default_factory=lambda: ValidationOptions(require_picker_service=False)
     )
@@ -132,7 +134,8 @@ class ControlPlaneSettings:
             body_based_routing=self.body_based_routing,
             stream_idle_retry_s=self.stream_idle_retry_s,
             models_address=self.models_address,
-            ext_proc=dataclasses.replace(ONE_PASS, outcome_reports=self.outcome_reports),
+            ext_proc=dataclasses.replace(ONE_PASS, outcome_reports=self.outcome_reports,
+                                         max_body_bytes=self.max_body_bytes),
             outcome_addresses=self.outcome_addresses,
             downstream=self.downstream,
             tracing=self.tracing,

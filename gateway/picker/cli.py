@@ -25,6 +25,7 @@ from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
 from kvgate.gateway.picker.workers import (
     WorkerPlan,
     WorkerSupervisor,
+    byte_size,
     resolve_workers,
     worker_base_command,
     workers_argument,
@@ -133,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--attempt-timeout-per-token", type=float, default=0.1, metavar="SECONDS",
                         help="seconds a requested token adds to --attempt-timeout (default 0.1)")
+    parser.add_argument("--max-request-body", type=byte_size, default=LifecycleConfig().max_body_bytes,
+                        metavar="BYTES",
+                        help="the largest request body the picker reads (e.g. 32MiB: a long recording for "
+                        "speech to text); a larger one is 413 (default 16MiB)")
     parser.add_argument("--max-session-pins", type=_at_least_one, default=DEFAULT_MAX_SESSIONS, metavar="N",
                         help="session pins each pool keeps (x-session-id affinity, and the replica of each "
                         "stored Responses API response); the least recent go first (default 100000)")
@@ -273,6 +278,7 @@ def settings_from_args(args: argparse.Namespace, redis_url: str | None) -> Picke
         reuse_port=args.reuse_port,
         own_grpc_address=f"{args.host}:{args.own_port}" if args.worker_index is not None else None,
         lifecycle=LifecycleConfig(
+            max_body_bytes=args.max_request_body,
             attempt_timeout=attempt_timeout(args.attempt_timeout, args.attempt_timeout_per_token),
             skip_unread_responses=args.skip_unread_responses,
             outcome_reports=args.outcome_reports,

@@ -91,6 +91,18 @@ class WorkerPlan:
         ]
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(|B|KiB|MiB|GiB)\s*$")
+_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def byte_size(text: str) -> int:
+    """``--max-request-body``: bytes, or with ``KiB``, ``MiB`` or ``GiB``."""
+    found = _SIZE.match(text)
+    if found is None or int(found.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 33554432 or 32MiB)")
+    return int(found.group(1)) * _UNITS[found.group(2)]
+
+
 AUTO_WORKERS_MAX = 8
 
 
@@ -281,6 +293,7 @@ class UpWorkers:
         tracing: TracingSettings | None = None,
         read_usage_every: int = 0,
         max_session_pins: int = DEFAULT_MAX_SESSIONS,
+        max_request_body: int | None = None,
     ) -> None:
         self.count = count
         self.directory = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -311,6 +324,7 @@ class UpWorkers:
                 *(("--read-usage-every", str(read_usage_every)) if read_usage_every else ()),
                 *(("--max-session-pins", str(max_session_pins))
                   if max_session_pins != DEFAULT_MAX_SESSIONS else ()),
+                *(("--max-request-body", str(max_request_body)) if max_request_body is not None else ()),
             ),
             own_ports=self.own_ports,
             outcome_ports=self.outcome_ports,

@@ -7,6 +7,7 @@ the replica's own; a stream arrives whole; a form that is not one is 400 in Open
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -88,3 +89,27 @@ async def test_speech_to_text_is_routed_on_the_forms_model(
             assert (await response.json())["error"]["type"] == "invalid_request_error"
     finally:
         await up.stop()
+
+
+async def test_a_long_recording_needs_a_larger_body_limit(http: aiohttp.ClientSession) -> None:
+    """10 MB of audio (about five minutes) is over the gateway's default 8 MiB body limit (413 in
+    OpenAI's JSON) and served with ``--max-request-body 12MiB``."""
+    recording = bytes(range(256)) * 40_000  # 10,240,000 bytes
+    for limit, status in ((None, 413), (12 * 1024 * 1024, 200)):
+        options = UpOptions(port=free_port(), admin_port=0, sim=1, sim_hosts_from="127.0.9.191",
+                            sim_time_scale=0.01)
+        if limit is not None:
+            options = dataclasses.replace(options, max_request_body=limit)
+        up = KvgateUp(options)
+        try:
+            await up.start()
+            await wait_ready(http, up, ["llama"])
+            form = aiohttp.FormData()
+            form.add_field("model", EXAMPLE_MODEL)
+            form.add_field("file", recording, filename="long.wav", content_type="audio/wav")
+            async with http.post(f"{up.url}/v1/audio/transcriptions", data=form) as response:
+                assert response.status == status, await response.text()
+                if status == 413:
+                    assert (await response.json())["error"]["code"] == "payload_too_large"
+        finally:
+            await up.stop()

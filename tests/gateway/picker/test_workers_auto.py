@@ -22,3 +22,14 @@ def test_the_argument_takes_a_count_or_auto() -> None:
             workers_argument(bad)
     assert resolve_workers(3, None) == 3
     assert resolve_workers(0, "redis://127.0.0.1:6379/0") >= 1
+
+
+def test_body_sizes_read_in_bytes_or_binary_units() -> None:
+    from kvgate.gateway.picker.workers import byte_size
+
+    assert byte_size("1024") == 1024
+    assert byte_size("32MiB") == 32 * 1024 * 1024
+    assert byte_size("2 GiB") == 2 * 1024**3
+    for bad in ("0", "32MB", "-1", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            byte_size(bad)
