@@ -117,12 +117,19 @@ def auto_workers(cpus: int, redis_available: bool) -> int:
     return max(1, min(AUTO_WORKERS_MAX, cpus // 2))
 
 
-def available_cpus() -> int:
-    """The cores this process may run on (its affinity: a container's limit, not the host's count)."""
+def available_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, and a container's CPU limit (cgroup v2's
+    ``cpu.max`` quota over its period, rounded up), whichever is fewer. A Kubernetes Pod with a CPU
+    limit runs on every core of its node, so the affinity alone counts the node's."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # (not Linux)
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    return cores
 
 
 def workers_argument(text: str) -> int:

@@ -82,6 +82,7 @@ GATEWAY_CASES: dict[str, dict[str, Any]] = {
                     "addresses": ["203.0.113.7"]},
         "gatewayClass": {"create": False},
     },
+    "workers auto, max request body": {"workers": "auto", "flags": {"max-request-body": "32MiB"}},
     "http and https": {
         "gateway": {"listeners": [{"name": "http", "port": 80, "protocol": "HTTP"},
                                   {"name": "https", "port": 443, "protocol": "HTTPS",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,16 @@ def test_body_sizes_read_in_bytes_or_binary_units() -> None:
     for bad in ("0", "32MB", "-1", "lots"):
         with pytest.raises(argparse.ArgumentTypeError):
             byte_size(bad)
+
+
+def test_a_containers_cpu_limit_bounds_the_cores(tmp_path: Path) -> None:
+    from kvgate.gateway.picker.workers import available_cpus
+
+    cpu_max = tmp_path / "cpu.max"
+    unbounded = available_cpus(tmp_path / "absent")
+    cpu_max.write_text("max 100000\n")
+    assert available_cpus(cpu_max) == unbounded
+    cpu_max.write_text("250000 100000\n")  # a limit of 2.5 cores: 3
+    assert available_cpus(cpu_max) == min(unbounded, 3)
+    cpu_max.write_text("50000 100000\n")  # half a core: still one
+    assert available_cpus(cpu_max) == 1
