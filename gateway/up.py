@@ -36,6 +36,7 @@ from kvgate.gateway.controlplane.models.server import ModelsServer
 from kvgate.gateway.controlplane.resources import ConfigProvider, FileProvider
 from kvgate.gateway.controlplane.resources.core import Pod
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions
+from kvgate.gateway.controlplane.system_ca import system_ca_file
 from kvgate.gateway.controlplane.telemetry import ControlPlaneCollector
 from kvgate.gateway.controlplane.translate.tracing import EnvoyTracing
 from kvgate.gateway.controlplane.xds import LISTENER, AdsServer, SnapshotCache, XdsStatus, bootstrap_for_ads
@@ -86,9 +87,10 @@ class KvgateUp:
 
     def __init__(self, options: UpOptions) -> None:
         self.options = options
+        self._validation = ValidationOptions(require_picker_service=False, system_ca_file=system_ca_file())
         self.provider: ConfigProvider = FileProvider(
             options.config_directory,
-            options=ValidationOptions(require_picker_service=False),
+            options=self._validation,
             quiet_ms=options.quiet_ms,
             max_batch_ms=options.max_batch_ms,
         )
@@ -157,7 +159,7 @@ class KvgateUp:
             client = await KubeClient.connect(kubeconfig=options.kubeconfig, host=options.kube_api)
             cluster = KubernetesProvider(
                 client, namespace=options.namespace,
-                options=ValidationOptions(require_picker_service=False),
+                options=self._validation,
             )
             self._stack.push_async_callback(cluster.stop)
             self.provider = cluster
@@ -268,6 +270,7 @@ class KvgateUp:
             downstream=options.downstream,
             tracing=envoy_tracing(options.tracing) if options.tracing is not None else None,
             max_body_bytes=options.max_request_body,
+            validation=self._validation,
         )
         on_pools = workers.write_pools if workers is not None else None
         publisher = await self._status_publisher(cluster) if cluster is not None else None

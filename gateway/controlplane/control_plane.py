@@ -259,11 +259,17 @@ def _flag(pool: ResolvedPool, annotations: Mapping[str, str], name: str, warning
 
 def _model_server_tls(
     pool: ResolvedPool, annotations: Mapping[str, str], warnings: list[str]
-) -> dict[str, str | None] | None:
-    """The pool's HTTPS to its model servers, as ``resources.backends.model_server_tls`` read it for
-    the data plane; a value other than true or false is warned about (plain HTTP then)."""
+) -> dict[str, str | bool | None] | None:
+    """The pool's HTTPS to its model servers, as the data plane's: a BackendTLSPolicy's (the
+    picker checks the hostname where the policy names no subjectAltNames), else the annotations'
+    as ``resources.backends.model_server_tls`` read them; a value other than true or false is
+    warned about (plain HTTP then)."""
     if MODEL_SERVER_TLS_ANNOTATION in annotations and MODEL_SERVER_CA_ANNOTATION not in annotations:
         _flag(pool, annotations, MODEL_SERVER_TLS_ANNOTATION, warnings)
+    policy = pool.backend_tls
+    if policy is not None:
+        return {"ca_certificates": policy.ca_pem, "ca_file": policy.ca_file,
+                "hostname": policy.hostname, "check_hostname": not policy.subject_alt_names}
     tls = pool.model_server_tls
     return None if tls is None else {"ca_file": tls.ca_file}
 

@@ -81,6 +81,29 @@ def model_server_tls(ca_file: str | None) -> JsonDict:
     }
 
 
+def verified_tls(sni: str, ca_pem: str | None, ca_file: str | None, names: Sequence[tuple[str, str]],
+                 alpn: Sequence[str] = ("http/1.1",)) -> JsonDict:
+    """TLS to an upstream as a BackendTLSPolicy asks: SNI ``sni``, the chain verified against
+    ``ca_pem``, else the certificates in ``ca_file`` (the system's: Envoy's ``system_root_certs``
+    is not implemented), and the certificate naming one of ``names``
+    (``("Hostname", name)``: a DNS subject alternative name, wildcard certificates matched as
+    Envoy matches them; ``("URI", uri)``: a URI one, e.g. a SPIFFE ID)."""
+    source = {"inline_string": ca_pem} if ca_pem is not None else {"filename": ca_file}
+    matchers = [{"san_type": "DNS" if kind == "Hostname" else "URI", "matcher": {"exact": value}}
+                for kind, value in names]
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "sni": sni,
+            "common_tls_context": {
+                "alpn_protocols": list(alpn),
+                "validation_context": {"trusted_ca": source, "match_typed_subject_alt_names": matchers},
+            },
+        },
+    }
+
+
 def ext_proc_cluster(
     addresses: Sequence[tuple[str, int]],
     name: str = EXT_PROC_CLUSTER,

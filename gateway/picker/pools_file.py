@@ -186,12 +186,28 @@ class FlowControlSpec(BaseModel):
 class ModelServerTlsSpec(BaseModel):
     """The pool's model servers serve HTTPS (vLLM's ``--ssl-certfile``): the picker scrapes their
     metrics and sends its own requests (a disaggregated request's prefill, ``/v1/models``) over
-    TLS; ``caFile`` verifies their certificates (the chain: pods are reached by IP), else they are
-    not verified (the Inference Extension picker's default)."""
+    TLS; ``caFile`` and ``caCertificates`` (PEM) verify their certificates (the chain: pods are
+    reached by IP); else they are not verified (the Inference Extension picker's default).
+    ``hostname`` (a BackendTLSPolicy's): named in every handshake (SNI), and the name their
+    certificates must carry unless ``checkHostname`` is false (a policy naming subjectAltNames:
+    Envoy checks those; the picker, the chain alone)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     ca_file: str | None = Field(default=None, alias="caFile", min_length=1)
+    ca_certificates: str | None = Field(default=None, alias="caCertificates", min_length=1)
+    hostname: str | None = Field(default=None, min_length=1, max_length=253)
+    check_hostname: bool = Field(default=True, alias="checkHostname")
+
+    @field_validator("ca_certificates")
+    @classmethod
+    def _pem(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ssl.create_default_context(cadata=value)
+            except (ValueError, ssl.SSLError) as exc:
+                raise ValueError(f"caCertificates cannot be loaded: {exc}") from exc
+        return value
 
     @field_validator("ca_file")
     @classmethod
@@ -204,7 +220,7 @@ class ModelServerTlsSpec(BaseModel):
         return value
 
     def client(self) -> ClientTls:
-        return ClientTls(self.ca_file)
+        return ClientTls(self.ca_file, self.ca_certificates, self.hostname, self.check_hostname)
 
 
 class PoolSpec(BaseModel):

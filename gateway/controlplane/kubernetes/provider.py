@@ -42,6 +42,9 @@ KINDS = (
     # HTTPS listeners' certificates: TLS Secrets only (not every Secret of the cluster, e.g. Helm's
     # large release records, each change of which would rebuild the configuration)
     KindSpec("v1", "Secret", "secrets", field_selector="type=kubernetes.io/tls"),
+    # BackendTLSPolicies and the ConfigMaps their CA certificates are in (any ConfigMap may be named)
+    KindSpec("gateway.networking.k8s.io/v1", "BackendTLSPolicy", "backendtlspolicies"),
+    KindSpec("v1", "ConfigMap", "configmaps"),
 )
 NAMESPACES = KindSpec("v1", "Namespace", "namespaces", namespaced=False)
 GATEWAY_CLASSES = KindSpec("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False)

@@ -6,8 +6,10 @@
 ``supportedKinds``, ``attachedRoutes``) and ``addresses``; an HTTPRoute's ``parents`` (one per
 parentRef, with kvgate's ``controllerName``: Accepted, ResolvedRefs); an InferencePool's ``parents``
 (one per Gateway whose routes reference it: Accepted, ResolvedRefs), as the Inference Extension
-defines them. Each condition carries ``observedGeneration``; ``lastTransitionTime`` is kept from the
-last write while the condition's status does not change.
+defines them; a BackendTLSPolicy's ``ancestors`` (one per Gateway whose routes reach one of its
+targets, with kvgate's ``controllerName``: Accepted, ResolvedRefs). Each condition carries
+``observedGeneration``; ``lastTransitionTime`` is kept from the last write while the condition's
+status does not change.
 
 :class:`StatusWriter` patches the status subresource only when an object's status changed since it
 last wrote it, and keeps other controllers' entries in ``parents`` (a route attached to several
@@ -40,6 +42,7 @@ WRITTEN_KINDS: Mapping[str, KindSpec] = {
     "Gateway": KindSpec("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     "HTTPRoute": KindSpec("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     "InferencePool": KindSpec("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
+    "BackendTLSPolicy": KindSpec("gateway.networking.k8s.io/v1", "BackendTLSPolicy", "backendtlspolicies"),
     "GatewayClass": KindSpec(
         "gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False
     ),
@@ -106,6 +109,11 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
                 "parentRef": _parent_ref(entry.parent), "controllerName": CONTROLLER_NAME,
                 "conditions": _conditions(entry),
             })
+        elif ref.kind == "BackendTLSPolicy" and entry.parent is not None:
+            out.setdefault(ref, {"ancestors": []})["ancestors"].append({
+                "ancestorRef": _parent_ref(entry.parent), "controllerName": CONTROLLER_NAME,
+                "conditions": _conditions(entry),
+            })
         elif ref.kind == "InferencePool" and entry.parent is not None:
             out.setdefault(ref, {"parents": []})["parents"].append({
                 "parentRef": _parent_ref(entry.parent), "conditions": _conditions(entry),
@@ -148,9 +156,10 @@ def _with_times(status: JsonDict, previous: JsonDict | None, now: str) -> JsonDi
 def _identity(item: Any) -> str:
     if not isinstance(item, dict):
         return ""
-    if "parentRef" in item:
-        ref = item["parentRef"]
-        return f"{ref.get('namespace')}/{ref.get('name')}"
+    for key in ("parentRef", "ancestorRef"):
+        if key in item:
+            ref = item[key]
+            return f"{ref.get('namespace')}/{ref.get('name')}"
     return str(item.get("name", item.get("type", "")))
 
 
@@ -178,11 +187,11 @@ class StatusWriter:
                 current = await self._client.get(spec, ref.namespace or None, ref.name)
                 previous = current.get("status") or {}
                 merged = dict(status)
-                if "parents" in status and ref.kind == "HTTPRoute":  # keep other controllers' entries
-                    others = [
-                        p for p in previous.get("parents", []) if p.get("controllerName") != CONTROLLER_NAME
-                    ]
-                    merged["parents"] = [*others, *status["parents"]]
+                for field in ("parents", "ancestors"):  # keep other controllers' entries
+                    if field in status and ref.kind in ("HTTPRoute", "BackendTLSPolicy"):
+                        others = [p for p in previous.get(field, [])
+                                  if p.get("controllerName") != CONTROLLER_NAME]
+                        merged[field] = [*others, *status[field]]
                 now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 stamped = _with_times(merged, previous, now)
                 await self._client.patch_status(spec, ref.namespace or None, ref.name, stamped)

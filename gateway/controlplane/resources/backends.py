@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvgate.gateway.controlplane.resources.backend_tls import BackendTls, BrokenBackendTls
 from kvgate.gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
 from kvgate.gateway.controlplane.resources.core import Pod, Service, check_address, format_address
 from kvgate.gateway.controlplane.resources.inference import InferencePool
@@ -148,8 +149,11 @@ def _picker(
 
 
 def resolve_pool(
-    resources: ResourceSet, pool: InferencePool, *, require_picker_service: bool
+    resources: ResourceSet, pool: InferencePool, *, require_picker_service: bool,
+    backend_tls: BackendTls | BrokenBackendTls | None = None,
 ) -> PoolResolution:
+    """``backend_tls``: the BackendTLSPolicy that governs the pool, if one does (a broken one leaves
+    the pool unusable: its requests answer 500, never in plain text)."""
     generation = pool.observed_generation
     picker, message = _picker(resources, pool, require_picker_service)
     if picker is None:
@@ -171,7 +175,11 @@ def resolve_pool(
     if isinstance(tls, str):
         cond = condition(ConditionType.RESOLVED_REFS, False, Reason.INVALID, tls, generation)
         return PoolResolution(pool, None, cond)
-    resolved = ResolvedPool(pool.key, ports, picker, endpoints, model_server_tls=tls)
+    if isinstance(backend_tls, BrokenBackendTls):
+        message = f"BackendTLSPolicy {backend_tls.policy}: {backend_tls.message}"
+        cond = condition(ConditionType.RESOLVED_REFS, False, Reason.INVALID, message, generation)
+        return PoolResolution(pool, None, cond)
+    resolved = ResolvedPool(pool.key, ports, picker, endpoints, model_server_tls=tls, backend_tls=backend_tls)
     text = f"endpoint picker: {message}; {len(endpoints)} endpoints from {len(pods)} ready pods"
     cond = condition(ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, text, generation)
     return PoolResolution(pool, resolved, cond)

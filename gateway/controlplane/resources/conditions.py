@@ -60,6 +60,11 @@ class Reason(StrEnum):
     # InferenceObjective / InferenceModelRewrite
     POOL_NOT_FOUND = "PoolNotFound"
     MODEL_NAME_IN_USE = "ModelNameInUse"
+    # BackendTLSPolicy (the Gateway API's policy reasons)
+    CONFLICTED = "Conflicted"
+    TARGET_NOT_FOUND = "TargetNotFound"
+    NO_VALID_CA_CERTIFICATE = "NoValidCACertificate"
+    INVALID_CA_CERTIFICATE_REF = "InvalidCACertificateRef"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Core Kubernetes objects kvgate reads: Pod, Service, Namespace, Secret (``v1``).
+"""Core Kubernetes objects kvgate reads: Pod, Service, Namespace, Secret, ConfigMap (``v1``).
 
 Pods come as ``kubectl get pods -o yaml`` prints them (every field but the few read here is
 ignored) or hand-written. A Pod is *ready* when it has a ``status.podIP``, is not being deleted,
@@ -138,6 +138,17 @@ class Secret(Resource):
             return base64.b64decode(encoded, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             return None
+
+
+CA_CERT_KEY = "ca.crt"
+"""The ConfigMap key of a BackendTLSPolicy's CA certificates (the Gateway API's Core support)."""
+
+
+class ConfigMap(Resource):
+    """A ConfigMap, for a BackendTLSPolicy's CA certificates (PEM in ``data["ca.crt"]``)."""
+
+    kind: Literal["ConfigMap"]
+    data: Mapping[str, str] = Field(default_factory=dict)
 
 
 def format_address(ip: str, port: int) -> str:

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ValidationError
 
-from kvgate.gateway.controlplane.resources.core import Namespace, Pod, Secret, Service
+from kvgate.gateway.controlplane.resources.backend_tls_policy import BackendTLSPolicy
+from kvgate.gateway.controlplane.resources.core import ConfigMap, Namespace, Pod, Secret, Service
 from kvgate.gateway.controlplane.resources.gateway_api import Gateway, HTTPRoute, ReferenceGrant
 from kvgate.gateway.controlplane.resources.inference import (
     InferenceModelRewrite,
@@ -45,6 +46,8 @@ _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
         ("gateway.networking.k8s.io/v1beta1", "HTTPRoute"): HTTPRoute,
         ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant"): ReferenceGrant,
         ("gateway.networking.k8s.io/v1", "ReferenceGrant"): ReferenceGrant,
+        ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"): BackendTLSPolicy,
+        ("gateway.networking.k8s.io/v1alpha3", "BackendTLSPolicy"): BackendTLSPolicy,
         ("inference.networking.k8s.io/v1", "InferencePool"): InferencePool,
         ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): InferenceObjective,
         ("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite"): InferenceModelRewrite,
@@ -52,6 +55,7 @@ _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
         ("v1", "Service"): Service,
         ("v1", "Namespace"): Namespace,
         ("v1", "Secret"): Secret,
+        ("v1", "ConfigMap"): ConfigMap,
     }
 )
 
@@ -104,6 +108,8 @@ class ResourceSet:
     namespaces: tuple[Namespace, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()
     secrets: tuple[Secret, ...] = ()
+    backend_tls_policies: tuple[BackendTLSPolicy, ...] = ()
+    config_maps: tuple[ConfigMap, ...] = ()
     notes: tuple[str, ...] = ()
     sources: Mapping[ResourceRef, str] = field(default_factory=lambda: MappingProxyType({}))
     content_hash: str = ""
@@ -206,6 +212,8 @@ def parse_manifests(files: Iterable[tuple[str, str]]) -> ResourceSet:
         namespaces=_typed(grouped, Namespace),
         reference_grants=_typed(grouped, ReferenceGrant),
         secrets=_typed(grouped, Secret),
+        backend_tls_policies=_typed(grouped, BackendTLSPolicy),
+        config_maps=_typed(grouped, ConfigMap),
         notes=tuple(notes),
         sources=MappingProxyType(sources),
         content_hash=digest.hexdigest()[:16],

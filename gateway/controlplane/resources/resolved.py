@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from kvgate.gateway.controlplane.resources.backend_tls import BackendTls
 from kvgate.gateway.controlplane.resources.certificates import ListenerCertificate
 from kvgate.gateway.controlplane.resources.conditions import StatusReport
 from kvgate.gateway.controlplane.resources.gateway_api import (
@@ -82,6 +83,8 @@ class ResolvedPool:
     """The endpoints of every pool down its spill chain (its data-plane cluster reaches them too)."""
     model_server_tls: ModelServerTls | None = None
     """HTTPS to the pool's model servers (``kvgate.io/model-server-tls``), else plain HTTP."""
+    backend_tls: BackendTls | None = None
+    """HTTPS to the pool's model servers as a BackendTLSPolicy asks it (over ``model_server_tls``)."""
 
     @property
     def id(self) -> str:
@@ -115,6 +118,8 @@ class ResolvedBackend:
     pool: ResolvedPool | None = None
     addresses: tuple[str, ...] = ()
     filters: tuple[HTTPRouteFilter, ...] = ()
+    tls: BackendTls | None = None
+    """A Service reached over TLS (a BackendTLSPolicy); a pool's is ``pool.backend_tls``."""
 
 
 @dataclass(frozen=True, slots=True)

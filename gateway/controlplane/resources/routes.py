@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from kvgate.gateway.controlplane.resources.backend_tls import BackendTlsPolicies, BrokenBackendTls
 from kvgate.gateway.controlplane.resources.backends import find_service, service_addresses
 from kvgate.gateway.controlplane.resources.conditions import (
     Condition,
@@ -57,6 +58,8 @@ class RouteResult:
     referenced_pools: frozenset[ObjectKey]
     parents: tuple[tuple[ResourceRef, bool], ...]
     """Each parent with whether it accepted the route."""
+    referenced_services: frozenset[ObjectKey] = frozenset()
+    """The Services its rules send requests to (backends, mirrors, external authorization)."""
 
 
 def _permitted(resources: ResourceSet, route: HTTPRoute, group: str, kind: str, target: ObjectKey) -> bool:
@@ -78,7 +81,8 @@ def _permitted(resources: ResourceSet, route: HTTPRoute, group: str, kind: str, 
 
 
 def _backend(
-    resources: ResourceSet, route: HTTPRoute, ref: HTTPBackendRef, pools: PoolLookup
+    resources: ResourceSet, route: HTTPRoute, ref: HTTPBackendRef, pools: PoolLookup,
+    backend_tls: BackendTlsPolicies,
 ) -> tuple[ResolvedBackend, Reason | None]:
     key = ObjectKey(ref.namespace or route.metadata.namespace, ref.name)
 
@@ -110,6 +114,11 @@ def _backend(
         found_addresses = service_addresses(resources, service, ref.port)
         if found_addresses.problem is not None:
             return invalid(Reason.BACKEND_NOT_FOUND, found_addresses.problem)
+        service_port = service.port(ref.port)
+        tls = backend_tls.for_service(key, service_port.name if service_port is not None else None)
+        if isinstance(tls, BrokenBackendTls):  # (the reference resolves; the policy says why it fails)
+            message = f"Service {key}: BackendTLSPolicy {tls.policy}: {tls.message}"
+            return ResolvedBackend(BackendKind.SERVICE, key, ref.weight, False, message, ref.port), None
         backend = ResolvedBackend(
             BackendKind.SERVICE,
             key,
@@ -119,6 +128,7 @@ def _backend(
             ref.port,
             addresses=found_addresses.addresses,
             filters=ref.filters,
+            tls=tls,
         )
         return backend, None
     return invalid(Reason.INVALID_KIND, f"backendRef kind {ref.group or 'core'}/{ref.kind} is not supported")
@@ -226,15 +236,25 @@ def validate_route(
     route: HTTPRoute,
     gateways: Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]],
     pools: PoolLookup,
+    backend_tls: BackendTlsPolicies | None = None,
 ) -> RouteResult:
     generation = route.observed_generation
     rules: list[ResolvedRule] = []
     ref_problems: list[tuple[Reason, str]] = []
     referenced: set[ObjectKey] = set()
+    services: set[ObjectKey] = set()
+    policies = backend_tls or BackendTlsPolicies()
+
+    def resolve(ref: HTTPBackendRef) -> tuple[ResolvedBackend, Reason | None]:
+        backend, problem = _backend(resources, route, ref, pools, policies)
+        if backend.kind is BackendKind.SERVICE:
+            services.add(backend.key)
+        return backend, problem
+
     for index, rule in enumerate(route.spec.rules):
         backends = []
         for ref in rule.backend_refs:
-            backend, problem = _backend(resources, route, ref, pools)
+            backend, problem = resolve(ref)
             backends.append(backend)
             if backend.kind is BackendKind.INFERENCE_POOL:
                 referenced.add(backend.key)
@@ -247,7 +267,7 @@ def validate_route(
             target = flt.request_mirror.backend_ref
             ref = HTTPBackendRef(group=target.group, kind=target.kind, name=target.name,
                                  namespace=target.namespace, port=target.port)
-            backend, problem = _backend(resources, route, ref, pools)
+            backend, problem = resolve(ref)
             if backend.kind is BackendKind.INFERENCE_POOL:
                 referenced.add(backend.key)  # (a pool mirrored to is one this route uses)
             if problem is not None:
@@ -259,7 +279,7 @@ def validate_route(
             target = auth.backend_ref
             if (target.group, target.kind) == (CORE_GROUP, "Service"):
                 ref = HTTPBackendRef(name=target.name, namespace=target.namespace, port=target.port)
-                auth_backend, problem = _backend(resources, route, ref, pools)
+                auth_backend, problem = resolve(ref)
             else:
                 key = ObjectKey(target.namespace or route.metadata.namespace, target.name)
                 auth_backend = ResolvedBackend(BackendKind.INVALID, key, 1, False,
@@ -307,4 +327,4 @@ def validate_route(
         if attachments
         else None
     )
-    return RouteResult(resolved, tuple(statuses), frozenset(referenced), tuple(parents))
+    return RouteResult(resolved, tuple(statuses), frozenset(referenced), tuple(parents), frozenset(services))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from kvgate.gateway.controlplane.resources.backend_tls import SERVICE, BackendTlsPolicies, resolve_backend_tls
 from kvgate.gateway.controlplane.resources.backends import PoolResolution, resolve_pool
 from kvgate.gateway.controlplane.resources.certificates import (
     CertificateProblem,
@@ -54,10 +55,14 @@ class ValidationOptions:
     """``gateway_classes``: the classes kvgate implements (None: any class).
     ``require_picker_service``: an InferencePool's endpointPickerRef must name a Service in the
     manifests (GIE's behaviour; False lets a missing Service mean kvgate's in-process picker).
+    ``system_ca_file``: see below.
     """
 
     gateway_classes: frozenset[str] | None = None
     require_picker_service: bool = True
+    system_ca_file: str | None = None
+    """The system's CA certificates on Envoy's (and the picker's) disk, for BackendTLSPolicies with
+    ``wellKnownCACertificates: System`` (``gateway.controlplane.system_ca``); None: none known."""
 
 
 GatewayIndex = Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]]
@@ -191,6 +196,26 @@ def _pool_statuses(resolution: PoolResolution, routes: list[RouteResult]) -> lis
     return statuses
 
 
+def _backend_tls_statuses(policies: BackendTlsPolicies, routes: list[RouteResult]) -> list[ResourceStatus]:
+    """A BackendTLSPolicy's conditions per ancestor: each Gateway that accepted a route sending
+    requests to one of its targets (the Gateway API's policy status); none yet: one entry without a
+    parent (``kvgate status`` shows it; nothing is written to the cluster)."""
+    statuses = []
+    for judged in policies.judged:
+        ancestors: set[ResourceRef] = set()
+        for result in routes:
+            for kind, key in judged.targets:
+                uses = key in (result.referenced_services if kind == SERVICE else result.referenced_pools)
+                if uses:
+                    ancestors.update(parent for parent, accepted in result.parents if accepted)
+        conditions = (judged.accepted, judged.resolved_refs)
+        if not ancestors:
+            statuses.append(ResourceStatus(judged.policy.ref, conditions))
+        statuses.extend(ResourceStatus(judged.policy.ref, conditions, parent=parent)
+                        for parent in sorted(ancestors))
+    return statuses
+
+
 def _pool_ref_problem(
     ref: PoolObjectReference, namespace: str, pools: Mapping[ObjectKey, object]
 ) -> str | None:
@@ -260,9 +285,11 @@ def spill_chains(pools: list[ResolvedPool], sources: Mapping[ObjectKey, Inferenc
             notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r} names no other resolved "
                          "InferencePool in its namespace; no spill")
             continue
-        if by_key[target].model_server_tls != pool.model_server_tls:  # (one Envoy cluster reaches both)
+        if (by_key[target].model_server_tls, by_key[target].backend_tls) != (
+                pool.model_server_tls, pool.backend_tls):  # (one Envoy cluster reaches both)
             notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r}: its model servers are "
-                         "reached with other TLS settings (kvgate.io/model-server-tls, -ca-file); no spill")
+                         "reached with other TLS settings (kvgate.io/model-server-tls, -ca-file, or a "
+                         "BackendTLSPolicy); no spill")
             continue
         targets[pool.key] = target
     out = []
@@ -297,8 +324,10 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None,
         if resolved_gateway is not None:
             gateways[gateway.key] = (resolved_gateway, {ls.name: ls for ls in gateway.spec.listeners})
 
+    backend_tls = resolve_backend_tls(resources, options.system_ca_file)
     resolutions = {
-        pool.key: resolve_pool(resources, pool, require_picker_service=options.require_picker_service)
+        pool.key: resolve_pool(resources, pool, require_picker_service=options.require_picker_service,
+                               backend_tls=backend_tls.for_pool(pool.key))
         for pool in resources.inference_pools
     }
 
@@ -308,9 +337,11 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None,
             return None
         return found.pool if found.pool is not None else f"InferencePool {key}: {found.resolved_refs.message}"
 
-    route_results = [validate_route(resources, route, gateways, lookup) for route in resources.http_routes]
+    route_results = [validate_route(resources, route, gateways, lookup, backend_tls)
+                     for route in resources.http_routes]
     for result in route_results:
         statuses.extend(result.statuses)
+    statuses.extend(_backend_tls_statuses(backend_tls, route_results))
     for resolution in resolutions.values():
         statuses.extend(_pool_statuses(resolution, route_results))
 

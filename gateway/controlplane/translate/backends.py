@@ -20,6 +20,7 @@ from kvgate.extproc.names import BACKEND_REQUEST_METADATA_KEY, SESSION_METADATA_
 from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
+from kvgate.gateway.controlplane.resources.backend_tls import BackendTls
 from kvgate.gateway.controlplane.resources.gateway_api import HeaderModifier, HTTPRouteFilter
 from kvgate.gateway.controlplane.translate.names import (
     INVALID_BACKEND_CLUSTER,
@@ -97,6 +98,28 @@ def static_cluster(name: str, addresses: tuple[str, ...] = ()) -> JsonDict:
     }
 
 
+def backend_transport(tls: BackendTls, alpn: tuple[str, ...] = ("http/1.1",)) -> JsonDict:
+    """Envoy's TLS to a backend that a BackendTLSPolicy governs."""
+    return ecl.verified_tls(tls.hostname, tls.ca_pem, tls.ca_file, tls.verified_names, alpn)
+
+
+def pool_transport(pool: ResolvedPool) -> JsonDict | None:
+    """TLS to the pool's model servers: a BackendTLSPolicy's, else the pool's annotations', else none."""
+    if pool.backend_tls is not None:
+        return backend_transport(pool.backend_tls)
+    if pool.model_server_tls is not None:
+        return ecl.model_server_tls(pool.model_server_tls.ca_file)
+    return None
+
+
+def service_cluster(backend: ResolvedBackend, name: str | None = None) -> JsonDict:
+    """A Service backend's cluster (TLS where a BackendTLSPolicy governs it)."""
+    cluster = static_cluster(name or service_cluster_name(backend.key, backend.port), backend.addresses)
+    if backend.tls is not None:
+        cluster["transport_socket"] = backend_transport(backend.tls)
+    return cluster
+
+
 def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[JsonDict]:
     """The pool's cluster (the picker's pick and fallbacks over its replicas, or ORIGINAL_DST for an
     external picker or with ``endpoint_fallbacks`` off), the FailOpen fallback (possibly empty) and an
@@ -112,9 +135,10 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
             clusters.append(ecl.pool_fallback_cluster(backend))
         else:
             clusters.append(static_cluster(ecl.pool_fallback_cluster_name(pool.id)))
-    if pool.model_server_tls is not None:  # (the clusters that reach the model servers)
+    transport = pool_transport(pool)
+    if transport is not None:  # (the clusters that reach the model servers)
         for cluster in clusters:
-            cluster["transport_socket"] = ecl.model_server_tls(pool.model_server_tls.ca_file)
+            cluster["transport_socket"] = copy.deepcopy(transport)
     if pool.picker.addresses:
         name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
         addresses = [ecl.split_host_port(address) for address in pool.picker.addresses]
@@ -223,8 +247,7 @@ def _target(
             follows_fallbacks(pool, settings),
         )
     if backend.valid and backend.kind is BackendKind.SERVICE:
-        name = service_cluster_name(backend.key, backend.port)
-        clusters.add(static_cluster(name, backend.addresses))
+        name = clusters.add(service_cluster(backend))
         return Target(backend.weight, name, name, EXT_PROC_DISABLED, EXT_PROC_DISABLED, headers)
     clusters.add(static_cluster(INVALID_BACKEND_CLUSTER))
     tag = {

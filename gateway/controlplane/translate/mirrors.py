@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.gateway.controlplane import envoy_clusters as ecl
 from kvgate.gateway.controlplane.resources import BackendKind, ResolvedRule
 from kvgate.gateway.controlplane.resources.gateway_api import MILLION
-from kvgate.gateway.controlplane.translate.backends import ClusterSet, static_cluster
-from kvgate.gateway.controlplane.translate.names import mirror_cluster_name, service_cluster_name
+from kvgate.gateway.controlplane.translate.backends import (
+    ClusterSet,
+    pool_transport,
+    service_cluster,
+    static_cluster,
+)
+from kvgate.gateway.controlplane.translate.names import mirror_cluster_name
 from kvgate.policies.types import Role
 
 JsonDict = dict[str, Any]
@@ -34,14 +38,14 @@ def mirror_policies(rule: ResolvedRule, clusters: ClusterSet) -> list[JsonDict]:
         if not backend.valid:
             continue
         if backend.kind is BackendKind.SERVICE:
-            cluster = static_cluster(service_cluster_name(backend.key, backend.port), backend.addresses)
-            name = clusters.add(cluster)
+            name = clusters.add(service_cluster(backend))
         elif backend.kind is BackendKind.INFERENCE_POOL and backend.pool is not None:
             pool = backend.pool
             serving = tuple(e.address for e in pool.endpoints if e.role is not Role.PREFILL)
             cluster = static_cluster(mirror_cluster_name(pool.id), serving)
-            if pool.model_server_tls is not None:
-                cluster["transport_socket"] = ecl.model_server_tls(pool.model_server_tls.ca_file)
+            transport = pool_transport(pool)
+            if transport is not None:
+                cluster["transport_socket"] = transport
             name = clusters.add(cluster)
         else:
             continue

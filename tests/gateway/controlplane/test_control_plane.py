@@ -24,6 +24,7 @@ from kvgate.gateway.controlplane.xds import ANY_NODE, SnapshotCache
 from kvgate.gateway.picker.pool_runtime import PoolRuntime
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.service import PickerService, PickerSettings
+from kvgate.gateway.picker.tls import self_signed
 from kvgate.gateway.processes.simulator import SimFleetProcess
 from kvgate.gateway.up_options import UpOptions, bundled_example
 from kvgate.gateway.up_sim import find_pool, sim_pods, sim_tokenizer
@@ -441,3 +442,32 @@ def test_status_lists_each_listener_certificate_with_the_days_left() -> None:
     ]})
     assert "default/gw https  default/cert  30 days" in text
     assert "EXPIRED 2 days ago" in text
+
+
+@pytest.mark.parametrize(("sans", "checked"), [
+    ("", True), (", subjectAltNames: [{type: URI, uri: 'spiffe://a/b'}]", False)])
+def test_a_pools_backend_tls_policy_reaches_its_spec_over_the_annotations(sans: str, checked: bool) -> None:
+    pem = self_signed(("vllm.example",)).cert_pem.decode()
+    ca = "".join(f"    {line}\n" for line in pem.splitlines())
+    text = POOL.replace("annotations: {{", 'annotations: {{"kvgate.io/model-server-tls": "true", ').format(
+        profile="default", engine="vllm")
+    policy = f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {{name: llama-tls}}
+spec:
+  targetRefs: [{{group: inference.networking.k8s.io, kind: InferencePool, name: llama}}]
+  validation: {{caCertificateRefs: [{{group: '', kind: ConfigMap, name: ca}}], hostname: vllm.example{sans}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: ca}}
+data:
+  ca.crt: |
+{ca}"""
+    resources = parse_manifests([("x.yaml", text + "---" + REST + "---" + policy)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    [spec], _ = pool_specs(resources, config, SETTINGS)
+    tls = spec.model_server_tls
+    assert tls is not None
+    assert (tls.ca_certificates, tls.hostname, tls.check_hostname) == (pem, "vllm.example", checked)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.gateway.controlplane.resources import load_directory, validate
+from kvgate.gateway.controlplane.resources.validate import ValidationOptions
 from kvgate.gateway.controlplane.translate import EnvoyResources, TranslationSettings, translate
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -17,8 +18,14 @@ CASES = sorted(path.name for path in GOLDEN_DIR.iterdir() if path.is_dir())
 SETTINGS = TranslationSettings(picker_addresses=("127.0.0.1:9002",), models_address="127.0.0.1:9091")
 
 
-def translate_case(case: str, settings: TranslationSettings = SETTINGS) -> EnvoyResources:
-    return translate(validate(load_directory(GOLDEN_DIR / case)), settings)
+SYSTEM_CA_FILE = "/etc/ssl/certs/ca-certificates.crt"
+"""The system's CA certificates as the golden files name them (``wellKnownCACertificates: System``)."""
+
+
+def translate_case(case: str, settings: TranslationSettings = SETTINGS,
+                   system_ca_file: str = SYSTEM_CA_FILE) -> EnvoyResources:
+    options = ValidationOptions(system_ca_file=system_ca_file)
+    return translate(validate(load_directory(GOLDEN_DIR / case), options), settings)
 
 
 def render(resources: EnvoyResources) -> str:

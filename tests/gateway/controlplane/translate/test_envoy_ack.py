@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
+from kvgate.gateway.controlplane.system_ca import system_ca_file
 from kvgate.gateway.controlplane.translate import TranslationSettings
 from kvgate.gateway.controlplane.xds import (
     ANY_NODE,
@@ -20,6 +22,7 @@ from kvgate.gateway.controlplane.xds import (
     bootstrap_for_ads,
     check_consistent,
 )
+from kvgate.gateway.picker.tls import self_signed
 from kvgate.gateway.processes.envoy_process import EnvoyOptions, EnvoyProcess, free_port
 from tests.gateway.controlplane.translate.golden import CASES, SETTINGS, translate_case
 
@@ -55,8 +58,13 @@ async def _acked(status: XdsStatus, snapshot: Snapshot, case: str, limit_s: floa
     raise AssertionError(f"{case}: not ACKed within {limit_s} s: {status.as_dict()}")
 
 
-async def test_envoy_acks_every_golden_case() -> None:
-    snapshots = {case: translate_case(case, _settings()).snapshot() for case in CASES}
+async def test_envoy_acks_every_golden_case(tmp_path: Path) -> None:
+    # (a file Envoy can load where the golden files name the system's CA certificates)
+    system_ca = system_ca_file()
+    if system_ca is None:
+        system_ca = str(tmp_path / "ca.pem")
+        Path(system_ca).write_bytes(self_signed().cert_pem)  # noqa: ASYNC240 (before Envoy starts)
+    snapshots = {case: translate_case(case, _settings(), system_ca).snapshot() for case in CASES}
     for snapshot in snapshots.values():
         check_consistent(snapshot)
     cache, status = SnapshotCache(), XdsStatus()
