@@ -81,6 +81,9 @@ class ServicePort(LenientModel):
     port: int = Field(ge=1, le=65535)
     target_port: int | str | None = None
     protocol: str = "TCP"
+    app_protocol: str | None = None
+    """The port's application protocol (KEP-3726: ``kubernetes.io/h2c``, ``kubernetes.io/ws``, ...;
+    the Gateway API's backend protocol selection, GEP-1911)."""
 
     @property
     def effective_target(self) -> int | str:

@@ -95,6 +95,16 @@ class ResolvedPool:
         return tuple(endpoint.address for endpoint in self.endpoints)
 
 
+class BackendProtocol(StrEnum):
+    """How Envoy speaks to a Service backend, from its port's ``appProtocol`` (GEP-1911)."""
+
+    HTTP1 = "http/1.1"
+    H2C = "h2c"
+    """``kubernetes.io/h2c``: HTTP/2 with prior knowledge, in clear text."""
+    WEBSOCKET = "websocket"
+    """``kubernetes.io/ws`` (``/wss`` over TLS, a BackendTLSPolicy's): HTTP/1.1 with WebSocket upgrades."""
+
+
 class BackendKind(StrEnum):
     INFERENCE_POOL = "InferencePool"
     SERVICE = "Service"
@@ -120,6 +130,8 @@ class ResolvedBackend:
     filters: tuple[HTTPRouteFilter, ...] = ()
     tls: BackendTls | None = None
     """A Service reached over TLS (a BackendTLSPolicy); a pool's is ``pool.backend_tls``."""
+    protocol: BackendProtocol = BackendProtocol.HTTP1
+    """A Service port's application protocol (its ``appProtocol``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
 from kvgate.gateway.controlplane.resources.resolved import (
     BackendKind,
+    BackendProtocol,
     ResolvedBackend,
     ResolvedExternalAuth,
     ResolvedGateway,
@@ -46,6 +47,16 @@ from kvgate.gateway.controlplane.resources.resolved import (
     ResolvedRule,
     RouteAttachment,
 )
+
+APP_PROTOCOLS: Mapping[str, BackendProtocol] = {
+    "http": BackendProtocol.HTTP1,
+    "https": BackendProtocol.HTTP1,  # (TLS as a BackendTLSPolicy says)
+    "kubernetes.io/h2c": BackendProtocol.H2C,
+    "kubernetes.io/ws": BackendProtocol.WEBSOCKET,
+    "kubernetes.io/wss": BackendProtocol.WEBSOCKET,
+}
+"""A Service port's ``appProtocol`` (lower case; none: ``http``) and how Envoy speaks to it; another
+value leaves the backend unresolved (GEP-1911: ``ResolvedRefs: False, UnsupportedProtocol``)."""
 
 PoolLookup = Callable[[ObjectKey], "ResolvedPool | str | None"]
 """A pool key → the usable pool, a reason it is unusable, or None when there is no such pool."""
@@ -115,6 +126,12 @@ def _backend(
         if found_addresses.problem is not None:
             return invalid(Reason.BACKEND_NOT_FOUND, found_addresses.problem)
         service_port = service.port(ref.port)
+        app_protocol = service_port.app_protocol if service_port is not None else None
+        protocol = APP_PROTOCOLS.get((app_protocol or "http").lower())
+        if protocol is None:
+            known = ", ".join(APP_PROTOCOLS)
+            return invalid(Reason.UNSUPPORTED_PROTOCOL, f"Service {key} port {ref.port}: appProtocol "
+                           f"{app_protocol!r} is not one kvgate speaks to a backend ({known})")
         tls = backend_tls.for_service(key, service_port.name if service_port is not None else None)
         if isinstance(tls, BrokenBackendTls):  # (the reference resolves; the policy says why it fails)
             message = f"Service {key}: BackendTLSPolicy {tls.policy}: {tls.message}"
@@ -129,6 +146,7 @@ def _backend(
             addresses=found_addresses.addresses,
             filters=ref.filters,
             tls=tls,
+            protocol=protocol,
         )
         return backend, None
     return invalid(Reason.INVALID_KIND, f"backendRef kind {ref.group or 'core'}/{ref.kind} is not supported")

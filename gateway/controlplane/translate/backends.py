@@ -22,6 +22,7 @@ from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedPool, ResolvedRule
 from kvgate.gateway.controlplane.resources.backend_tls import BackendTls
 from kvgate.gateway.controlplane.resources.gateway_api import HeaderModifier, HTTPRouteFilter
+from kvgate.gateway.controlplane.resources.resolved import BackendProtocol
 from kvgate.gateway.controlplane.translate.names import (
     INVALID_BACKEND_CLUSTER,
     INVALID_BACKEND_HEADER,
@@ -112,11 +113,24 @@ def pool_transport(pool: ResolvedPool) -> JsonDict | None:
     return None
 
 
-def service_cluster(backend: ResolvedBackend, name: str | None = None) -> JsonDict:
-    """A Service backend's cluster (TLS where a BackendTLSPolicy governs it)."""
+HTTP2_OPTIONS: JsonDict = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
+"""A cluster's upstream HTTP/2 (prior knowledge in clear text; offered by ALPN over TLS)."""
+
+
+def service_cluster(backend: ResolvedBackend, name: str | None = None, *, http2: bool = False) -> JsonDict:
+    """A Service backend's cluster: HTTP/2 for ``http2`` or an ``appProtocol: kubernetes.io/h2c``
+    port, else HTTP/1.1; TLS where a BackendTLSPolicy governs it."""
     cluster = static_cluster(name or service_cluster_name(backend.key, backend.port), backend.addresses)
+    http2 = http2 or backend.protocol is BackendProtocol.H2C
+    if http2:
+        cluster["typed_extension_protocol_options"] = copy.deepcopy(HTTP2_OPTIONS)
     if backend.tls is not None:
-        cluster["transport_socket"] = backend_transport(backend.tls)
+        cluster["transport_socket"] = backend_transport(backend.tls, ("h2",) if http2 else ("http/1.1",))
     return cluster
 
 

@@ -30,18 +30,12 @@ from typing import Any
 
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import ResolvedRule
-from kvgate.gateway.controlplane.translate.backends import ClusterSet, backend_transport, service_cluster
+from kvgate.gateway.controlplane.translate.backends import ClusterSet, service_cluster
 
 JsonDict = dict[str, Any]
 _TYPE = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3."
 FILTER_PREFIX = "kvgate.ext_authz."
 CHECK_TIMEOUT_S = 2.0
-_HTTP2 = {
-    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": {"http2_protocol_options": {}},
-    }
-}
 
 
 def _patterns(names: tuple[str, ...]) -> JsonDict:
@@ -56,13 +50,10 @@ def auth_filter(rule: ResolvedRule, clusters: ClusterSet) -> tuple[JsonDict, Jso
         return None
     backend, config = auth.backend, auth.config
     name = f"kvgate_auth_{backend.key}_{backend.port or 0}"
-    cluster = service_cluster(backend, name)
+    cluster = service_cluster(backend, name, http2=config.protocol == "GRPC")
     authz: JsonDict = {"@type": _TYPE + "ExtAuthz", "transport_api_version": "V3",
                        "failure_mode_allow": False, "status_on_error": {"code": "ServiceUnavailable"}}
     if config.protocol == "GRPC":
-        cluster["typed_extension_protocol_options"] = _HTTP2
-        if backend.tls is not None:  # (gRPC: HTTP/2 offered by ALPN)
-            cluster["transport_socket"] = backend_transport(backend.tls, ("h2",))
         timeout = ec.duration(CHECK_TIMEOUT_S)
         authz["grpc_service"] = {"envoy_grpc": {"cluster_name": name}, "timeout": timeout}
         if config.grpc is not None and config.grpc.allowed_headers:

@@ -17,6 +17,7 @@ from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from kvgate.gateway.controlplane import envoy_config as ec
 from kvgate.gateway.controlplane.resources import ResolvedRoute, ResolvedRule
 from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, HTTPRouteRetry
+from kvgate.gateway.controlplane.resources.resolved import BackendProtocol
 from kvgate.gateway.controlplane.translate.backends import (
     EXT_PROC_DISABLED,
     ClusterSet,
@@ -198,6 +199,8 @@ def route_groups(
                 )
             else:
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
+                if any(b.protocol is BackendProtocol.WEBSOCKET for b in rule.valid_backends):
+                    rule_action["upgrade_configs"] = [{"upgrade_type": "websocket"}]  # (this route only)
                 if mirrors:
                     rule_action["request_mirror_policies"] = mirrors
                 if auth is not None:
