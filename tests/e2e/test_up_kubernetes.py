@@ -102,6 +102,9 @@ async def test_the_gateway_follows_the_cluster(
         gateway_class = cluster.get_object("gatewayclasses", "kvgate", namespace="")
         assert gateway_class is not None
         assert gateway_class["status"]["conditions"][0]["type"] == "Accepted"
+        features = [feature["name"] for feature in gateway_class["status"]["supportedFeatures"]]
+        assert features == sorted(features)
+        assert {"Gateway", "HTTPRoute", "BackendTLSPolicy", "HTTPRouteBackendProtocolH2C"} <= set(features)
 
         # a route with an invalid backendRef: ResolvedRefs=False in its status; the others still serve
         broken = {**ROUTE, "metadata": {"name": "broken"}, "spec": {**ROUTE["spec"], "rules": [{

@@ -49,13 +49,30 @@ WRITTEN_KINDS: Mapping[str, KindSpec] = {
 }
 
 
+SUPPORTED_FEATURES = frozenset({
+    "Gateway", "GatewayPort8080", "HTTPRoute", "ReferenceGrant",
+    "HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification", "HTTPRouteBackendTimeout", "HTTPRouteCORS",
+    "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
+    "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestMirror", "HTTPRouteRequestMultipleMirrors", "HTTPRouteRequestPercentageMirror",
+    "HTTPRouteRequestTimeout", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
+    "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+    "BackendTLSPolicy", "BackendTLSPolicySANValidation",
+})
+"""The Gateway API's conformance features (its ``pkg/features`` names) kvgate implements, as a
+GatewayClass's ``status.supportedFeatures`` lists them (sorted by name)."""
+
+
 def class_statuses(classes: Iterable[tuple[str, int]]) -> dict[ResourceRef, JsonDict]:
-    """Accepted for each GatewayClass kvgate implements ((name, generation) pairs)."""
+    """Accepted, and the features supported, for each GatewayClass kvgate implements ((name,
+    generation) pairs)."""
+    features = [{"name": name} for name in sorted(SUPPORTED_FEATURES)]
     return {
         ResourceRef("GatewayClass", "", name): {"conditions": [{
             "type": "Accepted", "status": "True", "reason": "Accepted",
             "message": "kvgate implements this class", "observedGeneration": generation,
-        }]}
+        }], "supportedFeatures": features}
         for name, generation in classes
     }
 
