@@ -54,6 +54,9 @@ class ContinueHeaders:
     skip_response: bool = False
     """In the reply to the request headers: this request's response phases are skipped (a whole
     ``mode_override``: request headers SEND, body BUFFERED, response headers SKIP, body NONE)."""
+    tunnel: bool = False
+    """In the reply to the request headers: nothing more of this request reaches the picker, its
+    body included (a WebSocket session's frames: ``extproc.upgrades``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,10 +170,10 @@ def encode(action: Action) -> pb.ProcessingResponse:
         _set_metadata(response, action.metadata)
         if action.response_body_mode is not None:
             response.mode_override.response_body_mode = action.response_body_mode.value
-        if action.skip_response:  # Envoy replaces the whole mode: every field must be set
+        if action.skip_response or action.tunnel:  # Envoy replaces the whole mode: every field set
             mode = response.mode_override
             mode.request_header_mode = _SEND
-            mode.request_body_mode = BodyMode.BUFFERED.value
+            mode.request_body_mode = (BodyMode.NONE if action.tunnel else BodyMode.BUFFERED).value
             mode.response_header_mode = _SKIP
             mode.response_body_mode = BodyMode.NONE.value
             mode.request_trailer_mode = _SKIP

@@ -15,6 +15,7 @@ from kvgate.extproc.inference_paths import route_of, stored_response_of
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from kvgate.extproc.responses_messages import StoredResponse, responses_messages, stored_response
+from kvgate.extproc.upgrades import REALTIME_PATH, realtime_model
 from kvgate.policies.contracts import SchedulingResult
 from kvgate.policies.errors import (
     BadRequestError,
@@ -130,6 +131,12 @@ def prepare(
             parsed = None  # an API kvgate does not know, with an opaque body: route it without a model
     elif api is not ApiKind.OTHER and headers.get(":method") != "OPTIONS":
         raise MalformedBodyError("request body is empty")
+    elif "upgrade" in headers:  # a realtime session (``extproc.upgrades``): a model named in its query
+        model = target_model = realtime_model(headers.get(":path", ""))
+        if model and pool.model_known(model) is False:
+            raise ModelNotFoundError.of(model)
+    elif route_of(headers.get(":path", "")).endswith(REALTIME_PATH) and headers.get(":method") == "GET":
+        raise BadRequestError(f"{REALTIME_PATH} opens a WebSocket session: send Upgrade: websocket")
     # (a CORS preflight carries no body: it is routed like a bodyless API call, for the server to answer)
     known: bool | None = None
     if parsed is not None:

@@ -30,6 +30,7 @@ INFERENCE_PATHS: tuple[str, ...] = (
     "/v1/models",
     "/v1/audio/transcriptions",
     "/v1/audio/translations",
+    "/v1/realtime",  # (a WebSocket: ``extproc.upgrades``)
     # Anthropic's Messages API (vLLM serves it)
     "/v1/messages",
     "/v1/messages/count_tokens",
@@ -83,7 +84,7 @@ def allowed_methods(route: str) -> str:
     """The methods the model servers take on a served ``route`` (the ``allow`` header's value):
     listing or retrieving models or a stored response is a GET (FastAPI adds HEAD), everything else
     a POST."""
-    if route.endswith("/v1/models") or MODEL_PATH_PREFIX in route:
+    if route.endswith(("/v1/models", "/v1/realtime")) or MODEL_PATH_PREFIX in route:
         return "GET, HEAD"
     if stored_response_of(route) is not None and not route.endswith("/cancel"):
         return "GET, HEAD"

@@ -30,6 +30,7 @@ cancelled, at the request's end; where ``mode_override`` counts) are in ``docs/e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
@@ -85,6 +86,7 @@ from kvgate.extproc.request_headers import PendingHeaders, read_request_headers,
 from kvgate.extproc.request_plan import RequestPlan, plan_request
 from kvgate.extproc.response_head import response_head, response_processor
 from kvgate.extproc.session_persistence import session_of
+from kvgate.extproc.upgrades import check_upgrade, upgrade_of
 from kvgate.policies.errors import KvgateError
 from kvgate.policies.flow_control import HoldOutcome
 from kvgate.policies.types import ApiKind
@@ -180,6 +182,9 @@ class RequestLifecycle:
         self._started = self._clock.now()
         self._subset = event.subset_hint
         pool = self._pool = resolve_pool(self._directory, self._pool_name, event.headers)
+        upgrade = upgrade_of(event.headers)
+        if upgrade is not None:
+            return self._on_upgrade(event, upgrade)
         plan = self._plan = plan_request(event.modes or self._config.default_modes,
                                          has_body=not event.end_of_stream, pool=pool, config=self._config)
         if plan.read_headers_later:  # the reply goes first (module docstring): a shorter
@@ -197,6 +202,19 @@ class RequestLifecycle:
         # nothing to strip yet when the headers are read later (the body's reply strips them)
         edit = HeaderEdit(remove=self._strip)
         return [ContinueHeaders(Phase.REQUEST, edit, skip_response=plan.skip_response)]
+
+    def _on_upgrade(self, event: RequestHeaders, upgrade: str) -> Sequence[Step]:
+        """A WebSocket session (``extproc.upgrades``): picked on its headers, then a tunnel whose
+        end is the stream's."""
+        self._plan = RequestPlan(event.modes or self._config.default_modes, observe=False, skip_response=True,
+                                 reported=False, read_headers_later=False)
+        self._read_headers(event)
+        check_upgrade(upgrade, self._headers.get(":path", ""))
+        return self._admit(b"", self._tunnel_reply)
+
+    def _tunnel_reply(self, decision: Decision) -> list[Action]:
+        reply = header_reply(decision, self._config, self._strip, None, streamed_body=False)
+        return [dataclasses.replace(reply, tunnel=True)]
 
     def _bodyless_reply(self, decision: Decision) -> list[Action]:
         outcome = self._outcome(decision)

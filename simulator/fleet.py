@@ -234,7 +234,7 @@ class Fleet:
                   "waiting", "running",
                   "prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens",
                   "request_success", "preemptions", "remote_prefills", "remote_decodes",
-                  "kv_transfers_failed", "kv_expired")
+                  "kv_transfers_failed", "kv_expired", "realtime_sessions", "realtime_transcriptions")
         totals: dict[str, Any] = {key: sum(item[key] for item in per_replica) for key in summed}
         for old in self._retired:  # restarted replicas' earlier processes (their gauges are gone)
             item = old.stats(window_s)

@@ -5,7 +5,8 @@ aiohttp application over it each time its listener starts (see :mod:`simulator.f
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
 ``POST /v1/audio/transcriptions`` and ``/translations`` (multipart forms: ``audio_api``),
-``GET /health``, ``GET /version``, ``GET /metrics``, ``POST /v1/load_lora_adapter``,
+``GET /v1/realtime`` (realtime transcription over a WebSocket: ``realtime_api``), ``GET /health``,
+``GET /version``, ``GET /metrics``, ``POST /v1/load_lora_adapter``,
 ``POST /v1/unload_lora_adapter``, ``POST /tokenize``, ``POST /detokenize``,
 ``POST /v1/completions/render``, ``POST /v1/chat/completions/render``; simulator extras
 ``POST /sim/peek``, ``GET /sim/stats``, ``GET|POST /sim/faults``, ``POST /sim/kv-events/stop``.
@@ -48,6 +49,7 @@ from kvgate.simulator.media import DEFAULT_IMAGE_TOKENS, ImageTokens, MediaSpan
 from kvgate.simulator.metrics import CONTENT_TYPE, Dialect, ReplicaMetrics
 from kvgate.simulator.profiles import load_profile
 from kvgate.simulator.prompt_routes import PromptRoutes
+from kvgate.simulator.realtime_api import RealtimeApi
 from kvgate.simulator.request_fields import ApiError
 from kvgate.simulator.responses_api import ResponsesShape, ResponseStore, stored_reply
 from kvgate.simulator.stream_writer import stream_reply
@@ -116,6 +118,8 @@ class Replica:
         """This replica's side of disaggregated serving (``simulator.kv_agent``)."""
         self.driver = EngineDriver(self.engine, config.time_scale, lambda: self.faults.slowdown,
                                    self._on_finished, self._on_step if config.engine.kv_events else None)
+        self.realtime = RealtimeApi(self.driver, self.base_model, self.served_models, self._parse_chat)
+        """vLLM's realtime transcription sessions (``GET /v1/realtime``, a WebSocket)."""
         self.kv_events: KvEventPublisher | None = None
         """vLLM's KV-event publisher (``simulator.kv_events``; ``start_kv_events``)."""
         self._injector = ErrorInjector(config.seed * 1_000_003 + config.index)
@@ -199,6 +203,8 @@ class Replica:
             "errors_injected": c.errors_injected,
             "hung": c.hung,
             "streams_cut": c.streams_cut,
+            "realtime_sessions": self.realtime.sessions,
+            "realtime_transcriptions": self.realtime.transcriptions,
             **self.kv.stats(),
             "kv_events_published": self.kv_events.published if self.kv_events is not None else None,
             "kv_cached_blocks": self.engine.kv_cache.num_cached_blocks,
@@ -229,6 +235,7 @@ class Replica:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/audio/transcriptions", self._audio)
         app.router.add_post("/v1/audio/translations", self._audio)
+        app.router.add_get("/v1/realtime", self.realtime.handle)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
@@ -270,6 +277,9 @@ class Replica:
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat", MessagesShape())
+
+    def _parse_chat(self, body: dict[str, Any]) -> api.InferenceRequest:
+        return api.parse_inference("chat", body, self.base_model, self._memo, self.config.image_tokens)
 
     async def _audio(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(request, "chat", TranscriptionShape(self.base_model), read=read_form)

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from kvgate.gateway.controlplane import envoy_config as ec
-from kvgate.gateway.controlplane.resources import ResolvedRoute, ResolvedRule
+from kvgate.gateway.controlplane.resources import BackendKind, ResolvedRoute, ResolvedRule
 from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, HTTPRouteRetry
 from kvgate.gateway.controlplane.resources.resolved import BackendProtocol
 from kvgate.gateway.controlplane.translate.backends import (
@@ -199,7 +199,8 @@ def route_groups(
                 )
             else:
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
-                if any(b.protocol is BackendProtocol.WEBSOCKET for b in rule.valid_backends):
+                if any(b.protocol is BackendProtocol.WEBSOCKET or b.kind is BackendKind.INFERENCE_POOL
+                       for b in rule.valid_backends):  # (a pool's: its picker admits realtime sessions only)
                     rule_action["upgrade_configs"] = [{"upgrade_type": "websocket"}]  # (this route only)
                 if mirrors:
                     rule_action["request_mirror_policies"] = mirrors
