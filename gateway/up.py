@@ -301,6 +301,7 @@ class KvgateUp:
         supervisor = EnvoySupervisor(envoy, ready=self._envoy_listening)
         self.supervisor = supervisor
         picker.admin.readiness_checks.append(supervisor.not_ready)
+        picker.admin.pools_required = False  # (a gateway routing to Services alone serves)
         picker.admin.envoy_stats_url = f"{envoy.admin_url}/stats/prometheus"
         picker.admin.readiness_checks.append(lambda: "draining: stopping" if self.draining else None)
         self._stack.push_async_callback(supervisor.stop)  # before Envoy is stopped on purpose

@@ -1,8 +1,9 @@
 """The picker's admin HTTP server: Prometheus metrics, liveness, readiness, pool debug view.
 
 ``GET /metrics`` (Prometheus text), ``GET /healthz`` (the process is up), ``GET /readyz`` (200 once
-the ext_proc server serves and every configured pool has at least one endpoint with fresh metrics;
-503 with the reason otherwise), ``GET /debug/pools`` (JSON: pools, endpoints, metrics, in-flight),
+the ext_proc server serves and every configured pool has at least one endpoint with fresh metrics,
+and, unless ``pools_required`` is off, there is a pool; 503 with the reason otherwise),
+``GET /debug/pools`` (JSON: pools, endpoints, metrics, in-flight),
 ``GET /status`` (JSON from ``status_provider``, the control plane's resource conditions and xDS
 state; 404 when no control plane runs in this process).
 """
@@ -30,9 +31,9 @@ class AdminSource(Protocol):
     def pool_report(self) -> list[dict[str, object]]: ...
 
 
-def readiness_problems(report: list[dict[str, object]]) -> list[str]:
+def readiness_problems(report: list[dict[str, object]], *, pools_required: bool = True) -> list[str]:
     problems: list[str] = []
-    if not report:
+    if not report and pools_required:
         problems.append("no pools configured")
     for pool in report:
         endpoints = pool["endpoints"]
@@ -51,6 +52,9 @@ class AdminServer:
         self.port = 0
         self.status_provider: Callable[[], Mapping[str, Any]] | None = None
         """Set by the composition root when a control plane runs (``kvgate up``)."""
+        self.pools_required = True
+        """A picker with no pool is not ready; a gateway whose routes name Services alone is
+        (``kvgate up`` turns it off)."""
         self.readiness_checks: list[Callable[[], str | None]] = []
         """More reasons not to be ready, asked on each ``/readyz`` (the composition root's: e.g.
         ``kvgate up``'s Envoy not running); each answers None when all is well."""
@@ -117,7 +121,7 @@ class AdminServer:
 
     async def _readyz(self, _: web.Request) -> web.Response:
         problems = [] if self._source.grpc_port else ["ext_proc server not started"]
-        problems += readiness_problems(self._source.pool_report())
+        problems += readiness_problems(self._source.pool_report(), pools_required=self.pools_required)
         problems += [problem for check in self.readiness_checks if (problem := check()) is not None]
         if problems:
             return web.json_response({"status": "not ready", "problems": problems}, status=503)

@@ -15,8 +15,7 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from tests.e2e.picker_harness import wait_until
-from tests.e2e.test_up_routing import StartUp, gateway_yaml, start_up
+from tests.e2e.test_up_routing import StartUp, gateway_yaml, start_up, wait_ready
 
 pytestmark = pytest.mark.e2e
 __all__ = ["start_up"]  # the fixture, imported for this module's tests
@@ -97,12 +96,7 @@ spec:
 {rule("ws", "realtime", websocket_echo)}{rule("ws-plain", "realtime-plain", websocket_echo)}\
 {rule("h2c", "grpc-api", grpc_health_server)}{rule("h2c-plain", "grpc-plain", grpc_health_server)}""")
     up = await start_up(config)
-
-    async def routed() -> bool:  # (no pool: /readyz waits for one; Envoy's routes are what matter)
-        async with http.get(f"{up.url}/v1/realtime", headers={"x-backend": "ws-plain"}) as response:
-            return response.status != 404
-
-    await wait_until(routed, "Envoy routes the services", timeout_s=15.0)
+    await wait_ready(http, up, [])  # (no pool: ready once Envoy serves)
     async with http.ws_connect(f"{up.url}/v1/realtime", headers={"x-backend": "ws"}) as socket:
         for text in ("hello", "again"):
             await socket.send_str(text)

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvgate.extproc.names import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from kvgate.gateway.controlplane import envoy_config as ec
-from kvgate.gateway.controlplane.resources import BackendKind, ResolvedRoute, ResolvedRule
+from kvgate.gateway.controlplane.resources import BackendKind, ResolvedBackend, ResolvedRoute, ResolvedRule
 from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, HTTPRouteRetry
 from kvgate.gateway.controlplane.resources.resolved import BackendProtocol
 from kvgate.gateway.controlplane.translate.backends import (
@@ -158,6 +158,16 @@ def _envoy_routes(
     return tuple(routes)
 
 
+def _websocket(backend: ResolvedBackend) -> bool:
+    """Whether the backend's routes let WebSocket upgrades through: a Service port that speaks it
+    (``appProtocol``), or a pool of kvgate's own picker, which admits realtime sessions alone
+    (``extproc.upgrades``; another picker's would be handed a body that never ends)."""
+    if backend.protocol is BackendProtocol.WEBSOCKET:
+        return True
+    pool = backend.pool
+    return backend.kind is BackendKind.INFERENCE_POOL and pool is not None and not pool.picker.addresses
+
+
 def route_groups(
     route: ResolvedRoute,
     settings: TranslationSettings,
@@ -199,8 +209,7 @@ def route_groups(
                 )
             else:
                 rule_action, rule_route = _rule_fields(rule, match, warnings, owner)
-                if any(b.protocol is BackendProtocol.WEBSOCKET or b.kind is BackendKind.INFERENCE_POOL
-                       for b in rule.valid_backends):  # (a pool's: its picker admits realtime sessions only)
+                if any(_websocket(b) for b in rule.valid_backends):
                     rule_action["upgrade_configs"] = [{"upgrade_type": "websocket"}]  # (this route only)
                 if mirrors:
                     rule_action["request_mirror_policies"] = mirrors
