@@ -107,6 +107,9 @@ class State(Enum):
     """Picked; the release to the decode endpoint waits for the picker's prefill step."""
     HOLDING = "holding"
     """Not picked yet: waiting in the pool's holding area for room (``extproc.holding``)."""
+    TUNNEL = "tunnel"
+    """A WebSocket session (``extproc.upgrades``): whatever of it still comes passes back as it came
+    (a gateway that ignores the reply's ``mode_override`` sends its frames as bodies)."""
 
 
 class RequestLifecycle:
@@ -214,7 +217,28 @@ class RequestLifecycle:
 
     def _tunnel_reply(self, decision: Decision) -> list[Action]:
         reply = header_reply(decision, self._config, self._strip, None, streamed_body=False)
+        self.state = State.TUNNEL
         return [dataclasses.replace(reply, tunnel=True)]
+
+    def _on_tunnel_chunk(self, event: RequestBodyChunk | ResponseBodyChunk) -> list[Action]:
+        """A session's frames, where Envoy sends them anyway: back unchanged, at once."""
+        if isinstance(event, RequestBodyChunk):
+            phase, mode = Phase.REQUEST, self._plan.modes.request
+        else:
+            phase, mode = Phase.RESPONSE, self._plan.modes.response
+        if mode is BodyMode.FULL_DUPLEX_STREAMED:
+            return [StreamBody(phase, event.data, event.end_of_stream)]
+        return [ContinueBody(phase)]
+
+    def _on_tunnel_response(self, event: ResponseHeaders) -> list[Action]:
+        assert self._picked is not None
+        self._picked.served_by(event.served_endpoint)
+        return [ContinueHeaders(Phase.RESPONSE)]
+
+    def _on_tunnel_closed(self, event: StreamClosed) -> list[Action]:
+        self._finish(ok=not event.cancelled)
+        self.state = State.DONE
+        return []
 
     def _bodyless_reply(self, decision: Decision) -> list[Action]:
         outcome = self._outcome(decision)
@@ -536,6 +560,12 @@ TRANSITIONS: Mapping[tuple[State, type], Handler] = MappingProxyType(
         (State.RESPONSE_BODY, StreamClosed): RequestLifecycle._on_closed,
         (State.RESPONSE_DONE, ResponseTrailers): RequestLifecycle._on_response_trailers,
         (State.RESPONSE_DONE, StreamClosed): RequestLifecycle._on_closed,
+        (State.TUNNEL, RequestBodyChunk): RequestLifecycle._on_tunnel_chunk,
+        (State.TUNNEL, RequestTrailers): RequestLifecycle._on_trailers_passing,
+        (State.TUNNEL, ResponseHeaders): RequestLifecycle._on_tunnel_response,
+        (State.TUNNEL, ResponseBodyChunk): RequestLifecycle._on_tunnel_chunk,
+        (State.TUNNEL, ResponseTrailers): RequestLifecycle._on_trailers_passing,
+        (State.TUNNEL, StreamClosed): RequestLifecycle._on_tunnel_closed,
     }
 )
 """State × event type → handler. A pair not listed is a protocol violation (500), except in DONE."""

@@ -272,7 +272,9 @@ def pool_routes(route: RouteSpec, pool: PoolBackend, settings: ExtProcSettings) 
         return {
             "name": name,
             "match": route_match,
-            "route": {"cluster": cluster, "timeout": duration(route.timeout_s)},
+            # (WebSocket upgrades: kvgate's picker admits realtime sessions and refuses the rest)
+            "route": {"cluster": cluster, "timeout": duration(route.timeout_s),
+                      "upgrade_configs": [{"upgrade_type": "websocket"}]},
             "typed_per_filter_config": per_filter,
         }
 

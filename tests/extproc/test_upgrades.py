@@ -11,7 +11,18 @@ import pytest
 from kvgate.extproc.events import StreamClosed
 from kvgate.extproc.lifecycle import State
 from kvgate.extproc.upgrades import realtime_model, upgrade_of
-from tests.extproc.fakes import BUFFERED, feed, kinds, make_machine, make_pool, request_headers, set_headers
+from tests.extproc.fakes import (
+    BUFFERED,
+    feed,
+    kinds,
+    make_machine,
+    make_pool,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    set_headers,
+)
 
 UPGRADE = (("upgrade", "websocket"), ("connection", "Upgrade"), ("sec-websocket-version", "13"))
 NONE_MODE = 0  # ProcessingMode.BodySendMode NONE
@@ -29,9 +40,25 @@ def test_a_realtime_session_is_picked_on_its_headers_then_tunnelled() -> None:
     assert mode.response_header_mode == 2  # SKIP: nothing of the session comes back to the picker
     request = pool.scheduler.seen[0][0]
     assert (request.model, request.target_model) == ("whisper", "whisper")
-    assert machine.state is State.UPSTREAM
+    assert machine.state is State.TUNNEL
     machine.handle(StreamClosed())  # the session's end
     assert machine.state.value == State.DONE.value
+    assert ("finished", ("10.0.0.1:8000", True)) in pool.scheduler.calls
+
+
+def test_frames_a_gateway_sends_anyway_pass_back_unchanged() -> None:
+    """A gateway that ignores ``mode_override`` (the Inference Extension's full-duplex configuration)
+    sends the session's frames as bodies: each goes back as it came, the session unbroken."""
+    pool = make_pool()
+    machine = make_machine(pool)
+    feed(machine, [request_headers("/v1/realtime", method="GET", extra=UPGRADE)])  # (full duplex)
+    out = feed(machine, [request_body(b"\x81\x05hello"), response_headers(status=101),
+                         response_body(b"\x81\x02ok"), request_body(b"", eos=True)])
+    assert kinds(out) == ["request_body", "response_headers", "response_body", "request_body"]
+    echoed = [r.request_body.response.body_mutation.streamed_response for r in (out[0], out[3])]
+    assert [(c.body, c.end_of_stream) for c in echoed] == [(b"\x81\x05hello", False), (b"", True)]
+    assert out[2].response_body.response.body_mutation.streamed_response.body == b"\x81\x02ok"
+    machine.handle(StreamClosed())
     assert ("finished", ("10.0.0.1:8000", True)) in pool.scheduler.calls
 
 

@@ -123,7 +123,8 @@ def test_fail_close_pool_has_one_route_to_its_original_dst_cluster() -> None:
         "prefix": "/v1/",
         "headers": [{"name": "x-tier", "string_match": {"exact": "gold"}}],
     }
-    assert route["route"] == {"cluster": "kvgate_pool_llama", "timeout": "0s"}
+    assert route["route"] == {"cluster": "kvgate_pool_llama", "timeout": "0s",
+                              "upgrade_configs": [{"upgrade_type": "websocket"}]}  # (realtime sessions)
     enabled = route["typed_per_filter_config"][EXT_PROC_FILTER]  # turns the filter on (off by default)
     assert enabled["@type"].endswith("envoy.config.route.v3.FilterConfig")
     metadata = enabled["config"]["overrides"]["grpc_initial_metadata"]
