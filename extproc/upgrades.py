@@ -7,9 +7,10 @@ picker never sees), then the session is a tunnel: the reply to the headers turns
 off (``ContinueHeaders.tunnel``), so the frames either way pass through Envoy without reaching
 Python. A gateway that does not let the picker change its processing mode (the Inference
 Extension's full-duplex configuration) sends the frames anyway: each goes back as it came (the
-lifecycle's TUNNEL state), at a Python round trip a frame. Envoy ends the ext_proc stream as soon as nothing more is to be processed, so the picker
-counts a session in flight only until it is released: the replica's load shows in its own metrics
-(each transcription a request its engine runs). An upgrade anywhere else is refused (400): a path
+lifecycle's TUNNEL state), at a Python round trip a frame. Where the mode changes, Envoy ends the
+ext_proc stream as soon as nothing more is to be processed, so the picker counts a session in flight
+only until it is released: the replica's load shows in its own metrics (each transcription a request
+its engine runs). An upgrade anywhere else is refused (400): a path
 whose request the picker reads as a body would wait for one that never ends.
 """
 

@@ -203,7 +203,10 @@ def resolve_backend_tls(resources: ResourceSet, system_ca_file: str | None = Non
         if accepted_problem is None and conflicts:
             accepted_problem = (Reason.CONFLICTED, "; ".join(conflicts))
         if accepted_problem is None:
-            accepted = condition(ConditionType.ACCEPTED, True, Reason.ACCEPTED, "policy accepted", generation)
+            options = policy.spec.options
+            text = ("policy accepted" if not options
+                    else f"policy accepted; options not used by kvgate: {', '.join(sorted(options))}")
+            accepted = condition(ConditionType.ACCEPTED, True, Reason.ACCEPTED, text, generation)
         else:
             accepted = condition(ConditionType.ACCEPTED, False, accepted_problem[0], accepted_problem[1],
                                  generation)

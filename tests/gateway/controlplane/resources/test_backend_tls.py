@@ -221,6 +221,16 @@ def test_what_the_crd_refuses_is_refused_at_load(validation: str, message: str) 
         load(policy("p", "api", validation))
 
 
+def test_options_kvgate_does_not_use_are_named_in_the_condition() -> None:
+    text = policy("p", "api", CA_VALIDATION) + "  options: {example.com/min-tls: '1.3'}\n"
+    config = build(service("api"), config_map("ca"), text, ROUTE_TO_API)
+    entry = next(e for e in config.status.entries if e.resource.kind == "BackendTLSPolicy")
+    accepted = entry.get("Accepted")
+    assert accepted is not None
+    assert accepted.is_true
+    assert "example.com/min-tls" in accepted.message
+
+
 def test_the_earlier_api_version_loads_too() -> None:
     text = policy("p", "api", CA_VALIDATION).replace("networking.k8s.io/v1", "networking.k8s.io/v1alpha3")
     assert len(load(text).backend_tls_policies) == 1
