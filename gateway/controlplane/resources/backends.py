@@ -179,7 +179,8 @@ def resolve_pool(
         message = f"BackendTLSPolicy {backend_tls.policy}: {backend_tls.message}"
         cond = condition(ConditionType.RESOLVED_REFS, False, Reason.INVALID, message, generation)
         return PoolResolution(pool, None, cond)
-    resolved = ResolvedPool(pool.key, ports, picker, endpoints, model_server_tls=tls, backend_tls=backend_tls)
+    resolved = ResolvedPool(pool.key, ports, picker, endpoints, model_server_tls=tls, backend_tls=backend_tls,
+                            http2=pool.spec.app_protocol == "kubernetes.io/h2c")
     text = f"endpoint picker: {message}; {len(endpoints)} endpoints from {len(pods)} ready pods"
     cond = condition(ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, text, generation)
     return PoolResolution(pool, resolved, cond)

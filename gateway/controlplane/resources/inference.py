@@ -51,6 +51,9 @@ class EndpointPickerRef(SpecModel):
 class InferencePoolSpec(SpecModel):
     selector: LabelSelector
     target_ports: tuple[Port, ...] = Field(min_length=1, max_length=8)
+    app_protocol: Literal["http", "kubernetes.io/h2c"] = "http"
+    """How the gateway speaks to every target port (GIE: HTTP/1.1, or HTTP/2 in clear text for
+    gRPC model servers)."""
     endpoint_picker_ref: EndpointPickerRef
 
     @field_validator("target_ports")

@@ -85,6 +85,8 @@ class ResolvedPool:
     """HTTPS to the pool's model servers (``kvgate.io/model-server-tls``), else plain HTTP."""
     backend_tls: BackendTls | None = None
     """HTTPS to the pool's model servers as a BackendTLSPolicy asks it (over ``model_server_tls``)."""
+    http2: bool = False
+    """The pool's ``appProtocol: kubernetes.io/h2c``: Envoy speaks HTTP/2 to its model servers."""
 
     @property
     def id(self) -> str:

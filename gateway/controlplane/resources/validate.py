@@ -285,11 +285,11 @@ def spill_chains(pools: list[ResolvedPool], sources: Mapping[ObjectKey, Inferenc
             notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r} names no other resolved "
                          "InferencePool in its namespace; no spill")
             continue
-        if (by_key[target].model_server_tls, by_key[target].backend_tls) != (
-                pool.model_server_tls, pool.backend_tls):  # (one Envoy cluster reaches both)
+        if (by_key[target].model_server_tls, by_key[target].backend_tls, by_key[target].http2) != (
+                pool.model_server_tls, pool.backend_tls, pool.http2):  # (one Envoy cluster reaches both)
             notes.append(f"InferencePool {pool.key}: {SPILL_ANNOTATION} {name!r}: its model servers are "
                          "reached with other TLS settings (kvgate.io/model-server-tls, -ca-file, or a "
-                         "BackendTLSPolicy); no spill")
+                         "BackendTLSPolicy) or appProtocol; no spill")
             continue
         targets[pool.key] = target
     out = []

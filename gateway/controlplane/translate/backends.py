@@ -99,6 +99,15 @@ def static_cluster(name: str, addresses: tuple[str, ...] = ()) -> JsonDict:
     }
 
 
+HTTP2_OPTIONS: JsonDict = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
+"""A cluster's upstream HTTP/2 (prior knowledge in clear text; offered by ALPN over TLS)."""
+
+
 def backend_transport(tls: BackendTls, alpn: tuple[str, ...] = ("http/1.1",)) -> JsonDict:
     """Envoy's TLS to a backend that a BackendTLSPolicy governs."""
     return ecl.verified_tls(tls.hostname, tls.ca_pem, tls.ca_file, tls.verified_names, alpn)
@@ -107,19 +116,27 @@ def backend_transport(tls: BackendTls, alpn: tuple[str, ...] = ("http/1.1",)) ->
 def pool_transport(pool: ResolvedPool) -> JsonDict | None:
     """TLS to the pool's model servers: a BackendTLSPolicy's, else the pool's annotations', else none."""
     if pool.backend_tls is not None:
-        return backend_transport(pool.backend_tls)
+        return backend_transport(pool.backend_tls, ("h2",) if pool.http2 else ("http/1.1",))
     if pool.model_server_tls is not None:
-        return ecl.model_server_tls(pool.model_server_tls.ca_file)
+        transport = ecl.model_server_tls(pool.model_server_tls.ca_file)
+        if pool.http2:
+            transport["typed_config"]["common_tls_context"]["alpn_protocols"] = ["h2"]
+        return transport
     return None
 
 
-HTTP2_OPTIONS: JsonDict = {
-    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": {"http2_protocol_options": {}},
-    }
-}
-"""A cluster's upstream HTTP/2 (prior knowledge in clear text; offered by ALPN over TLS)."""
+def with_pool_protocol(pool: ResolvedPool, cluster: JsonDict) -> JsonDict:
+    """``cluster`` (one that reaches the pool's model servers) speaking the pool's protocol: TLS
+    where it is asked for, HTTP/2 for an ``appProtocol: kubernetes.io/h2c`` pool."""
+    transport = pool_transport(pool)
+    if transport is not None:
+        cluster["transport_socket"] = transport
+    if pool.http2:
+        cluster["typed_extension_protocol_options"] = copy.deepcopy(HTTP2_OPTIONS)
+    return cluster
+
+
+
 
 
 def service_cluster(backend: ResolvedBackend, name: str | None = None, *, http2: bool = False) -> JsonDict:
@@ -149,10 +166,8 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
             clusters.append(ecl.pool_fallback_cluster(backend))
         else:
             clusters.append(static_cluster(ecl.pool_fallback_cluster_name(pool.id)))
-    transport = pool_transport(pool)
-    if transport is not None:  # (the clusters that reach the model servers)
-        for cluster in clusters:
-            cluster["transport_socket"] = copy.deepcopy(transport)
+    for cluster in clusters:  # (the clusters that reach the model servers)
+        with_pool_protocol(pool, cluster)
     if pool.picker.addresses:
         name = picker_cluster_name(pool.key.namespace, pool.picker.service, pool.picker.port)
         addresses = [ecl.split_host_port(address) for address in pool.picker.addresses]

@@ -20,9 +20,9 @@ from kvgate.gateway.controlplane.resources import BackendKind, ResolvedRule
 from kvgate.gateway.controlplane.resources.gateway_api import MILLION
 from kvgate.gateway.controlplane.translate.backends import (
     ClusterSet,
-    pool_transport,
     service_cluster,
     static_cluster,
+    with_pool_protocol,
 )
 from kvgate.gateway.controlplane.translate.names import mirror_cluster_name
 from kvgate.policies.types import Role
@@ -43,10 +43,7 @@ def mirror_policies(rule: ResolvedRule, clusters: ClusterSet) -> list[JsonDict]:
             pool = backend.pool
             serving = tuple(e.address for e in pool.endpoints if e.role is not Role.PREFILL)
             cluster = static_cluster(mirror_cluster_name(pool.id), serving)
-            transport = pool_transport(pool)
-            if transport is not None:
-                cluster["transport_socket"] = transport
-            name = clusters.add(cluster)
+            name = clusters.add(with_pool_protocol(pool, cluster))
         else:
             continue
         policy: JsonDict = {"cluster": name}

@@ -161,6 +161,11 @@ def test_route_schema_errors(spec: str, fragment: str) -> None:
             "number",
         ),
         ("targetPorts: [{number: 1}], endpointPickerRef: {name: e}", "selector"),
+        (
+            "targetPorts: [{number: 1}], selector: {matchLabels: {a: b}}, appProtocol: grpc, "
+            "endpointPickerRef: {name: e}",
+            "appProtocol",
+        ),
     ],
 )
 def test_pool_schema_errors(spec: str, fragment: str) -> None:
@@ -183,6 +188,9 @@ def test_eight_target_ports_and_port_number_alias() -> None:
     assert pool.spec.endpoint_picker_ref.port_number == 9100
     assert pool.spec.endpoint_picker_ref.failure_mode is FailureMode.FAIL_OPEN
     assert pool.key == ObjectKey("ml", "p")
+    assert pool.spec.app_protocol == "http"  # (the Inference Extension's default)
+    h2c = text.replace("targetPorts:", "appProtocol: kubernetes.io/h2c, targetPorts:")
+    assert parse_manifests([("p.yaml", h2c)]).inference_pools[0].spec.app_protocol == "kubernetes.io/h2c"
 
 
 def test_rewrite_weights_all_or_none() -> None:
