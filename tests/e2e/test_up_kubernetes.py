@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kvgate.gateway.picker.tls import self_signed
 from kvgate.gateway.processes.envoy_process import free_port
 from kvgate.gateway.up import KvgateUp
 from kvgate.gateway.up_options import UpOptions
@@ -120,6 +121,35 @@ async def test_the_gateway_follows_the_cluster(
             return ("ResolvedRefs", "False", "BackendNotFound") in states
 
         await wait_until(broken_reported, "ResolvedRefs=False on the broken route", timeout_s=5.0)
+
+        # a BackendTLSPolicy on a Service a route reaches, its CA in a ConfigMap: followed, and its
+        # status written per ancestor Gateway
+        ca = self_signed(("api.internal",)).cert_pem.decode()
+        for obj in (
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "api-ca"}, "data": {"ca.crt": ca}},
+            {"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": "api", "annotations": {"kvgate.io/endpoints": "127.0.0.1:9"}},
+             "spec": {"ports": [{"port": 443}]}},
+            {**ROUTE, "metadata": {"name": "api"}, "spec": {**ROUTE["spec"], "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": "/api/"}}],
+                "backendRefs": [{"name": "api", "port": 443}]}]}},
+            {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "BackendTLSPolicy",
+             "metadata": {"name": "api-tls"},
+             "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "api"}], "validation": {
+                 "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "api-ca"}],
+                 "hostname": "api.internal"}}},
+        ):
+            await cluster.apply(obj)
+
+        async def policy_reported() -> bool:
+            policy = cluster.get_object("backendtlspolicies", "api-tls")
+            ancestors = (policy or {}).get("status", {}).get("ancestors", [])
+            wanted = {"Accepted": "True", "ResolvedRefs": "True"}
+            states = [(a["ancestorRef"]["name"], {c["type"]: c["status"] for c in a["conditions"]})
+                      for a in ancestors]
+            return ("gw", wanted) in states
+
+        await wait_until(policy_reported, "the BackendTLSPolicy's status written", timeout_s=10.0)
         await send(8)
     finally:
         await up.stop()
