@@ -15,7 +15,7 @@ import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet
-from tests.e2e.picker_harness import fleet_stats, wait_until
+from tests.e2e.picker_harness import fleet_stats, post_json, wait_until
 from tests.e2e.test_up_routing import (
     StartUp,
     gateway_yaml,
@@ -85,3 +85,8 @@ spec:
         assert response.status == 400
         assert "WebSocket" in json.loads(await response.text())["error"]["message"]
     assert sum(s["realtime_sessions"] for s in await fleet_stats(http, fleet)) == 1
+    for _ in range(12):  # sessions never count against their replica (none is ejected after them)
+        async with http.ws_connect(f"{up.url}/v1/realtime") as socket:
+            assert (await socket.receive_json(timeout=5))["type"] == "session.created"
+    reply = await post_json(http, up.url, {"model": "base", "prompt": "hi", "max_tokens": 2})
+    assert reply.status == 200, reply.text
