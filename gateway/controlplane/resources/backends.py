@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.gateway.controlplane.resources.backend_tls import BackendTls, BrokenBackendTls
+from kvgate.gateway.controlplane.resources.backend_tls import BackendTls, BackendTlsPolicies, BrokenBackendTls
 from kvgate.gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
 from kvgate.gateway.controlplane.resources.core import Pod, Service, check_address, format_address
 from kvgate.gateway.controlplane.resources.inference import InferencePool
@@ -122,7 +122,7 @@ class PoolResolution:
 
 
 def _picker(
-    resources: ResourceSet, pool: InferencePool, require_service: bool
+    resources: ResourceSet, pool: InferencePool, require_service: bool, policies: BackendTlsPolicies,
 ) -> tuple[ResolvedPicker | None, str]:
     ref = pool.spec.endpoint_picker_ref
     if ref.group != "" or ref.kind != "Service":
@@ -144,18 +144,23 @@ def _picker(
     found = service_addresses(resources, service, ref.port_number if service.spec.ports else None)
     if found.problem is not None:
         return None, f"endpointPickerRef: {found.problem}"
-    picker = ResolvedPicker(ref.name, ref.port_number, ref.failure_mode, found.addresses)
+    port = service.port(ref.port_number)
+    tls = policies.for_service(service.key, port.name if port is not None else None)
+    if isinstance(tls, BrokenBackendTls):  # (never a picker reached on less than its policy asks)
+        return None, f"endpointPickerRef: Service {ref.name}: BackendTLSPolicy {tls.policy}: {tls.message}"
+    picker = ResolvedPicker(ref.name, ref.port_number, ref.failure_mode, found.addresses, tls)
     return picker, f"Service {ref.name} ({len(found.addresses)} addresses)"
 
 
 def resolve_pool(
     resources: ResourceSet, pool: InferencePool, *, require_picker_service: bool,
-    backend_tls: BackendTls | BrokenBackendTls | None = None,
+    backend_tls: BackendTls | BrokenBackendTls | None = None, policies: BackendTlsPolicies | None = None,
 ) -> PoolResolution:
     """``backend_tls``: the BackendTLSPolicy that governs the pool, if one does (a broken one leaves
-    the pool unusable: its requests answer 500, never in plain text)."""
+    the pool unusable: its requests answer 500, never in plain text); ``policies``: every one (an
+    external picker's Service may have its own)."""
     generation = pool.observed_generation
-    picker, message = _picker(resources, pool, require_picker_service)
+    picker, message = _picker(resources, pool, require_picker_service, policies or BackendTlsPolicies())
     if picker is None:
         cond = condition(
             ConditionType.RESOLVED_REFS, False, Reason.INVALID_EXTENSION_REF, message, generation

@@ -53,6 +53,9 @@ class ResolvedPicker:
     port: int
     failure_mode: FailureMode
     addresses: tuple[str, ...] = ()
+    tls: BackendTls | None = None
+    """Another picker's TLS as a BackendTLSPolicy on its Service asks it (else encrypted, not
+    verified: the Inference Extension picker serves a self-signed certificate by default)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,16 +196,20 @@ def _pool_statuses(resolution: PoolResolution, routes: list[RouteResult]) -> lis
     return statuses
 
 
-def _backend_tls_statuses(policies: BackendTlsPolicies, routes: list[RouteResult]) -> list[ResourceStatus]:
+def _backend_tls_statuses(policies: BackendTlsPolicies, routes: list[RouteResult],
+                          pickers: Mapping[ObjectKey, ObjectKey]) -> list[ResourceStatus]:
     """A BackendTLSPolicy's conditions per ancestor: each Gateway that accepted a route sending
-    requests to one of its targets (the Gateway API's policy status); none yet: one entry without a
-    parent (``kvgate status`` shows it; nothing is written to the cluster)."""
+    requests to one of its targets, or to a pool whose picker's Service it targets (``pickers``:
+    pool → that Service), as the Gateway API's policy status lists them; none yet: one entry
+    without a parent (``kvgate status`` shows it; nothing is written to the cluster)."""
     statuses = []
     for judged in policies.judged:
         ancestors: set[ResourceRef] = set()
         for result in routes:
+            services = result.referenced_services | {
+                pickers[pool] for pool in result.referenced_pools if pool in pickers}
             for kind, key in judged.targets:
-                uses = key in (result.referenced_services if kind == SERVICE else result.referenced_pools)
+                uses = key in (services if kind == SERVICE else result.referenced_pools)
                 if uses:
                     ancestors.update(parent for parent, accepted in result.parents if accepted)
         conditions = (judged.accepted, judged.resolved_refs)
@@ -327,7 +331,7 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None,
     backend_tls = resolve_backend_tls(resources, options.system_ca_file)
     resolutions = {
         pool.key: resolve_pool(resources, pool, require_picker_service=options.require_picker_service,
-                               backend_tls=backend_tls.for_pool(pool.key))
+                               backend_tls=backend_tls.for_pool(pool.key), policies=backend_tls)
         for pool in resources.inference_pools
     }
 
@@ -341,7 +345,9 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None,
                      for route in resources.http_routes]
     for result in route_results:
         statuses.extend(result.statuses)
-    statuses.extend(_backend_tls_statuses(backend_tls, route_results))
+    pickers = {key: ObjectKey(key.namespace, res.pool.picker.service)
+               for key, res in resolutions.items() if res.pool is not None and res.pool.picker.addresses}
+    statuses.extend(_backend_tls_statuses(backend_tls, route_results, pickers))
     for resolution in resolutions.values():
         statuses.extend(_pool_statuses(resolution, route_results))
 

@@ -173,7 +173,10 @@ def pool_clusters(pool: ResolvedPool, settings: TranslationSettings) -> list[Jso
         addresses = [ecl.split_host_port(address) for address in pool.picker.addresses]
         # another endpoint picker (the Inference Extension's, or kvgate picker elsewhere) serves TLS by
         # default (--secure-serving), with a certificate no one can verify: encrypted, not verified
-        clusters.append(ecl.ext_proc_cluster(addresses, name, tls=True))
+        cluster = ecl.ext_proc_cluster(addresses, name, tls=True)
+        if pool.picker.tls is not None:  # (verified as its Service's BackendTLSPolicy asks)
+            cluster["transport_socket"] = backend_transport(pool.picker.tls, ("h2",))
+        clusters.append(cluster)
     return clusters
 
 

@@ -244,3 +244,32 @@ def test_status_written_to_the_cluster_names_each_ancestor_gateway() -> None:
                                        "namespace": "default", "name": "gw"}
     assert ancestor["controllerName"] == "kvgate.io/gateway-controller"
     assert [c["type"] for c in ancestor["conditions"]] == ["Accepted", "ResolvedRefs"]
+
+
+def test_a_policy_on_another_pickers_service_verifies_it_and_reports_to_the_pools_gateways() -> None:
+    epp = """
+apiVersion: v1
+kind: Service
+metadata: {name: other-epp, annotations: {kvgate.io/endpoints: "10.8.0.1:9002"}}
+spec:
+  ports: [{name: grpc, port: 9002}]
+"""
+    external_pool = """
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: external}
+spec:
+  selector: {matchLabels: {app: external}}
+  targetPorts: [{number: 8000}]
+  endpointPickerRef: {name: other-epp, port: {number: 9002}}
+"""
+    route_to_pool = route("r", f"    - backendRefs: [{pool_ref('external')}]")
+    config = build(epp, external_pool, config_map("ca"), policy("epp-tls", "other-epp", CA_VALIDATION),
+                   route_to_pool)
+    found = config.pool(ObjectKey("default", "external"))
+    assert found is not None
+    assert found.picker.tls is not None
+    assert found.picker.tls.hostname == "api.internal.example"
+    assert conditions(config, "epp-tls")[0] == ("gw", "Accepted", "True", "Accepted")
+    broken = build(epp, external_pool, policy("epp-tls", "other-epp", CA_VALIDATION), route_to_pool)
+    assert broken.pool(ObjectKey("default", "external")) is None  # (never reached on less)
