@@ -50,7 +50,7 @@ WRITTEN_KINDS: Mapping[str, KindSpec] = {
 
 
 SUPPORTED_FEATURES = frozenset({
-    "Gateway", "GatewayPort8080", "HTTPRoute", "ReferenceGrant",
+    "Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080", "HTTPRoute", "ReferenceGrant",
     "HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket",
     "HTTPRouteBackendRequestHeaderModification", "HTTPRouteBackendTimeout", "HTTPRouteCORS",
     "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
