@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.gateway.controlplane.translate import TranslationSettings, translate
+from kvgate.gateway.picker.tls import self_signed
 from tests.gateway.controlplane.resources.manifests import EPP_SERVICE, GATEWAY, build, pod, pool
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -36,3 +37,21 @@ def test_the_documented_rule_is_accepted_and_envoy_takes_it() -> None:
     assert [route.key.name for route in config.routes] == ["documented"]
     resources = translate(config, TranslationSettings(picker_addresses=("127.0.0.1:9002",)))
     assert not resources.warnings, resources.warnings
+
+
+def test_the_documented_backend_tls_policy_is_accepted_and_applied() -> None:
+    section = DOC.read_text(encoding="utf-8").split("The Gateway API's way", 1)[1]
+    block: str = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)[0]
+    ca = self_signed(("vllm.models.svc",)).cert_pem.decode()
+    documents = list(yaml.safe_load_all(block))
+    documents[0]["data"]["ca.crt"] = ca  # (the placeholder: a certificate of one's own)
+    config = build(GATEWAY, EPP_SERVICE, pool("llama"), pod("l-1", "llama", "10.0.0.1"),
+                   *(yaml.safe_dump(doc) for doc in documents),
+                   "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\n"
+                   "spec: {parentRefs: [{name: gw}], rules: [{backendRefs: [{group: "
+                   "inference.networking.k8s.io, kind: InferencePool, name: llama}]}]}\n")
+    assert config.status.problem_lines() == ()
+    found = config.pool(config.routes[0].rules[0].backends[0].key)
+    assert found is not None
+    assert found.backend_tls is not None
+    assert found.backend_tls.hostname == "vllm.models.svc"
