@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator
+from typing import Any
 
 from kvgate.gateway.controlplane.kubernetes.client import KindSpec, KubeClient
 from kvgate.gateway.controlplane.kubernetes.informer import ObjectCache, follow
@@ -42,7 +43,8 @@ KINDS = (
     # HTTPS listeners' certificates: TLS Secrets only (not every Secret of the cluster, e.g. Helm's
     # large release records, each change of which would rebuild the configuration)
     KindSpec("v1", "Secret", "secrets", field_selector="type=kubernetes.io/tls"),
-    # BackendTLSPolicies and the ConfigMaps their CA certificates are in (any ConfigMap may be named)
+    # BackendTLSPolicies and the ConfigMaps their CA certificates are in (any ConfigMap may be named:
+    # every one is followed, the configuration built from those a policy names: ``_build``)
     KindSpec("gateway.networking.k8s.io/v1", "BackendTLSPolicy", "backendtlspolicies"),
     KindSpec("v1", "ConfigMap", "configmaps"),
 )
@@ -155,12 +157,36 @@ class KubernetesProvider:
                         found.append((str(meta["name"]), int(meta.get("generation") or 1)))
         return sorted(found)
 
+    def _named_config_maps(self) -> set[tuple[str, str]]:
+        """(namespace, name) of the ConfigMaps a BackendTLSPolicy names as CA certificates."""
+        named: set[tuple[str, str]] = set()
+        for cache in self._caches:
+            if cache.spec.plural != "backendtlspolicies":
+                continue
+            for policy in cache.objects():
+                namespace = policy["metadata"].get("namespace", "")
+                validation = (policy.get("spec") or {}).get("validation") or {}
+                for ref in validation.get("caCertificateRefs") or ():
+                    if isinstance(ref, dict) and ref.get("kind") == "ConfigMap":
+                        named.add((namespace, str(ref.get("name"))))
+        return named
+
     def _build(self) -> ConfigSnapshot | None:
-        """The caches as a snapshot (the current one when nothing changed); None when invalid."""
+        """The caches as a snapshot (the current one when nothing changed); None when invalid. Of the
+        ConfigMaps, only those a BackendTLSPolicy names count: another one changing (a controller's
+        state, a leader election's record) changes nothing."""
+        named = self._named_config_maps()
+
+        def used(spec: KindSpec, obj: dict[str, Any]) -> bool:
+            if spec.plural != "configmaps":
+                return True
+            return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) in named
+
         files = [
             (f"kubernetes:{obj['kind']}/{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}",
              json.dumps(obj, sort_keys=True))
-            for cache in self._caches if cache.spec is not GATEWAY_CLASSES for obj in cache.objects()
+            for cache in self._caches if cache.spec is not GATEWAY_CLASSES
+            for obj in cache.objects() if used(cache.spec, obj)
         ]
         if self._controller is not None:  # the class names are part of what decides the configuration
             classes = json.dumps(self.gateway_classes())

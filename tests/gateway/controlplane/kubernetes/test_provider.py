@@ -188,3 +188,40 @@ async def test_an_https_listener_follows_its_tls_secret_and_no_other_secret_is_r
         assert all("fieldSelector=type%3Dkubernetes.io/tls" in r for r in secret_requests), secret_requests
     finally:
         await provider.stop()
+
+
+async def test_only_the_config_maps_a_backend_tls_policy_names_make_a_new_configuration(
+    cluster: FakeApiServer,
+) -> None:
+    ca = self_signed(("vllm.models.svc",)).cert_pem.decode()
+    target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm"}
+    policy = {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "BackendTLSPolicy",
+        "metadata": {"name": "llm-tls"},
+        "spec": {"targetRefs": [target],
+                 "validation": {"caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "llm-ca"}],
+                                "hostname": "vllm.models.svc"}},
+    }
+    await cluster.apply(policy)
+    provider = KubernetesProvider(await KubeClient.connect(host=cluster.url), namespace="default",
+                                  options=ValidationOptions(require_picker_service=False))
+    try:
+        first = await provider.first()
+        assert first.config.pools == ()  # (its CA not there yet: the pool is not used in clear)
+        updates = provider.updates()
+        assert await _next(updates) is first
+        pending = asyncio.ensure_future(updates.__anext__())
+        for round_ in range(3):  # another controller's ConfigMap, changing: nothing to rebuild
+            await cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                                 "metadata": {"name": "leader-election", "namespace": "default"},
+                                 "data": {"holder": f"pod-{round_}"}})
+        done, _ = await asyncio.wait({pending}, timeout=1.0)
+        assert not done
+        await cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "llm-ca", "namespace": "default"}, "data": {"ca.crt": ca}})
+        second = await asyncio.wait_for(pending, 5.0)
+        [pool] = second.config.pools
+        assert pool.backend_tls is not None
+        assert pool.backend_tls.ca_pem == ca
+    finally:
+        await provider.stop()
