@@ -42,9 +42,15 @@ def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: Objec
     return True
 
 
+POOL_GROUP = "inference.networking.k8s.io"
+
+
 async def serve(args: argparse.Namespace) -> int:
     if not args.pool_name:
         raise ConfigError("--kubernetes needs --pool-name NAME (and --pool-namespace NS)")
+    if args.pool_group != POOL_GROUP:  # (the Inference Extension's pre-v1 pools live in another group)
+        raise ConfigError(f"--pool-group {args.pool_group}: kvgate follows {POOL_GROUP}/v1 InferencePools "
+                          "only (the Inference Extension's v1 API)")
     pool = ObjectKey(args.pool_namespace, args.pool_name)
     client = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
     provider = KubernetesProvider(

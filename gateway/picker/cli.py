@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--pool-name", default=None, help="the InferencePool to serve (with --kubernetes)")
     cluster.add_argument("--pool-namespace", default="default", help="its namespace (default: default)")
     cluster.add_argument("--pool-group", default="inference.networking.k8s.io",
-                         help="the InferencePool's API group (accepted for the Inference Extension's flags)")
+                         help="the InferencePool's API group: kvgate follows the v1 API's (the "
+                              "Inference Extension's flag; another group is refused)")
     cluster.add_argument("--kubeconfig", default=None, metavar="FILE",
                          help="kubeconfig (default: in-cluster)")
     cluster.add_argument("--kube-api", default=None, metavar="URL",
