@@ -15,8 +15,9 @@ from kvgate.extproc.inference_paths import route_of, stored_response_of
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from kvgate.extproc.responses_messages import StoredResponse, responses_messages, stored_response
+from kvgate.extproc.session_spread import RecentSessions
 from kvgate.extproc.upgrades import REALTIME_PATH, realtime_model
-from kvgate.policies.contracts import SchedulingResult
+from kvgate.policies.contracts import Keep, SchedulingResult
 from kvgate.policies.errors import (
     BadRequestError,
     MalformedBodyError,
@@ -24,7 +25,7 @@ from kvgate.policies.errors import (
     NoEligibleEndpointError,
 )
 from kvgate.policies.framework import SchedulingTrace
-from kvgate.policies.types import PROMPT_OPTIONS, ApiKind, InferenceRequest
+from kvgate.policies.types import PROMPT_OPTIONS, ApiKind, EndpointView, InferenceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,7 @@ def schedule(
     limiter: TenantLimiter | None = None,
     trace: SchedulingTrace | None = None,
     reserved: bool = False,
+    sessions: RecentSessions | None = None,
 ) -> Decision:
     """Schedule a prepared request over the pool's live endpoints (with flow control, those with
     room; the caller tells the scheduler ``on_picked``). Raises 503 when nothing is eligible (also
@@ -211,10 +213,14 @@ def schedule(
     # flow control: the pick among endpoints with room (all, if none has), asked of the endpoints
     # the profile's filters chose (a pass over a large pool per pick cost O(pool))
     # (not for a request continuing a stored response: moved for room it lands where vLLM answers 404)
-    keep = None if holding is None or request.previous_response_id is not None else partial(
+    keep: Keep | None = None if holding is None or request.previous_response_id is not None else partial(
         holding.with_room, reserved=reserved)
     started = now()
+    if sessions is not None and "upgrade" in request.headers:  # a realtime session: spread them
+        keep = _spreading(sessions, pool.name, started, keep)
     result = pool.scheduler.schedule(request, candidates, started, trace, keep=keep)
+    if sessions is not None and "upgrade" in request.headers:
+        sessions.picked(pool.name, result.pick.address, started)
     metrics.scheduled(pool.name, now() - started)
     if not result.ranked:
         raise NoEligibleEndpointError("the scheduler ranked no endpoint")
@@ -230,6 +236,16 @@ def schedule(
     metrics.request_picked(labels, request.body_size)
     return Decision(request, result, prepared.body, prepared.body_rewritten, prepared.usage_injected,
                     labels, tenant, prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)
+
+
+def _spreading(sessions: RecentSessions, pool: str, now: float, keep: Keep | None) -> Keep:
+    """``keep`` (flow control's, if any), then the endpoints that took the fewest sessions lately."""
+
+    def fewest(endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        kept = keep(endpoints) if keep is not None else endpoints
+        return sessions.fewest(pool, kept, now) if kept else kept
+
+    return fewest
 
 
 def _prompt_options(parsed: OpenAIRequest | None, chat: Chat | None) -> Mapping[str, Any] | None:

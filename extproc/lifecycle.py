@@ -385,7 +385,7 @@ class RequestLifecycle:
         target = self._target = self._pool if continues else spill_target(self._pool, self._metrics)
         decision = schedule(prepared, pool=target, now=self._clock.now, metrics=self._metrics,
                             limiter=self._config.tenant_limiter, trace=self._trace,
-                            reserved=reserved and target is self._pool)
+                            reserved=reserved and target is self._pool, sessions=self._config.recent_sessions)
         if self._trace is not None:
             self._trace.picked(decision.request, decision.result)
             _log.debug("request %s (x-request-id %s, trace %s): picked %s", decision.request.request_id,

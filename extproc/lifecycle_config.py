@@ -16,6 +16,7 @@ from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.events import BodyMode, BodyModes
 from kvgate.extproc.ports import TenantLimiter
 from kvgate.extproc.session_persistence import SessionSpec
+from kvgate.extproc.session_spread import RecentSessions
 
 STREAM_CHUNK_BYTES = 62_000
 """Largest streamed body chunk sent back to Envoy (GIE's margin under a 64 KiB per-chunk limit)."""
@@ -72,6 +73,9 @@ class LifecycleConfig:
     """The request's route rule's ``timeouts.backendRequest`` (gRPC initial metadata, per stream):
     the attempt bound is never longer (the route's own per-try timeout bounds the requests the
     picker sets no bound for)."""
+    recent_sessions: RecentSessions | None = None
+    """The process's realtime session picks (``extproc.session_spread``): sessions go to the
+    endpoints that took the fewest lately; None: on the profile's scores alone."""
 
 
 class RequestIds:

@@ -28,6 +28,7 @@ from kvgate.extproc.lifecycle import RequestLifecycle
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
 from kvgate.extproc.ports import Clock, MonotonicClock, NoMetrics, PoolDirectory, RequestMetrics
 from kvgate.extproc.session_persistence import SessionSpec
+from kvgate.extproc.session_spread import RecentSessions
 from kvgate.extproc.tracing import RequestSpan, RequestTracer
 
 _log = logging.getLogger(__name__)
@@ -101,6 +102,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         written (off the request's critical path; :mod:`extproc.after_reply`)."""
         self._metrics = DeferredMetrics(metrics or NoMetrics(), self._after_reply)
         self._config = config or LifecycleConfig()
+        if self._config.recent_sessions is None:  # (one per process: its realtime sessions' picks)
+            self._config = dataclasses.replace(self._config, recent_sessions=RecentSessions())
         self._request_ids = RequestIds().next_id
 
     def _new_lifecycle(self, stream: StreamMetadata, span: RequestSpan | None) -> RequestLifecycle:

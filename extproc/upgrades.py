@@ -9,8 +9,9 @@ Python. A gateway that does not let the picker change its processing mode (the I
 Extension's full-duplex configuration) sends the frames anyway: each goes back as it came (the
 lifecycle's TUNNEL state), at a Python round trip a frame. Where the mode changes, Envoy ends the
 ext_proc stream as soon as nothing more is to be processed, so the picker counts a session in flight
-only until it is released: the replica's load shows in its own metrics (each transcription a request
-its engine runs). An upgrade anywhere else is refused (400): a path
+only until it is released: sessions are spread by their recent picks instead
+(``extproc.session_spread``), and the replica's load shows in its own metrics (each transcription a
+request its engine runs). An upgrade anywhere else is refused (400): a path
 whose request the picker reads as a body would wait for one that never ends.
 """
 
