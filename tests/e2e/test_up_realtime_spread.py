@@ -12,7 +12,7 @@ import pytest
 
 from kvgate.gateway.processes.envoy_process import free_port
 from tests.e2e.conftest import SimFleet
-from tests.e2e.picker_harness import fleet_stats
+from tests.e2e.picker_harness import fleet_stats, wait_until
 from tests.e2e.test_up_routing import (
     StartUp,
     gateway_yaml,
@@ -49,6 +49,13 @@ spec:
 """)
     up = await start_up(config)
     await wait_ready(http, up, ["pool"])
+
+    async def all_healthy() -> bool:  # (a replica still starting would take no session)
+        async with http.get(f"{up.admin_url}/debug/pools") as response:
+            endpoints = (await response.json())["pools"][0]["endpoints"]
+        return len(endpoints) == 4 and all(e["healthy"] and e["waiting"] is not None for e in endpoints)
+
+    await wait_until(all_healthy, "the four replicas healthy", timeout_s=15.0)
 
     async def session() -> aiohttp.ClientWebSocketResponse:
         socket = await http.ws_connect(f"{up.url}/v1/realtime")
