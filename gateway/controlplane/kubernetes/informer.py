@@ -36,10 +36,24 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
+CONFIG_MAP_KEY = "ca.crt"
+"""The one key kvgate reads of a ConfigMap (a BackendTLSPolicy's CA certificates)."""
+
+
 def _stable(obj: Mapping[str, Any]) -> JsonDict:
     """``obj`` without what changes on every write (resourceVersion, managedFields) and, but for a
     Pod's (its readiness and IP), without its status: kvgate writes the others' status itself, and
-    reads none of it."""
+    reads none of it. Of a ConfigMap only its name and its ``ca.crt`` are kept: every ConfigMap is
+    followed (a BackendTLSPolicy may name any), and the rest (other controllers' state, a leader
+    election's annotation rewritten every few seconds) is neither held nor a change."""
+    if obj.get("kind") == "ConfigMap":
+        meta = obj.get("metadata", {})
+        data = obj.get("data") or {}
+        kept = {key: meta[key] for key in ("name", "namespace") if key in meta}
+        has_ca = isinstance(data, Mapping) and CONFIG_MAP_KEY in data
+        found = {CONFIG_MAP_KEY: data[CONFIG_MAP_KEY]} if has_ca else {}
+        return {"apiVersion": obj.get("apiVersion", "v1"), "kind": "ConfigMap", "metadata": kept,
+                "data": found}
     stable = copy.deepcopy(dict(obj))
     meta = stable.get("metadata", {})
     for name in _VOLATILE:

@@ -151,3 +151,20 @@ async def test_a_kind_the_server_does_not_serve_counts_as_empty() -> None:
         task.cancel()
         await client.close()
         await server.stop()
+
+
+def test_of_a_config_map_only_its_name_and_ca_bundle_are_held_and_nothing_else_is_a_change() -> None:
+    cache = ObjectCache(KindSpec("v1", "ConfigMap", "configmaps"))
+    election: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "leader", "namespace": "default",
+                             "annotations": {"control-plane.alpha.kubernetes.io/leader": "pod-1"}},
+                "data": {"config.yaml": "x" * 100_000}}
+    assert cache.replace([election], "1")
+    [held] = cache.objects()
+    assert held == {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "leader", "namespace": "default"}, "data": {}}
+    renewed = {**election, "metadata": {**election["metadata"],
+                                        "annotations": {"control-plane.alpha.kubernetes.io/leader": "pod-2"}}}
+    assert not cache.apply({"type": "MODIFIED", "object": renewed})
+    assert cache.apply({"type": "MODIFIED", "object": {**election, "data": {"ca.crt": "PEM"}}})
+    assert cache.objects()[0]["data"] == {"ca.crt": "PEM"}
