@@ -111,3 +111,6 @@ class DeferredMetrics:
 
     def spilled(self, pool: str, to_pool: str) -> None:
         self.queue.defer("request metrics", self.target.spilled, pool, to_pool)
+
+    def slo_checked(self, labels: RequestLabels, objective: str, met: bool) -> None:
+        self.queue.defer("request metrics", self.target.slo_checked, labels, objective, met)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +39,7 @@ from kvgate.policies.flow_control import (
     work_seconds,
 )
 from kvgate.policies.holding_queue import Waiting
+from kvgate.policies.latency_objectives import latency_objectives
 from kvgate.policies.state import InFlight
 from kvgate.policies.tenant_ledger import TenantLedger
 from kvgate.policies.types import EndpointView, InferenceRequest
@@ -140,8 +142,10 @@ class HoldingArea:
         """``request`` as the queue holds it: its band, tenant, cost and deadline."""
         cost = work_seconds(len(request.prompt), self._load.cached_tokens(request, now), request.max_tokens,
                             self.settings.work)
+        ttft_s = latency_objectives(request.headers).ttft_s
         return Waiting(request.request_id, request.priority, request.fairness_id or "",
-                       cost, now + self.settings.queue_timeout_s)
+                       cost, now + self.settings.queue_timeout_s,
+                       math.inf if ttft_s is None else now + ttft_s)
 
     def passed(self, request: InferenceRequest) -> None:
         """``request`` goes to an endpoint without waiting (room, or a reserved slot): with a

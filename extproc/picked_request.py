@@ -16,14 +16,15 @@ from kvgate.extproc.after_reply import AfterReply, call_logged
 from kvgate.extproc.decision import Decision
 from kvgate.extproc.ports import Clock, RequestMetrics, TenantLimiter
 from kvgate.policies.contracts import Scheduler
+from kvgate.policies.latency_objectives import latency_objectives
 from kvgate.policies.types import Endpoint, InferenceRequest, Usage
 
 
 class PickedRequest:
     """One picked request's feedback; ``served`` follows the endpoint that really serves it."""
 
-    __slots__ = ("_after_reply", "_clock", "_finished", "_first_token_seen", "_metrics", "_scheduler",
-                 "_started", "decision", "labels", "served")
+    __slots__ = ("_after_reply", "_clock", "_finished", "_first_token_at", "_metrics", "_output_tokens",
+                 "_scheduler", "_started", "decision", "labels", "served")
 
     def __init__(
         self,
@@ -44,7 +45,8 @@ class PickedRequest:
         self._clock = clock
         self._started = started
         self._after_reply = after_reply
-        self._first_token_seen = False
+        self._first_token_at: float | None = None
+        self._output_tokens: int | None = None
         self._finished = False
 
     @property
@@ -93,10 +95,9 @@ class PickedRequest:
 
     def first_token(self) -> None:
         """The response's first byte was seen (once: later calls do nothing)."""
-        if self._first_token_seen:
+        if self._first_token_at is not None:
             return
-        self._first_token_seen = True
-        now = self._clock.now()
+        now = self._first_token_at = self._clock.now()
         self._metrics.first_token(self.labels, now - self._started)
         self._tell("on_first_token", self._scheduler.on_first_token, self.request, self.served, now)
 
@@ -126,6 +127,7 @@ class PickedRequest:
         """The token usage the response reported: counted in the metrics, charged to the tenant the
         request was counted against (``limiter``'s), and learned by the scheduler."""
         self._metrics.tokens(self.labels, usage.prompt_tokens, usage.completion_tokens)
+        self._output_tokens = usage.completion_tokens
         result = self.decision.result
         if (usage.cached_tokens is not None and result.predicted_cached_tokens is not None
                 and self.served is result.pick):
@@ -148,6 +150,22 @@ class PickedRequest:
         self._tell("on_finished", _finished, self._scheduler, self.request, self.served,
                    ok and count_outcome, now)
         self._metrics.request_finished(self.labels, now - self._started, ok=ok)
+        if ok:
+            self._check_objectives(now)
+
+    def _check_objectives(self, now: float) -> None:
+        """The request's own latency objectives, met or missed, where the response showed its
+        latencies: the first token (any response read), the time per output token after it (a
+        stream whose usage named more than one)."""
+        objectives = latency_objectives(self.request.headers)
+        first = self._first_token_at
+        if not objectives or first is None:
+            return
+        if objectives.ttft_s is not None:
+            self._metrics.slo_checked(self.labels, "ttft", first - self._started <= objectives.ttft_s)
+        tokens = self._output_tokens
+        if objectives.tpot_s is not None and self.request.stream and tokens is not None and tokens > 1:
+            self._metrics.slo_checked(self.labels, "tpot", (now - first) / (tokens - 1) <= objectives.tpot_s)
 
     def _tell(self, what: str, call: Callable[..., None], *args: Any) -> None:
         if self._after_reply is not None:

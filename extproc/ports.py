@@ -293,6 +293,11 @@ class RequestMetrics(Protocol):
         (kvgate: ``kvgate_spilled_requests_total``)."""
         ...
 
+    def slo_checked(self, labels: RequestLabels, objective: str, met: bool) -> None:
+        """A request's own latency objective (``objective``: ``ttft`` or ``tpot``, from its
+        ``x-slo-*-ms`` header) was met or missed (kvgate: ``kvgate_request_slo_total``)."""
+        ...
+
 
 class NoMetrics:
     def request_picked(self, labels: RequestLabels, body_size: int) -> None:
@@ -320,6 +325,9 @@ class NoMetrics:
         pass
 
     def spilled(self, pool: str, to_pool: str) -> None:
+        pass
+
+    def slo_checked(self, labels: RequestLabels, objective: str, met: bool) -> None:
         pass
 
     def prefix_checked(

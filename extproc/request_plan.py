@@ -9,7 +9,9 @@ Nothing in it changes after the headers: a frozen value, chosen by :func:`plan_r
 The choices (kvgate's one-pass data path, ``LifecycleConfig``):
 
 - **read the response body** (``observe``) when Envoy sends it anyway (full duplex), when the pool
-  counts tokens (a tenant limit), or when this request is sampled for usage (``observe_usage``);
+  counts tokens (a tenant limit), when the request states latency objectives (``x-slo-ttft-ms``,
+  ``x-slo-tpot-ms``: its first token and usage tell whether they were met), or when this request is
+  sampled for usage (``observe_usage``);
 - **skip the response phases** (``skip_response``) when nothing reads the response: the one-pass
   mode (a BUFFERED request, the response body off), ``skip_unread_responses`` on, a pool without
   model rewrites (a response's ``model`` would need renaming), no session persistence (a new session
@@ -55,12 +57,15 @@ class RequestPlan:
         return self.modes.response is BodyMode.NONE
 
 
-def plan_request(modes: BodyModes, *, has_body: bool, pool: Pool, config: LifecycleConfig) -> RequestPlan:
-    """The plan of a request with these body ``modes`` for ``pool`` (asks the usage sampler once)."""
+def plan_request(modes: BodyModes, *, has_body: bool, pool: Pool, config: LifecycleConfig,
+                 objectives: bool = False) -> RequestPlan:
+    """The plan of a request with these body ``modes`` for ``pool`` (asks the usage sampler once);
+    ``objectives``: the request states latency objectives."""
     response_body_off = modes.response is BodyMode.NONE
     limiter = config.tenant_limiter
     observe = (
         not response_body_off
+        or objectives
         or (limiter is not None and limiter.counts_tokens(pool.name))
         or (config.observe_usage is not None and config.observe_usage())
     )

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from kvgate.policies.holding_queue import HoldingQueue, Waiting
+from kvgate.policies.holding_queue import HoldingQueue, QueueOrder, Waiting
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.state import InFlight
 from kvgate.policies.types import EndpointView
@@ -77,6 +77,9 @@ class FlowControlSettings:
     retry_after_s: float = 1.0
     """The Retry-After of a request that timed out or was shed."""
     work: WorkCosts = field(default_factory=WorkCosts)
+    order: QueueOrder = "fcfs"
+    """Which of a tenant's held requests takes its turn (``policies.holding_queue``): the oldest, or
+    the one whose first token is due soonest (``slo-deadline``: ``x-slo-ttft-ms``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.queue_timeout_s <= MAX_QUEUE_TIMEOUT_S:
@@ -145,13 +148,14 @@ class FlowController:
 
     def __init__(self, settings: FlowControlSettings) -> None:
         self.settings = settings
-        self.queue = HoldingQueue(settings.max_queue_length)
+        self.queue = HoldingQueue(settings.max_queue_length, settings.order)
         self._granted = 0
         """Requests dispatched whose pick has not been made yet (0 or 1)."""
 
     def reconfigure(self, settings: FlowControlSettings) -> None:
         self.settings = settings
         self.queue.max_length = settings.max_queue_length
+        self.queue.reorder(settings.order)
 
     def must_wait(self, has_room: bool | Callable[[], bool]) -> bool:
         """Whether an arriving request is held: others wait (no overtaking) or there is no room

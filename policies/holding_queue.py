@@ -21,14 +21,24 @@ client goes away.
   filled it, not a light tenant's next request. Each request has a deadline;
   ``expired`` takes out those past it (call it regularly: it also drops what the deadline heap
   keeps of requests dispatched or removed before their deadline).
+- **Order inside a tenant** (``order``): which of a tenant's requests takes its turn. ``fcfs``
+  (default): the oldest. ``slo-deadline``: the one whose first token is due soonest (``due``: its
+  arrival plus its ``x-slo-ttft-ms``, llm-d's ``slo-deadline-ordering-policy``); requests without
+  an objective after those with one, ties in arrival order. The tenant's turns (its virtual starts)
+  do not change: its requests trade places among them, so fairness between tenants is the same.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
+
+QueueOrder = Literal["fcfs", "slo-deadline"]
+QUEUE_ORDERS: tuple[QueueOrder, ...] = ("fcfs", "slo-deadline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,9 @@ class Waiting:
     """Its GPU work in seconds (> 0): what fairness between tenants counts."""
     deadline: float
     """When it stops waiting (the caller's clock)."""
+    due: float = math.inf
+    """When its first token is due (its arrival plus its TTFT objective; inf: no objective): the
+    ``slo-deadline`` order's key."""
 
 
 @dataclass(slots=True)
@@ -48,8 +61,12 @@ class _Band:
     virtual_time: float = 0.0
     finish: dict[str, float] = field(default_factory=dict)
     """Tenant → virtual finish time of its last request queued in this band."""
-    heap: list[tuple[float, int, str]] = field(default_factory=list)
-    """(virtual start, arrival number, request id); entries of removed requests are skipped."""
+    heap: list[tuple[float, int]] = field(default_factory=list)
+    """(virtual start, turn): the turn's request is ``HoldingQueue._owner[turn]``; turns of
+    removed requests are skipped."""
+    urgent: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
+    """Tenant → (due, arrival number, request id) of its waiting requests (``slo-deadline`` only;
+    entries of requests gone are skipped)."""
     order: dict[str, None] = field(default_factory=dict)
     """Request ids in arrival order."""
     tenants: dict[str, dict[str, None]] = field(default_factory=dict)
@@ -59,16 +76,39 @@ class _Band:
 
 
 class HoldingQueue:
-    def __init__(self, max_length: int) -> None:
+    def __init__(self, max_length: int, order: QueueOrder = "fcfs") -> None:
         if max_length < 1:
             raise ValueError("max_length must be at least 1")
+        if order not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {order!r} (one of {', '.join(QUEUE_ORDERS)})")
         self.max_length = max_length
+        self.order: QueueOrder = order
         self._bands: dict[int, _Band] = {}
         self._items: dict[str, Waiting] = {}
         self._arrival_of: dict[str, int] = {}
         """Waiting request id → its arrival number (heap entries of an earlier stay are skipped)."""
+        self._turn_of: dict[str, int] = {}
+        """Waiting request id → the turn it holds (at first its arrival number; ``slo-deadline``
+        trades a tenant's turns among its requests)."""
+        self._owner: dict[int, str] = {}
+        """Turn → the waiting request holding it."""
         self._deadlines: list[tuple[float, int, str]] = []
         self._arrivals = 0
+
+    def reorder(self, order: QueueOrder) -> None:
+        """Order each tenant's requests by ``order`` from now on (a configuration change): the
+        waiting ones keep their turns."""
+        if order not in QUEUE_ORDERS:
+            raise ValueError(f"unknown queue order {order!r} (one of {', '.join(QUEUE_ORDERS)})")
+        if order == self.order:
+            return
+        self.order = order
+        for band in self._bands.values():
+            band.urgent = {}
+        if order == "slo-deadline":
+            for item in self._items.values():
+                heapq.heappush(self._bands[item.band].urgent.setdefault(item.tenant, []),
+                               (item.due, self._arrival_of[item.request_id], item.request_id))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -103,25 +143,29 @@ class HoldingQueue:
         start = max(band.virtual_time, band.finish.get(item.tenant, 0.0))
         band.finish[item.tenant] = start + item.cost
         self._arrivals += 1
-        heapq.heappush(band.heap, (start, self._arrivals, item.request_id))
-        heapq.heappush(self._deadlines, (item.deadline, self._arrivals, item.request_id))
+        arrival = self._arrivals
+        heapq.heappush(band.heap, (start, arrival))
+        heapq.heappush(self._deadlines, (item.deadline, arrival, item.request_id))
+        if self.order == "slo-deadline":
+            heapq.heappush(band.urgent.setdefault(item.tenant, []), (item.due, arrival, item.request_id))
         band.order[item.request_id] = None
         band.tenants.setdefault(item.tenant, {})[item.request_id] = None
         band.queued[item.tenant] = band.queued.get(item.tenant, 0.0) + item.cost
         self._items[item.request_id] = item
-        self._arrival_of[item.request_id] = self._arrivals
+        self._arrival_of[item.request_id] = arrival
+        self._turn_of[item.request_id] = arrival
+        self._owner[arrival] = item.request_id
         return shed
 
     def pop(self) -> Waiting | None:
         """The request to dispatch next (None: none waits)."""
         for priority in sorted(self._bands, reverse=True):
             band = self._bands[priority]
-            while band.heap:
-                start, arrival, request_id = heapq.heappop(band.heap)
-                item = self._items.get(request_id)
-                if item is None or self._arrival_of[request_id] != arrival:
-                    continue  # removed or expired earlier (maybe queued again since)
+            turn = self._head(band)
+            if turn is not None:
+                start, _ = heapq.heappop(band.heap)
                 band.virtual_time = max(band.virtual_time, start)
+                item = self._items[self._owner[turn]]
                 self._forget(item)
                 return item
         return None
@@ -129,14 +173,37 @@ class HoldingQueue:
     def peek(self) -> Waiting | None:
         """The request :meth:`pop` would return, left waiting."""
         for priority in sorted(self._bands, reverse=True):
-            heap = self._bands[priority].heap
-            while heap:
-                _, arrival, request_id = heap[0]
-                item = self._items.get(request_id)
-                if item is not None and self._arrival_of[request_id] == arrival:
-                    return item
-                heapq.heappop(heap)  # an entry of a request removed or expired earlier
+            turn = self._head(self._bands[priority])
+            if turn is not None:
+                return self._items[self._owner[turn]]
         return None
+
+    def _head(self, band: _Band) -> int | None:
+        """The band's next turn (its stale entries dropped), its owner the tenant's request that
+        goes first by ``order`` (turns traded to make it so); None: the band is empty."""
+        heap = band.heap
+        while heap:
+            turn = heap[0][1]
+            owner = self._owner.get(turn)
+            if owner is None:
+                heapq.heappop(heap)  # a turn of a request removed or expired earlier
+                continue
+            if self.order == "slo-deadline":
+                first = self._most_urgent(band, self._items[owner].tenant)
+                if first != owner:  # trade turns: the tenant's first request takes this one
+                    theirs = self._turn_of[first]
+                    self._owner[turn], self._owner[theirs] = first, owner
+                    self._turn_of[first], self._turn_of[owner] = turn, theirs
+            return turn
+        return None
+
+    def _most_urgent(self, band: _Band, tenant: str) -> str:
+        urgent = band.urgent[tenant]
+        while True:
+            _, arrival, request_id = urgent[0]
+            if request_id in self._items and self._arrival_of[request_id] == arrival:
+                return request_id
+            heapq.heappop(urgent)  # gone (dispatched, removed or expired)
 
     def credit(self, band: int, tenant: str, seconds: float) -> None:
         """Charge ``tenant`` for ``seconds`` of work served elsewhere (other pickers: issue 34's
@@ -185,6 +252,7 @@ class HoldingQueue:
     def _forget(self, item: Waiting) -> None:
         del self._items[item.request_id]
         del self._arrival_of[item.request_id]
+        del self._owner[self._turn_of.pop(item.request_id)]
         band = self._bands[item.band]
         del band.order[item.request_id]
         mine = band.tenants[item.tenant]
@@ -194,5 +262,6 @@ class HoldingQueue:
         else:
             del band.tenants[item.tenant]
             del band.queued[item.tenant]
+            band.urgent.pop(item.tenant, None)
         if not band.order:  # an empty band starts afresh (its heap holds only skipped entries)
             del self._bands[item.band]

@@ -3,7 +3,9 @@
 - ``kvgate.io/flow-control: "true"`` turns it on with the defaults (``policies.flow_control``);
 - ``kvgate.io/queue-timeout`` (a Gateway API duration: ``30s``, ``500ms``, ``2m``),
   ``kvgate.io/max-queue-length``, ``kvgate.io/max-inflight-per-endpoint`` and
-  ``kvgate.io/reserved-inflight-per-endpoint`` set its bounds (and turn it on too).
+  ``kvgate.io/reserved-inflight-per-endpoint`` set its bounds (and turn it on too);
+- ``kvgate.io/queue-order`` (``fcfs`` or ``slo-deadline``) which of a tenant's held requests goes
+  first (``policies.holding_queue``; it does not turn flow control on by itself).
 
 A bad value is warned about and the default used: a typo never takes the pool down.
 """
@@ -14,12 +16,14 @@ from collections.abc import Mapping
 
 from kvgate.gateway.controlplane.resources.meta import parse_duration
 from kvgate.gateway.picker.pools_file import FlowControlSpec
+from kvgate.policies.holding_queue import QUEUE_ORDERS
 
 FLOW_CONTROL_ANNOTATION = "kvgate.io/flow-control"
 QUEUE_TIMEOUT_ANNOTATION = "kvgate.io/queue-timeout"
 MAX_QUEUE_LENGTH_ANNOTATION = "kvgate.io/max-queue-length"
 MAX_INFLIGHT_ANNOTATION = "kvgate.io/max-inflight-per-endpoint"
 RESERVED_ANNOTATION = "kvgate.io/reserved-inflight-per-endpoint"
+QUEUE_ORDER_ANNOTATION = "kvgate.io/queue-order"
 _BOUNDS = (QUEUE_TIMEOUT_ANNOTATION, MAX_QUEUE_LENGTH_ANNOTATION, MAX_INFLIGHT_ANNOTATION,
            RESERVED_ANNOTATION)
 
@@ -33,7 +37,14 @@ def flow_control(pool_id: str, annotations: Mapping[str, str], warnings: list[st
         return None
     if switch == "false" or (switch == "" and not any(key in annotations for key in _BOUNDS)):
         return None
-    fields: dict[str, float | int] = {}
+    fields: dict[str, float | int | str] = {}
+    order = annotations.get(QUEUE_ORDER_ANNOTATION)
+    if order is not None:
+        if order.strip() in QUEUE_ORDERS:
+            fields["order"] = order.strip()
+        else:
+            warnings.append(f"InferencePool {pool_id}: {QUEUE_ORDER_ANNOTATION} {order!r} is not one of "
+                            f"{', '.join(QUEUE_ORDERS)}; using fcfs")
     text = annotations.get(QUEUE_TIMEOUT_ANNOTATION)
     if text is not None:
         try:

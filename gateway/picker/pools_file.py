@@ -31,6 +31,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
           maxQueueLength: 1000        #   beyond it the lowest priority's newest is shed (429)
           maxInflightPerEndpoint: 60  #   optional; besides queueThreshold / kvCacheThreshold
           reservedPerEndpoint: 4      #   more, for tenants with nothing waiting (taken at once)
+          order: fcfs                 #   a tenant's oldest first; slo-deadline: its x-slo-ttft-ms soonest due
         spillTo: llama-spot           # while full, requests go to this pool (before they wait)
     defaultPool: llama                # optional; the only pool when there is one
     redis: redis://127.0.0.1:6379/0   # optional; share picker state and limits across replicas
@@ -50,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvgate.gateway.picker.model_server_tls import ClientTls
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.flow_control import DEFAULT_THRESHOLDS, FlowControlSettings
+from kvgate.policies.holding_queue import QueueOrder
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.types import Endpoint, FailureMode, Role
 from kvgate.policies.validation import describe
@@ -165,6 +167,7 @@ class FlowControlSpec(BaseModel):
                                       alias="kvCacheThreshold")
     metrics_staleness_s: float = Field(default=0.2, gt=0, alias="metricsStalenessSeconds")
     retry_after_s: float = Field(default=1.0, ge=0, alias="retryAfterSeconds")
+    order: QueueOrder = "fcfs"
 
     @model_validator(mode="after")
     def _reserve_needs_a_limit(self) -> FlowControlSpec:
@@ -179,7 +182,7 @@ class FlowControlSpec(BaseModel):
             reserved_per_endpoint=self.reserved_per_endpoint,
             thresholds=SaturationThresholds(self.queue_threshold, self.kv_cache_threshold,
                                             self.metrics_staleness_s),
-            retry_after_s=self.retry_after_s,
+            retry_after_s=self.retry_after_s, order=self.order,
         )
 
 

@@ -198,6 +198,13 @@ class GatewayTelemetry:
             ["inference_pool", "to_pool"],
             registry=r,
         )
+        self._slo = Counter(
+            "kvgate_request_slo",
+            "Requests' own latency objectives (x-slo-ttft-ms, x-slo-tpot-ms) checked at their end, by "
+            "objective (ttft, tpot) and outcome (met, missed).",
+            ["pool", "objective", "outcome"],
+            registry=r,
+        )
         self._prefill_duration = Histogram(
             "kvgate_prefill_duration_seconds",
             "Time from sending a disaggregated request's prefill to its answer (or failure).",
@@ -301,6 +308,9 @@ class GatewayTelemetry:
 
     def spilled(self, pool: str, to_pool: str) -> None:
         self._spilled.labels(pool, to_pool).inc()
+
+    def slo_checked(self, labels: RequestLabels, objective: str, met: bool) -> None:
+        self._slo.labels(labels.pool, objective, "met" if met else "missed").inc()
 
     def prefill_finished(self, labels: RequestLabels, seconds: float, *, ok: bool) -> None:
         self._prefills.labels(labels.pool, "ok" if ok else "failed").inc()

@@ -184,6 +184,9 @@ class RecordingMetrics:
     def spilled(self, pool: str, to_pool: str) -> None:
         self.events.append(("spilled", (pool, to_pool)))
 
+    def slo_checked(self, labels: RequestLabels, objective: str, met: bool) -> None:
+        self.events.append(("slo", (objective, met)))
+
 
 def make_pool(*addresses: str, name: str = "llama", **kwargs: object) -> FakePool:
     return FakePool(name, addresses or ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), **kwargs)  # type: ignore[arg-type]

@@ -64,6 +64,9 @@ class Recorder:
     def spilled(self, pool: str, to_pool: str) -> None:
         self.calls.append(("spilled", pool, to_pool))
 
+    def slo_checked(self, labels: RequestLabels, objective: str, met: bool) -> None:
+        self.calls.append(("slo", labels, objective, met))
+
 
 def test_calls_wait_for_flush_and_keep_their_order() -> None:
     target = Recorder()

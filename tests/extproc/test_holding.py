@@ -52,9 +52,48 @@ def area_for(pool: Pool, **settings: object) -> HoldingArea:
     return HoldingArea("p", limit, pool.load(), MonotonicClock(), metrics=pool, poll_s=0.002)
 
 
-def request(rid: str, tenant: str = "t", priority: int = 0) -> InferenceRequest:
+def request(rid: str, tenant: str = "t", priority: int = 0,
+            headers: Mapping[str, str] | None = None) -> InferenceRequest:
     return InferenceRequest(request_id=rid, pool="p", model="m", target_model="m", prompt="x" * 400,
-                            fairness_id=tenant, priority=priority)
+                            fairness_id=tenant, priority=priority, headers=headers or {})
+
+
+async def dispatch_order(area: HoldingArea, pool: Pool) -> list[str]:
+    """Free room until every held request has gone; the order they went in."""
+    order = []
+    pool.inflight.clear()
+    while area._waiters:  # (held, or granted and not yet picked)
+        outcome_of = {rid: asyncio.ensure_future(area.outcome(rid)) for rid in list(area._waiters)}
+        done, _ = await asyncio.wait(outcome_of.values(), timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        [rid] = [r for r, f in outcome_of.items() if f in done]
+        order.append(rid)
+        area.grant_used(rid)
+        for f in outcome_of.values():
+            f.cancel()
+    return order
+
+
+async def test_slo_deadline_order_releases_the_soonest_due_first() -> None:
+    """``order: slo-deadline``: a request's ``x-slo-ttft-ms`` sets when its first token is due; the
+    soonest due goes first, those without one last (the same requests go in arrival order under
+    ``fcfs``, and a reconfiguration reorders the waiting ones)."""
+    held = [("none", {}), ("relaxed", {"x-slo-ttft-ms": "5000"}), ("bad", {"x-slo-ttft-ms": "soon"}),
+            ("urgent", {"x-slo-ttft-ms": "100"})]
+    for order, expected in (("slo-deadline", ["urgent", "relaxed", "none", "bad"]),
+                            ("fcfs", ["none", "relaxed", "bad", "urgent"])):
+        pool = Pool()
+        area = area_for(pool, order=order)
+        for rid, headers in held:
+            assert area.hold(area.waiting_item(request(rid, headers=headers), MonotonicClock().now()))
+        assert await dispatch_order(area, pool) == expected
+        await area.stop()
+    pool = Pool()
+    area = area_for(pool)
+    for rid, headers in held:
+        area.hold(area.waiting_item(request(rid, headers=headers), MonotonicClock().now()))
+    area.reconfigure(FlowControlSettings(max_inflight_per_endpoint=1, order="slo-deadline"), pool.load())
+    assert await dispatch_order(area, pool) == ["urgent", "relaxed", "none", "bad"]
+    await area.stop()
 
 
 async def test_held_requests_go_one_grant_at_a_time_as_room_appears() -> None:

@@ -34,8 +34,9 @@ class RecordingLimiter:
         self.charged.append((key, tokens))
 
 
-def decision(*, tenant: TenantKey | None = None, stream: bool = False) -> Decision:
-    request = InferenceRequest("r1", "llama", "m", "m-lora", stream=stream)
+def decision(*, tenant: TenantKey | None = None, stream: bool = False,
+             headers: Mapping[str, str] | None = None) -> Decision:
+    request = InferenceRequest("r1", "llama", "m", "m-lora", stream=stream, headers=headers or {})
     ranked = (Endpoint(PICK, "llama"), Endpoint(FALLBACK, "llama"))
     labels = RequestLabels("llama", "m", "m-lora")
     return Decision(request, SchedulingResult(ranked, "test"), b"{}", False, False, labels, tenant)
@@ -43,10 +44,11 @@ def decision(*, tenant: TenantKey | None = None, stream: bool = False) -> Decisi
 
 def picked(
     scheduler: RecordingScheduler, metrics: RecordingMetrics, *, queue: AfterReply | None = None,
-    tenant: TenantKey | None = None,
+    tenant: TenantKey | None = None, clock: StepClock | None = None, stream: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> PickedRequest:
-    return PickedRequest(decision(tenant=tenant), scheduler, metrics=metrics, clock=StepClock(),
-                         started=100.0, after_reply=queue)
+    return PickedRequest(decision(tenant=tenant, stream=stream, headers=headers), scheduler, metrics=metrics,
+                         clock=clock or StepClock(), started=100.0, after_reply=queue)
 
 
 def test_labels_name_the_pool_and_both_models() -> None:
@@ -163,3 +165,51 @@ def test_a_reported_cache_hit_is_checked_against_the_prediction_for_the_pick_onl
     elsewhere.served_by(FALLBACK)
     elsewhere.usage(Usage(prompt_tokens=600, completion_tokens=1, cached_tokens=0), None)
     assert len([e for e in metrics.events if e[0] == "prefix"]) == 1
+
+
+def slo_events(metrics: RecordingMetrics) -> list[object]:
+    return [value for kind, value in metrics.events if kind == "slo"]
+
+
+def test_latency_objectives_are_checked_at_a_good_end() -> None:
+    """A stream asking TTFT ≤ 300 ms and TPOT ≤ 20 ms: first token at 0.25 s (met), 11 tokens over
+    the next 0.5 s = 50 ms a token (missed); a failed request and one without objectives count none."""
+    clock, metrics = StepClock(), RecordingMetrics()
+    clock.t = 100.0
+    p = picked(RecordingScheduler(), metrics, clock=clock, stream=True,
+               headers={"x-slo-ttft-ms": "300", "x-slo-tpot-ms": "20"})
+    clock.t = 100.25
+    p.first_token()
+    p.usage(Usage(prompt_tokens=8, completion_tokens=11), None)
+    clock.t = 100.75
+    p.finish(ok=True)
+    assert slo_events(metrics) == [("ttft", True), ("tpot", False)]
+    failed = RecordingMetrics()
+    q = picked(RecordingScheduler(), failed, stream=True, headers={"x-slo-ttft-ms": "300"})
+    q.first_token()
+    q.finish(ok=False)
+    plain = RecordingMetrics()
+    r = picked(RecordingScheduler(), plain, stream=True)
+    r.first_token()
+    r.finish(ok=True)
+    assert slo_events(failed) == slo_events(plain) == []
+
+
+def test_tpot_is_judged_on_streams_alone_and_needs_two_tokens() -> None:
+    """A whole response's first byte is its last: its TTFT is checked, not its TPOT; a stream of one
+    token has no time per token."""
+    clock, metrics = StepClock(), RecordingMetrics()
+    clock.t = 100.0
+    whole = picked(RecordingScheduler(), metrics, clock=clock, headers={"x-slo-ttft-ms": "100",
+                                                                          "x-slo-tpot-ms": "5"})
+    clock.t = 100.2
+    whole.first_token()
+    whole.usage(Usage(prompt_tokens=8, completion_tokens=40), None)
+    whole.finish(ok=True)
+    assert slo_events(metrics) == [("ttft", False)]
+    single = RecordingMetrics()
+    one = picked(RecordingScheduler(), single, clock=clock, stream=True, headers={"x-slo-tpot-ms": "5"})
+    one.first_token()
+    one.usage(Usage(prompt_tokens=8, completion_tokens=1), None)
+    one.finish(ok=True)
+    assert slo_events(single) == []

@@ -30,6 +30,12 @@ def test_what_reads_the_response_keeps_it() -> None:
     assert (duplex.observe, duplex.skip_response, duplex.read_headers_later) == (True, False, False)
 
 
+def test_a_request_stating_latency_objectives_has_its_response_read() -> None:
+    """Its first token and usage say whether its ``x-slo-*-ms`` objectives were met."""
+    plan = plan_request(ONE_PASS, has_body=True, pool=make_pool(), config=LEAN, objectives=True)
+    assert (plan.observe, plan.skip_response) == (True, False)
+
+
 def test_a_bodyless_request_is_never_skipped_nor_read_later() -> None:
     plan = plan_request(ONE_PASS, has_body=False, pool=make_pool(), config=LEAN)
     assert (plan.skip_response, plan.read_headers_later) == (False, False)

@@ -3,13 +3,14 @@ bounded length (the lowest band's newest shed), deadlines, removal."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgate.policies.holding_queue import HoldingQueue, Waiting
+from kvgate.policies.holding_queue import HoldingQueue, QueueOrder, Waiting
 
 
 def waiting(rid: str, *, band: int = 0, tenant: str = "t", cost: float = 1.0,
@@ -146,3 +147,85 @@ def test_any_sequence_keeps_the_bounds_and_the_bands_order(
             assert all(w.deadline > n for w in live.values())
         assert len(queue) == len(live) <= max_length
         assert sum(queue.waiting().values()) == len(live)
+
+
+def test_slo_deadline_order_serves_a_tenants_most_urgent_request_first() -> None:
+    """One tenant: the request whose first token is due soonest goes first, those without an
+    objective last in arrival order; ``fcfs`` (the default) keeps arrival order."""
+    dues = {"none1": math.inf, "late": 9.0, "none2": math.inf, "soon": 2.0, "mid": 5.0}
+    cases: list[tuple[QueueOrder, list[str]]] = [
+        ("slo-deadline", ["soon", "mid", "late", "none1", "none2"]), ("fcfs", list(dues))]
+    for order, expected in cases:
+        queue = HoldingQueue(100, order=order)
+        for rid, due in dues.items():
+            queue.push(Waiting(rid, 0, "t", 1.0, 100.0, due))
+        first = queue.peek()
+        assert first is not None
+        assert first.request_id == expected[0]
+        assert [item.request_id for item in drain(queue)] == expected
+
+
+def test_slo_deadline_order_keeps_the_fairness_between_tenants() -> None:
+    """A's urgent requests take A's turns, not B's: the tenants alternate as under ``fcfs``."""
+    queue = HoldingQueue(100, order="slo-deadline")
+    for i in range(4):
+        queue.push(Waiting(f"a{i}", 0, "A", 1.0, 100.0, 50.0 - i))
+    for i in range(4):
+        queue.push(Waiting(f"b{i}", 0, "B", 1.0, 100.0))
+    out = [item.request_id for item in drain(queue)]
+    assert [rid[0] for rid in out] == list("abababab")
+    assert [rid for rid in out if rid[0] == "a"] == ["a3", "a2", "a1", "a0"]
+
+
+def test_slo_deadline_order_after_removals_and_expiries() -> None:
+    queue = HoldingQueue(100, order="slo-deadline")
+    queue.push(Waiting("x", 0, "t", 1.0, 10.0, 1.0))  # most urgent, but times out in the queue
+    queue.push(Waiting("y", 0, "t", 1.0, 100.0, 3.0))
+    queue.push(Waiting("z", 0, "t", 1.0, 100.0, 2.0))
+    queue.push(Waiting("w", 0, "t", 1.0, 100.0, 4.0))
+    first = queue.peek()
+    assert first is not None
+    assert first.request_id == "x"
+    assert [item.request_id for item in queue.expired(10.0)] == ["x"]
+    assert queue.remove("z") is not None
+    assert [item.request_id for item in drain(queue)] == ["y", "w"]
+
+
+def test_an_unknown_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown queue order"):
+        HoldingQueue(10, order="lifo")  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push", "pop", "remove", "expire"]), st.sampled_from("AB"),
+                          st.integers(0, 30), st.one_of(st.none(), st.integers(0, 30))), max_size=60))
+def test_slo_deadline_order_pops_each_tenants_most_urgent(
+    operations: list[tuple[str, str, int, int | None]],
+) -> None:
+    """Whatever happens, a popped request is the most urgent of its tenant's waiting ones (ties:
+    the oldest), and ``peek`` names it first."""
+    queue = HoldingQueue(1000, order="slo-deadline")
+    live: dict[str, Waiting] = {}
+    for step, (op, tenant, n, due) in enumerate(operations):
+        if op == "push":
+            item = Waiting(f"r{step}", 0, tenant, 1.0, float(n), math.inf if due is None else float(due))
+            queue.push(item)
+            live[item.request_id] = item
+        elif op == "pop":
+            peeked = queue.peek()
+            popped = queue.pop()
+            assert peeked == popped
+            assert (popped is None) == (not live)
+            if popped is not None:
+                mine = [w for w in live.values() if w.tenant == popped.tenant]
+                assert (popped.due, int(popped.request_id[1:])) == min(
+                    (w.due, int(w.request_id[1:])) for w in mine)
+                del live[popped.request_id]
+        elif op == "remove" and live:
+            rid = sorted(live)[n % len(live)]
+            assert queue.remove(rid) == live.pop(rid)
+        elif op == "expire":
+            for item in queue.expired(float(n)):
+                del live[item.request_id]
+        assert len(queue) == len(live)
+    assert sorted(w.request_id for w in drain(queue)) == sorted(live)

@@ -352,6 +352,21 @@ def test_flow_control_annotations_reach_the_pool_spec_and_bad_values_are_warned_
     assert annotated_spec("")[0].flow_control is None
 
 
+def test_the_queue_order_annotation() -> None:
+    """``kvgate.io/queue-order`` orders each tenant's held requests; it does not turn flow control
+    on by itself, and a value it does not know is warned about (the default kept)."""
+    spec, warnings = annotated_spec("kvgate.io/flow-control: 'true', kvgate.io/queue-order: slo-deadline, ")
+    assert warnings == []
+    assert spec.flow_control is not None
+    assert spec.flow_control.settings().order == "slo-deadline"
+    assert annotated_spec("kvgate.io/queue-order: slo-deadline, ")[0].flow_control is None
+    spec, warnings = annotated_spec("kvgate.io/flow-control: 'true', kvgate.io/queue-order: edf, ")
+    assert spec.flow_control is not None
+    assert spec.flow_control.settings().order == "fcfs"
+    assert len(warnings) == 1
+    assert "kvgate.io/queue-order" in warnings[0]
+
+
 SPOT = """
 ---
 apiVersion: inference.networking.k8s.io/v1

@@ -115,7 +115,11 @@ pools:
     [defaults] = parse_pools("pools: [{name: a, flowControl: {}}]").pools
     assert defaults.flow_control is not None
     assert defaults.flow_control.settings().queue_timeout_s == 30
-    for bad in ("{queueTimeoutSeconds: 0}", "{maxQueueLength: 0}", "{queueTimeout: 5}"):
+    assert defaults.flow_control.settings().order == "fcfs"
+    [ordered] = parse_pools("pools: [{name: a, flowControl: {order: slo-deadline}}]").pools
+    assert ordered.flow_control is not None
+    assert ordered.flow_control.settings().order == "slo-deadline"
+    for bad in ("{queueTimeoutSeconds: 0}", "{maxQueueLength: 0}", "{queueTimeout: 5}", "{order: lifo}"):
         with pytest.raises(ConfigError, match="flowControl"):
             parse_pools(f"pools: [{{name: a, flowControl: {bad}}}]")
 
