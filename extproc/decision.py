@@ -12,6 +12,7 @@ from kvgate.extproc import names
 from kvgate.extproc.anthropic_messages import Chat, anthropic_chat
 from kvgate.extproc.form_request import Form, form_boundary, parse_form_request, with_model
 from kvgate.extproc.inference_paths import route_of, stored_response_of
+from kvgate.extproc.model_names import check_model_name
 from kvgate.extproc.openai_request import OpenAIRequest, parse_request_body, upstream_body
 from kvgate.extproc.ports import OTHER_MODELS, Pool, RequestLabels, RequestMetrics, TenantKey, TenantLimiter
 from kvgate.extproc.responses_messages import StoredResponse, responses_messages, stored_response
@@ -63,7 +64,10 @@ class Prepared:
     body_rewritten: bool
     usage_injected: bool
     known: bool | None
+    """The client's model is one the pool knows (a metrics label may name it)."""
     tenant: TenantKey | None
+    target_known: bool | None = None
+    """The same of the model the replica serves."""
 
 
 def decide(
@@ -140,13 +144,12 @@ def prepare(
         raise BadRequestError(f"{REALTIME_PATH} opens a WebSocket session: send Upgrade: websocket")
     # (a CORS preflight carries no body: it is routed like a bodyless API call, for the server to answer)
     known: bool | None = None
+    target_known: bool | None = None
     if parsed is not None:
         model, prompt, stream = parsed.model, parsed.prompt, parsed.stream
         cache_salt, max_tokens = parsed.cache_salt, parsed.max_tokens
         known = pool.model_known(model)
-        if known is False:
-            raise ModelNotFoundError.of(model)
-        target_model = pool.rewrite_model(model, headers)
+        target_model, target_known = _target_model(pool, model, known, headers)
         if parsed.api is ApiKind.RESPONSES:
             stored = stored_response(parsed.document)
         added = {"request_id": stored.response_id} if stored.added and stored.response_id else None
@@ -188,7 +191,30 @@ def prepare(
         previous_response_id=stored.previous_response_id,
     )
     tenant = limiter.check(pool.name, headers) if limiter is not None else None
-    return Prepared(request, upstream, rewritten, injected, known, tenant)
+    return Prepared(request, upstream, rewritten, injected, known, tenant, target_known)
+
+
+def _target_model(pool: Pool, model: str, known: bool | None,
+                  headers: Mapping[str, str]) -> tuple[str, bool | None]:
+    """The model the replica serves, and whether the pool knows it: an InferenceModelRewrite rule's
+    for ``model``, else the request's ``x-gateway-model-name-rewrite``, else ``model`` itself (as
+    llm-d's picker orders them). The model served is checked: 404 for ``model`` when it is served
+    and the pool does not know it; an override is checked as a body's model is (400 for a name the
+    gateway refuses, 404 for one the pool does not serve), the client's own name then an alias; a
+    pool that does not take the header (``Pool.honors_model_rewrite_header``) answers it 400."""
+    override = headers.get(names.MODEL_REWRITE_HEADER)
+    if override is not None and not pool.honors_model_rewrite_header:
+        raise BadRequestError(f"the {names.MODEL_REWRITE_HEADER} header is not accepted for this model pool")
+    target = pool.rewrite_model(model, headers)
+    if override is None or target != model:
+        if known is False:
+            raise ModelNotFoundError.of(model)
+        return target, known
+    check_model_name(override)
+    target_known = pool.model_known(override)
+    if target_known is False:
+        raise ModelNotFoundError.of(override)
+    return override, target_known
 
 
 def schedule(
@@ -231,8 +257,8 @@ def schedule(
     if tenant is not None and limiter is not None:
         limiter.record_request(tenant)
     model, target_model = request.model, request.target_model
-    labels = RequestLabels(pool.name, model, target_model) if prepared.known else RequestLabels(
-        pool.name, OTHER_MODELS if model else "", OTHER_MODELS if target_model else "")
+    labels = RequestLabels(pool.name, model if prepared.known or not model else OTHER_MODELS,
+                           target_model if prepared.target_known or not target_model else OTHER_MODELS)
     metrics.request_picked(labels, request.body_size)
     return Decision(request, result, prepared.body, prepared.body_rewritten, prepared.usage_injected,
                     labels, tenant, prefill_by_picker=result.prefill is not None and pool.picker_runs_prefill)

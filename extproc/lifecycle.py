@@ -89,7 +89,6 @@ from kvgate.extproc.session_persistence import session_of
 from kvgate.extproc.upgrades import check_upgrade, upgrade_of
 from kvgate.policies.errors import KvgateError
 from kvgate.policies.flow_control import HoldOutcome
-from kvgate.policies.latency_objectives import states_objectives
 from kvgate.policies.types import ApiKind
 
 _log = logging.getLogger(__name__)
@@ -191,7 +190,7 @@ class RequestLifecycle:
             return self._on_upgrade(event, upgrade)
         plan = self._plan = plan_request(event.modes or self._config.default_modes,
                                          has_body=not event.end_of_stream, pool=pool, config=self._config,
-                                         objectives=states_objectives(event.headers))
+                                         headers=event.headers)
         if plan.read_headers_later:  # the reply goes first (module docstring): a shorter
             # request-headers call for Envoy (bench/results/extproc_phases.md)
             self._unread.hold(event)

@@ -17,6 +17,11 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 MODEL_NAME_HEADER = "x-gateway-model-name"
 """The body's ``model`` copied into a header so that HTTPRoute header matches can select by model."""
 
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+"""The Inference Extension picker's per-request model override (llm-d's EPP headers): the model the
+replica serves, unless an InferenceModelRewrite rule names one for the request's model. Read by the
+picker and not forwarded."""
+
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 REQUEST_ID_HEADER = "x-request-id"

@@ -84,6 +84,12 @@ class Pool(Protocol):
         ...
 
     @property
+    def honors_model_rewrite_header(self) -> bool:
+        """Whether a request may name the model it is served in ``x-gateway-model-name-rewrite``
+        (``kvgate.io/model-rewrite-header``; off: such a request is 400)."""
+        ...
+
+    @property
     def holding(self) -> HoldingPort | None:
         """The pool's holding area when it has flow control (None: requests are never held)."""
         ...

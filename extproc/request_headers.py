@@ -58,7 +58,8 @@ class ReadHeaders:
     headers: MappingProxyType[str, str]
     """Every header but the system-owned ones, by lower-case name (the last copy wins)."""
     strip: tuple[str, ...]
-    """System-owned headers a client sent (``names.is_system_owned``): each once, in arrival order."""
+    """System-owned headers a client sent (``names.is_system_owned``): each once, in arrival order;
+    and the picker's own input not to forward (``names.MODEL_REWRITE_HEADER``: kept in ``headers``)."""
     api: ApiKind
     pairs: Headers
     """The headers as they came (for their limits)."""
@@ -85,6 +86,8 @@ def read_request_headers(pairs: Headers) -> ReadHeaders:
             strip.append(key)
         else:
             headers[key] = value
+    if names.MODEL_REWRITE_HEADER in headers:
+        strip.append(names.MODEL_REWRITE_HEADER)
     api = api_kind(headers.get(":path", ""))
     return ReadHeaders(MappingProxyType(headers), tuple(dict.fromkeys(strip)), api, pairs)
 

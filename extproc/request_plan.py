@@ -14,7 +14,8 @@ The choices (kvgate's one-pass data path, ``LifecycleConfig``):
   sampled for usage (``observe_usage``);
 - **skip the response phases** (``skip_response``) when nothing reads the response: the one-pass
   mode (a BUFFERED request, the response body off), ``skip_unread_responses`` on, a pool without
-  model rewrites (a response's ``model`` would need renaming), no session persistence (a new session
+  model rewrites and no ``x-gateway-model-name-rewrite`` (a response's ``model`` would need
+  renaming), no session persistence (a new session
   is told in the response's headers) and the body not observed; a request
   without a body is never skipped (its reply to the headers is its decision);
 - **reported** when skipped and Envoy reports outcomes to the picker (``extproc.outcomes``);
@@ -26,9 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvgate.extproc.events import BodyMode, BodyModes
+from kvgate.extproc import names
+from kvgate.extproc.events import BodyMode, BodyModes, Headers
 from kvgate.extproc.lifecycle_config import LifecycleConfig
 from kvgate.extproc.ports import Pool
+from kvgate.policies.latency_objectives import TPOT_SLO_HEADER, TTFT_SLO_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +60,20 @@ class RequestPlan:
         return self.modes.response is BodyMode.NONE
 
 
+_READ_RESPONSE_HEADERS = frozenset({TTFT_SLO_HEADER, TPOT_SLO_HEADER, names.MODEL_REWRITE_HEADER})
+
+
 def plan_request(modes: BodyModes, *, has_body: bool, pool: Pool, config: LifecycleConfig,
-                 objectives: bool = False) -> RequestPlan:
-    """The plan of a request with these body ``modes`` for ``pool`` (asks the usage sampler once);
-    ``objectives``: the request states latency objectives."""
+                 headers: Headers = ()) -> RequestPlan:
+    """The plan of a request with these body ``modes`` and ``headers`` for ``pool`` (asks the usage
+    sampler once)."""
+    objectives = renamed = False
+    for name, _ in headers:  # (Envoy names headers in lower case)
+        if name in _READ_RESPONSE_HEADERS:
+            if name == names.MODEL_REWRITE_HEADER:
+                renamed = True
+            else:
+                objectives = True
     response_body_off = modes.response is BodyMode.NONE
     limiter = config.tenant_limiter
     observe = (
@@ -72,7 +85,8 @@ def plan_request(modes: BodyModes, *, has_body: bool, pool: Pool, config: Lifecy
     buffered = modes.request is BodyMode.BUFFERED
     skip = (
         has_body and not observe and config.skip_unread_responses and buffered and response_body_off
-        and not pool.rewrites_models and config.session is None  # (a new session is told in the response)
+        and not pool.rewrites_models and not renamed  # (the response's model is renamed back)
+        and config.session is None  # (a new session is told in the response)
     )
     return RequestPlan(
         modes, observe, skip, skip and config.outcome_reports, read_headers_later=has_body and buffered,

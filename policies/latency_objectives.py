@@ -14,12 +14,11 @@ and the picker counts each objective met or missed (``kvgate_request_slo_total``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 TTFT_SLO_HEADER = "x-slo-ttft-ms"
 TPOT_SLO_HEADER = "x-slo-tpot-ms"
-_HEADERS = frozenset({TTFT_SLO_HEADER, TPOT_SLO_HEADER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +41,6 @@ def latency_objectives(headers: Mapping[str, str]) -> LatencyObjectives:
     if ttft is None and tpot is None:
         return NO_OBJECTIVES
     return LatencyObjectives(_seconds(ttft), _seconds(tpot))
-
-
-def states_objectives(headers: Iterable[tuple[str, str]]) -> bool:
-    """Whether ``headers`` (lower-cased name and value pairs) carry an objective header (its value
-    not checked)."""
-    return any(name in _HEADERS for name, _ in headers)
 
 
 def _seconds(milliseconds: str | None) -> float | None:

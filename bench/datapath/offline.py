@@ -69,6 +69,7 @@ class StaticPool:
     picker_runs_prefill: bool = True
     model_server_tls: ssl.SSLContext | None = None
     names_inline_media: bool = False
+    honors_model_rewrite_header: bool = False
     holding: None = None
     fallback: None = None
 

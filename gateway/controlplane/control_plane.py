@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 
 PROFILE_ANNOTATION = "kvgate.io/profile"
 MEDIA_UUIDS_ANNOTATION = "kvgate.io/media-uuids"
+MODEL_REWRITE_HEADER_ANNOTATION = "kvgate.io/model-rewrite-header"
 """``"true"``: name a chat's inline media items with their digest as vLLM's ``uuid`` (the picker then
 knows the identifier the engines key those blocks with: docs/kv-events.md)."""
 ENGINE_ANNOTATION = "kvgate.io/engine"
@@ -207,6 +208,7 @@ def pool_spec(
             "flow_control": flow_control(pool.id, annotations, warnings),
             "spill_to": str(pool.spill_to) if pool.spill_to is not None else None,
             "media_uuids": _flag(pool, annotations, MEDIA_UUIDS_ANNOTATION, warnings),
+            "model_rewrite_header": _flag(pool, annotations, MODEL_REWRITE_HEADER_ANNOTATION, warnings),
             "model_server_tls": _model_server_tls(pool, annotations, warnings),
         }
     )

@@ -94,6 +94,10 @@ class PoolRuntime:
     def names_inline_media(self) -> bool:
         return self.spec.media_uuids
 
+    @property
+    def honors_model_rewrite_header(self) -> bool:
+        return self.spec.model_rewrite_header
+
     def model_known(self, model: str) -> bool | None:
         if model in self.declared:
             return True

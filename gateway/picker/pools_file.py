@@ -33,6 +33,7 @@ Before (and beside) the Gateway API control plane, ``kvgate picker --pools FILE`
           reservedPerEndpoint: 4      #   more, for tenants with nothing waiting (taken at once)
           order: fcfs                 #   a tenant's oldest first; slo-deadline: its x-slo-ttft-ms soonest due
         spillTo: llama-spot           # while full, requests go to this pool (before they wait)
+        modelRewriteHeader: false     # true: x-gateway-model-name-rewrite names the model served
     defaultPool: llama                # optional; the only pool when there is one
     redis: redis://127.0.0.1:6379/0   # optional; share picker state and limits across replicas
 """
@@ -260,6 +261,9 @@ class PoolSpec(BaseModel):
     model_server_tls: ModelServerTlsSpec | None = Field(default=None, alias="modelServerTls")
     """HTTPS to the pool's model servers (None: plain HTTP)."""
     media_uuids: bool = Field(default=False, alias="mediaUuids")
+    model_rewrite_header: bool = Field(default=False, alias="modelRewriteHeader")
+    """Requests may name the model they are served in ``x-gateway-model-name-rewrite`` (llm-d's
+    picker header; docs/operations.md says what it opens); off: such a request is 400."""
     """Name each inline media item of a chat (a ``data:`` URL, base64 audio or embeddings) that the
     client did not name with its digest, as vLLM's ``uuid`` (docs/kv-events.md: images)."""
 

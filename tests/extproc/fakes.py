@@ -108,6 +108,7 @@ class FakePool:
     picker_runs_prefill: bool = True
     model_server_tls: ssl.SSLContext | None = None
     names_inline_media: bool = False
+    honors_model_rewrite_header: bool = False
     roles: Mapping[str, Role] = field(default_factory=dict)
     holding: HoldingPort | None = None
     fallback: FakePool | None = None

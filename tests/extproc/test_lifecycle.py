@@ -13,6 +13,7 @@ from kvgate.extproc.after_reply import AfterReply
 from kvgate.extproc.events import StreamClosed
 from kvgate.extproc.lifecycle import TRANSITIONS, RequestLifecycle, State
 from kvgate.extproc.lifecycle_config import LifecycleConfig, RequestIds
+from kvgate.extproc.ports import RequestLabels
 from kvgate.policies.contracts import Keep, SchedulingResult
 from kvgate.policies.errors import RequestShedError
 from kvgate.policies.framework import SchedulingTrace
@@ -440,6 +441,50 @@ def test_response_model_renamed_back_to_the_client_name() -> None:
         machine, [response_headers(), response_body(payload[:20]), response_body(payload[20:], eos=True)]
     )
     assert streamed(out, "response_body") == b'{"id":"1","model":"alias","choices":[]}'
+
+
+def test_the_model_name_rewrite_header_names_the_model_served_and_is_not_forwarded() -> None:
+    """``x-gateway-model-name-rewrite`` (llm-d's picker): the replica serves the header's model, the
+    response names the client's, the header goes no further, the metrics name a known model only."""
+    pool = make_pool(served_models=frozenset({"m", "m-lora"}), honors_model_rewrite_header=True)
+    metrics = RecordingMetrics()
+    machine = make_machine(pool, metrics=metrics)
+    out = feed(machine, [request_headers(extra=[("x-gateway-model-name-rewrite", "m-lora")]),
+                         request_body(completion(model="auto"), eos=True)])
+    sent = pool.scheduler.seen[0][0]
+    assert (sent.model, sent.target_model) == ("auto", "m-lora")
+    assert "x-gateway-model-name-rewrite" in removed_headers(out[0])
+    assert json.loads(streamed(out))["model"] == "m-lora"
+    picked_labels = next(labels for kind, labels in metrics.events if kind == "picked")
+    assert isinstance(picked_labels, RequestLabels)
+    assert (picked_labels.model, picked_labels.target_model) == ("__other__", "m-lora")  # "auto": unknown
+    payload = b'{"id":"1","model":"m-lora","choices":[]}'
+    reply = feed(machine, [response_headers(), response_body(payload, eos=True)])
+    assert streamed(reply, "response_body") == b'{"id":"1","model":"auto","choices":[]}'
+
+
+@pytest.mark.parametrize(("override", "honored", "status", "code"), [
+    ("unknown-lora", True, 404, "model_not_found"), ("bad\nname", True, 400, "invalid_model_name"),
+    ("m", False, 400, "bad_request")])
+def test_a_model_name_rewrite_header_is_checked_as_a_model(override: str, honored: bool, status: int,
+                                                           code: str) -> None:
+    """... and refused where the pool does not take it (``kvgate.io/model-rewrite-header``)."""
+    pool = make_pool(served_models=frozenset({"m"}), honors_model_rewrite_header=honored)
+    machine = make_machine(pool)
+    out = feed(machine, [request_headers(extra=[("x-gateway-model-name-rewrite", override)]),
+                         request_body(completion(model="m"), eos=True)])
+    got_status, document, _ = _error_of(out[-1:])
+    assert (got_status, document["error"]["code"]) == (status, code)
+    assert pool.scheduler.calls == []
+
+
+def test_a_rewrite_rule_wins_over_the_model_name_rewrite_header() -> None:
+    """As in llm-d's director: an InferenceModelRewrite for the request's model decides."""
+    pool = make_pool(rewrites={"alias": "real-model"}, honors_model_rewrite_header=True)
+    machine = make_machine(pool)
+    feed(machine, [request_headers(extra=[("x-gateway-model-name-rewrite", "other")]),
+                   request_body(completion(model="alias"), eos=True)])
+    assert pool.scheduler.seen[0][0].target_model == "real-model"
 
 
 def test_objective_priority_and_fairness_reach_the_request() -> None:

@@ -32,8 +32,18 @@ def test_what_reads_the_response_keeps_it() -> None:
 
 def test_a_request_stating_latency_objectives_has_its_response_read() -> None:
     """Its first token and usage say whether its ``x-slo-*-ms`` objectives were met."""
-    plan = plan_request(ONE_PASS, has_body=True, pool=make_pool(), config=LEAN, objectives=True)
-    assert (plan.observe, plan.skip_response) == (True, False)
+    for headers in ((("x-slo-ttft-ms", "200"),), (("accept", "*/*"), ("x-slo-tpot-ms", "bad"))):
+        plan = plan_request(ONE_PASS, has_body=True, pool=make_pool(), config=LEAN, headers=headers)
+        assert (plan.observe, plan.skip_response) == (True, False)
+    plain = plan_request(ONE_PASS, has_body=True, pool=make_pool(), config=LEAN, headers=(("x-slo", "1"),))
+    assert (plain.observe, plain.skip_response) == (False, True)
+
+
+def test_a_request_renaming_its_model_keeps_its_response() -> None:
+    """``x-gateway-model-name-rewrite``: the response's ``model`` is renamed back to the client's."""
+    plan = plan_request(ONE_PASS, has_body=True, pool=make_pool(), config=LEAN,
+                        headers=(("x-gateway-model-name-rewrite", "m-lora"),))
+    assert (plan.observe, plan.skip_response) == (False, False)
 
 
 def test_a_bodyless_request_is_never_skipped_nor_read_later() -> None:

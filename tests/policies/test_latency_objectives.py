@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.policies.latency_objectives import LatencyObjectives, latency_objectives, states_objectives
+from kvgate.policies.latency_objectives import LatencyObjectives, latency_objectives
 
 
 @pytest.mark.parametrize(("headers", "expected"), [
@@ -24,8 +24,3 @@ def test_objectives_from_headers(headers: dict[str, str], expected: LatencyObjec
     found = latency_objectives(headers)
     assert found == expected
     assert bool(found) == (expected.ttft_s is not None or expected.tpot_s is not None)
-
-
-def test_states_objectives_looks_for_the_names_alone() -> None:
-    assert states_objectives((("content-type", "application/json"), ("x-slo-ttft-ms", "bad")))
-    assert not states_objectives((("content-type", "application/json"), ("x-slo", "1")))

@@ -267,17 +267,19 @@ def test_pod_roles_and_the_pd_execution_annotation_reach_the_pool_spec() -> None
     assert any("pd-execution" in w for w in warnings)
 
 
-def test_the_media_uuids_annotation_reaches_the_pool_spec() -> None:
+@pytest.mark.parametrize(("annotation", "field"), [
+    ("kvgate.io/media-uuids", "media_uuids"), ("kvgate.io/model-rewrite-header", "model_rewrite_header")])
+def test_the_switch_annotations_reach_the_pool_spec(annotation: str, field: str) -> None:
     pool = POOL.format(profile="default", engine="vllm")
     cases = (("'true'", True, False), ("'false'", False, False), ("'yes'", False, True), (None, False, False))
     for value, expected, warned in cases:
         text = pool if value is None else pool.replace(
-            "kvgate.io/engine: vllm}", f"kvgate.io/engine: vllm, kvgate.io/media-uuids: {value}}}")
+            "kvgate.io/engine: vllm}", f"kvgate.io/engine: vllm, {annotation}: {value}}}")
         resources = parse_manifests([("x.yaml", text + "---" + REST)])
         config = validate(resources, ValidationOptions(require_picker_service=False))
         [spec], warnings = pool_specs(resources, config, SETTINGS)
-        assert spec.media_uuids is expected, value
-        assert any("media-uuids" in w for w in warnings) is warned
+        assert getattr(spec, field) is expected, value
+        assert any(annotation in w for w in warnings) is warned
 
 
 def test_the_bundled_disaggregated_example_is_valid_and_kvgate_up_picks_it() -> None:

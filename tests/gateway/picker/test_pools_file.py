@@ -132,9 +132,11 @@ def test_spill_to_names_another_pool() -> None:
             parse_pools(f"pools: {bad}")
 
 
-def test_media_uuids_is_a_pools_switch_off_by_default() -> None:
-    on, off = parse_pools("pools: [{name: a, mediaUuids: true}, {name: b}]").pools
-    assert on.media_uuids is True
-    assert off.media_uuids is False
-    with pytest.raises(ConfigError, match="mediaUuids"):
-        parse_pools("pools: [{name: a, mediaUuids: sometimes}]")
+@pytest.mark.parametrize(("key", "field"), [("mediaUuids", "media_uuids"),
+                                            ("modelRewriteHeader", "model_rewrite_header")])
+def test_switches_off_by_default(key: str, field: str) -> None:
+    on, off = parse_pools(f"pools: [{{name: a, {key}: true}}, {{name: b}}]").pools
+    assert getattr(on, field) is True
+    assert getattr(off, field) is False
+    with pytest.raises(ConfigError, match=key):
+        parse_pools(f"pools: [{{name: a, {key}: sometimes}}]")
