@@ -5,7 +5,9 @@ became of each pick.
 (outlier ejection) → filters → admission → weighted scorers → picker. Admission: when every
 remaining candidate is saturated, a sheddable request (priority < 0) gets ``RequestShedError``
 (429, ``retry-after``); other requests are never shed and go to the best-scored (least-loaded)
-endpoint.
+endpoint. A sheddable request stating a TTFT objective (``x-slo-ttft-ms``) is shed too when the
+profile's cost model (the estimated-TTFT scorer) expects no candidate to meet it and none is idle
+(llm-d's ``latency-slo-admitter``; without estimates it is admitted).
 
 Hot path (docs/architecture.md, principle 7): what depends only on the snapshot's views is computed once
 per snapshot tuple (``policies.memo``: filter results, load scores, the cost model's per-endpoint
@@ -33,6 +35,7 @@ from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
 from kvgate.policies.feedback import EndpointGate, FeedbackEnv, FeedbackPlugin, overridden
 from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace, ScoredEndpoints
 from kvgate.policies.hashing import PromptHasher
+from kvgate.policies.latency_objectives import TTFT_SLO_HEADER, latency_objectives
 from kvgate.policies.memo import TupleMemo
 from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.plugins.filters import SubsetHintFilter
@@ -122,6 +125,8 @@ class ProfileScheduler:
             self._admit(endpoints, now)
         addresses = self._addresses.get(endpoints, Addresses)
         totals = total_scores(ctx, endpoints, addresses, self._scorers, timer, self._clock, trace)
+        if request.sheddable and ctx.ttft_estimates:
+            self._admit_objective(ctx, endpoints)
         scored = ScoredEndpoints(endpoints, totals)
         picker = self.profile.picker
         if timer is None:
@@ -201,6 +206,24 @@ class ProfileScheduler:
                 "every eligible endpoint is saturated; sheddable request rejected",
                 retry_after=admission.retry_after_s,
             )
+
+    def _admit_objective(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> None:
+        """Shed a sheddable request whose TTFT objective no candidate is expected to meet, unless
+        one is idle (nothing running or waiting: the estimate is then the prompt's prefill alone,
+        and the request would be its only work)."""
+        objective = latency_objectives(ctx.request.headers).ttft_s
+        estimates = ctx.ttft_estimates
+        if objective is None or not estimates:
+            return
+        if min(estimates.values()) <= objective:
+            return
+        if any(m is None or (m.running == 0 and m.waiting == 0) for m in (e.metrics for e in endpoints)):
+            return
+        raise RequestShedError(
+            f"no endpoint is expected to meet the request's {TTFT_SLO_HEADER} "
+            f"({objective * 1000:g} ms); sheddable request rejected",
+            retry_after=self.profile.admission.retry_after_s,
+        )
 
     def _session_id(self, request: InferenceRequest) -> str | None:
         return request.session_id or request.headers.get(self.profile.session_header) or None

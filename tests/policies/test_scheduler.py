@@ -79,6 +79,28 @@ def test_sheddable_request_is_shed_when_all_saturated_and_critical_is_served() -
         scheduler("gie-default").schedule(request(priority=-5), eps, NOW)
 
 
+def test_a_sheddable_request_is_shed_when_no_endpoint_is_expected_to_meet_its_ttft_objective() -> None:
+    """llm-d's latency-slo-admitter, on kvgate's cost model: busy endpoints (work queued and running,
+    nothing saturated) expected at hundreds of ms; a sheddable request asking 5 ms is 429, one asking
+    60 s is served, a critical one is never shed, and an idle endpoint admits it (its estimate is
+    the prompt alone)."""
+    busy = [view(1, waiting=3, running=20), view(2, waiting=2, running=30)]
+    prompt = text(7, 4000)
+    s = scheduler()
+    tight = {"x-slo-ttft-ms": "5"}
+    with pytest.raises(RequestShedError) as shed:
+        s.schedule(request(prompt=prompt, priority=-1, headers=tight), busy, NOW)
+    assert shed.value.status == 429
+    assert "x-slo-ttft-ms" in str(shed.value)
+    assert shed.value.headers["retry-after"] == "1"
+    s.schedule(request(prompt=prompt, priority=-1, headers={"x-slo-ttft-ms": "60000"}), busy, NOW)
+    s.schedule(request(prompt=prompt, priority=0, headers=tight), busy, NOW)
+    s.schedule(request(prompt=prompt, priority=-1, headers={"x-slo-ttft-ms": "bad"}), busy, NOW)
+    s.schedule(request(prompt=prompt, priority=-1, headers=tight), [*busy, view(3)], NOW)
+    # a profile without the cost model has no estimates: admitted
+    scheduler("gie-default").schedule(request(prompt=prompt, priority=-1, headers=tight), busy, NOW)
+
+
 def test_saturated_replicas_get_nothing_while_others_have_room() -> None:
     s = scheduler()
     eps = [view(1, waiting=20), view(2, kv=0.97), view(3), view(4)]
