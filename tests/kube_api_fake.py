@@ -57,6 +57,7 @@ KINDS = (
     Kind("gateway.networking.k8s.io/v1", "GatewayClass", "gatewayclasses", namespaced=False),
     Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    Kind("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     Kind("gateway.networking.k8s.io/v1beta1", "ReferenceGrant", "referencegrants"),
     Kind("gateway.networking.k8s.io/v1", "BackendTLSPolicy", "backendtlspolicies"),
     Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),

@@ -3,7 +3,7 @@ beside the file provider and with the same interface (``first``, ``updates``, ``
 
 It follows, with one informer each (``informer.follow``: list, then watch from the list's
 resourceVersion, resume on a dropped watch, list again on 410 Gone, back off on errors), Gateways,
-HTTPRoutes and ReferenceGrants (Gateway API), InferencePools, InferenceObjectives and
+HTTPRoutes, GRPCRoutes and ReferenceGrants (Gateway API), InferencePools, InferenceObjectives and
 InferenceModelRewrites (the Inference Extension), Services (plain ``backendRefs``, pickers) and
 Pods (the pools' endpoints; a Pod that is not Ready or is being deleted is no endpoint: the resource
 model's rule), in one namespace or (without ``namespace``) all of them, Namespaces too then. After a
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 KINDS = (
     KindSpec("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     KindSpec("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    KindSpec("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     KindSpec("gateway.networking.k8s.io/v1beta1", "ReferenceGrant", "referencegrants"),
     KindSpec("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     KindSpec("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "inferenceobjectives"),

@@ -41,6 +41,7 @@ GATEWAY_GROUP = "gateway.networking.k8s.io"
 WRITTEN_KINDS: Mapping[str, KindSpec] = {
     "Gateway": KindSpec("gateway.networking.k8s.io/v1", "Gateway", "gateways"),
     "HTTPRoute": KindSpec("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    "GRPCRoute": KindSpec("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes"),
     "InferencePool": KindSpec("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     "BackendTLSPolicy": KindSpec("gateway.networking.k8s.io/v1", "BackendTLSPolicy", "backendtlspolicies"),
     "GatewayClass": KindSpec(
@@ -49,8 +50,12 @@ WRITTEN_KINDS: Mapping[str, KindSpec] = {
 }
 
 
+ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+"""The route kinds kvgate's listeners take (each listener's ``supportedKinds``)."""
+
 SUPPORTED_FEATURES = frozenset({
     "Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080", "HTTPRoute", "ReferenceGrant",
+    "GRPCRoute", "GRPCRouteNamedRouteRule", "GRPCRouteRequestHeaderModifier",
     "HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket",
     "HTTPRouteBackendRequestHeaderModification", "HTTPRouteBackendTimeout", "HTTPRouteCORS",
     "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
@@ -103,7 +108,7 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
     out: dict[ResourceRef, JsonDict] = {}
     attached: dict[ResourceRef, int] = {}
     for entry in report.entries:
-        if entry.resource.kind == "HTTPRoute" and entry.parent is not None:
+        if entry.resource.kind in ROUTE_KINDS and entry.parent is not None:
             accepted = entry.get("Accepted")
             if accepted is not None and accepted.is_true:
                 attached[entry.parent] = attached.get(entry.parent, 0) + 1
@@ -117,11 +122,11 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
             else:
                 status["listeners"].append({
                     "name": entry.section,
-                    "supportedKinds": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute"}],
+                    "supportedKinds": [{"group": GATEWAY_GROUP, "kind": kind} for kind in ROUTE_KINDS],
                     "attachedRoutes": attached.get(ref, 0),
                     "conditions": _conditions(entry),
                 })
-        elif ref.kind == "HTTPRoute" and entry.parent is not None:
+        elif ref.kind in ROUTE_KINDS and entry.parent is not None:
             out.setdefault(ref, {"parents": []})["parents"].append({
                 "parentRef": _parent_ref(entry.parent), "controllerName": CONTROLLER_NAME,
                 "conditions": _conditions(entry),
@@ -205,7 +210,7 @@ class StatusWriter:
                 previous = current.get("status") or {}
                 merged = dict(status)
                 for field in ("parents", "ancestors"):  # keep other controllers' entries
-                    if field in status and ref.kind in ("HTTPRoute", "BackendTLSPolicy"):
+                    if field in status and ref.kind in (*ROUTE_KINDS, "BackendTLSPolicy"):
                         others = [p for p in previous.get(field, [])
                                   if p.get("controllerName") != CONTROLLER_NAME]
                         merged[field] = [*others, *status[field]]

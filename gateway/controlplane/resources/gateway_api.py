@@ -438,7 +438,9 @@ class HTTPRouteSpec(SpecModel):
 
 
 class HTTPRoute(Resource):
-    kind: Literal["HTTPRoute"]
+    kind: Literal["HTTPRoute", "GRPCRoute"]
+    """``GRPCRoute``: a GRPCRoute as the HTTPRoute kvgate serves it by (``resources.grpc_route``; a
+    manifest of that kind loads as a GRPCRoute)."""
     spec: HTTPRouteSpec
 
 

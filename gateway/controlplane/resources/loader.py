@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from kvgate.gateway.controlplane.resources.backend_tls_policy import BackendTLSPolicy
 from kvgate.gateway.controlplane.resources.core import ConfigMap, Namespace, Pod, Secret, Service
 from kvgate.gateway.controlplane.resources.gateway_api import Gateway, HTTPRoute, ReferenceGrant
+from kvgate.gateway.controlplane.resources.grpc_route import GRPCRoute
 from kvgate.gateway.controlplane.resources.inference import (
     InferenceModelRewrite,
     InferenceObjective,
@@ -44,6 +45,7 @@ _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
         ("gateway.networking.k8s.io/v1beta1", "Gateway"): Gateway,
         ("gateway.networking.k8s.io/v1", "HTTPRoute"): HTTPRoute,
         ("gateway.networking.k8s.io/v1beta1", "HTTPRoute"): HTTPRoute,
+        ("gateway.networking.k8s.io/v1", "GRPCRoute"): GRPCRoute,
         ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant"): ReferenceGrant,
         ("gateway.networking.k8s.io/v1", "ReferenceGrant"): ReferenceGrant,
         ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"): BackendTLSPolicy,
@@ -100,6 +102,7 @@ class ResourceSet:
 
     gateways: tuple[Gateway, ...] = ()
     http_routes: tuple[HTTPRoute, ...] = ()
+    grpc_routes: tuple[GRPCRoute, ...] = ()
     inference_pools: tuple[InferencePool, ...] = ()
     objectives: tuple[InferenceObjective, ...] = ()
     rewrites: tuple[InferenceModelRewrite, ...] = ()
@@ -204,6 +207,7 @@ def parse_manifests(files: Iterable[tuple[str, str]]) -> ResourceSet:
     return ResourceSet(
         gateways=_typed(grouped, Gateway),
         http_routes=_typed(grouped, HTTPRoute),
+        grpc_routes=_typed(grouped, GRPCRoute),
         inference_pools=_typed(grouped, InferencePool),
         objectives=_typed(grouped, InferenceObjective),
         rewrites=_typed(grouped, InferenceModelRewrite),

@@ -209,6 +209,13 @@ class ResolvedRoute:
     attachments: tuple[RouteAttachment, ...]
     rules: tuple[ResolvedRule, ...]
     creation_timestamp: str | None = None
+    kind: str = "HTTPRoute"
+    """``HTTPRoute``, or ``GRPCRoute`` (served as the HTTPRoute it amounts to)."""
+
+    @property
+    def name(self) -> str:
+        """Unique among the routes of any kind (an HTTPRoute's is its key, as before GRPCRoutes)."""
+        return str(self.key) if self.kind == "HTTPRoute" else f"{self.kind}:{self.key}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,6 @@
-"""HTTPRoute validation: parent attachment (Accepted) and backend references (ResolvedRefs).
+"""HTTPRoute validation: parent attachment (Accepted) and backend references (ResolvedRefs); a
+GRPCRoute's too, as the HTTPRoute it amounts to (``resources.grpc_route``), told apart by its kind
+where the two differ.
 
 Per the Gateway API, a route gets one status per parentRef. ``Accepted`` says whether that parent
 took the route; ``ResolvedRefs`` whether every backendRef resolved. An unresolved backend does not
@@ -32,6 +34,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import (
     Listener,
     ParentReference,
 )
+from kvgate.gateway.controlplane.resources.grpc_route import GRPC_FILTERS, GRPC_ROUTE
 from kvgate.gateway.controlplane.resources.hostnames import intersect
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
@@ -80,7 +83,7 @@ def _permitted(resources: ResourceSet, route: HTTPRoute, group: str, kind: str, 
         if grant.metadata.namespace != target.namespace:
             continue
         from_ok = any(
-            f.group == GATEWAY_GROUP and f.kind == "HTTPRoute" and f.namespace == route.metadata.namespace
+            f.group == GATEWAY_GROUP and f.kind == route.kind and f.namespace == route.metadata.namespace
             for f in grant.spec.from_
         )
         to_ok = any(
@@ -100,6 +103,10 @@ def _backend(
     def invalid(reason: Reason, message: str) -> tuple[ResolvedBackend, Reason | None]:
         return ResolvedBackend(BackendKind.INVALID, key, ref.weight, False, message, ref.port), reason
 
+    grpc = route.kind == GRPC_ROUTE
+    if (ref.group, ref.kind) == (INFERENCE_GROUP, "InferencePool") and grpc:
+        return invalid(Reason.INVALID_KIND, f"InferencePool {key}: a GRPCRoute's backends are Services "
+                       "(InferencePools are routed from HTTPRoutes)")
     if (ref.group, ref.kind) == (INFERENCE_GROUP, "InferencePool"):
         if not _permitted(resources, route, ref.group, ref.kind, key):
             return invalid(Reason.REF_NOT_PERMITTED, f"InferencePool {key}: no ReferenceGrant allows it")
@@ -128,6 +135,9 @@ def _backend(
         service_port = service.port(ref.port)
         app_protocol = service_port.app_protocol if service_port is not None else None
         protocol = APP_PROTOCOLS.get((app_protocol or "http").lower())
+        if grpc:  # gRPC is HTTP/2: any port that speaks HTTP is spoken to in HTTP/2 (h2c, or h2 over TLS)
+            speaks_http = protocol in (BackendProtocol.HTTP1, BackendProtocol.H2C)
+            protocol = BackendProtocol.H2C if speaks_http else None
         if protocol is None:
             known = ", ".join(APP_PROTOCOLS)
             return invalid(Reason.UNSUPPORTED_PROTOCOL, f"Service {key} port {ref.port}: appProtocol "
@@ -154,14 +164,17 @@ def _backend(
 
 def _rule_problem(route: HTTPRoute) -> str | None:
     """A reason the route cannot be accepted at all (unsupported filter or invalid regex)."""
+    grpc = route.kind == GRPC_ROUTE
+    supported = GRPC_FILTERS if grpc else SUPPORTED_FILTERS
+    on_backends = GRPC_FILTERS & SUPPORTED_BACKEND_FILTERS if grpc else SUPPORTED_BACKEND_FILTERS
     for index, rule in enumerate(route.spec.rules):
         for flt in rule.filters:
-            if flt.type not in SUPPORTED_FILTERS:
-                return f"rule {index}: filter {flt.type} is not supported (only {sorted(SUPPORTED_FILTERS)})"
+            if flt.type not in supported:
+                return f"rule {index}: filter {flt.type} is not supported (only {sorted(supported)})"
         for flt in (f for ref in rule.backend_refs for f in ref.filters):
-            if flt.type not in SUPPORTED_BACKEND_FILTERS:
+            if flt.type not in on_backends:
                 return (f"rule {index}: filter {flt.type} is not supported on a backendRef (only "
-                        f"{sorted(SUPPORTED_BACKEND_FILTERS)})")
+                        f"{sorted(on_backends)})")
         for match in rule.matches:
             patterns = [match.path.value] if match.path.type == "RegularExpression" else []
             patterns += [h.value for h in match.headers if h.type == "RegularExpression"]
@@ -202,9 +215,9 @@ def _namespace_allowed(resources: ResourceSet, listener: Listener, gateway_ns: s
     return isinstance(wanted, Mapping) and all(labels.get(k) == v for k, v in wanted.items())
 
 
-def _kind_allowed(listener: Listener) -> bool:
+def _kind_allowed(listener: Listener, kind: str) -> bool:
     kinds = listener.allowed_routes.kinds
-    return not kinds or any(k.kind == "HTTPRoute" and k.group == GATEWAY_GROUP for k in kinds)
+    return not kinds or any(k.kind == kind and k.group == GATEWAY_GROUP for k in kinds)
 
 
 def _attach(
@@ -232,11 +245,12 @@ def _attach(
     allowed = [
         listener
         for listener in candidates
-        if _kind_allowed(specs[listener.name])
+        if _kind_allowed(specs[listener.name], route.kind)
         and _namespace_allowed(resources, specs[listener.name], key.namespace, route.metadata.namespace)
     ]
     if not allowed:
-        message = f"no listener of Gateway {key} allows HTTPRoutes from namespace {route.metadata.namespace}"
+        namespace = route.metadata.namespace
+        message = f"no listener of Gateway {key} allows {route.kind}s from namespace {namespace}"
         return [], Reason.NOT_ALLOWED_BY_LISTENERS, message
     attachments = []
     for listener in allowed:
@@ -341,7 +355,8 @@ def validate_route(
         statuses.append(ResourceStatus(route.ref, (accepted, resolved_refs), parent=parent_ref))
         parents.append((parent_ref, accepted.is_true))
     resolved = (
-        ResolvedRoute(route.key, tuple(attachments), tuple(rules), route.metadata.creation_timestamp)
+        ResolvedRoute(route.key, tuple(attachments), tuple(rules), route.metadata.creation_timestamp,
+                      kind=route.kind)
         if attachments
         else None
     )

@@ -45,9 +45,12 @@ from kvgate.gateway.controlplane.resources.resolved import (
     ValidatedConfig,
     WeightedModel,
 )
+from kvgate.gateway.controlplane.resources.route_conflicts import settle_kind_conflicts
 from kvgate.gateway.controlplane.resources.routes import RouteResult, validate_route
 
 SUPPORTED_PROTOCOLS = frozenset({"HTTP", "HTTPS"})
+ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+"""The route kinds a listener takes (its ``supportedKinds``, of those its ``allowedRoutes`` names)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +109,10 @@ def _validate_gateway(
         elif isinstance(certificate, CertificateProblem) and (gateway.key, listener.name) not in last_good:
             ok, reason, message = False, certificate.reason, certificate.message
         elif listener.allowed_routes.kinds and not any(
-            kind.kind == "HTTPRoute" for kind in listener.allowed_routes.kinds
+            kind.kind in ROUTE_KINDS for kind in listener.allowed_routes.kinds
         ):
-            ok, reason, message = False, Reason.INVALID_ROUTE_KINDS, "allowedRoutes.kinds has no HTTPRoute"
+            ok, reason, message = (False, Reason.INVALID_ROUTE_KINDS,
+                                   "allowedRoutes.kinds has neither HTTPRoute nor GRPCRoute")
         elif (listener.port, host) in seen:
             other = seen[(listener.port, host)]
             message = f"port {listener.port} and hostname {host or '*'} already used by listener {other}"
@@ -341,8 +345,9 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None,
             return None
         return found.pool if found.pool is not None else f"InferencePool {key}: {found.resolved_refs.message}"
 
-    route_results = [validate_route(resources, route, gateways, lookup, backend_tls)
-                     for route in resources.http_routes]
+    route_results = settle_kind_conflicts([
+        validate_route(resources, route, gateways, lookup, backend_tls)
+        for route in (*resources.http_routes, *(grpc.as_http_route() for grpc in resources.grpc_routes))])
     for result in route_results:
         statuses.extend(result.statuses)
     pickers = {key: ObjectKey(key.namespace, res.pool.picker.service)
@@ -383,7 +388,7 @@ def validate(resources: ResourceSet, options: ValidationOptions | None = None,
                                       {pool.key: pool for pool in resources.inference_pools})
     return ValidatedConfig(
         gateways=tuple(sorted((gw for gw, _ in gateways.values()), key=lambda gw: gw.key)),
-        routes=tuple(sorted(routes, key=lambda route: route.key)),
+        routes=tuple(sorted(routes, key=lambda route: (route.key, route.kind))),
         pools=tuple(sorted(pools, key=lambda pool: pool.key)),
         objectives=tuple(sorted(objectives, key=lambda objective: objective.key)),
         rewrites=tables,

@@ -141,9 +141,12 @@ def with_pool_protocol(pool: ResolvedPool, cluster: JsonDict) -> JsonDict:
 
 def service_cluster(backend: ResolvedBackend, name: str | None = None, *, http2: bool = False) -> JsonDict:
     """A Service backend's cluster: HTTP/2 for ``http2`` or an ``appProtocol: kubernetes.io/h2c``
-    port, else HTTP/1.1; TLS where a BackendTLSPolicy governs it."""
-    cluster = static_cluster(name or service_cluster_name(backend.key, backend.port), backend.addresses)
+    port (or a GRPCRoute's backend), else HTTP/1.1; TLS where a BackendTLSPolicy governs it. An
+    HTTP/2 cluster's name says so: one port may be an HTTPRoute's backend in HTTP/1.1 and a
+    GRPCRoute's in HTTP/2."""
     http2 = http2 or backend.protocol is BackendProtocol.H2C
+    default_name = service_cluster_name(backend.key, backend.port) + ("_h2" if http2 else "")
+    cluster = static_cluster(name or default_name, backend.addresses)
     if http2:
         cluster["typed_extension_protocol_options"] = copy.deepcopy(HTTP2_OPTIONS)
     if backend.tls is not None:
@@ -262,6 +265,7 @@ def _target(
     clusters: ClusterSet,
     warnings: list[str],
     owner: str,
+    grpc: bool = False,
 ) -> Target:
     headers = _backend_filters(backend.filters, warnings, f"{owner} backend {backend.key}")
     if backend.valid and backend.kind is BackendKind.INFERENCE_POOL and backend.pool is not None:
@@ -282,6 +286,9 @@ def _target(
         name = clusters.add(service_cluster(backend))
         return Target(backend.weight, name, name, EXT_PROC_DISABLED, EXT_PROC_DISABLED, headers)
     clusters.add(static_cluster(INVALID_BACKEND_CLUSTER))
+    if grpc:  # Envoy's 503 "no healthy upstream" is a gRPC call's UNAVAILABLE, as GRPCRoute asks
+        return Target(backend.weight, INVALID_BACKEND_CLUSTER, INVALID_BACKEND_CLUSTER, EXT_PROC_DISABLED,
+                      EXT_PROC_DISABLED, {})
     tag = {
         "header": {"key": INVALID_BACKEND_HEADER, "value": "1"},
         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
@@ -297,13 +304,15 @@ def _target(
 
 
 def rule_targets(
-    rule: ResolvedRule, settings: TranslationSettings, clusters: ClusterSet, warnings: list[str], owner: str
+    rule: ResolvedRule, settings: TranslationSettings, clusters: ClusterSet, warnings: list[str], owner: str,
+    *, grpc: bool = False,
 ) -> tuple[Target, ...]:
     """The weighted targets of a rule that does not answer 500 (backends of weight 0 are left out);
     a rule with ``timeouts.backendRequest`` or ``sessionPersistence`` tells its pools' picker
-    (``with_initial_metadata``)."""
+    (``with_initial_metadata``). ``grpc``: a GRPCRoute's rule, whose invalid backends' share is
+    UNAVAILABLE (Envoy's 503), not 500."""
     targets = tuple(
-        _target(backend, settings, clusters, warnings, owner)
+        _target(backend, settings, clusters, warnings, owner, grpc)
         for backend in rule.backends
         if backend.weight > 0
     )

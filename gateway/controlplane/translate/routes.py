@@ -20,6 +20,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import HTTPRouteMatch, HT
 from kvgate.gateway.controlplane.resources.resolved import BackendProtocol
 from kvgate.gateway.controlplane.translate.backends import (
     EXT_PROC_DISABLED,
+    PER_ROUTE_TYPE,
     ClusterSet,
     Target,
     cluster_action,
@@ -35,6 +36,7 @@ from kvgate.gateway.controlplane.translate.matches import (
     redirect_action,
 )
 from kvgate.gateway.controlplane.translate.mirrors import mirror_policies
+from kvgate.gateway.controlplane.translate.names import BBR_FILTER
 from kvgate.gateway.controlplane.translate.retries import with_rule_retry
 from kvgate.gateway.controlplane.translate.settings import TranslationSettings
 
@@ -158,6 +160,20 @@ def _envoy_routes(
     return tuple(routes)
 
 
+_OFF: JsonDict = {"@type": PER_ROUTE_TYPE, "disabled": True}
+
+_GRPC_UNAVAILABLE: JsonDict = {
+    "direct_response": {"status": 200},
+    "response_headers_to_add": [
+        {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+        for key, value in (("content-type", "application/grpc"), ("grpc-status", "14"),
+                           ("grpc-message", "no valid backend for this route rule"))
+    ],
+}
+"""A GRPCRoute rule without a valid backend: every call UNAVAILABLE (a trailers-only gRPC reply),
+as the Gateway API asks, where an HTTPRoute's answers 500."""
+
+
 def _websocket(backend: ResolvedBackend) -> bool:
     """Whether the backend's routes let WebSocket upgrades through: a Service port that speaks it
     (``appProtocol``), or a pool of kvgate's own picker, which admits realtime sessions alone
@@ -177,11 +193,12 @@ def route_groups(
     """Every match of every rule of ``route`` as a :class:`RouteGroup` (without hostname precedence)."""
     groups: list[RouteGroup] = []
     age = route.creation_timestamp or "~"  # no timestamp: after every dated route
+    grpc = route.kind == "GRPCRoute"
     for rule in route.rules:
-        owner = f"HTTPRoute {route.key} rule {rule.index}"
+        owner = f"{route.kind} {route.key} rule {rule.index}"
         targets: tuple[Target, ...] = ()
         if rule.redirect is None and not rule.answers_500:
-            targets = rule_targets(rule, settings, clusters, warnings, owner)
+            targets = rule_targets(rule, settings, clusters, warnings, owner, grpc=grpc)
         timeout, per_try = _timeouts(rule, settings, warnings, owner)
         mirrors = mirror_policies(rule, clusters) if rule.redirect is None and not rule.answers_500 else []
         auth = auth_filter(rule, clusters) if rule.redirect is None and not rule.answers_500 else None
@@ -191,12 +208,15 @@ def route_groups(
             warnings.append(f"{owner}: RequestMirror beside RequestRedirect: a redirect sends nothing "
                             "to copy; ignored")
         for index, match in enumerate(rule.matches):
-            name = f"{route.key}/rule{rule.index}/match{index}"
+            name = f"{route.name}/rule{rule.index}/match{index}"
             envoy = envoy_match(match)
             routes: Sequence[JsonDict]
             if rule.redirect is not None:
                 routes = ({"name": name, "match": envoy, "redirect": redirect_action(match, rule.redirect),
                            **_merge_headers(_rule_fields(rule, match, warnings, owner)[1]),
+                           "typed_per_filter_config": dict(EXT_PROC_DISABLED)},)
+            elif rule.answers_500 and grpc:
+                routes = ({"name": name, "match": envoy, **_GRPC_UNAVAILABLE,
                            "typed_per_filter_config": dict(EXT_PROC_DISABLED)},)
             elif rule.answers_500:
                 routes = (
@@ -219,7 +239,10 @@ def route_groups(
                     name, envoy, targets, rule_action, rule_route, timeout, settings.pool_retries,
                     settings.stream_idle_retry_s, per_try, rule.retry,
                 )
-            key = (*match_precedence(match), age, str(route.key), rule.index, index)
+            if grpc:  # (a call's body is a stream of messages: the body-based router must not hold it)
+                routes = tuple({**r, "typed_per_filter_config": {**r.get("typed_per_filter_config", {}),
+                                                                  BBR_FILTER: _OFF}} for r in routes)
+            key = (*match_precedence(match), age, route.name, rule.index, index)
             names = frozenset(header.name.lower() for header in match.headers)
             cors = any(flt.cors is not None for flt in rule.filters)
             groups.append(RouteGroup(key, tuple(routes), names, cors, (auth[0],) if auth is not None else ()))

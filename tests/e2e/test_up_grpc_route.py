@@ -1,0 +1,104 @@
+"""GRPCRoute through ``kvgate up`` and real Envoy: gRPC calls routed by service, method and header
+to Services spoken to in HTTP/2 (no ``appProtocol`` needed), unary and streaming, and a rule whose
+backend does not exist answers UNAVAILABLE, as the Gateway API asks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from tests.e2e.test_up_routing import StartUp, gateway_yaml, start_up, wait_ready
+
+pytestmark = pytest.mark.e2e
+__all__ = ["start_up"]  # the fixture, imported for this module's tests
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def health_server(status: int) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server (HTTP/2 only) whose health service answers ``status``."""
+    servicer = HealthServicer()
+    await servicer.set("", status)
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[int, int]]:
+    """A server answering SERVING and one answering NOT_SERVING (they tell the backends apart)."""
+    stable, stable_port = await health_server(SERVING)
+    canary, canary_port = await health_server(NOT_SERVING)
+    try:
+        yield stable_port, canary_port
+    finally:
+        await stable.stop(None)
+        await canary.stop(None)
+
+
+def _raw(data: bytes) -> bytes:
+    return data
+
+
+def service(name: str, port: int) -> str:
+    return f"""
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, annotations: {{kvgate.io/endpoints: "127.0.0.1:{port}"}}}}
+spec:
+  ports: [{{port: {port}}}]
+"""
+
+
+async def test_grpc_calls_are_routed_by_method_and_header(
+    tmp_path: Path, start_up: StartUp, http: aiohttp.ClientSession, servers: tuple[int, int],
+) -> None:
+    stable, canary = servers
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gateway.yaml").write_text(gateway_yaml())
+    (config / "services.yaml").write_text("---".join([service("stable", stable), service("canary", canary)]))
+    (config / "route.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: health}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules:
+    - matches:
+        - method: {{service: grpc.health.v1.Health, method: Check}}
+          headers: [{{name: x-canary, value: "true"}}]
+      backendRefs: [{{name: canary, port: {canary}}}]
+    - matches: [{{method: {{service: grpc.health.v1.Health}}}}]
+      backendRefs: [{{name: stable, port: {stable}}}]
+    - matches: [{{method: {{service: broken.Svc}}}}]
+      backendRefs: [{{name: missing, port: 1}}]
+""")
+    up = await start_up(config)
+    await wait_ready(http, up, [])  # (no pool: ready once Envoy serves)
+    async with grpc.aio.insecure_channel(up.url.removeprefix("http://")) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest()
+        assert (await stub.Check(request, timeout=5)).status == SERVING
+        canary_reply = await stub.Check(request, metadata=(("x-canary", "true"),), timeout=5)
+        assert canary_reply.status == NOT_SERVING
+        # a streamed call of the service: the Check rule's header does not take it to the canary
+        watch = stub.Watch(request, metadata=(("x-canary", "true"),), timeout=5)
+        assert (await watch.read()).status == SERVING
+        watch.cancel()
+        broken = channel.unary_unary("/broken.Svc/Do", _raw, _raw)
+        with pytest.raises(grpc.aio.AioRpcError) as unavailable:
+            await broken(b"", timeout=5)
+        assert unavailable.value.code() is grpc.StatusCode.UNAVAILABLE
+        unrouted = channel.unary_unary("/other.Svc/Do", _raw, _raw)
+        with pytest.raises(grpc.aio.AioRpcError) as unimplemented:  # no route: Envoy's 404
+            await unrouted(b"", timeout=5)
+        assert unimplemented.value.code() is grpc.StatusCode.UNIMPLEMENTED
