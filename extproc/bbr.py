@@ -8,6 +8,12 @@ stream reads the JSON ``model`` and sets ``x-gateway-model-name`` (overwriting a
 never sends dynamic metadata; a body without a usable ``model`` passes unchanged, and a ``model`` the
 gateway refuses (``extproc.model_names``: control characters, 100 KB names) is answered 400 here,
 before it reaches a header.
+
+A request whose body is a stream with no JSON to read, a gRPC call (``content-type:
+application/grpc...``) or a WebSocket upgrade (a realtime session names its model in its query), is
+let through at its headers with the body turned off for it (``mode_override``: the filter has
+``allow_mode_override``): buffered, a bidirectional stream or a session would wait for an end that
+comes only after the answers it waits for.
 """
 
 from __future__ import annotations
@@ -96,6 +102,8 @@ class BodyBasedRouter:
                 check_header_limits(event.headers)  # no room for the model header: 431, not 503
             except KvgateError as error:
                 return (immediate_response(error, self._api),)
+            if (self._content_type or "").startswith("application/grpc") or "upgrade" in headers:
+                return (ContinueHeaders(Phase.REQUEST, tunnel=True),)  # (module docstring)
             return (ContinueHeaders(Phase.REQUEST),)
         if isinstance(event, RequestBodyChunk):
             return (self._on_body(event),)

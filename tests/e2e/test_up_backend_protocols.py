@@ -111,3 +111,32 @@ spec:
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.aio.AioRpcError):  # HTTP/1.1 to a server that speaks HTTP/2 alone
             await check(health_pb2.HealthCheckRequest(), metadata=(("x-backend", "h2c-plain"),), timeout=5)
+
+
+async def test_a_websocket_is_not_held_where_the_listener_routes_on_models(
+    tmp_path: Path, start_up: StartUp, http: aiohttp.ClientSession, websocket_echo: int,
+) -> None:
+    """The listener routes by model (its body-based router holds each request's body until it
+    ends): a WebSocket session's frames are its body after the upgrade, and pass as they come."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gateway.yaml").write_text(gateway_yaml())
+    (config / "services.yaml").write_text(service("realtime", websocket_echo, "kubernetes.io/ws"))
+    (config / "route.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: r}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules:
+    - matches: [{{headers: [{{name: x-gateway-model-name, value: some-model}}]}}]
+      backendRefs: [{{name: realtime, port: {websocket_echo}}}]
+    - matches: [{{path: {{value: /v1/realtime}}}}]
+      backendRefs: [{{name: realtime, port: {websocket_echo}}}]
+""")
+    up = await start_up(config)
+    await wait_ready(http, up, [])
+    async with http.ws_connect(f"{up.url}/v1/realtime") as socket:
+        for text in ("hello", "again"):
+            await socket.send_str(text)
+            assert (await socket.receive(timeout=5)).data == f"echo: {text}"

@@ -102,3 +102,72 @@ spec:
         with pytest.raises(grpc.aio.AioRpcError) as unimplemented:  # no route: Envoy's 404
             await unrouted(b"", timeout=5)
         assert unimplemented.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.fixture
+async def echo_server() -> AsyncIterator[int]:
+    """A gRPC server whose ``/echo.Echo/Chat`` (bidirectional streaming) answers each message as it
+    comes."""
+
+    async def chat(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes],
+                   ) -> AsyncIterator[bytes]:
+        async for message in requests:
+            yield b"echo: " + message
+
+    handler = grpc.method_handlers_generic_handler("echo.Echo", {
+        "Chat": grpc.stream_stream_rpc_method_handler(chat, _raw, _raw)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield port
+    finally:
+        await server.stop(None)
+
+
+async def test_a_streamed_call_is_not_held_where_the_listener_routes_on_models(
+    tmp_path: Path, start_up: StartUp, http: aiohttp.ClientSession, echo_server: int,
+) -> None:
+    """The listener routes completions by model (its body-based router holds each request's body
+    until it ends): a bidirectional gRPC stream on it gets each answer before it sends the next
+    message, so nothing holds its body; the same by an HTTPRoute (to an h2c port). The two routes
+    name different hostnames (an HTTPRoute and a GRPCRoute may not share one)."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gateway.yaml").write_text(gateway_yaml())
+    (config / "services.yaml").write_text(service("echo", echo_server))
+    (config / "routes.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: echo}}
+spec:
+  parentRefs: [{{name: gw}}]
+  hostnames: [grpc.example.com]
+  rules: [{{backendRefs: [{{name: echo, port: {echo_server}}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: by-model}}
+spec:
+  parentRefs: [{{name: gw}}]
+  hostnames: [api.example.com]
+  rules:
+    - matches: [{{path: {{value: /v1}}, headers: [{{name: x-gateway-model-name, value: some-model}}]}}]
+      backendRefs: [{{name: echo, port: {echo_server}}}]
+    - matches: [{{path: {{value: /echo.Echo}}}}]
+      backendRefs: [{{name: echo-h2c, port: {echo_server}}}]
+""")
+    (config / "h2c.yaml").write_text(service("echo-h2c", echo_server).replace(
+        f"{{port: {echo_server}}}", f"{{port: {echo_server}, appProtocol: kubernetes.io/h2c}}"))
+    up = await start_up(config)
+    await wait_ready(http, up, [])
+    for host in ("grpc.example.com", "api.example.com"):
+        options = (("grpc.default_authority", host),)
+        async with grpc.aio.insecure_channel(up.url.removeprefix("http://"), options=options) as channel:
+            call = channel.stream_stream("/echo.Echo/Chat", _raw, _raw)(timeout=10)  # type: ignore[call-arg]
+            for text in (b"one", b"two", b"three"):
+                await call.write(text)
+                assert await call.read() == b"echo: " + text, host
+            await call.done_writing()
+            assert await call.code() is grpc.StatusCode.OK

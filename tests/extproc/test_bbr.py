@@ -56,6 +56,20 @@ def test_headers_answered_at_once_then_model_set_on_body_end() -> None:
     assert router.handle(StreamClosed()) == ()
 
 
+@pytest.mark.parametrize("headers", [
+    (("content-type", "application/grpc"),), (("content-type", "application/grpc+proto"),),
+    (("content-type", "application/grpc-web"),), (("upgrade", "websocket"), ("connection", "upgrade")),
+])
+def test_a_streamed_body_is_turned_off_at_its_headers(headers: tuple[tuple[str, str], ...]) -> None:
+    """A gRPC call or a WebSocket: nothing to read, and buffering would hold a stream that waits
+    for answers: the reply to its headers turns its body off (``tunnel``: a ``mode_override``)."""
+    router = BodyBasedRouter()
+    (reply,) = router.handle(RequestHeaders(((":path", "/pkg.Svc/Call"), *headers)))
+    assert reply == ContinueHeaders(Phase.REQUEST, tunnel=True)
+    encoded = codec.encode(reply)
+    assert encoded.mode_override.request_body_mode == 0  # NONE
+
+
 def test_body_in_several_chunks_is_parsed_whole() -> None:
     router = BodyBasedRouter()
     router.handle(RequestHeaders(()))

@@ -45,6 +45,7 @@ def bbr_filter(settings: TranslationSettings) -> JsonDict:
                 "initial_metadata": [{"key": ROLE_METADATA_KEY, "value": BBR_ROLE}],
             },
             "failure_mode_allow": settings.bbr_failure_mode_allow,
+            "allow_mode_override": True,  # (a gRPC call's or a WebSocket's body off: extproc.bbr)
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SKIP",
