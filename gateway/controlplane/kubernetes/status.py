@@ -32,6 +32,7 @@ from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
 from kvgate.gateway.controlplane.resources.conditions import ResourceStatus, StatusReport
 from kvgate.gateway.controlplane.resources.meta import ResourceRef
 from kvgate.gateway.controlplane.resources.resolved import ValidatedConfig
+from kvgate.gateway.controlplane.resources.validate import ROUTE_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,6 @@ WRITTEN_KINDS: Mapping[str, KindSpec] = {
     ),
 }
 
-
-ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
-"""The route kinds kvgate's listeners take (each listener's ``supportedKinds``)."""
 
 SUPPORTED_FEATURES = frozenset({
     "Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080", "HTTPRoute", "ReferenceGrant",
@@ -120,9 +118,10 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
             if entry.section is None:
                 status["conditions"] = _conditions(entry)
             else:
+                kinds = [{"group": GATEWAY_GROUP, "kind": kind} for kind in entry.supported_kinds]
                 status["listeners"].append({
                     "name": entry.section,
-                    "supportedKinds": [{"group": GATEWAY_GROUP, "kind": kind} for kind in ROUTE_KINDS],
+                    "supportedKinds": kinds,
                     "attachedRoutes": attached.get(ref, 0),
                     "conditions": _conditions(entry),
                 })

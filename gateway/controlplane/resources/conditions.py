@@ -111,6 +111,8 @@ class ResourceStatus:
     conditions: tuple[Condition, ...]
     parent: ResourceRef | None = None
     section: str | None = None
+    supported_kinds: tuple[str, ...] = ()
+    """A Gateway listener's: the route kinds it takes (its ``status.supportedKinds``)."""
 
     def get(self, kind: ConditionType | str) -> Condition | None:
         return next((cond for cond in self.conditions if cond.type == str(kind)), None)

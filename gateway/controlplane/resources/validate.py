@@ -26,7 +26,7 @@ from kvgate.gateway.controlplane.resources.conditions import (
     StatusReport,
     condition,
 )
-from kvgate.gateway.controlplane.resources.gateway_api import Gateway, Listener
+from kvgate.gateway.controlplane.resources.gateway_api import GATEWAY_GROUP, Gateway, Listener
 from kvgate.gateway.controlplane.resources.inference import (
     InferenceModelRewrite,
     InferencePool,
@@ -74,6 +74,16 @@ GatewayIndex = Mapping[ObjectKey, tuple[ResolvedGateway, Mapping[str, Listener]]
 LastGood = Mapping[tuple[ObjectKey, str], ListenerCertificate]
 
 
+def _route_kinds(listener: Listener) -> tuple[str, ...]:
+    """The route kinds a listener takes: those of its ``allowedRoutes.kinds`` kvgate serves (all
+    of them when it names none)."""
+    named = listener.allowed_routes.kinds
+    if not named:
+        return ROUTE_KINDS
+    return tuple(kind for kind in ROUTE_KINDS
+                 if any(k.kind == kind and k.group == GATEWAY_GROUP for k in named))
+
+
 def _validate_gateway(
     gateway: Gateway, options: ValidationOptions, resources: ResourceSet, last_good: LastGood
 ) -> tuple[ResolvedGateway | None, list[ResourceStatus]]:
@@ -108,9 +118,7 @@ def _validate_gateway(
             conflicted = condition(ConditionType.CONFLICTED, True, reason, message, generation)
         elif isinstance(certificate, CertificateProblem) and (gateway.key, listener.name) not in last_good:
             ok, reason, message = False, certificate.reason, certificate.message
-        elif listener.allowed_routes.kinds and not any(
-            kind.kind in ROUTE_KINDS for kind in listener.allowed_routes.kinds
-        ):
+        elif listener.allowed_routes.kinds and not _route_kinds(listener):
             ok, reason, message = (False, Reason.INVALID_ROUTE_KINDS,
                                    "allowedRoutes.kinds has neither HTTPRoute nor GRPCRoute")
         elif (listener.port, host) in seen:
@@ -141,13 +149,20 @@ def _validate_gateway(
                       "listener accepted" if ok else message, generation),
         )
         # ResolvedRefs on every listener, as the Gateway API lists a listener's conditions
+        kinds = _route_kinds(listener)
+        unknown = [k.kind for k in listener.allowed_routes.kinds
+                   if k.group != GATEWAY_GROUP or k.kind not in ROUTE_KINDS]
         if refs_problem or reason is Reason.INVALID_ROUTE_KINDS:
             refs = condition(ConditionType.RESOLVED_REFS, False, reason, message, generation)
+        elif unknown:
+            refs = condition(ConditionType.RESOLVED_REFS, False, Reason.INVALID_ROUTE_KINDS,
+                             f"allowedRoutes.kinds: {', '.join(unknown)} not supported (only "
+                             f"{', '.join(ROUTE_KINDS)})", generation)
         else:
             loaded = "certificate loaded" if listener.protocol == "HTTPS" else "references resolved"
             refs = condition(ConditionType.RESOLVED_REFS, True, Reason.RESOLVED_REFS, loaded, generation)
         conditions = (*conditions, refs)
-        statuses.append(ResourceStatus(gateway.ref, conditions, section=listener.name))
+        statuses.append(ResourceStatus(gateway.ref, conditions, section=listener.name, supported_kinds=kinds))
     if not valid:
         message = "no listener is valid"
         accepted = condition(ConditionType.ACCEPTED, False, Reason.LISTENERS_NOT_VALID, message, generation)

@@ -216,3 +216,21 @@ def test_the_status_written_to_the_cluster() -> None:
     (listener,) = written[GW]["listeners"]
     assert [kind["kind"] for kind in listener["supportedKinds"]] == ["HTTPRoute", "GRPCRoute"]
     assert listener["attachedRoutes"] == 1
+
+
+def test_supported_kinds_follow_the_listeners_allowed_kinds() -> None:
+    """A listener naming HTTPRoute alone takes HTTPRoutes alone; one naming a kind kvgate does not
+    serve besides says so (ResolvedRefs False, InvalidRouteKinds) and takes the others."""
+    listeners = """    - {name: http, port: 8080, protocol: HTTP, allowedRoutes: {kinds: [{kind: HTTPRoute}]}}
+    - {name: mixed, port: 8081, protocol: HTTP, allowedRoutes: {kinds: [{kind: GRPCRoute}, {kind: TCPRoute}]}}
+    - {name: any, port: 8082, protocol: HTTP}"""
+    gateway = GATEWAY.replace("    - {name: http, port: 8080, protocol: HTTP}", listeners)
+    config = build(gateway)
+    written = desired_statuses(config.status)[GW]["listeners"]
+    kinds = {listener["name"]: [k["kind"] for k in listener["supportedKinds"]] for listener in written}
+    assert kinds == {"http": ["HTTPRoute"], "mixed": ["GRPCRoute"], "any": ["HTTPRoute", "GRPCRoute"]}
+    refs = {listener["name"]: next(c for c in listener["conditions"] if c["type"] == "ResolvedRefs")
+            for listener in written}
+    assert (refs["mixed"]["status"], refs["mixed"]["reason"]) == ("False", "InvalidRouteKinds")
+    assert "TCPRoute" in refs["mixed"]["message"]
+    assert refs["http"]["status"] == refs["any"]["status"] == "True"
