@@ -104,12 +104,13 @@ def gateway_address(address: str) -> JsonDict:
 def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dict[ResourceRef, JsonDict]:
     """Each written object's status (without ``lastTransitionTime``), from one validation."""
     out: dict[ResourceRef, JsonDict] = {}
-    attached: dict[ResourceRef, int] = {}
+    attached: dict[tuple[ResourceRef, str], int] = {}  # (Gateway, listener) → routes it took
     for entry in report.entries:
         if entry.resource.kind in ROUTE_KINDS and entry.parent is not None:
             accepted = entry.get("Accepted")
             if accepted is not None and accepted.is_true:
-                attached[entry.parent] = attached.get(entry.parent, 0) + 1
+                for listener in entry.listeners:
+                    attached[(entry.parent, listener)] = attached.get((entry.parent, listener), 0) + 1
     for entry in report.entries:
         ref = entry.resource
         if ref.kind == "Gateway":
@@ -122,7 +123,7 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
                 status["listeners"].append({
                     "name": entry.section,
                     "supportedKinds": kinds,
-                    "attachedRoutes": attached.get(ref, 0),
+                    "attachedRoutes": attached.get((ref, entry.section), 0),
                     "conditions": _conditions(entry),
                 })
         elif ref.kind in ROUTE_KINDS and entry.parent is not None:

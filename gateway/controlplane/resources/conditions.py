@@ -113,6 +113,8 @@ class ResourceStatus:
     section: str | None = None
     supported_kinds: tuple[str, ...] = ()
     """A Gateway listener's: the route kinds it takes (its ``status.supportedKinds``)."""
+    listeners: tuple[str, ...] = ()
+    """A route's, per parent Gateway: the listeners that took it (their ``attachedRoutes``)."""
 
     def get(self, kind: ConditionType | str) -> Condition | None:
         return next((cond for cond in self.conditions if cond.type == str(kind)), None)

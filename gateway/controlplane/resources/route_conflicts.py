@@ -64,16 +64,20 @@ def _without(result: RouteResult, lost: dict[RouteAttachment, ResolvedRoute]) ->
             statuses.append(status)
             continue
         gone = [(a, w) for a, w in lost.items() if a.gateway == parent.key]
-        if not gone or any(a.gateway == parent.key for a in kept):
+        if not gone:
             statuses.append(status)
+            continue
+        if any(a.gateway == parent.key for a in kept):  # accepted still, by fewer listeners
+            listeners = tuple(dict.fromkeys(a.listener for a in kept if a.gateway == parent.key))
+            statuses.append(dataclasses.replace(status, listeners=listeners))
             continue
         attachment, winner = gone[0]
         message = (f"listener {attachment.listener} serves {winner.kind} {winner.key}, older or first by "
                    f"name, for the same hostnames: an HTTPRoute and a GRPCRoute cannot share them")
         rejected = condition(ConditionType.ACCEPTED, False, Reason.CONFLICTED, message,
                              accepted.observed_generation)
-        statuses.append(dataclasses.replace(
-            status, conditions=tuple(rejected if c is accepted else c for c in status.conditions)))
+        conditions = tuple(rejected if c is accepted else c for c in status.conditions)
+        statuses.append(dataclasses.replace(status, conditions=conditions, listeners=()))
     refused = {s.parent for s in statuses if s.parent is not None and _refused(s)}
     parents = [(ref, ok and ref not in refused) for ref, ok in result.parents]
     return dataclasses.replace(

@@ -344,6 +344,7 @@ def validate_route(
         statuses.append(ResourceStatus(route.ref, (cond, resolved_refs)))
     for parent in route.spec.parent_refs:
         parent_ref = ResourceRef(parent.kind, parent.namespace or route.metadata.namespace, parent.name)
+        took: tuple[str, ...] = ()
         if rule_problem is not None:
             accepted = condition(
                 ConditionType.ACCEPTED, False, Reason.UNSUPPORTED_VALUE, rule_problem, generation
@@ -352,7 +353,9 @@ def validate_route(
             found, reason, message = _attach(resources, route, parent, gateways)
             attachments.extend(a for a in found if a not in attachments)
             accepted = condition(ConditionType.ACCEPTED, bool(found), reason, message, generation)
-        statuses.append(ResourceStatus(route.ref, (accepted, resolved_refs), parent=parent_ref))
+            took = tuple(dict.fromkeys(a.listener for a in found))
+        statuses.append(
+            ResourceStatus(route.ref, (accepted, resolved_refs), parent=parent_ref, listeners=took))
         parents.append((parent_ref, accepted.is_true))
     resolved = (
         ResolvedRoute(route.key, tuple(attachments), tuple(rules), route.metadata.creation_timestamp,

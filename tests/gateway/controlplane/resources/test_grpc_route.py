@@ -234,3 +234,24 @@ def test_supported_kinds_follow_the_listeners_allowed_kinds() -> None:
     assert (refs["mixed"]["status"], refs["mixed"]["reason"]) == ("False", "InvalidRouteKinds")
     assert "TCPRoute" in refs["mixed"]["message"]
     assert refs["http"]["status"] == refs["any"]["status"] == "True"
+
+
+def test_attached_routes_are_counted_per_listener() -> None:
+    """Two listeners: an older HTTPRoute on one of them (sectionName) keeps it; a GRPCRoute on both
+    loses that one to it, stays accepted by the other, and counts there alone."""
+    listeners = """    - {name: http, port: 8080, protocol: HTTP}
+    - {name: other, port: 8081, protocol: HTTP}"""
+    gateway = GATEWAY.replace("    - {name: http, port: 8080, protocol: HTTP}", listeners)
+    backend = f"    - backendRefs: [{pool_ref('pool-a')}]"
+    on_other = route("h", backend, parents="[{name: gw, sectionName: other}]").replace(
+        "metadata: {name: h, namespace: default}",
+        "metadata: {name: h, namespace: default, creationTimestamp: '2025-01-01T00:00:00Z'}")
+    rules = "    - backendRefs: [{name: svc, port: 8001}]"
+    everywhere = grpc_route("g", rules, created="2026-01-01T00:00:00Z")
+    config = build(gateway, *base()[1:], service("svc"), on_other, everywhere)
+    assert accepted(config, "HTTPRoute", "h") == accepted(config, "GRPCRoute", "g") == ("True", "Accepted")
+    (grpc,) = [r for r in config.routes if r.kind == "GRPCRoute"]
+    assert [a.listener for a in grpc.attachments] == ["http"]
+    counted = {listener["name"]: listener["attachedRoutes"]
+               for listener in desired_statuses(config.status)[GW]["listeners"]}
+    assert counted == {"http": 1, "other": 1}
