@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import copy
 import ipaddress
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -138,7 +139,8 @@ def desired_statuses(report: StatusReport, addresses: Iterable[str] = ()) -> dic
             })
         elif ref.kind == "InferencePool" and entry.parent is not None:
             out.setdefault(ref, {"parents": []})["parents"].append({
-                "parentRef": _parent_ref(entry.parent), "conditions": _conditions(entry),
+                "parentRef": _parent_ref(entry.parent), "controllerName": CONTROLLER_NAME,
+                "conditions": _conditions(entry),
             })
     return out
 
@@ -185,6 +187,17 @@ def _identity(item: Any) -> str:
     return str(item.get("name", item.get("type", "")))
 
 
+def _others(previous: list[JsonDict], ours: list[JsonDict]) -> list[JsonDict]:
+    """The entries of ``previous`` another controller wrote: another ``controllerName``, and (an
+    InferencePool's, whose ``controllerName`` is optional: the Inference Extension's own controllers
+    may leave it out) not for a parent kvgate writes now. Several gateway implementations may route
+    to one pool (a migration from one to another): each keeps its own parents' entries."""
+    mine = {json.dumps(entry.get("parentRef", entry.get("ancestorRef")), sort_keys=True) for entry in ours}
+    return [entry for entry in previous
+            if entry.get("controllerName") != CONTROLLER_NAME
+            and json.dumps(entry.get("parentRef", entry.get("ancestorRef")), sort_keys=True) not in mine]
+
+
 class StatusWriter:
     def __init__(self, client: KubeClient, addresses: Iterable[str] = ()) -> None:
         self._client = client
@@ -210,10 +223,8 @@ class StatusWriter:
                 previous = current.get("status") or {}
                 merged = dict(status)
                 for field in ("parents", "ancestors"):  # keep other controllers' entries
-                    if field in status and ref.kind in (*ROUTE_KINDS, "BackendTLSPolicy"):
-                        others = [p for p in previous.get(field, [])
-                                  if p.get("controllerName") != CONTROLLER_NAME]
-                        merged[field] = [*others, *status[field]]
+                    if field in status and ref.kind in (*ROUTE_KINDS, "BackendTLSPolicy", "InferencePool"):
+                        merged[field] = [*_others(previous.get(field, []), status[field]), *status[field]]
                 now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 stamped = _with_times(merged, previous, now)
                 await self._client.patch_status(spec, ref.namespace or None, ref.name, stamped)

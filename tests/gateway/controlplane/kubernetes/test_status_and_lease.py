@@ -113,3 +113,32 @@ async def test_one_replica_holds_the_lease_and_another_takes_over_when_it_stops(
         await asyncio.gather(*tasks)
         for client in clients:
             await client.close()
+
+
+async def test_another_controllers_pool_parents_are_kept(cluster: FakeApiServer) -> None:
+    """An InferencePool two gateway implementations route to (a migration): kvgate writes its own
+    parent with its controllerName and keeps the other's entry; its own stale entry is replaced."""
+    other = {"parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "theirs"},
+             "controllerName": "example.net/gateway-controller",
+             "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                             "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    unnamed = {**other, "parentRef": {"kind": "Gateway", "name": "older-controller"}}
+    del unnamed["controllerName"]
+    pool = cluster.get_object("inferencepools", "llm")
+    assert pool is not None
+    await cluster.apply({**pool, "status": {"parents": [other, unnamed]}})
+    provider = KubernetesProvider(await KubeClient.connect(host=cluster.url), namespace="default",
+                                  options=ValidationOptions(require_picker_service=False))
+    client = await KubeClient.connect(host=cluster.url)
+    try:
+        snapshot = await provider.first()
+        await StatusWriter(client).write(snapshot.config.status)
+        written = cluster.get_object("inferencepools", "llm")
+        assert written is not None
+        parents = written["status"]["parents"]
+        names = [(p["parentRef"]["name"], p.get("controllerName")) for p in parents]
+        assert names == [("theirs", "example.net/gateway-controller"), ("older-controller", None),
+                         ("gw", CONTROLLER_NAME)]
+    finally:
+        await provider.stop()
+        await client.close()
