@@ -13,11 +13,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from kvgate.gateway.picker.tls import self_signed
+from tests.e2e.test_up_https import secret_yaml
 from tests.e2e.test_up_routing import StartUp, gateway_yaml, start_up, wait_ready
 
 pytestmark = pytest.mark.e2e
 __all__ = ["start_up"]  # the fixture, imported for this module's tests
 
+TLS_HOST = "grpc.example.com"
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
@@ -171,3 +174,46 @@ spec:
                 assert await call.read() == b"echo: " + text, host
             await call.done_writing()
             assert await call.code() is grpc.StatusCode.OK
+
+
+async def test_grpc_over_tls_on_an_https_listener(
+    tmp_path: Path, start_up: StartUp, http: aiohttp.ClientSession, servers: tuple[int, int],
+) -> None:
+    """An HTTPS listener offers HTTP/2 by ALPN: a gRPC client over TLS reaches a GRPCRoute's
+    Service (in clear-text HTTP/2 behind the gateway)."""
+    stable, _ = servers
+    pair = self_signed((TLS_HOST,))
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gateway.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  gatewayClassName: kvgate
+  listeners:
+    - name: grpc
+      port: 8443
+      protocol: HTTPS
+      hostname: {TLS_HOST}
+      tls: {{certificateRefs: [{{name: grpc}}]}}
+""")
+    (config / "secret.yaml").write_text(secret_yaml("grpc", pair))
+    (config / "services.yaml").write_text(service("stable", stable))
+    (config / "route.yaml").write_text(f"""
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: health}}
+spec:
+  parentRefs: [{{name: gw}}]
+  rules: [{{backendRefs: [{{name: stable, port: {stable}}}]}}]
+""")
+    up = await start_up(config)
+    await wait_ready(http, up, [])
+    assert up.url.startswith("https://")
+    credentials = grpc.ssl_channel_credentials(root_certificates=pair.cert_pem)
+    options = (("grpc.ssl_target_name_override", TLS_HOST), ("grpc.default_authority", TLS_HOST))
+    target = up.url.removeprefix("https://")
+    async with grpc.aio.secure_channel(target, credentials, options=options) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == SERVING
