@@ -62,6 +62,10 @@ class SchedulingContext:
     """Seconds (clock seconds) to this request's first token per endpoint address, set by the scorer
     that produces :data:`TTFT_ESTIMATES` (``estimated-ttft-scorer``); the ``inflight-recorder`` ends
     the prefill of a request whose first token the data plane does not show at this estimate."""
+    tpot_estimates: Mapping[str, float] | None = None
+    """Seconds per output token (clock seconds: the endpoint's decode step as scraped) per endpoint
+    address, set with :attr:`ttft_estimates` for a request stating a TPOT objective
+    (``x-slo-tpot-ms``) alone."""
     _hashes: tuple[int, ...] | None = field(default=None, repr=False)
     _matches: Mapping[str, int] | None = field(default=None, repr=False)
 

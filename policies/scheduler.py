@@ -5,9 +5,9 @@ became of each pick.
 (outlier ejection) → filters → admission → weighted scorers → picker. Admission: when every
 remaining candidate is saturated, a sheddable request (priority < 0) gets ``RequestShedError``
 (429, ``retry-after``); other requests are never shed and go to the best-scored (least-loaded)
-endpoint. A sheddable request stating a TTFT objective (``x-slo-ttft-ms``) is shed too when the
-profile's cost model (the estimated-TTFT scorer) expects no candidate to meet it and none is idle
-(llm-d's ``latency-slo-admitter``; without estimates it is admitted).
+endpoint. A sheddable request stating latency objectives (``x-slo-ttft-ms``, ``x-slo-tpot-ms``) is
+shed too when the profile's cost model (the estimated-TTFT scorer) expects no candidate to meet
+them together and none is idle (llm-d's ``latency-slo-admitter``; without estimates it is admitted).
 
 Hot path (docs/architecture.md, principle 7): what depends only on the snapshot's views is computed once
 per snapshot tuple (``policies.memo``: filter results, load scores, the cost model's per-endpoint
@@ -35,7 +35,7 @@ from kvgate.policies.errors import NoEligibleEndpointError, RequestShedError
 from kvgate.policies.feedback import EndpointGate, FeedbackEnv, FeedbackPlugin, overridden
 from kvgate.policies.framework import PluginTimer, SchedulingContext, SchedulingTrace, ScoredEndpoints
 from kvgate.policies.hashing import PromptHasher
-from kvgate.policies.latency_objectives import TTFT_SLO_HEADER, latency_objectives
+from kvgate.policies.latency_objectives import TPOT_SLO_HEADER, TTFT_SLO_HEADER, latency_objectives
 from kvgate.policies.memo import TupleMemo
 from kvgate.policies.outliers import OutlierSettings
 from kvgate.policies.plugins.filters import SubsetHintFilter
@@ -208,20 +208,28 @@ class ProfileScheduler:
             )
 
     def _admit_objective(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> None:
-        """Shed a sheddable request whose TTFT objective no candidate is expected to meet, unless
-        one is idle (nothing running or waiting: the estimate is then the prompt's prefill alone,
-        and the request would be its only work)."""
-        objective = latency_objectives(ctx.request.headers).ttft_s
-        estimates = ctx.ttft_estimates
-        if objective is None or not estimates:
+        """Shed a sheddable request whose objectives no candidate is expected to meet together
+        (its first token within ``x-slo-ttft-ms``, each next one within ``x-slo-tpot-ms``: the
+        endpoint's decode step as scraped), unless one is idle (nothing running or waiting: the
+        estimate is then the prompt's prefill alone, and the request would be its only work)."""
+        objectives = latency_objectives(ctx.request.headers)
+        ttfts = ctx.ttft_estimates
+        if not objectives or not ttfts:
             return
-        if min(estimates.values()) <= objective:
+        ttft, tpot = objectives.ttft_s, objectives.tpot_s
+        tpots = ctx.tpot_estimates
+        for address, estimate in ttfts.items():
+            if ttft is not None and estimate > ttft:
+                continue
+            if tpot is not None and tpots is not None and tpots.get(address, 0.0) > tpot:
+                continue
             return
         if any(m is None or (m.running == 0 and m.waiting == 0) for m in (e.metrics for e in endpoints)):
             return
+        named = " and ".join(f"{header} ({seconds * 1000:g} ms)" for header, seconds in
+                             ((TTFT_SLO_HEADER, ttft), (TPOT_SLO_HEADER, tpot)) if seconds is not None)
         raise RequestShedError(
-            f"no endpoint is expected to meet the request's {TTFT_SLO_HEADER} "
-            f"({objective * 1000:g} ms); sheddable request rejected",
+            f"no endpoint is expected to meet the request's {named}; sheddable request rejected",
             retry_after=self.profile.admission.retry_after_s,
         )
 

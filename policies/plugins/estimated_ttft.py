@@ -74,6 +74,7 @@ from pydantic import Field
 
 from kvgate.policies.arrival_rate import ArrivalRate
 from kvgate.policies.framework import IN_FLIGHT, OWN_MODELS, PREFIX_INDEX, TTFT_ESTIMATES, SchedulingContext
+from kvgate.policies.latency_objectives import TPOT_SLO_HEADER
 from kvgate.policies.memo import ViewRecords
 from kvgate.policies.plugins.params import Params, parse_params
 from kvgate.policies.types import EndpointMetrics, EndpointView
@@ -233,6 +234,8 @@ class EstimatedTtftScorer:
                 ttft *= 1.0 + by_endpoint * uncached
             append(ttft)
         ctx.ttft_estimates = ttfts
+        if TPOT_SLO_HEADER in ctx.request.headers:  # (the latency admission's: policies.scheduler)
+            ctx.tpot_estimates = {record[0]: record[3] * time_scale for record in records}
         return out
 
     def dense_scores(self, ctx: SchedulingContext, endpoints: Sequence[EndpointView]) -> list[float]:

@@ -101,6 +101,25 @@ def test_a_sheddable_request_is_shed_when_no_endpoint_is_expected_to_meet_its_tt
     scheduler("gie-default").schedule(request(prompt=prompt, priority=-1, headers=tight), busy, NOW)
 
 
+def test_the_latency_admission_weighs_both_objectives_on_one_endpoint() -> None:
+    """A TPOT objective: the decode step as scraped (5.75 ms + 6 µs × running). One endpoint with
+    a short queue but a large batch, one with a long queue and a small batch: a sheddable request
+    asking both a tight TTFT and a tight TPOT meets neither anywhere (429); either alone is met."""
+    endpoints = [view(1, waiting=1, running=400), view(2, waiting=30, running=2)]
+    prompt = text(9, 2000)
+    s = scheduler()
+
+    def ask(**objectives: str) -> None:
+        headers = {f"x-slo-{name}-ms": value for name, value in objectives.items()}
+        s.schedule(request(prompt=prompt, priority=-1, headers=headers), endpoints, NOW)
+
+    ask(ttft="80")  # endpoint 1's short queue
+    ask(tpot="7")  # endpoint 2's small batch
+    with pytest.raises(RequestShedError, match="x-slo-ttft-ms .* and x-slo-tpot-ms"):
+        ask(ttft="80", tpot="7")
+    ask(ttft="60000", tpot="60000")
+
+
 def test_saturated_replicas_get_nothing_while_others_have_room() -> None:
     s = scheduler()
     eps = [view(1, waiting=20), view(2, kv=0.97), view(3), view(4)]
