@@ -131,16 +131,7 @@ async def test_a_light_tenant_does_not_wait_behind_a_heavy_tenants_backlog() -> 
     for i in range(20):
         area.hold(area.waiting_item(request(f"heavy-{i}", "heavy"), MonotonicClock().now()))
     area.hold(area.waiting_item(request("light-0", "light"), MonotonicClock().now()))
-    order = []
-    pool.inflight.clear()
-    while len(area):
-        outcome_of = {rid: asyncio.ensure_future(area.outcome(rid)) for rid in list(area._waiters)}
-        done, _ = await asyncio.wait(outcome_of.values(), timeout=1, return_when=asyncio.FIRST_COMPLETED)
-        [rid] = [r for r, f in outcome_of.items() if f in done]
-        order.append(rid)
-        area.grant_used(rid)
-        for f in outcome_of.values():
-            f.cancel()
+    order = await dispatch_order(area, pool)
     assert order.index("light-0") <= 1
     await area.stop()
 

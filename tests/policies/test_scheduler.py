@@ -115,7 +115,7 @@ def test_the_latency_admission_weighs_both_objectives_on_one_endpoint() -> None:
 
     ask(ttft="80")  # endpoint 1's short queue
     ask(tpot="7")  # endpoint 2's small batch
-    with pytest.raises(RequestShedError, match="x-slo-ttft-ms .* and x-slo-tpot-ms"):
+    with pytest.raises(RequestShedError, match=r"x-slo-ttft-ms .* and x-slo-tpot-ms"):
         ask(ttft="80", tpot="7")
     ask(ttft="60000", tpot="60000")
 

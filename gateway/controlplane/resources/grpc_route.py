@@ -21,8 +21,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kvgate.gateway.controlplane.resources.gateway_api import (
-    CORE_GROUP,
     HeaderMatch,
+    HTTPBackendRef,
     HTTPRoute,
     HTTPRouteFilter,
     HTTPRouteMatch,
@@ -30,7 +30,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import (
     PathMatch,
     SessionPersistence,
 )
-from kvgate.gateway.controlplane.resources.meta import PortNumber, Resource, SpecModel
+from kvgate.gateway.controlplane.resources.meta import Resource, SpecModel
 
 GRPC_ROUTE = "GRPCRoute"
 GRPC_FILTERS = frozenset({"RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror"})
@@ -79,21 +79,12 @@ class GRPCRouteMatch(SpecModel):
         return HTTPRouteMatch(path=path, headers=self.headers)
 
 
-class GRPCBackendRef(SpecModel):
-    group: str = CORE_GROUP
-    kind: str = "Service"
-    name: str = Field(min_length=1)
-    namespace: str | None = None
-    port: PortNumber | None = None
-    weight: int = Field(default=1, ge=0, le=1_000_000)
-    filters: tuple[HTTPRouteFilter, ...] = ()
-
-
 class GRPCRouteRule(SpecModel):
     name: str | None = None
     matches: tuple[GRPCRouteMatch, ...] = Field(default=(), max_length=64)
     filters: tuple[HTTPRouteFilter, ...] = Field(default=(), max_length=16)
-    backend_refs: tuple[GRPCBackendRef, ...] = Field(default=(), max_length=16)
+    backend_refs: tuple[HTTPBackendRef, ...] = Field(default=(), max_length=16)
+    """(A GRPCBackendRef has an HTTPBackendRef's fields; its filters are the GRPCRoute API's.)"""
     session_persistence: SessionPersistence | None = None
 
     @model_validator(mode="after")
@@ -133,8 +124,7 @@ class GRPCRoute(Resource):
                 "name": rule.name,
                 "matches": [match.as_http() for match in rule.matches] or [HTTPRouteMatch()],
                 "filters": list(rule.filters),
-                "backendRefs": [ref.model_dump(by_alias=True, exclude_none=True)
-                                for ref in rule.backend_refs],
+                "backendRefs": list(rule.backend_refs),
                 "sessionPersistence": rule.session_persistence,
             }
             for rule in self.spec.rules
