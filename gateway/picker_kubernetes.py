@@ -20,7 +20,7 @@ from kvgate.gateway.controlplane.kubernetes.client import KubeClient
 from kvgate.gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
 from kvgate.gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
-from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
+from kvgate.gateway.picker.cli import build_parser, epp_profile, ready_line, settings_from_args, warn_ignored
 from kvgate.gateway.picker.service import PickerService
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.policies.errors import ConfigError
@@ -28,13 +28,15 @@ from kvgate.policies.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: ObjectKey) -> bool:
-    """Serve ``pool`` as ``snapshot`` has it; False (the last pool kept) when it is not there."""
+def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: ObjectKey,
+                   profile: str = "default") -> bool:
+    """Serve ``pool`` as ``snapshot`` has it (its profile ``profile`` unless it names one:
+    ``kvgate.io/profile``); False (the last pool kept) when it is not there."""
     found = next((p for p in snapshot.config.pools if p.key == pool), None)
     if found is None:
         log.warning("InferencePool %s/%s is not in the cluster (or does not load)", pool.namespace, pool.name)
         return False
-    settings = ControlPlaneSettings(picker_address="")  # defaults: profile, engine
+    settings = ControlPlaneSettings(picker_address="", default_profile=profile)  # (defaults: engine)
     spec, warnings = pool_spec(found, snapshot.resources, snapshot.config, settings)
     for warning in warnings:
         log.warning("%s", warning)
@@ -58,6 +60,7 @@ async def serve(args: argparse.Namespace) -> int:
         kinds=PICKER_KINDS, controller_name=None,
     )
     service = PickerService(settings_from_args(args, args.redis))
+    profile = epp_profile(args) or "default"
     reviews: KubeClient | None = None
     if args.metrics_endpoint_auth is not False:  # the Inference Extension's default: on
         reviews = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
@@ -68,12 +71,12 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         first = await provider.first()
-        if not apply_snapshot(service, first, pool):
+        if not apply_snapshot(service, first, pool, profile):
             raise ConfigError(f"InferencePool {pool.namespace}/{pool.name} not found in the cluster")
         await service.start()
         print(ready_line(args, service) + f" pool={pool.namespace}/{pool.name}", flush=True)
         async for snapshot in provider.updates(stop):
-            apply_snapshot(service, snapshot, pool)
+            apply_snapshot(service, snapshot, pool, profile)
     finally:
         await service.stop()
         await provider.stop()

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 from watchfiles import awatch
 
@@ -32,7 +36,9 @@ from kvgate.gateway.picker.workers import (
 )
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.policies.epp_config import translate_epp_config
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.profile import build_profile
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 from kvgate.policies.validation import describe
 
@@ -202,8 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the Inference Extension picker's flags that its charts pass and kvgate has no use for "
         "(accepted, so its manifests work unchanged; a warning names them)"
     )
-    for flag in ("--config-file", "--config-text", "--zap-encoder", "--enable-pprof", "--v",
-                 "--model-server-metrics-path"):
+    epp = parser.add_argument_group("the Inference Extension picker's scheduling configuration")
+    epp.add_argument("--config-file", type=Path, default=None, metavar="FILE",
+                     help="an EndpointPickerConfig (the Inference Extension's, llm-d's): its one scheduling "
+                     "profile's scorers, weights and picker become the profile of the pools that name none "
+                     "(kvgate.io/profile, a pools file's profile); one kvgate cannot translate is said "
+                     "and kvgate's default profile kept")
+    epp.add_argument("--config-text", default=None, metavar="YAML", help="the same, inline")
+    for flag in ("--zap-encoder", "--enable-pprof", "--v", "--model-server-metrics-path"):
         accepted.add_argument(flag, dest=f"ignored_{flag.lstrip('-').replace('-', '_')}", default=None,
                               metavar="VALUE", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="INFO")
@@ -218,6 +230,40 @@ def warn_ignored(args: argparse.Namespace) -> None:
     if given:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
         log.warning("ignoring flags kvgate does not use: %s", flags)
+
+
+def epp_profile(args: argparse.Namespace) -> str | None:
+    """The profile ``--config-file`` / ``--config-text`` translate to (``policies.epp_config``), as
+    a file the pools can name (written once, in a directory of its own), or None: none given, or
+    not translated (said, with why)."""
+    if args.config_file is None and args.config_text is None:
+        return None
+    try:
+        text = args.config_text if args.config_text is not None else args.config_file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config-file: {exc}") from exc
+    translation = translate_epp_config(text)
+    for note in translation.notes:
+        log.warning("EndpointPickerConfig: %s", note)
+    if translation.profile is None:
+        log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
+                    "default profile")
+        return None
+    build_profile(translation.profile)  # (refuse it here, not at the first pool)
+    directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))
+    atexit.register(shutil.rmtree, directory, True)
+    path = directory / "profile.yaml"
+    path.write_text(yaml.safe_dump(dict(translation.profile), sort_keys=False))
+    log.info("EndpointPickerConfig translated to the profile %s", path)
+    return str(path)
+
+
+def with_default_profile(pools: Sequence[PoolSpec], profile: str | None) -> list[PoolSpec]:
+    """``pools``, those that name no profile given ``profile`` (None: as they are)."""
+    if profile is None:
+        return list(pools)
+    return [pool if "profile" in pool.model_fields_set else pool.model_copy(update={"profile": profile})
+            for pool in pools]
 
 
 def flag_bool(text: str) -> bool:
@@ -326,14 +372,15 @@ async def _serve(args: argparse.Namespace) -> int:
     pools = load_pools(args.pools)
     redis_url = args.redis or pools.redis
     service = PickerService(settings_from_args(args, redis_url))
-    service.apply_pools(pools.pools, pools.effective_default)
+    profile = epp_profile(args)
+    service.apply_pools(with_default_profile(pools.pools, profile), pools.effective_default)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
     print(ready_line(args, service), flush=True)
-    watcher = asyncio.create_task(_watch(args.pools, service, stop)) if args.watch else None
+    watcher = asyncio.create_task(_watch(args.pools, service, stop, profile)) if args.watch else None
     try:
         await stop.wait()
         if args.drain_timeout > 0:
@@ -360,12 +407,13 @@ async def _drain(service: PickerService, stop: asyncio.Event, timeout_s: float) 
             await draining
 
 
-async def _watch(path: Path, service: PickerService, stop: asyncio.Event) -> None:
+async def _watch(path: Path, service: PickerService, stop: asyncio.Event, profile: str | None) -> None:
     """Apply the pools file again whenever it changes (written whole and renamed into place, or a
     Kubernetes ConfigMap's symlink swapped: the whole folder is watched). A change elsewhere in the
     folder that leaves the file as it was does nothing: the picker's own log written there was one,
     and each reload logged again, a reload every ~40 ms for as long as the picker ran."""
-    applier = PoolsFileApplier(path, service.apply_pools)
+    applier = PoolsFileApplier(
+        path, lambda pools, default: service.apply_pools(with_default_profile(pools, profile), default))
     async for _changes in awatch(path.parent, stop_event=stop, debounce=50, step=20):
         applier.changed()
 

@@ -196,6 +196,20 @@ async def test_a_certificate_rotated_on_disk_is_served_without_a_restart(
     assert await served()
 
 
+CHART_DEFAULT = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins: [{type: queue-scorer}, {type: kv-cache-utilization-scorer}, {type: prefix-cache-scorer}]
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+"""
+"""The Inference Extension chart's default-plugins.yaml, as its ConfigMap gives the picker."""
+
+
 async def test_following_one_inference_pool_in_a_cluster(
     start_fleet: Callable[..., Awaitable[SimFleet]],
     start_envoy: Callable[..., Awaitable[EnvoyProcess]],
@@ -203,7 +217,8 @@ async def test_following_one_inference_pool_in_a_cluster(
 ) -> None:
     """``kvgate picker --kubernetes --pool-name llm``: the pool's Pods from the (FAKE: no real one can
     run here) API server; a Pod turning not-ready stops being picked; the metrics port wants a
-    bearer token the API server accepts and authorizes (the Inference Extension's default)."""
+    bearer token the API server accepts and authorizes (the Inference Extension's default); the
+    chart's EndpointPickerConfig (``--config-file``) becomes the pool's profile."""
     port = free_port()
     fleet = await start_fleet(3, 0.1, ["--port", str(port), "--hosts-from", "127.0.11.1", "--model", MODEL,
                                        "--admin-port", "0"])
@@ -218,7 +233,7 @@ async def test_following_one_inference_pool_in_a_cluster(
     child = ChildProcess([
         *KVGATE, "picker", "--kubernetes", "--kube-api", cluster.url, "--pool-name", "llm",
         "--pool-namespace", "default", "--grpc-port", "0", "--admin-port", "0", "--grpc-health-port", "0",
-        "--log-level", "WARNING",
+        "--log-level", "WARNING", "--config-text", CHART_DEFAULT,
     ], name="kvgate picker --kubernetes")
     await child.start()
     try:
@@ -239,6 +254,7 @@ async def test_following_one_inference_pool_in_a_cluster(
         async def left() -> bool:
             async with http.get(f"{admin}/debug/pools") as response:
                 [served_pool] = (await response.json())["pools"]
+            assert served_pool["profile"].endswith("/profile.yaml")  # (--config-text's, translated)
             return "127.0.11.1:" + str(port) not in [e["address"] for e in served_pool["endpoints"]]
 
         await wait_until(left, "the not-ready Pod left the pool", timeout_s=5.0)

@@ -1,4 +1,5 @@
-"""``kvgate picker``'s flags that reach its settings: the prefill step's bound."""
+"""``kvgate picker``'s flags that reach its settings: the prefill step's bound, the model servers'
+TLS, the Inference Extension's EndpointPickerConfig."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S
-from kvgate.gateway.picker.cli import build_parser, settings_from_args
-from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec
+from kvgate.gateway.picker.cli import build_parser, epp_profile, settings_from_args, with_default_profile
+from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, parse_pools
 from kvgate.gateway.picker.tls import self_signed
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.profile import load_profile
 
 
 def test_the_prefill_timeout_reaches_the_settings_and_defaults_below_envoys_message_timeout() -> None:
@@ -50,3 +52,44 @@ def test_a_pools_model_server_tls_overrides_the_flags() -> None:
     spec = PoolSpec.model_validate({"name": "p", "modelServerTls": {}})
     assert spec.model_server_tls == ModelServerTlsSpec()
     assert PoolSpec.model_validate({"name": "p"}).model_server_tls is None
+
+
+EPP_CONFIG = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: prefix-cache-scorer
+  parameters: {blockSize: 128}
+schedulingProfiles:
+- name: chart
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 3
+  - pluginRef: prefix-cache-scorer
+"""
+
+
+def test_an_endpoint_picker_config_becomes_the_profile_of_the_pools_naming_none(tmp_path: Path) -> None:
+    config = tmp_path / "default-plugins.yaml"
+    config.write_text(EPP_CONFIG)
+    args = build_parser().parse_args(["--pools", "p.yaml", "--config-file", str(config)])
+    path = epp_profile(args)
+    assert path is not None
+    profile = load_profile(path)
+    assert profile.name == "chart"
+    assert [(s.plugin_type, s.weight) for s in profile.scorers] == [("queue-scorer", 3.0),
+                                                                   ("prefix-cache-scorer", 1.0)]
+    assert profile.prefix.block_chars == 128
+    pools = parse_pools("pools: [{name: a}, {name: b, profile: gie-default}]").pools
+    assert [p.profile for p in with_default_profile(pools, path)] == [path, "gie-default"]
+    assert with_default_profile(pools, None) == list(pools)
+
+
+def test_a_config_kvgate_cannot_translate_keeps_the_default_profile(caplog: pytest.LogCaptureFixture) -> None:
+    admitter = "- type: queue-scorer\n- type: latency-slo-admitter\n"
+    text = EPP_CONFIG.replace("- type: queue-scorer\n", admitter, 1)
+    args = build_parser().parse_args(["--pools", "p.yaml", "--config-text", text])
+    assert epp_profile(args) is None
+    assert "latency-slo-admitter" in caplog.text
+    assert epp_profile(build_parser().parse_args(["--pools", "p.yaml"])) is None

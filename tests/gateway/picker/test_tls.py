@@ -75,7 +75,7 @@ def test_the_flags_take_the_inference_extensions_names_defaults_and_boolean_synt
 
 def test_the_inference_extensions_chart_arguments_parse() -> None:
     """What the Inference Extension's chart passes its picker (flags kvgate has no use for are
-    accepted, and named in a warning)."""
+    accepted, and named in a warning; its EndpointPickerConfig is translated: test_cli)."""
     args = build_parser().parse_args([
         "--kubernetes", "--pool-name", "vllm-llama3-8b-instruct", "--pool-namespace", "default",
         "--pool-group", "inference.networking.k8s.io", "--zap-encoder", "json", "--grpc-port", "9002",
@@ -84,4 +84,5 @@ def test_the_inference_extensions_chart_arguments_parse() -> None:
         "--v", "4", "--enable-pprof", "true", "--secure-serving=true",
     ])
     assert (args.pool_name, args.admin_port, args.grpc_health_port) == ("vllm-llama3-8b-instruct", 9090, 9003)
-    assert args.ignored_config_file == "/config/default-plugins.yaml"
+    assert str(args.config_file) == "/config/default-plugins.yaml"
+    assert args.ignored_v == "4"

@@ -1,0 +1,141 @@
+"""The Inference Extension's (now llm-d's) ``EndpointPickerConfig``, the file its charts pass the
+picker with ``--config-file`` (or ``--config-text``), as a kvgate scheduling profile (sans-IO).
+
+A drop-in picker should honour the scorer weights and the picker a deployment chose. A config of
+one scheduling profile whose plugins kvgate has translates to a profile document
+(``policies.profile``): its scorers with their weights, its picker, the prefix settings of its
+prefix plugins (``blockSizeTokens`` at 4 characters a token, the deprecated ``blockSize`` in
+characters, ``maxPrefixBlocksToMatch`` or ``maxPrefixTokensToMatch``, ``lruCapacityPerServer``),
+with kvgate's own filters first (a stored response's endpoint, healthy endpoints) and its feedback
+plugins. Plugins whose work kvgate does itself in another place (metrics sources and extractors,
+request parsers, the single-profile handler, a decode filter in a pool of one role, the prefix
+producer) are noted and left out. Anything else (several profiles for P/D, a latency predictor,
+filters kvgate has not) is not translated: the caller keeps its own profile and says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+KINDS = ("EndpointPickerConfig",)
+SCORERS: Mapping[str, str] = {
+    "queue-scorer": "queue-scorer",
+    "kv-cache-utilization-scorer": "kv-cache-utilization-scorer",
+    "prefix-cache-scorer": "prefix-cache-scorer",
+    "lora-affinity-scorer": "lora-affinity-scorer",
+    "session-affinity-scorer": "session-affinity-scorer",
+    "running-requests-size-scorer": "running-requests-scorer",
+    "active-request-scorer": "inflight-requests-scorer",
+}
+"""Their scorer types → kvgate's of the same meaning."""
+PICKERS = frozenset({"max-score-picker", "random-picker", "weighted-random-picker"})
+DONE_ELSEWHERE: Mapping[str, str] = {
+    "single-profile-handler": "one profile is what kvgate runs",
+    "metrics-data-source": "kvgate scrapes the model servers itself",
+    "core-metrics-extractor": "kvgate reads the engines' metrics itself",
+    "models-data-source": "kvgate polls /v1/models itself",
+    "models-data-extractor": "kvgate polls /v1/models itself",
+    "openai-parser": "kvgate parses the OpenAI APIs itself",
+    "approx-prefix-cache-producer": "kvgate's prefix index (its parameters are kept)",
+    "inflight-load-producer": "kvgate counts its requests in flight itself",
+    "decode-filter": "a pool of one role (kvgate's P/D pools use the pd profiles)",
+    "utilization-detector": "kvgate's admission thresholds",
+    "concurrency-detector": "kvgate's admission thresholds",
+}
+_PREFIX_PLUGINS = ("prefix-cache-scorer", "approx-prefix-cache-producer")
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    profile: Mapping[str, Any] | None
+    """A profile document (``policies.profile.build_profile`` builds it), or None: not translated."""
+    notes: tuple[str, ...] = field(default=())
+    """What was left out, or why nothing was translated."""
+
+
+def translate_epp_config(text: str) -> Translation:
+    """``text`` (an EndpointPickerConfig's YAML) as a kvgate profile document, or why not."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return Translation(None, (f"not valid YAML: {exc}",))
+    if not isinstance(document, Mapping) or document.get("kind") not in KINDS:
+        return Translation(None, ("not an EndpointPickerConfig (kind)",))
+    plugins: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for spec in document.get("plugins") or ():
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("type"), str):
+            return Translation(None, ("a plugin without a type",))
+        parameters = spec.get("parameters") or {}
+        plugins[str(spec.get("name") or spec["type"])] = (spec["type"], parameters)
+    found = document.get("schedulingProfiles")
+    profiles: list[Any] = list(found) if isinstance(found, list) else []
+    if len(profiles) != 1 or not isinstance(profiles[0], Mapping):
+        return Translation(None, (f"{len(profiles)} scheduling profiles: kvgate translates one (its P/D "
+                                  "pools run the pd profiles: kvgate.io/profile)",))
+    notes: list[str] = []
+    for kind, _ in plugins.values():  # (declared plugins act without a pluginRef: producers, admitters)
+        if kind in DONE_ELSEWHERE:
+            notes.append(f"{kind}: left out ({DONE_ELSEWHERE[kind]})")
+        elif kind not in SCORERS and kind not in PICKERS:
+            return Translation(None, (f"plugin type {kind!r} is not one kvgate has",))
+    scorers: list[dict[str, Any]] = []
+    picker = "max-score-picker"
+    used: list[dict[str, Any]] = []
+    for ref in profiles[0].get("plugins") or ():
+        name = ref.get("pluginRef") if isinstance(ref, Mapping) else None
+        if name not in plugins:
+            return Translation(None, (f"pluginRef {name!r} names no plugin",))
+        kind, parameters = plugins[name]
+        if kind in SCORERS:
+            weight = ref.get("weight", 1)
+            scorers.append({"plugin": name, "weight": float(weight)})
+            used.append({"type": SCORERS[kind], "name": name})
+        elif kind in PICKERS:
+            picker = name
+            used.append({"type": kind, "name": name})
+    if not scorers:
+        return Translation(None, ("the profile has no scorer kvgate has",))
+    if picker == "max-score-picker" and not any(u["name"] == picker for u in used):
+        used.append({"type": "max-score-picker"})
+    prefix = _prefix(plugins, notes)
+    profile: dict[str, Any] = {
+        "name": str(profiles[0].get("name") or "epp-config"),
+        "description": "translated from the picker's EndpointPickerConfig (--config-file)",
+        "plugins": [{"type": "stored-response-filter"}, {"type": "healthy-filter"}, *used],
+        "profile": {"filters": ["stored-response-filter", "healthy-filter"], "scorers": scorers,
+                    "picker": picker},
+    }
+    if prefix:
+        profile["prefix"] = prefix
+    return Translation(profile, tuple(notes))
+
+
+def _prefix(plugins: Mapping[str, tuple[str, Mapping[str, Any]]], notes: list[str]) -> dict[str, int]:
+    """The prefix index's settings from the prefix plugins' parameters (module docstring)."""
+    out: dict[str, int] = {}
+    for kind, parameters in plugins.values():
+        if kind not in _PREFIX_PLUGINS or not isinstance(parameters, Mapping):
+            continue
+        tokens = parameters.get("blockSizeTokens")
+        if isinstance(tokens, int) and tokens > 0:
+            out["block_chars"] = tokens * CHARS_PER_TOKEN
+        elif isinstance(parameters.get("blockSize"), int) and parameters["blockSize"] > 0:
+            out["block_chars"] = parameters["blockSize"]
+        blocks = parameters.get("maxPrefixBlocksToMatch")
+        max_tokens = parameters.get("maxPrefixTokensToMatch")
+        if isinstance(max_tokens, int) and max_tokens > 0:
+            out["max_blocks"] = max(1, max_tokens * CHARS_PER_TOKEN // out.get("block_chars", 64))
+        elif isinstance(blocks, int) and blocks > 0:
+            out["max_blocks"] = blocks
+        capacity = parameters.get("lruCapacityPerServer")
+        if isinstance(capacity, int) and capacity > 0:
+            out["default_capacity_blocks"] = capacity
+        if parameters.get("autoTune"):
+            notes.append(f"{kind}: autoTune left out (kvgate learns each endpoint's capacity from its "
+                         "KV-cache metrics)")
+    return out
