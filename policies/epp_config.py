@@ -11,6 +11,11 @@ plugins. Plugins whose work kvgate does itself in another place (metrics sources
 request parsers, the single-profile handler, a decode filter in a pool of one role, the prefix
 producer) are noted and left out. Anything else (several profiles for P/D, a latency predictor,
 filters kvgate has not) is not translated: the caller keeps its own profile and says why.
+
+The charts pass their default config to every picker: :func:`is_reference_default` tells it
+(GIE's default scorers and weights, the max-score picker, default prefix settings), which asks for
+nothing but the picker's default behaviour, and kvgate's default profile routes better than it
+(bench/results/README.md): the caller keeps kvgate's default for it.
 """
 
 from __future__ import annotations
@@ -139,3 +144,16 @@ def _prefix(plugins: Mapping[str, tuple[str, Mapping[str, Any]]], notes: list[st
             notes.append(f"{kind}: autoTune left out (kvgate learns each endpoint's capacity from its "
                          "KV-cache metrics)")
     return out
+
+
+REFERENCE_SCORERS = frozenset({("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0),
+                               ("prefix-cache-scorer", 3.0)})
+"""The Inference Extension's default scheduling profile (its charts' default-plugins.yaml)."""
+
+
+def is_reference_default(profile: Mapping[str, Any]) -> bool:
+    """Whether a translated profile is the Inference Extension's default (module docstring)."""
+    kinds = {plugin.get("name", plugin["type"]): plugin["type"] for plugin in profile["plugins"]}
+    scorers = {(kinds[ref["plugin"]], float(ref["weight"])) for ref in profile["profile"]["scorers"]}
+    picker = kinds.get(profile["profile"]["picker"], profile["profile"]["picker"])
+    return scorers == REFERENCE_SCORERS and picker == "max-score-picker" and not profile.get("prefix")

@@ -36,7 +36,7 @@ from kvgate.gateway.picker.workers import (
 )
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.policies.epp_config import translate_epp_config
+from kvgate.policies.epp_config import is_reference_default, translate_epp_config
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.profile import build_profile
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
@@ -248,6 +248,11 @@ def epp_profile(args: argparse.Namespace) -> str | None:
     if translation.profile is None:
         log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
                     "default profile")
+        return None
+    if is_reference_default(translation.profile):
+        log.info("EndpointPickerConfig: the Inference Extension's default; pools without a profile of their "
+                 "own use kvgate's default profile (kvgate.io/profile: gie-default runs the Inference "
+                 "Extension's)")
         return None
     build_profile(translation.profile)  # (refuse it here, not at the first pool)
     directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))

@@ -196,7 +196,7 @@ async def test_a_certificate_rotated_on_disk_is_served_without_a_restart(
     assert await served()
 
 
-CHART_DEFAULT = """
+CHART_CONFIG = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins: [{type: queue-scorer}, {type: kv-cache-utilization-scorer}, {type: prefix-cache-scorer}]
@@ -205,9 +205,10 @@ schedulingProfiles:
   plugins:
   - {pluginRef: queue-scorer, weight: 2}
   - {pluginRef: kv-cache-utilization-scorer, weight: 2}
-  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: prefix-cache-scorer, weight: 5}
 """
-"""The Inference Extension chart's default-plugins.yaml, as its ConfigMap gives the picker."""
+"""The Inference Extension chart's default-plugins.yaml, as its ConfigMap gives the picker, with the
+prefix scorer's weight raised (the chart's own default is kvgate's default profile: test_cli)."""
 
 
 async def test_following_one_inference_pool_in_a_cluster(
@@ -218,7 +219,7 @@ async def test_following_one_inference_pool_in_a_cluster(
     """``kvgate picker --kubernetes --pool-name llm``: the pool's Pods from the (FAKE: no real one can
     run here) API server; a Pod turning not-ready stops being picked; the metrics port wants a
     bearer token the API server accepts and authorizes (the Inference Extension's default); the
-    chart's EndpointPickerConfig (``--config-file``) becomes the pool's profile."""
+    chart's EndpointPickerConfig (``--config-file``), customised, becomes the pool's profile."""
     port = free_port()
     fleet = await start_fleet(3, 0.1, ["--port", str(port), "--hosts-from", "127.0.11.1", "--model", MODEL,
                                        "--admin-port", "0"])
@@ -233,7 +234,7 @@ async def test_following_one_inference_pool_in_a_cluster(
     child = ChildProcess([
         *KVGATE, "picker", "--kubernetes", "--kube-api", cluster.url, "--pool-name", "llm",
         "--pool-namespace", "default", "--grpc-port", "0", "--admin-port", "0", "--grpc-health-port", "0",
-        "--log-level", "WARNING", "--config-text", CHART_DEFAULT,
+        "--log-level", "WARNING", "--config-text", CHART_CONFIG,
     ], name="kvgate picker --kubernetes")
     await child.start()
     try:

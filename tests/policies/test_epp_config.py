@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.policies.epp_config import translate_epp_config
+from kvgate.policies.epp_config import is_reference_default, translate_epp_config
 from kvgate.policies.profile import build_profile, load_profile
 
 CHART_DEFAULT = """
@@ -63,6 +63,10 @@ def test_the_charts_default_becomes_the_gie_default_profile() -> None:
     assert built.prefix == reference.prefix
     assert "prefix-index-recorder" in [f.plugin_type for f in built.feedback]
     assert any("metrics-data-source" in note for note in translation.notes)
+    assert is_reference_default(translation.profile)
+    custom = translate_epp_config(CHART_DEFAULT.replace("weight: 3", "weight: 5"))
+    assert custom.profile is not None
+    assert not is_reference_default(custom.profile)
 
 
 def test_an_llm_d_sample_with_a_prefix_producer_and_a_picker() -> None:
@@ -74,6 +78,7 @@ def test_an_llm_d_sample_with_a_prefix_producer_and_a_picker() -> None:
     assert (built.prefix.block_chars, built.prefix.max_blocks, built.prefix.default_capacity_blocks) == (
         64, 256, 50000)
     assert any(note.startswith("decode-filter") for note in translation.notes)
+    assert not is_reference_default(translation.profile)
 
 
 @pytest.mark.parametrize(("text", "why"), [

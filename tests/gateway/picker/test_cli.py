@@ -93,3 +93,14 @@ def test_a_config_kvgate_cannot_translate_keeps_the_default_profile(caplog: pyte
     assert epp_profile(args) is None
     assert "latency-slo-admitter" in caplog.text
     assert epp_profile(build_parser().parse_args(["--pools", "p.yaml"])) is None
+
+
+def test_the_charts_default_config_keeps_kvgates_default_profile() -> None:
+    """The default-plugins.yaml every Inference Extension chart passes asks for nothing but the
+    picker's default: kvgate's own (which routes better) serves the pools."""
+    chart = EPP_CONFIG.replace("    weight: 3\n  - pluginRef: prefix-cache-scorer\n",
+                               "    weight: 2\n  - pluginRef: kv-cache-utilization-scorer\n    weight: 2\n"
+                               "  - pluginRef: prefix-cache-scorer\n    weight: 3\n")
+    chart = chart.replace("- type: prefix-cache-scorer\n  parameters: {blockSize: 128}\n",
+                          "- type: kv-cache-utilization-scorer\n- type: prefix-cache-scorer\n")
+    assert epp_profile(build_parser().parse_args(["--pools", "p.yaml", "--config-text", chart])) is None
