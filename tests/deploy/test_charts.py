@@ -38,6 +38,7 @@ from kvgate.gateway.controlplane.resources import (
 )
 from kvgate.gateway.picker.cli import build_parser as picker_parser
 from kvgate.gateway.up_cli import build_parser as up_parser
+from kvgate.policies.epp_config import translate_epp_config
 from kvgate.policies.profile import build_profile
 from tests.deploy.charts import CHARTS, NAMESPACE, Doc, container, one, render, render_error
 
@@ -69,6 +70,18 @@ CUSTOM_PROFILE: dict[str, Any] = yaml.safe_load(
 PICKER_CASES["own profile"] = {
     "inferencePool": {**POOL_VALUES["inferencePool"], "profile": "mine"},
     "profiles": {"mine": CUSTOM_PROFILE},
+}
+CUSTOM_PLUGINS = """apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins: [{type: queue-scorer}, {type: prefix-cache-scorer}]
+schedulingProfiles:
+- name: mine
+  plugins: [{pluginRef: queue-scorer, weight: 1}, {pluginRef: prefix-cache-scorer, weight: 5}]
+"""
+PICKER_CASES["the Inference Extension's plugins config"] = {
+    "inferencePool": POOL_VALUES["inferencePool"],
+    "inferenceExtension": {"pluginsConfigFile": "mine.yaml",
+                           "pluginsCustomConfig": {"mine.yaml": CUSTOM_PLUGINS}},
 }
 GATEWAY_CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -352,3 +365,24 @@ def test_own_profiles_are_mounted_where_the_annotation_points_and_load(chart: st
         if chart == "kvgate-picker":
             annotation = one(docs, "InferencePool")["metadata"]["annotations"]["kvgate.io/profile"]
             assert annotation == str(path)
+
+
+def test_the_inference_extensions_plugins_config_reaches_the_picker_and_translates() -> None:
+    """``pluginsCustomConfig`` / ``pluginsConfigFile`` (the Inference Extension chart's names): the
+    file is mounted where ``--config-file`` points, the pool names no profile (the config decides),
+    and kvgate translates it into a profile with its weights."""
+    docs = render("kvgate-picker", PICKER_CASES["the Inference Extension's plugins config"])
+    deployment = one(docs, "Deployment", "llama-epp")
+    parsed = _args(picker_parser(), deployment, "picker")
+    config_map = one(docs, "ConfigMap")
+    mounts = {m["name"]: m["mountPath"] for m in container(deployment)["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    wanted = config_map["metadata"]["name"]
+    [name] = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == wanted]
+    assert Path(mounts[name]) / "mine.yaml" == parsed.config_file
+    assert "kvgate.io/profile" not in one(docs, "InferencePool")["metadata"]["annotations"]
+    translation = translate_epp_config(config_map["data"]["mine.yaml"])
+    assert translation.profile is not None
+    built = build_profile(translation.profile)
+    weights = [(s.plugin_type, s.weight) for s in built.scorers]
+    assert weights == [("queue-scorer", 1.0), ("prefix-cache-scorer", 5.0)]

@@ -48,3 +48,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "redis://%s-redis:6379/0" (include "kvgate-picker.name" .) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The EndpointPickerConfig file the picker loads (--config-file), or "": one of pluginsCustomConfig. */}}
+{{- define "kvgate-picker.pluginsConfig" -}}
+{{- $ext := .Values.inferenceExtension -}}
+{{- if and $ext.pluginsConfigFile (hasKey ($ext.pluginsCustomConfig | default dict) $ext.pluginsConfigFile) -}}
+{{ $ext.pluginsConfigFile }}
+{{- end -}}
+{{- end }}
