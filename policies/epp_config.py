@@ -3,14 +3,17 @@ picker with ``--config-file`` (or ``--config-text``), as a kvgate scheduling pro
 
 A drop-in picker should honour the scorer weights and the picker a deployment chose. A config of
 one scheduling profile whose plugins kvgate has translates to a profile document
-(``policies.profile``): its scorers with their weights, its picker, the prefix settings of its
+(``policies.profile``), and llm-d's P/D pair (``prefill`` and ``decode`` profiles with a P/D
+profile handler and its decider) to a disaggregated one (``policies.disaggregation``: kvgate's
+prefix-based decider with the config's threshold, each half from its profile): its scorers with
+their weights, its picker, the prefix settings of its
 prefix plugins (``blockSizeTokens`` at 4 characters a token, the deprecated ``blockSize`` in
 characters, ``maxPrefixBlocksToMatch`` or ``maxPrefixTokensToMatch``, ``lruCapacityPerServer``),
 with kvgate's own filters first (a stored response's endpoint, healthy endpoints) and its feedback
 plugins. Plugins whose work kvgate does itself in another place (metrics sources and extractors,
 request parsers, the single-profile handler, a decode filter in a pool of one role, the prefix
-producer) are noted and left out. Anything else (several profiles for P/D, a latency predictor,
-filters kvgate has not) is not translated: the caller keeps its own profile and says why.
+producer; the role filters of a P/D pair) are noted and left out. Anything else (a latency
+predictor, filters kvgate has not) is not translated: the caller keeps its own profile and says why.
 
 The charts pass their default config to every picker: :func:`is_reference_default` tells it
 (GIE's default scorers and weights, the max-score picker, default prefix settings), which asks for
@@ -58,9 +61,22 @@ CHARS_PER_TOKEN = 4
 @dataclass(frozen=True, slots=True)
 class Translation:
     profile: Mapping[str, Any] | None
-    """A profile document (``policies.profile.build_profile`` builds it), or None: not translated."""
+    """A profile document (``policies.profile.build_profile`` builds it; a disaggregated one,
+    ``policies.disaggregation``, names its halves by role: the caller writes :attr:`halves` where
+    it names them), or None: not translated."""
     notes: tuple[str, ...] = field(default=())
     """What was left out, or why nothing was translated."""
+    halves: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """A disaggregated profile's ``decode`` and ``prefill`` profile documents."""
+
+
+_HANDLERS = frozenset({"pd-profile-handler", "disagg-profile-handler"})
+_DECIDERS = frozenset({"prefix-based-pd-decider", "always-disagg-pd-decider"})
+_ROLE_FILTERS = frozenset({"prefill-filter", "decode-filter"})
+
+
+class _Untranslatable(Exception):
+    pass
 
 
 def translate_epp_config(text: str) -> Translation:
@@ -71,53 +87,99 @@ def translate_epp_config(text: str) -> Translation:
         return Translation(None, (f"not valid YAML: {exc}",))
     if not isinstance(document, Mapping) or document.get("kind") not in KINDS:
         return Translation(None, ("not an EndpointPickerConfig (kind)",))
+    try:
+        return _translate(document)
+    except _Untranslatable as why:
+        return Translation(None, (str(why),))
+
+
+def _translate(document: Mapping[str, Any]) -> Translation:
     plugins: dict[str, tuple[str, Mapping[str, Any]]] = {}
     for spec in document.get("plugins") or ():
         if not isinstance(spec, Mapping) or not isinstance(spec.get("type"), str):
-            return Translation(None, ("a plugin without a type",))
+            raise _Untranslatable("a plugin without a type")
         parameters = spec.get("parameters") or {}
         plugins[str(spec.get("name") or spec["type"])] = (spec["type"], parameters)
     found = document.get("schedulingProfiles")
-    profiles: list[Any] = list(found) if isinstance(found, list) else []
-    if len(profiles) != 1 or not isinstance(profiles[0], Mapping):
-        return Translation(None, (f"{len(profiles)} scheduling profiles: kvgate translates one (its P/D "
-                                  "pools run the pd profiles: kvgate.io/profile)",))
+    profiles: dict[str, Mapping[str, Any]] = {
+        str(p.get("name")): p for p in (found if isinstance(found, list) else []) if isinstance(p, Mapping)}
+    handler = next((kind for kind, _ in plugins.values() if kind in _HANDLERS), None)
+    disaggregated = handler is not None and set(profiles) == {"prefill", "decode"}
+    if len(profiles) != 1 and not disaggregated:
+        raise _Untranslatable(f"{len(profiles)} scheduling profiles: kvgate translates one, or llm-d's P/D "
+                              "pair (prefill and decode, with a P/D profile handler)")
     notes: list[str] = []
     for kind, _ in plugins.values():  # (declared plugins act without a pluginRef: producers, admitters)
         if kind in DONE_ELSEWHERE:
             notes.append(f"{kind}: left out ({DONE_ELSEWHERE[kind]})")
-        elif kind not in SCORERS and kind not in PICKERS:
-            return Translation(None, (f"plugin type {kind!r} is not one kvgate has",))
+        elif kind in _ROLE_FILTERS and disaggregated:
+            notes.append(f"{kind}: left out (kvgate's P/D scheduler picks each half among its role)")
+        elif not (kind in SCORERS or kind in PICKERS or (disaggregated and kind in _HANDLERS | _DECIDERS)):
+            raise _Untranslatable(f"plugin type {kind!r} is not one kvgate has")
+    prefix = _prefix(plugins, notes)
+    if not disaggregated:
+        (only,) = profiles.values()
+        return Translation(_profile(only, plugins, prefix, role=None), tuple(notes))
+    halves = {role: _profile(profiles[role], plugins, prefix, role=role) for role in ("decode", "prefill")}
+    pd = {"name": "epp-config-pd",
+          "description": "translated from the picker's EndpointPickerConfig (--config-file), P/D",
+          "disaggregation": {"decider": _decider(plugins), "decode": "decode", "prefill": "prefill"}}
+    return Translation(pd, tuple(notes), halves)
+
+
+def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],
+             prefix: Mapping[str, int], *, role: str | None) -> dict[str, Any]:
+    """One scheduling profile as a kvgate profile document (``role``: a P/D half's, or None)."""
     scorers: list[dict[str, Any]] = []
     picker = "max-score-picker"
     used: list[dict[str, Any]] = []
-    for ref in profiles[0].get("plugins") or ():
-        name = ref.get("pluginRef") if isinstance(ref, Mapping) else None
-        if name not in plugins:
-            return Translation(None, (f"pluginRef {name!r} names no plugin",))
-        kind, parameters = plugins[name]
+    for ref in scheduling.get("plugins") or ():
+        found = ref.get("pluginRef") if isinstance(ref, Mapping) else None
+        if not isinstance(found, str) or found not in plugins:
+            raise _Untranslatable(f"pluginRef {found!r} names no plugin")
+        name = found
+        kind, _ = plugins[name]
         if kind in SCORERS:
-            weight = ref.get("weight", 1)
-            scorers.append({"plugin": name, "weight": float(weight)})
+            scorers.append({"plugin": name, "weight": float(ref.get("weight", 1))})
             used.append({"type": SCORERS[kind], "name": name})
         elif kind in PICKERS:
             picker = name
             used.append({"type": kind, "name": name})
     if not scorers:
-        return Translation(None, ("the profile has no scorer kvgate has",))
+        raise _Untranslatable(f"the profile {scheduling.get('name')!r} has no scorer kvgate has")
     if picker == "max-score-picker" and not any(u["name"] == picker for u in used):
         used.append({"type": "max-score-picker"})
-    prefix = _prefix(plugins, notes)
+    # a prefill half serves no stored response and pins no session (policies.disaggregation)
+    filters = ["healthy-filter"] if role == "prefill" else ["stored-response-filter", "healthy-filter"]
     profile: dict[str, Any] = {
-        "name": str(profiles[0].get("name") or "epp-config"),
+        "name": str(scheduling.get("name") or "epp-config"),
         "description": "translated from the picker's EndpointPickerConfig (--config-file)",
-        "plugins": [{"type": "stored-response-filter"}, {"type": "healthy-filter"}, *used],
-        "profile": {"filters": ["stored-response-filter", "healthy-filter"], "scorers": scorers,
-                    "picker": picker},
+        "plugins": [*({"type": f} for f in filters), *used],
+        "profile": {"filters": filters, "scorers": scorers, "picker": picker},
     }
+    if role == "prefill":
+        feedback = ["inflight-recorder", "prefix-index-recorder", "outlier-ejection"]
+        profile["plugins"] += [{"type": f} for f in feedback]
+        profile["profile"]["feedback"] = feedback
     if prefix:
-        profile["prefix"] = prefix
-    return Translation(profile, tuple(notes))
+        profile["prefix"] = dict(prefix)
+    return profile
+
+
+def _decider(plugins: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """kvgate's prefix-based decider with the config's threshold: its decider's ``nonCachedTokens``
+    (``always-disagg-pd-decider``: 0), else the handler's ``threshold``, else kvgate's default."""
+    for kind, parameters in plugins.values():
+        if kind == "always-disagg-pd-decider":
+            return {"type": "prefix-based-pd-decider", "parameters": {"non_cached_tokens": 0}}
+        if kind == "prefix-based-pd-decider" and isinstance(parameters.get("nonCachedTokens"), int):
+            return {"type": "prefix-based-pd-decider",
+                    "parameters": {"non_cached_tokens": parameters["nonCachedTokens"]}}
+    for kind, parameters in plugins.values():
+        if kind in _HANDLERS and isinstance(parameters.get("threshold"), int):
+            threshold = parameters["threshold"]
+            return {"type": "prefix-based-pd-decider", "parameters": {"non_cached_tokens": threshold}}
+    return {"type": "prefix-based-pd-decider"}
 
 
 def _prefix(plugins: Mapping[str, tuple[str, Mapping[str, Any]]], notes: list[str]) -> dict[str, int]:
@@ -153,6 +215,8 @@ REFERENCE_SCORERS = frozenset({("queue-scorer", 2.0), ("kv-cache-utilization-sco
 
 def is_reference_default(profile: Mapping[str, Any]) -> bool:
     """Whether a translated profile is the Inference Extension's default (module docstring)."""
+    if "disaggregation" in profile:
+        return False
     kinds = {plugin.get("name", plugin["type"]): plugin["type"] for plugin in profile["plugins"]}
     scorers = {(kinds[ref["plugin"]], float(ref["weight"])) for ref in profile["profile"]["scorers"]}
     picker = kinds.get(profile["profile"]["picker"], profile["profile"]["picker"])

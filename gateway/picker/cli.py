@@ -36,9 +36,9 @@ from kvgate.gateway.picker.workers import (
 )
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.processes.envoy_process import free_port
+from kvgate.policies.disaggregation import load_scheduling
 from kvgate.policies.epp_config import is_reference_default, translate_epp_config
 from kvgate.policies.errors import ConfigError
-from kvgate.policies.profile import build_profile
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 from kvgate.policies.validation import describe
 
@@ -254,11 +254,17 @@ def epp_profile(args: argparse.Namespace) -> str | None:
                  "own use kvgate's default profile (kvgate.io/profile: gie-default runs the Inference "
                  "Extension's)")
         return None
-    build_profile(translation.profile)  # (refuse it here, not at the first pool)
     directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))
     atexit.register(shutil.rmtree, directory, True)
+    profile = dict(translation.profile)
+    if translation.halves:  # a disaggregated profile names its halves' files
+        for role, half in translation.halves.items():
+            (directory / f"{role}.yaml").write_text(yaml.safe_dump(dict(half), sort_keys=False))
+        profile["disaggregation"] = {**profile["disaggregation"],
+                                     **{role: str(directory / f"{role}.yaml") for role in translation.halves}}
     path = directory / "profile.yaml"
-    path.write_text(yaml.safe_dump(dict(translation.profile), sort_keys=False))
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    load_scheduling(path)  # (refuse it here, not at the first pool)
     log.info("EndpointPickerConfig translated to the profile %s", path)
     return str(path)
 

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from kvgate.policies.disaggregation import build_disaggregated
 from kvgate.policies.epp_config import is_reference_default, translate_epp_config
 from kvgate.policies.profile import build_profile, load_profile
 
@@ -99,3 +103,65 @@ def test_what_is_not_translated_says_why(text: str, why: str) -> None:
     translation = translate_epp_config(text)
     assert translation.profile is None
     assert why in translation.notes[0]
+
+
+LLM_D_PD = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250}
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: 16}
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: prefix-based-pd-decider}}
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: max-score-picker
+  - pluginRef: prefix-cache-scorer
+    weight: 2
+  - pluginRef: queue-scorer
+    weight: 1
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 1
+"""
+"""llm-d's sample P/D configuration (deploy/config/pd-epp-config.yaml), the decode half's prefix
+weight changed to tell the halves apart."""
+
+
+def test_llm_ds_pd_pair_becomes_a_disaggregated_profile(tmp_path: Path) -> None:
+    translation = translate_epp_config(LLM_D_PD)
+    assert translation.profile is not None
+    assert not is_reference_default(translation.profile)
+    assert translation.profile["disaggregation"]["decider"] == {
+        "type": "prefix-based-pd-decider", "parameters": {"non_cached_tokens": 16}}
+    paths = {}
+    for role, half in translation.halves.items():
+        paths[role] = tmp_path / f"{role}.yaml"
+        paths[role].write_text(yaml.safe_dump(dict(half)))
+    document = {**translation.profile, "disaggregation": {
+        **translation.profile["disaggregation"], **{role: str(path) for role, path in paths.items()}}}
+    built = build_disaggregated(document)
+    assert [(s.plugin_type, s.weight) for s in built.decode.scorers] == [("prefix-cache-scorer", 3.0),
+                                                                        ("queue-scorer", 1.0)]
+    assert [(s.plugin_type, s.weight) for s in built.prefill.scorers] == [("prefix-cache-scorer", 2.0),
+                                                                         ("queue-scorer", 1.0)]
+    assert "session-recorder" not in [f.plugin_type for f in built.prefill.feedback]
+    assert any(note.startswith("prefill-filter") for note in translation.notes)
+    decider = "type: prefix-based-pd-decider\n  parameters: {nonCachedTokens: 16}"
+    assert decider in LLM_D_PD
+    always = translate_epp_config(LLM_D_PD.replace(decider, "type: always-disagg-pd-decider"))
+    assert always.profile is not None
+    assert always.profile["disaggregation"]["decider"]["parameters"] == {"non_cached_tokens": 0}

@@ -11,8 +11,10 @@ from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S
 from kvgate.gateway.picker.cli import build_parser, epp_profile, settings_from_args, with_default_profile
 from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, parse_pools
 from kvgate.gateway.picker.tls import self_signed
+from kvgate.policies.disaggregation import DisaggregatedProfile, load_scheduling
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.profile import load_profile
+from tests.policies.test_epp_config import LLM_D_PD
 
 
 def test_the_prefill_timeout_reaches_the_settings_and_defaults_below_envoys_message_timeout() -> None:
@@ -104,3 +106,12 @@ def test_the_charts_default_config_keeps_kvgates_default_profile() -> None:
     chart = chart.replace("- type: prefix-cache-scorer\n  parameters: {blockSize: 128}\n",
                           "- type: kv-cache-utilization-scorer\n- type: prefix-cache-scorer\n")
     assert epp_profile(build_parser().parse_args(["--pools", "p.yaml", "--config-text", chart])) is None
+
+
+def test_llm_ds_pd_config_becomes_a_disaggregated_profile_on_disk() -> None:
+    args = build_parser().parse_args(["--pools", "p.yaml", "--config-text", LLM_D_PD])
+    path = epp_profile(args)
+    assert path is not None
+    loaded = load_scheduling(path)
+    assert isinstance(loaded, DisaggregatedProfile)
+    assert loaded.decider.plugin_type == "prefix-based-pd-decider"
