@@ -20,7 +20,9 @@ from kvgate.gateway.controlplane.kubernetes.client import KubeClient
 from kvgate.gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
 from kvgate.gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
-from kvgate.gateway.picker.cli import build_parser, epp_profile, ready_line, settings_from_args, warn_ignored
+from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
+from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_profile
+from kvgate.gateway.picker.pools_file import Dialect
 from kvgate.gateway.picker.service import PickerService
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.policies.errors import ConfigError
@@ -29,15 +31,20 @@ log = logging.getLogger(__name__)
 
 
 def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: ObjectKey,
-                   profile: str = "default") -> bool:
-    """Serve ``pool`` as ``snapshot`` has it (its profile ``profile`` unless it names one:
-    ``kvgate.io/profile``); False (the last pool kept) when it is not there."""
+                   args: argparse.Namespace | None = None, profile: str = "default") -> bool:
+    """Serve ``pool`` as ``snapshot`` has it (the picker's flags' profile, engine and metrics port
+    unless the pool names its own: ``gateway.picker.epp_flags``); False (the last pool kept) when it
+    is not there."""
     found = next((p for p in snapshot.config.pools if p.key == pool), None)
     if found is None:
         log.warning("InferencePool %s/%s is not in the cluster (or does not load)", pool.namespace, pool.name)
         return False
-    settings = ControlPlaneSettings(picker_address="", default_profile=profile)  # (defaults: engine)
+    engine: Dialect = (args.default_engine if args is not None else None) or "vllm"
+    settings = ControlPlaneSettings(picker_address="", default_profile=profile, default_engine=engine)
     spec, warnings = pool_spec(found, snapshot.resources, snapshot.config, settings)
+    metrics_port = args.model_server_metrics_port if args is not None else None
+    if spec.metrics_port is None and metrics_port is not None:
+        spec = spec.model_copy(update={"metrics_port": metrics_port})
     for warning in warnings:
         log.warning("%s", warning)
     service.apply_pools([spec], spec.name)
@@ -71,12 +78,12 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         first = await provider.first()
-        if not apply_snapshot(service, first, pool, profile):
+        if not apply_snapshot(service, first, pool, args, profile):
             raise ConfigError(f"InferencePool {pool.namespace}/{pool.name} not found in the cluster")
         await service.start()
         print(ready_line(args, service) + f" pool={pool.namespace}/{pool.name}", flush=True)
         async for snapshot in provider.updates(stop):
-            apply_snapshot(service, snapshot, pool, profile)
+            apply_snapshot(service, snapshot, pool, args, profile)
     finally:
         await service.stop()
         await provider.stop()
@@ -90,6 +97,7 @@ def main(argv: Sequence[str]) -> int:
     logs.configure(args.log_level)
     warn_ignored(args)
     try:
+        apply_epp_flags(args)
         return event_loop.run(lambda: serve(args), args.loop)
     except event_loop.LoopUnavailable as exc:
         print(f"kvgate picker: {exc}", flush=True)

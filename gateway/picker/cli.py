@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
 import logging
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 from watchfiles import awatch
 
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
+from kvgate.gateway.picker.epp_flags import add_epp_flags, apply_epp_flags, epp_profile, with_pool_defaults
 from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
@@ -36,8 +33,6 @@ from kvgate.gateway.picker.workers import (
 )
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.gateway.processes.envoy_process import free_port
-from kvgate.policies.disaggregation import load_scheduling
-from kvgate.policies.epp_config import is_reference_default, translate_epp_config
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS
 from kvgate.policies.validation import describe
@@ -208,16 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the Inference Extension picker's flags that its charts pass and kvgate has no use for "
         "(accepted, so its manifests work unchanged; a warning names them)"
     )
-    epp = parser.add_argument_group("the Inference Extension picker's scheduling configuration")
-    epp.add_argument("--config-file", type=Path, default=None, metavar="FILE",
-                     help="an EndpointPickerConfig (the Inference Extension's, llm-d's): its one scheduling "
-                     "profile's scorers, weights and picker become the profile of the pools that name none "
-                     "(kvgate.io/profile, a pools file's profile); one kvgate cannot translate is said "
-                     "and kvgate's default profile kept")
-    epp.add_argument("--config-text", default=None, metavar="YAML", help="the same, inline")
-    for flag in ("--zap-encoder", "--enable-pprof", "--v", "--model-server-metrics-path"):
-        accepted.add_argument(flag, dest=f"ignored_{flag.lstrip('-').replace('-', '_')}", default=None,
-                              metavar="VALUE", help=argparse.SUPPRESS)
+    add_epp_flags(parser, accepted, flag_bool)
     parser.add_argument("--log-level", default="INFO")
     event_loop.add_loop_argument(parser)
     return parser
@@ -230,51 +216,6 @@ def warn_ignored(args: argparse.Namespace) -> None:
     if given:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
         log.warning("ignoring flags kvgate does not use: %s", flags)
-
-
-def epp_profile(args: argparse.Namespace) -> str | None:
-    """The profile ``--config-file`` / ``--config-text`` translate to (``policies.epp_config``), as
-    a file the pools can name (written once, in a directory of its own), or None: none given, or
-    not translated (said, with why)."""
-    if args.config_file is None and args.config_text is None:
-        return None
-    try:
-        text = args.config_text if args.config_text is not None else args.config_file.read_text()
-    except OSError as exc:
-        raise ConfigError(f"--config-file: {exc}") from exc
-    translation = translate_epp_config(text)
-    for note in translation.notes:
-        log.warning("EndpointPickerConfig: %s", note)
-    if translation.profile is None:
-        log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
-                    "default profile")
-        return None
-    if is_reference_default(translation.profile):
-        log.info("EndpointPickerConfig: the Inference Extension's default; pools without a profile of their "
-                 "own use kvgate's default profile (kvgate.io/profile: gie-default runs the Inference "
-                 "Extension's)")
-        return None
-    directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))
-    atexit.register(shutil.rmtree, directory, True)
-    profile = dict(translation.profile)
-    if translation.halves:  # a disaggregated profile names its halves' files
-        for role, half in translation.halves.items():
-            (directory / f"{role}.yaml").write_text(yaml.safe_dump(dict(half), sort_keys=False))
-        profile["disaggregation"] = {**profile["disaggregation"],
-                                     **{role: str(directory / f"{role}.yaml") for role in translation.halves}}
-    path = directory / "profile.yaml"
-    path.write_text(yaml.safe_dump(profile, sort_keys=False))
-    load_scheduling(path)  # (refuse it here, not at the first pool)
-    log.info("EndpointPickerConfig translated to the profile %s", path)
-    return str(path)
-
-
-def with_default_profile(pools: Sequence[PoolSpec], profile: str | None) -> list[PoolSpec]:
-    """``pools``, those that name no profile given ``profile`` (None: as they are)."""
-    if profile is None:
-        return list(pools)
-    return [pool if "profile" in pool.model_fields_set else pool.model_copy(update={"profile": profile})
-            for pool in pools]
 
 
 def flag_bool(text: str) -> bool:
@@ -384,14 +325,18 @@ async def _serve(args: argparse.Namespace) -> int:
     redis_url = args.redis or pools.redis
     service = PickerService(settings_from_args(args, redis_url))
     profile = epp_profile(args)
-    service.apply_pools(with_default_profile(pools.pools, profile), pools.effective_default)
+
+    def defaults(specs: Sequence[PoolSpec]) -> list[PoolSpec]:
+        return with_pool_defaults(specs, profile, args.default_engine, args.model_server_metrics_port)
+
+    service.apply_pools(defaults(pools.pools), pools.effective_default)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
     print(ready_line(args, service), flush=True)
-    watcher = asyncio.create_task(_watch(args.pools, service, stop, profile)) if args.watch else None
+    watcher = asyncio.create_task(_watch(args.pools, service, stop, defaults)) if args.watch else None
     try:
         await stop.wait()
         if args.drain_timeout > 0:
@@ -418,13 +363,13 @@ async def _drain(service: PickerService, stop: asyncio.Event, timeout_s: float) 
             await draining
 
 
-async def _watch(path: Path, service: PickerService, stop: asyncio.Event, profile: str | None) -> None:
+async def _watch(path: Path, service: PickerService, stop: asyncio.Event,
+                 defaults: Callable[[Sequence[PoolSpec]], list[PoolSpec]]) -> None:
     """Apply the pools file again whenever it changes (written whole and renamed into place, or a
     Kubernetes ConfigMap's symlink swapped: the whole folder is watched). A change elsewhere in the
     folder that leaves the file as it was does nothing: the picker's own log written there was one,
     and each reload logged again, a reload every ~40 ms for as long as the picker ran."""
-    applier = PoolsFileApplier(
-        path, lambda pools, default: service.apply_pools(with_default_profile(pools, profile), default))
+    applier = PoolsFileApplier(path, lambda pools, default: service.apply_pools(defaults(pools), default))
     async for _changes in awatch(path.parent, stop_event=stop, debounce=50, step=20):
         applier.changed()
 
@@ -463,6 +408,11 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     logs.configure(args.log_level)
     warn_ignored(args)
+    try:
+        apply_epp_flags(args)
+    except ConfigError as exc:
+        print(f"kvgate picker: {exc.message}", file=sys.stderr)
+        return 2
     args.workers = resolve_workers(args.workers, args.redis)
     if args.pools is None:
         print("kvgate picker: give --pools FILE, or --kubernetes --pool-name NAME", file=sys.stderr)

@@ -127,4 +127,8 @@ def add_tracing_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def tracing_from_args(args: argparse.Namespace) -> TracingSettings | None:
+    """The flags' tracing (``--tracing=false``, the Inference Extension's: off whatever the
+    environment names)."""
+    if getattr(args, "tracing", None) is False:
+        return None
     return tracing_settings(args.otlp_endpoint, args.otlp_sampling_ratio)

@@ -235,6 +235,9 @@ async def test_following_one_inference_pool_in_a_cluster(
         *KVGATE, "picker", "--kubernetes", "--kube-api", cluster.url, "--pool-name", "llm",
         "--pool-namespace", "default", "--grpc-port", "0", "--admin-port", "0", "--grpc-health-port", "0",
         "--log-level", "WARNING", "--config-text", CHART_CONFIG,
+        # (what llm-d's chart passes every picker besides: kvgate's starts with them)
+        "--zap-encoder", "json", "--ha-enable-leader-election", "--tracing=false",
+        "--refresh-metrics-interval", "50ms",
     ], name="kvgate picker --kubernetes")
     await child.start()
     try:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S
-from kvgate.gateway.picker.cli import build_parser, epp_profile, settings_from_args, with_default_profile
+from kvgate.gateway.picker.cli import build_parser, settings_from_args
+from kvgate.gateway.picker.epp_flags import epp_profile, with_pool_defaults
 from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, parse_pools
 from kvgate.gateway.picker.tls import self_signed
 from kvgate.policies.disaggregation import DisaggregatedProfile, load_scheduling
@@ -84,8 +85,8 @@ def test_an_endpoint_picker_config_becomes_the_profile_of_the_pools_naming_none(
                                                                    ("prefix-cache-scorer", 1.0)]
     assert profile.prefix.block_chars == 128
     pools = parse_pools("pools: [{name: a}, {name: b, profile: gie-default}]").pools
-    assert [p.profile for p in with_default_profile(pools, path)] == [path, "gie-default"]
-    assert with_default_profile(pools, None) == list(pools)
+    assert [p.profile for p in with_pool_defaults(pools, path)] == [path, "gie-default"]
+    assert with_pool_defaults(pools, None) == list(pools)
 
 
 def test_a_config_kvgate_cannot_translate_keeps_the_default_profile(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,179 @@
+"""The Inference Extension's (now llm-d's) picker flags, as its charts pass them, on ``kvgate picker``:
+a drop-in must start with its manifests unchanged and do what the flags mean where kvgate can.
+
+- ``--config-file`` / ``--config-text``: its EndpointPickerConfig, translated to a kvgate profile
+  for the pools that name none (``policies.epp_config``; :func:`epp_profile`).
+- ``--tracing=true|false``: ``false`` turns tracing off even where the OpenTelemetry environment
+  names an endpoint; ``true`` traces to the environment's (``OTEL_EXPORTER_OTLP_ENDPOINT``, which
+  its charts set) unless ``--otlp-endpoint`` says otherwise.
+- ``--refresh-metrics-interval`` and ``--metrics-staleness-threshold`` (Go durations, ``50ms``) are
+  ``--scrape-interval`` and ``--stale-after``; ``--model-server-metrics-port`` is the pool's metrics
+  port (``kvgate.io/metrics-port`` unless the pool names one).
+- ``--total-queued-requests-metric`` and its siblings name an engine's metrics, as the charts pass
+  them for SGLang, Triton and TensorRT-LLM pools: kvgate reads the engine's dialect they belong to
+  (``kvgate.io/engine`` unless the pool names one); names of no known engine are said.
+- Flags for what kvgate does otherwise (leader election: kvgate's pickers serve side by side, sharing
+  state through Redis; pprof, the log encoder, verbosity, the health-checking switch, the
+  Prometheus refresh) are accepted and named in a warning. The pool-less mode (``--endpoint-selector``)
+  is refused with what to use instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+from kvgate.gateway.picker.pools_file import Dialect, PoolSpec
+from kvgate.policies.disaggregation import load_scheduling
+from kvgate.policies.epp_config import is_reference_default, translate_epp_config
+from kvgate.policies.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+IGNORED = ("--zap-encoder", "--enable-pprof", "--v", "--model-server-metrics-path",
+           "--refresh-prometheus-metrics-interval")
+"""Flags taking a value that kvgate has no use for."""
+IGNORED_SWITCHES = ("--ha-enable-leader-election", "--health-checking", "--disable-endpoint-subset-filter")
+"""Boolean flags (Go's: bare or ``=true``) that kvgate has no use for."""
+METRIC_FLAGS = ("--total-queued-requests-metric", "--total-running-requests-metric",
+                "--kv-cache-usage-percentage-metric", "--lora-info-metric", "--cache-info-metric")
+ENGINE_PREFIXES: tuple[tuple[str, Dialect], ...] = (
+    ("vllm:", "vllm"), ("sglang:", "sglang"), ("nv_trt_llm", "triton"), ("trtllm_", "trtllm"),
+    ("jetstream_", "jetstream"),
+)
+"""A metric name's prefix → the engine dialect it belongs to."""
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def go_duration(text: str) -> float:
+    """Seconds of a Go duration (``50ms``, ``1m30s``, ``1.5s``)."""
+    value = text.strip().strip('"')
+    parts = _GO_DURATION.findall(value)
+    if not parts or "".join(number + unit for number, unit in parts) != value:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 50ms, 2s)")
+    return sum(float(number) * _UNITS[unit] for number, unit in parts)
+
+
+def add_epp_flags(parser: argparse.ArgumentParser, accepted: argparse._ArgumentGroup,
+                  flag_bool: Callable[[str], bool]) -> None:
+    """The Inference Extension picker's flags (module docstring) on ``parser``; ``accepted``: the
+    group of those accepted and not used."""
+    epp = parser.add_argument_group("the Inference Extension picker's flags kvgate maps onto its own")
+    epp.add_argument("--config-file", type=Path, default=None, metavar="FILE",
+                     help="an EndpointPickerConfig (the Inference Extension's, llm-d's): its scheduling "
+                     "profile's scorers, weights and picker (or llm-d's P/D pair) become the profile of "
+                     "the pools that name none (kvgate.io/profile, a pools file's profile); one kvgate "
+                     "cannot translate is said and kvgate's default profile kept")
+    epp.add_argument("--config-text", default=None, metavar="YAML", help="the same, inline")
+    epp.add_argument("--tracing", type=flag_bool, nargs="?", const=True, default=None, metavar="BOOL",
+                     help="false: no tracing, whatever the environment names; true: trace to "
+                     "OTEL_EXPORTER_OTLP_ENDPOINT unless --otlp-endpoint")
+    epp.add_argument("--refresh-metrics-interval", type=go_duration, default=None, metavar="DURATION",
+                     help="--scrape-interval as a Go duration (50ms)")
+    epp.add_argument("--metrics-staleness-threshold", type=go_duration, default=None, metavar="DURATION",
+                     help="--stale-after as a Go duration (2s)")
+    epp.add_argument("--model-server-metrics-port", type=int, default=None, metavar="PORT",
+                     help="the port the engines serve metrics on (a pool's kvgate.io/metrics-port wins)")
+    for flag in METRIC_FLAGS:
+        epp.add_argument(flag, dest=f"metric_{_dest(flag)}", default=None, metavar="NAME",
+                         help=argparse.SUPPRESS)
+    for flag in ("--endpoint-selector", "--endpoint-target-ports"):
+        epp.add_argument(flag, dest=f"standalone_{_dest(flag)}", default=None, metavar="VALUE",
+                         help=argparse.SUPPRESS)
+    for flag in IGNORED:
+        accepted.add_argument(flag, dest=f"ignored_{_dest(flag)}", default=None, metavar="VALUE",
+                              help=argparse.SUPPRESS)
+    for flag in IGNORED_SWITCHES:
+        accepted.add_argument(flag, dest=f"ignored_{_dest(flag)}", nargs="?", const="true", default=None,
+                              metavar="BOOL", help=argparse.SUPPRESS)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def apply_epp_flags(args: argparse.Namespace) -> None:
+    """The flags' meaning on kvgate's own (``args`` changed in place; module docstring). Raises
+    ConfigError for the pool-less mode."""
+    if args.standalone_endpoint_selector is not None or args.standalone_endpoint_target_ports is not None:
+        raise ConfigError("--endpoint-selector / --endpoint-target-ports (the Inference Extension picker's "
+                          "mode without an InferencePool): kvgate follows an InferencePool (--kubernetes "
+                          "--pool-name) or the endpoints of a pools file (--pools)")
+    if args.refresh_metrics_interval is not None:
+        args.scrape_interval = args.refresh_metrics_interval
+    if args.metrics_staleness_threshold is not None:
+        args.stale_after = args.metrics_staleness_threshold
+    args.default_engine = metric_engine(args)
+
+
+def metric_engine(args: argparse.Namespace) -> Dialect | None:
+    """The engine whose metrics the metric-name flags name (None: none given); names of no known
+    engine are said (kvgate reads its dialects' names: kvgate.io/engine)."""
+    names = [value.strip().strip('"') for flag in METRIC_FLAGS
+             if (value := getattr(args, f"metric_{_dest(flag)}")) is not None and value.strip().strip('"')]
+    engines = {engine for name in names for prefix, engine in ENGINE_PREFIXES if name.startswith(prefix)}
+    unknown = [name for name in names if not any(name.startswith(prefix) for prefix, _ in ENGINE_PREFIXES)]
+    if unknown or len(engines) > 1:
+        log.warning("metric names of no single engine kvgate reads (%s): the pools' kvgate.io/engine, "
+                    "else vllm, decides which names are scraped", ", ".join(names))
+        return None
+    return next(iter(engines), None)
+
+
+def epp_profile(args: argparse.Namespace) -> str | None:
+    """The profile ``--config-file`` / ``--config-text`` translate to (``policies.epp_config``), as
+    a file the pools can name (written once, in a directory of its own), or None: none given, not
+    translated (said, with why), or the charts' default (kvgate's default profile serves it)."""
+    if args.config_file is None and args.config_text is None:
+        return None
+    try:
+        text = args.config_text if args.config_text is not None else args.config_file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config-file: {exc}") from exc
+    translation = translate_epp_config(text)
+    for note in translation.notes:
+        log.warning("EndpointPickerConfig: %s", note)
+    if translation.profile is None:
+        log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
+                    "default profile")
+        return None
+    if is_reference_default(translation.profile):
+        log.info("EndpointPickerConfig: the Inference Extension's default; pools without a profile of their "
+                 "own use kvgate's default profile (kvgate.io/profile: gie-default runs the Inference "
+                 "Extension's)")
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))
+    atexit.register(shutil.rmtree, directory, True)
+    profile = dict(translation.profile)
+    if translation.halves:  # a disaggregated profile names its halves' files
+        for role, half in translation.halves.items():
+            (directory / f"{role}.yaml").write_text(yaml.safe_dump(dict(half), sort_keys=False))
+        profile["disaggregation"] = {**profile["disaggregation"],
+                                     **{role: str(directory / f"{role}.yaml") for role in translation.halves}}
+    path = directory / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    load_scheduling(path)  # (refuse it here, not at the first pool)
+    log.info("EndpointPickerConfig translated to the profile %s", path)
+    return str(path)
+
+
+def with_pool_defaults(pools: Sequence[PoolSpec], profile: str | None, engine: Dialect | None = None,
+                       metrics_port: int | None = None) -> list[PoolSpec]:
+    """``pools``, each given what it does not name itself: ``profile``, ``engine``, ``metrics_port``
+    (None: nothing)."""
+    defaults = {"profile": profile, "engine": engine, "metrics_port": metrics_port}
+    out = []
+    for pool in pools:
+        update = {field: value for field, value in defaults.items()
+                  if value is not None and field not in pool.model_fields_set}
+        out.append(pool.model_copy(update=update) if update else pool)
+    return out
