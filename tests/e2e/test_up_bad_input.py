@@ -73,6 +73,8 @@ BAD_INPUTS = (
              headers=(*JSON, ("upgrade", "websocket"), ("connection", "Upgrade"))),
     BadInput("GET /v1/realtime without Upgrade: websocket (a realtime session is a WebSocket)", 400,
              "bad_request", method="GET", path="/v1/realtime", headers=()),
+    BadInput("x-gateway-model-name-rewrite on a pool that does not take it (kvgate.io/model-rewrite-header)",
+             400, "bad_request", completion(), headers=(*JSON, ("x-gateway-model-name-rewrite", "other"))),
     BadInput("95 extra headers (no room left for the gateway's own)", 431, "request_header_fields_too_large",
              completion(), headers=extra_headers(95)),
     BadInput("120 extra headers (over Envoy's limit of 100)", 431, "request_header_fields_too_large",
