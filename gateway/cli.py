@@ -28,6 +28,19 @@ def _run_sim(argv: Sequence[str]) -> int:
     return sim_main(argv)
 
 
+def inference_extension_args(args: Sequence[str]) -> list[str] | None:
+    """``kvgate``'s arguments for the Inference Extension picker's command line (its image's
+    ``args``, as its and llm-d's charts give them, with no subcommand: kvgate's image in their
+    place), or None for any other: ``picker --kubernetes``, bound to every interface as theirs is
+    unless ``--host`` says otherwise."""
+    if not args or not args[0].startswith("-"):
+        return None
+    if not any(a == "--pool-name" or a.startswith("--pool-name=") for a in args):
+        return None
+    host = [] if any(a == "--host" or a.startswith("--host=") for a in args) else ["--host", "0.0.0.0"]
+    return ["picker", "--kubernetes", *host, *args]
+
+
 def _run_picker(argv: Sequence[str]) -> int:
     if "--kubernetes" in argv:  # the picker following a cluster: a composition of both floors
         from kvgate.gateway.picker_kubernetes import main as cluster_main
@@ -82,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # skipping fork() handlers" at every start. No child uses its parent's gRPC, so they are off.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     args = list(sys.argv[1:] if argv is None else argv)
+    args = inference_extension_args(args) or args
     commands = _commands()
     parser = argparse.ArgumentParser(
         prog="kvgate",

@@ -232,7 +232,9 @@ async def test_following_one_inference_pool_in_a_cluster(
     for obj in (pool, *(pod(f"llm-{i}", f"127.0.11.{i + 1}") for i in range(3))):
         await cluster.apply(dict(obj))
     child = ChildProcess([
-        *KVGATE, "picker", "--kubernetes", "--kube-api", cluster.url, "--pool-name", "llm",
+        # the Inference Extension's picker command line as its image gets it (no subcommand: kvgate
+        # runs it as `kvgate picker --kubernetes`), bound to loopback here
+        *KVGATE, "--kube-api", cluster.url, "--host", "127.0.0.1", "--pool-name", "llm",
         "--pool-namespace", "default", "--grpc-port", "0", "--admin-port", "0", "--grpc-health-port", "0",
         "--log-level", "WARNING", "--config-text", CHART_CONFIG,
         # (what llm-d's chart passes every picker besides: kvgate's starts with them)
