@@ -77,12 +77,25 @@ def sim_tokenizer(pool: InferencePool, given: str | None) -> str | None:
     return str(path / "tokenizer.json" if path.is_dir() else path)
 
 
+def selected_labels(pool: InferencePool) -> dict[str, str]:
+    """Labels that ``pool``'s selector selects: its ``matchLabels``, and for its expressions the first
+    value an ``In`` names and any value for ``Exists`` (``NotIn`` and ``DoesNotExist`` hold
+    without the label)."""
+    labels = dict(pool.spec.selector.match_labels)
+    for requirement in pool.spec.selector.match_expressions:
+        if requirement.operator == "In":
+            labels[requirement.key] = requirement.values[0]
+        elif requirement.operator == "Exists":
+            labels[requirement.key] = "true"
+    return labels
+
+
 def sim_pods(pool: InferencePool, hosts: Sequence[str], roles: Sequence[str] = ()) -> tuple[Pod, ...]:
     """One ready Pod per simulated replica, labelled to match ``pool``'s selector, and with its role
     (``roles[i]``; none or ``both``: no role label) as llm-d labels it (``llm-d.ai/role``)."""
     pods = []
     for index, host in enumerate(hosts):
-        labels = dict(pool.spec.selector.match_labels)
+        labels = selected_labels(pool)
         role = roles[index] if index < len(roles) else "both"
         if role != "both":
             labels[ROLE_LABEL] = role

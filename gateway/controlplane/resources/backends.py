@@ -13,6 +13,7 @@ from kvgate.gateway.controlplane.resources.backend_tls import BackendTls, Backen
 from kvgate.gateway.controlplane.resources.conditions import Condition, ConditionType, Reason, condition
 from kvgate.gateway.controlplane.resources.core import Pod, Service, check_address, format_address
 from kvgate.gateway.controlplane.resources.inference import InferencePool
+from kvgate.gateway.controlplane.resources.label_selector import LabelSelector
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey
 from kvgate.gateway.controlplane.resources.resolved import ModelServerTls, ResolvedPicker, ResolvedPool
@@ -57,14 +58,16 @@ def pod_role(pod: Pod) -> Role:
         return Role.BOTH
 
 
-def ready_pods(resources: ResourceSet, namespace: str, labels: Mapping[str, str]) -> tuple[Pod, ...]:
-    """Ready pods in ``namespace`` whose labels include every ``labels`` pair, sorted by name."""
+def ready_pods(resources: ResourceSet, namespace: str, selector: Mapping[str, str] | LabelSelector,
+               ) -> tuple[Pod, ...]:
+    """Ready pods in ``namespace`` that ``selector`` selects (a Service's: every pair of the map),
+    sorted by name."""
+    if not isinstance(selector, LabelSelector):
+        selector = LabelSelector(match_labels=selector)
     chosen = [
         pod
         for pod in resources.pods
-        if pod.metadata.namespace == namespace
-        and pod.ready
-        and all(pod.metadata.labels.get(k) == v for k, v in labels.items())
+        if pod.metadata.namespace == namespace and pod.ready and selector.matches(pod.metadata.labels)
     ]
     return tuple(sorted(chosen, key=lambda pod: pod.metadata.name))
 
@@ -167,7 +170,7 @@ def resolve_pool(
         )
         return PoolResolution(pool, None, cond)
     ports = tuple(port.number for port in pool.spec.target_ports)
-    pods = ready_pods(resources, pool.metadata.namespace, pool.spec.selector.match_labels)
+    pods = ready_pods(resources, pool.metadata.namespace, pool.spec.selector)
     endpoints = tuple(
         Endpoint(
             address=format_address(pod.status.pod_ip or "", port), pool=str(pool.key), name=pod.metadata.name,

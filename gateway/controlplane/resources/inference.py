@@ -1,9 +1,12 @@
 """Inference Extension manifests: InferencePool (``inference.networking.k8s.io/v1``),
 InferenceObjective and InferenceModelRewrite (``inference.networking.x-k8s.io/v1alpha2``).
 
-The schemas follow GIE's Go types. Two deliberate leniencies: ``targetPorts`` takes 1–8 ports
-(GIE v1.0 allows one; later releases more), and ``endpointPickerRef`` accepts ``port`` as well
-as GIE's ``portNumber``.
+The schemas follow GIE's Go types. Three deliberate leniencies: ``targetPorts`` takes 1–8 ports
+(GIE v1.0 allows one; later releases more), ``endpointPickerRef`` accepts ``port`` as well
+as GIE's ``portNumber``, and the selector takes ``matchExpressions`` beside ``matchLabels`` (the
+Inference Extension's v1 has ``matchLabels`` alone, and the API server drops what its schema lacks;
+manifest files, and the pool ``kvgate picker --endpoint-selector`` builds, may use the rest of a
+Kubernetes label selector).
 """
 
 from __future__ import annotations
@@ -13,17 +16,11 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from kvgate.gateway.controlplane.resources.label_selector import LabelSelector
 from kvgate.gateway.controlplane.resources.meta import PortNumber, Resource, SpecModel
 from kvgate.policies.types import FailureMode
 
 DEFAULT_PICKER_PORT = 9002
-
-
-class LabelSelector(SpecModel):
-    match_labels: Mapping[str, str] = Field(min_length=1)
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(key) == value for key, value in self.match_labels.items())
 
 
 class Port(SpecModel):
@@ -55,6 +52,13 @@ class InferencePoolSpec(SpecModel):
     """How the gateway speaks to every target port (GIE: HTTP/1.1, or HTTP/2 in clear text for
     gRPC model servers)."""
     endpoint_picker_ref: EndpointPickerRef
+
+    @field_validator("selector")
+    @classmethod
+    def _selects_something(cls, selector: LabelSelector) -> LabelSelector:
+        if selector.empty:  # (it would select every Pod of the namespace)
+            raise ValueError("selector needs matchLabels (or matchExpressions)")
+        return selector
 
     @field_validator("target_ports")
     @classmethod

@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from kvgate.gateway.controlplane.resources.backend_tls import BackendTlsPolicies, BrokenBackendTls
 from kvgate.gateway.controlplane.resources.backends import find_service, service_addresses
 from kvgate.gateway.controlplane.resources.conditions import (
@@ -36,6 +38,7 @@ from kvgate.gateway.controlplane.resources.gateway_api import (
 )
 from kvgate.gateway.controlplane.resources.grpc_route import GRPC_FILTERS, GRPC_ROUTE
 from kvgate.gateway.controlplane.resources.hostnames import intersect
+from kvgate.gateway.controlplane.resources.label_selector import LabelSelector
 from kvgate.gateway.controlplane.resources.loader import ResourceSet
 from kvgate.gateway.controlplane.resources.meta import ObjectKey, ResourceRef
 from kvgate.gateway.controlplane.resources.resolved import (
@@ -205,14 +208,26 @@ def _namespace_allowed(resources: ResourceSet, listener: Listener, gateway_ns: s
         return True
     if origin.from_ == "Same":
         return route_ns == gateway_ns
-    selector = origin.selector if isinstance(origin.selector, Mapping) else {}
-    wanted = selector.get("matchLabels") or {}
+    selector = namespace_selector(origin.selector)
+    if selector is None:
+        return False
     namespace: Namespace | None = next(
         (ns for ns in resources.namespaces if ns.metadata.name == route_ns), None
     )
     labels = dict(namespace.metadata.labels) if namespace is not None else {}
     labels.setdefault("kubernetes.io/metadata.name", route_ns)
-    return isinstance(wanted, Mapping) and all(labels.get(k) == v for k, v in wanted.items())
+    return selector.matches(labels)
+
+
+def namespace_selector(value: object) -> LabelSelector | None:
+    """A listener's ``allowedRoutes.namespaces.selector`` (None: left out or not a label selector,
+    which selects no namespace: never every one)."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return LabelSelector.model_validate(value)
+    except ValidationError:
+        return None
 
 
 def _kind_allowed(listener: Listener, kind: str) -> bool:

@@ -206,6 +206,16 @@ def test_sim_pods_join_the_chosen_pool() -> None:
     merged = parse_manifests([("x.yaml", POOL.format(profile="default", engine="vllm"))])
     config = validate(with_pods(merged, pods), ValidationOptions(require_picker_service=False))
     assert config.pools[0].addresses == ("127.0.1.1:8000", "127.0.1.2:8000")
+    expressions = ("matchExpressions: [{key: tier, operator: In, values: [gpu, tpu]}, "
+                   "{key: gen, operator: Exists}]")
+    text = POOL.format(profile="default", engine="vllm")
+    text = text.replace("matchLabels:", f"{expressions}, matchLabels:")
+    assert expressions in text
+    selective = find_pool(parse_manifests([("x.yaml", text + "---" + REST)]), "llama")
+    pods = sim_pods(selective, ["127.0.1.1"])
+    config = validate(with_pods(parse_manifests([("x.yaml", text)]), pods),
+                      ValidationOptions(require_picker_service=False))
+    assert config.pools[0].addresses == ("127.0.1.1:8000",)
     with pytest.raises(ConfigError):
         find_pool(resources, "nope")
     two = parse_manifests([("x.yaml", POOL.format(profile="a", engine="b") + "---" + EXTERNAL)])

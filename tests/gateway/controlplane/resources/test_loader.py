@@ -161,6 +161,12 @@ def test_route_schema_errors(spec: str, fragment: str) -> None:
             "number",
         ),
         ("targetPorts: [{number: 1}], endpointPickerRef: {name: e}", "selector"),
+        ("targetPorts: [{number: 1}], selector: {matchLabels: {}}, endpointPickerRef: {name: e}", "selector"),
+        (
+            "targetPorts: [{number: 1}], selector: {matchExpressions: [{key: a, operator: In}]}, "
+            "endpointPickerRef: {name: e}",
+            "needs values",
+        ),
         (
             "targetPorts: [{number: 1}], selector: {matchLabels: {a: b}}, appProtocol: grpc, "
             "endpointPickerRef: {name: e}",

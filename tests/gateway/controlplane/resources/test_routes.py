@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from kvgate.gateway.controlplane.resources import (
     BackendKind,
     ConditionStatus,
@@ -220,6 +222,32 @@ def test_namespaces_allowed_by_listeners() -> None:
     cond = config.status.find(other, ConditionType.ACCEPTED)
     assert cond is not None
     assert cond.is_true
+
+
+@pytest.mark.parametrize(("selector", "team_labels", "accepted"), [
+    ("{matchExpressions: [{key: shared, operator: In, values: ['yes']}]}", "{shared: 'yes'}", True),
+    # the expressions are the whole selector: left unread, they selected every namespace
+    ("{matchExpressions: [{key: shared, operator: In, values: ['yes']}]}", "{shared: 'no'}", False),
+    ("{matchExpressions: [{key: shared, operator: Exists}]}", "{}", False),
+    ("{matchLabels: {env: prod}, matchExpressions: [{key: tier, operator: NotIn, values: [edge]}]}",
+     "{env: prod, tier: edge}", False),
+    ("{matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [team]}]}", "{}", True),
+    ("{matchExpressions: [{key: shared, operator: Maybe}]}", "{shared: 'yes'}", False),  # not a selector
+    ("{}", "{}", True),  # the empty selector: every namespace (Kubernetes' rule)
+    (None, "{shared: 'yes'}", False),  # from: Selector without one: none
+])
+def test_namespace_selector_expressions(selector: str | None, team_labels: str, accepted: bool) -> None:
+    rules = f"    - backendRefs: [{pool_ref('pool-a')}]"
+    parents = "[{name: gw, namespace: default}]"
+    field = f", selector: {selector}" if selector is not None else ""
+    gateway = GATEWAY.replace(
+        "protocol: HTTP}", f"protocol: HTTP, allowedRoutes: {{namespaces: {{from: Selector{field}}}}}}}"
+    )
+    namespace = f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: team, labels: {team_labels}}}\n"
+    config = build(gateway, *base()[1:], namespace, route("r", rules, parents=parents, namespace="team"))
+    cond = config.status.find(ResourceRef("HTTPRoute", "team", "r"), ConditionType.ACCEPTED)
+    assert cond is not None
+    assert cond.is_true is accepted, cond
 
 
 def test_hostnames_intersect_with_the_listener() -> None:

@@ -80,6 +80,25 @@ def test_pool_endpoints_are_pods_times_target_ports() -> None:
     assert resolved.target_ports == (8000, 8001)
 
 
+def test_pool_selector_expressions() -> None:
+    """A pool's selector with matchExpressions (a leniency: the Inference Extension's v1 has
+    matchLabels alone) selects as a Kubernetes label selector does."""
+    selector = (
+        "selector: {matchLabels: {app: multi}, "
+        "matchExpressions: [{key: tier, operator: NotIn, values: [canary]}]}"
+    )
+    config = build(
+        GATEWAY,
+        EPP_SERVICE,
+        pool("multi").replace("selector: {matchLabels: {app: multi}}", selector),
+        pod("m-1", "multi", "10.2.0.1"),
+        pod("m-2", "multi", "10.2.0.2").replace("labels: {app: multi}", "labels: {app: multi, tier: canary}"),
+        pod("m-3", "multi", "10.2.0.3").replace("labels: {app: multi}", "labels: {app: multi, tier: main}"),
+    )
+    (resolved,) = config.pools
+    assert resolved.addresses == ("10.2.0.1:8000", "10.2.0.3:8000")
+
+
 def test_unreferenced_pool_is_pending() -> None:
     config = build(*base())
     ref = ResourceRef("InferencePool", "default", "pool-a")
