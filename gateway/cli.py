@@ -35,14 +35,18 @@ def inference_extension_args(args: Sequence[str]) -> list[str] | None:
     unless ``--host`` says otherwise."""
     if not args or not args[0].startswith("-"):
         return None
-    if not any(a == "--pool-name" or a.startswith("--pool-name=") for a in args):
+    if not _has_flag(args, "--pool-name", "--endpoint-selector"):
         return None
-    host = [] if any(a == "--host" or a.startswith("--host=") for a in args) else ["--host", "0.0.0.0"]
+    host = [] if _has_flag(args, "--host") else ["--host", "0.0.0.0"]
     return ["picker", "--kubernetes", *host, *args]
 
 
+def _has_flag(args: Sequence[str], *flags: str) -> bool:
+    return any(a == flag or a.startswith(f"{flag}=") for a in args for flag in flags)
+
+
 def _run_picker(argv: Sequence[str]) -> int:
-    if "--kubernetes" in argv:  # the picker following a cluster: a composition of both floors
+    if _has_flag(argv, "--kubernetes", "--endpoint-selector"):  # following a cluster: both floors composed
         from kvgate.gateway.picker_kubernetes import main as cluster_main
 
         return cluster_main(argv)

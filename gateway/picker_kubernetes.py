@@ -5,6 +5,15 @@ port, InferenceObjectives and InferenceModelRewrites, through ``gateway.controlp
 and serves it with the flags, ports and defaults of ``kvgate picker`` (ext_proc 9002 over TLS,
 gRPC health 9003, metrics 9090). The pool is the picker's default pool, so gateways that send no
 pool name reach it. Configuration that does not load keeps the last good pool.
+
+``--endpoint-selector SELECTOR --endpoint-target-ports P[,P]`` instead of ``--pool-name`` is the
+Inference Extension's mode without its APIs (its "standalone" chart, llm-d's batch and RL jobs: no
+InferencePool CRD installed): the Pods the selector selects (Kubernetes' label selector syntax) in
+the namespace, on those ports, are the pool; only Pods are followed (no InferenceObjectives, no
+rewrites: the APIs that carry them may not exist). The pool is named after the picker's Deployment
+(``POD_NAME`` less its ReplicaSet's and Pod's suffixes, as the Inference Extension names it), else
+``endpoint-selector``. The namespace, in both modes: ``--pool-namespace``, else this Pod's
+(``POD_NAMESPACE``, the mounted service account's), else ``NAMESPACE``, else ``default``.
 """
 
 from __future__ import annotations
@@ -12,14 +21,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import re
 import signal
 from collections.abc import Sequence
+from typing import Any
 
 from kvgate.gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
-from kvgate.gateway.controlplane.kubernetes.client import KubeClient
+from kvgate.gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from kvgate.gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
 from kvgate.gateway.controlplane.kubernetes.review import MetricsAuthorizer
 from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, ValidationOptions
+from kvgate.gateway.controlplane.resources.label_selector import parse_selector
+from kvgate.gateway.controlplane.resources.meta import DEFAULT_NAMESPACE
 from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
 from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_profile
 from kvgate.gateway.picker.pools_file import Dialect
@@ -52,19 +66,83 @@ def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: Objec
 
 
 POOL_GROUP = "inference.networking.k8s.io"
+SELECTOR_POOL_NAME = "endpoint-selector"
+"""The pool ``--endpoint-selector`` builds, where ``POD_NAME`` names no Deployment's Pod."""
+_DEPLOYMENT_POD = re.compile(r"^(.+)-[a-z0-9]+-[a-z0-9]+$")
+
+
+def pool_namespace(flag: str | None) -> str:
+    """The namespace of the pool (module docstring)."""
+    return (flag or own_namespace() or os.environ.get("NAMESPACE", "").strip() or DEFAULT_NAMESPACE)
+
+
+def target_ports(text: str) -> tuple[int, ...]:
+    """``--endpoint-target-ports``: 1 to 8 ports, comma-separated (repeats dropped, as the Inference
+    Extension drops them)."""
+    ports: list[int] = []
+    for part in text.split(","):
+        try:
+            port = int(part.strip())
+        except ValueError:
+            raise ConfigError(f"--endpoint-target-ports {text!r}: {part.strip()!r} is not a port number "
+                              "(e.g. 8000 or 8000,8001)") from None
+        if not 0 < port < 65536:
+            raise ConfigError(f"--endpoint-target-ports {text!r}: {port} is not a port (1-65535)")
+        if port not in ports:
+            ports.append(port)
+    if len(ports) > 8:
+        raise ConfigError(f"--endpoint-target-ports {text!r}: at most 8 ports")
+    return tuple(ports)
+
+
+def selector_pool(selector: str, ports: str | None, namespace: str, pod_name: str | None = None,
+                  ) -> dict[str, Any]:
+    """The InferencePool ``--endpoint-selector`` / ``--endpoint-target-ports`` stand for (module
+    docstring), as a manifest. Raises ConfigError on a selector or ports it cannot read."""
+    if not ports:
+        raise ConfigError("--endpoint-selector needs --endpoint-target-ports (the model servers' ports, "
+                          "e.g. 8000)")
+    try:
+        parsed = parse_selector(selector)
+    except ValueError as exc:
+        raise ConfigError(f"--endpoint-selector {selector!r}: {exc}") from None
+    match = _DEPLOYMENT_POD.match(pod_name or "")
+    return {
+        "apiVersion": f"{POOL_GROUP}/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": match.group(1) if match else SELECTOR_POOL_NAME, "namespace": namespace},
+        "spec": {
+            "selector": parsed.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+            "targetPorts": [{"number": port} for port in target_ports(ports)],
+            "endpointPickerRef": {"name": "kvgate-picker"},  # (this picker: no Service is looked up)
+        },
+    }
 
 
 async def serve(args: argparse.Namespace) -> int:
-    if not args.pool_name:
-        raise ConfigError("--kubernetes needs --pool-name NAME (and --pool-namespace NS)")
-    if args.pool_group != POOL_GROUP:  # (the Inference Extension's pre-v1 pools live in another group)
+    selector = args.standalone_endpoint_selector
+    namespace = pool_namespace(args.pool_namespace)
+    kinds = PICKER_KINDS
+    extra: tuple[dict[str, Any], ...] = ()
+    if selector is not None:
+        if args.pool_name:
+            raise ConfigError("give --pool-name or --endpoint-selector, not both")
+        extra = (selector_pool(selector, args.standalone_endpoint_target_ports, namespace,
+                               os.environ.get("POD_NAME")),)
+        kinds = tuple(kind for kind in PICKER_KINDS if kind.plural == "pods")
+        pool = ObjectKey(namespace, extra[0]["metadata"]["name"])
+    elif not args.pool_name:
+        raise ConfigError("--kubernetes needs --pool-name NAME (and --pool-namespace NS), or "
+                          "--endpoint-selector SELECTOR --endpoint-target-ports PORTS")
+    elif args.pool_group != POOL_GROUP:  # (the Inference Extension's pre-v1 pools live in another group)
         raise ConfigError(f"--pool-group {args.pool_group}: kvgate follows {POOL_GROUP}/v1 InferencePools "
                           "only (the Inference Extension's v1 API)")
-    pool = ObjectKey(args.pool_namespace, args.pool_name)
+    else:
+        pool = ObjectKey(namespace, args.pool_name)
     client = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
     provider = KubernetesProvider(
-        client, namespace=args.pool_namespace, options=ValidationOptions(require_picker_service=False),
-        kinds=PICKER_KINDS, controller_name=None,
+        client, namespace=namespace, options=ValidationOptions(require_picker_service=False),
+        kinds=kinds, controller_name=None, extra_objects=extra,
     )
     service = PickerService(settings_from_args(args, args.redis))
     profile = epp_profile(args) or "default"
@@ -94,6 +172,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
+    args.kubernetes = True  # (--endpoint-selector implies it)
     logs.configure(args.log_level)
     warn_ignored(args)
     try:

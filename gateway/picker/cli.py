@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--kubernetes", action="store_true",
                          help="the pool, its Pods, objectives and rewrites from the cluster")
     cluster.add_argument("--pool-name", default=None, help="the InferencePool to serve (with --kubernetes)")
-    cluster.add_argument("--pool-namespace", default="default", help="its namespace (default: default)")
+    cluster.add_argument("--pool-namespace", default=None,
+                         help="its namespace (default: this Pod's, POD_NAMESPACE or its service account's, "
+                         "else NAMESPACE, else default)")
     cluster.add_argument("--pool-group", default="inference.networking.k8s.io",
                          help="the InferencePool's API group: kvgate follows the v1 API's (the "
                               "Inference Extension's flag; another group is refused)")

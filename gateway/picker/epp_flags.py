@@ -14,8 +14,10 @@ a drop-in must start with its manifests unchanged and do what the flags mean whe
   (``kvgate.io/engine`` unless the pool names one); names of no known engine are said.
 - Flags for what kvgate does otherwise (leader election: kvgate's pickers serve side by side, sharing
   state through Redis; pprof, the log encoder, verbosity, the health-checking switch, the
-  Prometheus refresh) are accepted and named in a warning. The pool-less mode (``--endpoint-selector``)
-  is refused with what to use instead.
+  Prometheus refresh) are accepted and named in a warning.
+- ``--endpoint-selector`` / ``--endpoint-target-ports``: the mode without an InferencePool, the Pods
+  the selector selects are the pool (``gateway.picker_kubernetes``; ``kvgate picker`` runs it as
+  ``--kubernetes``).
 """
 
 from __future__ import annotations
@@ -86,9 +88,13 @@ def add_epp_flags(parser: argparse.ArgumentParser, accepted: argparse._ArgumentG
     for flag in METRIC_FLAGS:
         epp.add_argument(flag, dest=f"metric_{_dest(flag)}", default=None, metavar="NAME",
                          help=argparse.SUPPRESS)
-    for flag in ("--endpoint-selector", "--endpoint-target-ports"):
-        epp.add_argument(flag, dest=f"standalone_{_dest(flag)}", default=None, metavar="VALUE",
-                         help=argparse.SUPPRESS)
+    epp.add_argument("--endpoint-selector", dest="standalone_endpoint_selector", default=None,
+                     metavar="SELECTOR", help="instead of --pool-name: the Pods this label selector selects "
+                     "(app=vllm,env in (a,b),!canary) in the namespace are the pool, without an "
+                     "InferencePool (the Inference Extension's standalone mode; implies --kubernetes)")
+    epp.add_argument("--endpoint-target-ports", dest="standalone_endpoint_target_ports", default=None,
+                     metavar="PORTS",
+                     help="their model servers' ports, comma-separated (with --endpoint-selector)")
     for flag in IGNORED:
         accepted.add_argument(flag, dest=f"ignored_{_dest(flag)}", default=None, metavar="VALUE",
                               help=argparse.SUPPRESS)
@@ -103,11 +109,12 @@ def _dest(flag: str) -> str:
 
 def apply_epp_flags(args: argparse.Namespace) -> None:
     """The flags' meaning on kvgate's own (``args`` changed in place; module docstring). Raises
-    ConfigError for the pool-less mode."""
-    if args.standalone_endpoint_selector is not None or args.standalone_endpoint_target_ports is not None:
-        raise ConfigError("--endpoint-selector / --endpoint-target-ports (the Inference Extension picker's "
-                          "mode without an InferencePool): kvgate follows an InferencePool (--kubernetes "
-                          "--pool-name) or the endpoints of a pools file (--pools)")
+    ConfigError for the pool-less mode's flags without ``--kubernetes`` (``kvgate picker`` runs
+    that mode with it: ``gateway.picker_kubernetes``)."""
+    standalone = (args.standalone_endpoint_selector, args.standalone_endpoint_target_ports) != (None, None)
+    if standalone and not args.kubernetes:
+        raise ConfigError("--endpoint-selector / --endpoint-target-ports select the pool's Pods in a "
+                          "cluster: with --kubernetes (a pools file, --pools, lists its endpoints itself)")
     if args.refresh_metrics_interval is not None:
         args.scrape_interval = args.refresh_metrics_interval
     if args.metrics_staleness_threshold is not None:

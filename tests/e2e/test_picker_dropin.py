@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -280,6 +281,81 @@ async def test_following_one_inference_pool_in_a_cluster(
         assert await metrics(None) == 401
         assert await metrics("other-token") == 403
         assert await metrics("scraper-token") == 200
+    finally:
+        await child.stop()
+        await cluster.stop()
+
+
+async def test_the_mode_without_an_inference_pool_serves_the_pods_a_selector_selects(
+    start_fleet: Callable[..., Awaitable[SimFleet]],
+    start_envoy: Callable[..., Awaitable[EnvoyProcess]],
+    http: aiohttp.ClientSession,
+) -> None:
+    """The Inference Extension's standalone mode, as its chart and llm-d's RL jobs start the picker:
+    ``--endpoint-selector`` / ``--endpoint-target-ports``, no InferencePool (its CRD need not exist:
+    the FAKE API server, no real one can run here, refuses every Inference Extension kind, as RBAC
+    for Pods alone would). The pool is named after the Deployment (``POD_NAME``) in this Pod's
+    namespace (``POD_NAMESPACE``); a Pod the selector leaves out (``!draining``) is never picked, and
+    one labelled out while serving leaves the pool."""
+    port = free_port()
+    fleet = await start_fleet(3, 0.1, ["--port", str(port), "--hosts-from", "127.0.12.1", "--model", MODEL,
+                                       "--admin-port", "0"])
+    cluster = FakeApiServer()
+    for plural in ("inferencepools", "inferenceobjectives", "inferencemodelrewrites"):
+        cluster.deny("GET", plural)
+    await cluster.start()
+
+    def sampler(index: int, **labels: str) -> dict[str, object]:
+        obj = pod(f"sampler-{index}", f"127.0.12.{index + 1}")
+        obj["metadata"] = {"name": f"sampler-{index}", "namespace": "jobs",
+                           "labels": {"app": "sampler", **labels}}
+        return obj
+
+    await cluster.apply(sampler(0))
+    await cluster.apply(sampler(1))
+    await cluster.apply(sampler(2, draining="true"))
+    trainer = {"name": "trainer-0", "namespace": "jobs", "labels": {"app": "trainer"}}
+    await cluster.apply({**pod("trainer-0", "127.0.12.9"), "metadata": trainer})
+    env = {**os.environ, "POD_NAME": "rl-router-7d9f8b6c5d-x2x9k", "POD_NAMESPACE": "jobs"}
+    child = ChildProcess([
+        # the standalone chart's picker command line (no subcommand), bound to loopback here
+        *KVGATE, "--kube-api", cluster.url, "--host", "127.0.0.1",
+        "--endpoint-selector", "app=sampler,!draining", "--endpoint-target-ports", str(port),
+        "--grpc-port", "0", "--admin-port", "0", "--grpc-health-port", "0", "--log-level", "WARNING",
+        "--metrics-endpoint-auth=false", "--tracing=false", "--zap-encoder", "json",
+    ], name="kvgate picker --endpoint-selector", env=env)
+    await child.start()
+    try:
+        pattern = r"kvgate-picker ready grpc=\S+:(\d+) admin=(\S+) .*pool=jobs/rl-router"
+        ready = await child.wait_for_line(pattern, 30)
+        one_pool = ((PoolBackend("jobs/rl-router"),), ())
+        url = await _gateway(start_envoy, int(ready.group(1)), GIE_REFERENCE, one_pool)
+        admin = ready.group(2)
+
+        async def served() -> bool:
+            reply = await post_json(http, url, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            return reply.status == 200
+
+        await wait_until(served, "served through the selected Pods", timeout_s=15.0)
+        for _ in range(12):
+            assert await served()
+        counts = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
+        assert counts[2] == 0, counts  # draining: not selected
+        assert counts[0] > 0 or counts[1] > 0
+        await cluster.apply(sampler(0, draining="true"))
+
+        async def left() -> bool:
+            async with http.get(f"{admin}/debug/pools") as response:
+                [served_pool] = (await response.json())["pools"]
+            return [e["address"] for e in served_pool["endpoints"]] == [f"127.0.12.2:{port}"]
+
+        await wait_until(left, "the Pod labelled out left the pool", timeout_s=5.0)
+        before = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
+        for _ in range(6):
+            assert await served()
+        after = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
+        assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (0, 6, 0)
+        assert not any("inference" in line for line in cluster.requests), cluster.requests
     finally:
         await child.stop()
         await cluster.stop()

@@ -39,6 +39,10 @@ def test_the_inference_extensions_command_line_is_the_picker_following_the_clust
         "--pool-name=llama",
         "--host=10.0.0.1",
     ]
+    standalone = ["--endpoint-selector", "app=vllm", "--endpoint-target-ports", "8000", "--tracing=false"]
+    assert inference_extension_args(standalone) == [
+        "picker", "--kubernetes", "--host", "0.0.0.0", *standalone,
+    ]
     assert inference_extension_args(["picker", "--pool-name", "x"]) is None  # kvgate's own
     assert inference_extension_args(["--help"]) is None
     assert inference_extension_args([]) is None

@@ -75,11 +75,15 @@ class KubernetesProvider:
         watch_timeout_s: int = 300,
         kinds: tuple[KindSpec, ...] | None = None,
         controller_name: str | None = CONTROLLER_NAME,
+        extra_objects: tuple[dict[str, Any], ...] = (),
     ) -> None:
         """``kinds``: what to follow (default: everything ``kvgate up`` needs, Namespaces too when
         following every namespace). ``controller_name``: only Gateways of a GatewayClass with this
-        ``spec.controllerName`` are kvgate's (None: every Gateway, as with manifest files)."""
+        ``spec.controllerName`` are kvgate's (None: every Gateway, as with manifest files).
+        ``extra_objects``: manifests that are not in the cluster, read with what it holds (the pool
+        ``kvgate picker --endpoint-selector`` builds from its flags)."""
         self._client = client
+        self._extra = extra_objects
         self._controller = controller_name
         self._namespace = namespace
         self._options = options or ValidationOptions()
@@ -189,6 +193,8 @@ class KubernetesProvider:
             for cache in self._caches if cache.spec is not GATEWAY_CLASSES
             for obj in cache.objects() if used(cache.spec, obj)
         ]
+        files.extend((f"flags:{obj['kind']}/{obj['metadata']['name']}", json.dumps(obj, sort_keys=True))
+                     for obj in self._extra)
         if self._controller is not None:  # the class names are part of what decides the configuration
             classes = json.dumps(self.gateway_classes())
             files.append(("kubernetes:GatewayClasses", f"# {classes}\n"))

@@ -114,10 +114,13 @@ def test_metric_names_of_no_known_engine_are_said(caplog: pytest.LogCaptureFixtu
     assert "my_queue" in caplog.text
 
 
-def test_the_mode_without_an_inference_pool_is_refused_with_what_to_use() -> None:
+def test_the_mode_without_an_inference_pool_needs_the_cluster() -> None:
     args = build_parser().parse_args(["--endpoint-selector", "app=vllm", "--endpoint-target-ports", "8000"])
-    with pytest.raises(ConfigError, match="--pools"):
+    with pytest.raises(ConfigError, match="--kubernetes"):
         apply_epp_flags(args)
+    args.kubernetes = True  # (how kvgate picker runs it: gateway.picker_kubernetes)
+    apply_epp_flags(args)
+    assert (args.standalone_endpoint_selector, args.standalone_endpoint_target_ports) == ("app=vllm", "8000")
 
 
 def test_pools_get_the_flags_defaults_for_what_they_do_not_name() -> None:
