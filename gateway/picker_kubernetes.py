@@ -35,7 +35,7 @@ from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, Val
 from kvgate.gateway.controlplane.resources.label_selector import parse_selector
 from kvgate.gateway.controlplane.resources.meta import DEFAULT_NAMESPACE
 from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
-from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_profile
+from kvgate.gateway.picker.epp_flags import apply_epp_flags, default_profile
 from kvgate.gateway.picker.pools_file import Dialect
 from kvgate.gateway.picker.service import PickerService
 from kvgate.gateway.processes import event_loop, logs
@@ -145,7 +145,7 @@ async def serve(args: argparse.Namespace) -> int:
         kinds=kinds, controller_name=None, extra_objects=extra,
     )
     service = PickerService(settings_from_args(args, args.redis))
-    profile = epp_profile(args) or "default"
+    profile = default_profile(args) or "default"
     reviews: KubeClient | None = None
     if args.metrics_endpoint_auth is not False:  # the Inference Extension's default: on
         reviews = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)

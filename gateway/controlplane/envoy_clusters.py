@@ -29,6 +29,10 @@ class PoolBackend:
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
     endpoints: tuple[str, ...] = ()
     """``ip:port`` of the replicas; used only by a FailOpen pool's fallback cluster."""
+    announced: bool = True
+    """False: its routes name no pool to the picker, which serves them from its default pool (a
+    picker of one pool whose name the configuration cannot know: ``kvgate picker
+    --endpoint-selector`` names it after its Deployment)."""
 
 
 def socket_address(host: str, port: int) -> JsonDict:

@@ -210,7 +210,9 @@ def ext_proc_enabled(per_route: JsonDict) -> JsonDict:
 
 def ext_proc_per_route(pool: PoolBackend, settings: ExtProcSettings) -> JsonDict:
     """``ExtProcPerRoute`` naming the pool to the picker, with the pool's failure mode."""
-    overrides: JsonDict = {"grpc_initial_metadata": [{"key": POOL_METADATA_KEY, "value": pool.name}]}
+    overrides: JsonDict = {}
+    if pool.announced:
+        overrides["grpc_initial_metadata"] = [{"key": POOL_METADATA_KEY, "value": pool.name}]
     if pool.failure_mode is FailureMode.FAIL_OPEN:
         overrides["failure_mode_allow"] = True
         if settings.request_body_mode == "FULL_DUPLEX_STREAMED":

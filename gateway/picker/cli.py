@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import get_args
 
 from pydantic import ValidationError
 from watchfiles import awatch
@@ -18,8 +19,13 @@ from watchfiles import awatch
 from kvgate.extproc.attempt_timeout import AttemptTimeout
 from kvgate.extproc.lifecycle_config import EveryNth, LifecycleConfig
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_TIMEOUT_S
-from kvgate.gateway.picker.epp_flags import add_epp_flags, apply_epp_flags, epp_profile, with_pool_defaults
-from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, load_pools
+from kvgate.gateway.picker.epp_flags import (
+    add_epp_flags,
+    apply_epp_flags,
+    default_profile,
+    with_pool_defaults,
+)
+from kvgate.gateway.picker.pools_file import Dialect, ModelServerTlsSpec, PoolSpec, load_pools
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
 from kvgate.gateway.picker.tracing import add_tracing_flags, tracing_from_args
@@ -100,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--admin-port", "--metrics-port", dest="admin_port", type=int, default=9090,
                         help="metrics/health port (0 = any free; --metrics-port is the Inference "
                         "Extension's name for it)")
+    parser.add_argument("--profile", default=None, metavar="NAME|FILE",
+                        help="the scheduling profile of the pools that name none (a shipped one: default, "
+                        "gie-default, pd, ...; or a profile file); default: default, or what --config-file "
+                        "translates to (not both)")
+    parser.add_argument("--engine", choices=get_args(Dialect), default=None,
+                        help="the engine whose metrics the pools that name none export (default: what the "
+                        "metric-name flags name, else vllm)")
     parser.add_argument("--scrape-interval", type=float, default=0.05, help="seconds between scrapes")
     parser.add_argument("--stale-after", type=float, default=0.2, help="metrics older than this are stale")
     parser.add_argument(
@@ -326,7 +339,7 @@ async def _serve(args: argparse.Namespace) -> int:
     pools = load_pools(args.pools)
     redis_url = args.redis or pools.redis
     service = PickerService(settings_from_args(args, redis_url))
-    profile = epp_profile(args)
+    profile = default_profile(args)
 
     def defaults(specs: Sequence[PoolSpec]) -> list[PoolSpec]:
         return with_pool_defaults(specs, profile, args.default_engine, args.model_server_metrics_port)

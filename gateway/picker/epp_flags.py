@@ -119,7 +119,10 @@ def apply_epp_flags(args: argparse.Namespace) -> None:
         args.scrape_interval = args.refresh_metrics_interval
     if args.metrics_staleness_threshold is not None:
         args.stale_after = args.metrics_staleness_threshold
-    args.default_engine = metric_engine(args)
+    named = metric_engine(args)
+    if args.engine is not None and named is not None and named != args.engine:
+        log.warning("--engine %s wins over the engine the metric-name flags name (%s)", args.engine, named)
+    args.default_engine = args.engine or named
 
 
 def metric_engine(args: argparse.Namespace) -> Dialect | None:
@@ -171,6 +174,22 @@ def epp_profile(args: argparse.Namespace) -> str | None:
     load_scheduling(path)  # (refuse it here, not at the first pool)
     log.info("EndpointPickerConfig translated to the profile %s", path)
     return str(path)
+
+
+def default_profile(args: argparse.Namespace) -> str | None:
+    """The profile of the pools that name none: ``--profile`` (checked here: a profile that does not
+    load stops the picker at its start, not at its first pool), else what ``--config-file`` /
+    ``--config-text`` translate to (:func:`epp_profile`), else None (kvgate's default)."""
+    if args.profile is None:
+        return epp_profile(args)
+    if args.config_file is not None or args.config_text is not None:
+        raise ConfigError("give --profile or --config-file / --config-text (an EndpointPickerConfig that "
+                          "becomes the profile), not both")
+    try:
+        load_scheduling(args.profile)
+    except ConfigError as exc:
+        raise ConfigError(f"--profile {args.profile}: {exc.message}") from None
+    return str(args.profile)
 
 
 def with_pool_defaults(pools: Sequence[PoolSpec], profile: str | None, engine: Dialect | None = None,

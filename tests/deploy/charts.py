@@ -40,7 +40,10 @@ def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
     return found[0]
 
 
-def container(deployment: Doc) -> Doc:
-    [only] = deployment["spec"]["template"]["spec"]["containers"]
-    result: Doc = only
-    return result
+def container(deployment: Doc, name: str | None = None) -> Doc:
+    """The Deployment's container called ``name``; without a name, its main one (the only one, or
+    the first: a sidecar comes after it)."""
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    found: list[Doc] = [c for c in containers if name is None or c["name"] == name]
+    assert found, f"no container {name}"
+    return found[0]

@@ -83,6 +83,20 @@ PICKER_CASES["the Inference Extension's plugins config"] = {
     "inferenceExtension": {"pluginsConfigFile": "mine.yaml",
                            "pluginsCustomConfig": {"mine.yaml": CUSTOM_PLUGINS}},
 }
+STANDALONE: dict[str, Any] = {
+    "inferenceExtension": {"endpointsServer": {
+        "createInferencePool": False, "endpointSelector": "app=sampler,role in (prefill,decode)",
+        "targetPorts": "8100,8200", "modelServerType": "sglang",
+    }},
+    "inferencePool": {"profile": "gie-default"},
+}
+"""The Inference Extension's standalone mode: no InferencePool, Envoy in the picker's Pod."""
+PICKER_CASES["standalone"] = STANDALONE
+PICKER_CASES["standalone, own profile"] = {
+    "inferenceExtension": {"endpointsServer": {"createInferencePool": False, "endpointSelector": "app=x"}},
+    "inferencePool": {"profile": "mine"}, "profiles": {"mine": CUSTOM_PROFILE},
+}
+PICKER_CASES["sidecar beside a pool"] = {**POOL_VALUES, "inferenceExtension": {"sidecar": {"enabled": True}}}
 GATEWAY_CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "own profile": {"profiles": {"mine": CUSTOM_PROFILE}},
@@ -205,7 +219,17 @@ def test_the_picker_runs_a_real_command_line_that_agrees_with_its_service_and_pr
     deployment = one(docs, "Deployment", "llama-epp")
     parsed = _args(picker_parser(), deployment, "picker")
     assert parsed.kubernetes
-    assert (parsed.pool_name, parsed.pool_namespace) == ("llama", NAMESPACE)
+    servers = values.get("inferenceExtension", {}).get("endpointsServer", {})
+    if servers.get("createInferencePool", True):
+        assert (parsed.pool_name, parsed.pool_namespace) == ("llama", NAMESPACE)
+        assert parsed.standalone_endpoint_selector is None
+    else:  # the pool the picker builds is named after its Deployment, from POD_NAME
+        assert (parsed.pool_name, parsed.pool_namespace) == (None, NAMESPACE)
+        assert parsed.standalone_endpoint_selector == servers["endpointSelector"]
+        assert parsed.standalone_endpoint_target_ports == servers.get("targetPorts", "8000")
+        assert parsed.engine == servers.get("modelServerType", "vllm")
+        env = {e["name"]: e for e in container(deployment)["env"]}
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert parsed.host == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
     assert (ports["grpc-ext-proc"], ports["grpc-health"], ports["http-metrics"]) == (
@@ -247,7 +271,8 @@ def _services_reach_their_deployments(docs: list[Doc]) -> None:
         [target] = matched
         labels = target["spec"]["template"]["metadata"]["labels"]
         assert target["spec"]["selector"]["matchLabels"].items() <= labels.items()
-        named = {p.get("name"): p["containerPort"] for p in container(target)["ports"]}
+        named = {p.get("name"): p["containerPort"]
+                 for c in target["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
         for port in service["spec"]["ports"]:
             wanted = port["targetPort"]
             assert wanted in named or wanted in named.values(), f"{service['metadata']['name']}: {port}"
@@ -303,6 +328,41 @@ def test_the_picker_role_grants_exactly_what_the_picker_follows() -> None:
     assert [d["metadata"]["name"] for d in without_auth if d["kind"] == "ClusterRole"] == []
 
 
+def test_the_standalone_mode_renders_no_inference_api_and_envoy_in_the_pod() -> None:
+    """No InferencePool, no InferenceObjective, RBAC for Pods alone (the Inference Extension's CRDs
+    need not be installed); Envoy in the picker's Pod with the generated sidecar configuration
+    (deploy/envoy/generate.py, checked by real Envoy in test_envoy_files), the Service's port 8081
+    its listener; the pool's profile and engine reach the picker as flags."""
+    docs = render("kvgate-picker", STANDALONE)
+    assert not [d for d in docs if d["kind"] in ("InferencePool", "InferenceObjective")]
+    assert _grants(one(docs, "Role")) == {("", "pods", verb) for verb in ("get", "list", "watch")}
+    deployment = one(docs, "Deployment", "llama-epp")
+    parsed = _args(picker_parser(), deployment, "picker")
+    assert (parsed.profile, parsed.engine) == ("gie-default", "sglang")
+    envoy = container(deployment, "envoy")
+    assert envoy["command"] == ["envoy"]
+    assert envoy["args"][:2] == ["-c", "/etc/envoy/envoy.yaml"]
+    [mount] = envoy["volumeMounts"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    config_map = one(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
+    sidecar_file = CHARTS / "kvgate-picker" / "files" / "envoy-sidecar.yaml"
+    assert config_map["data"]["envoy.yaml"].strip() == sidecar_file.read_text(encoding="utf-8").strip()
+    assert mount["mountPath"] == "/etc/envoy"
+    boot = yaml.safe_load(config_map["data"]["envoy.yaml"])
+    [listener] = boot["static_resources"]["listeners"]
+    port = listener["address"]["socket_address"]["port_value"]
+    assert {"name": "http", "containerPort": port} in envoy["ports"]
+    service = one(docs, "Service", "llama-epp")
+    assert {"name": "http", "protocol": "TCP", "port": port, "targetPort": port} in service["spec"]["ports"]
+    assert envoy["readinessProbe"]["tcpSocket"]["port"] == port
+    own = render("kvgate-picker", PICKER_CASES["standalone, own profile"])
+    parsed = _args(picker_parser(), one(own, "Deployment", "llama-epp"), "picker")
+    assert parsed.profile == "/etc/kvgate/profiles/mine.yaml"
+    beside = render("kvgate-picker", PICKER_CASES["sidecar beside a pool"])
+    assert one(beside, "InferencePool", "llama")
+    assert container(one(beside, "Deployment", "llama-epp"), "envoy")
+
+
 @pytest.mark.parametrize("watch_namespace", ["", "team-a"])
 def test_the_gateway_roles_grant_exactly_what_kvgate_up_follows_and_writes(watch_namespace: str) -> None:
     docs = render("kvgate", {"watchNamespace": watch_namespace})
@@ -338,6 +398,13 @@ def test_the_gateway_roles_grant_exactly_what_kvgate_up_follows_and_writes(watch
     ("kvgate-picker", {**POOL_VALUES, "inferenceExtension": {
         "tracing": {"enabled": True, "sampling": {"sampler": "always_on"}}}},
      "parentbased_traceidratio only"),
+    ("kvgate-picker", {"inferenceExtension": {"endpointsServer": {"createInferencePool": False}}},
+     "endpointSelector is required"),
+    ("kvgate-picker", {**STANDALONE, "inferenceObjectives": [{"name": "chat", "priority": 1}]},
+     "inferenceObjectives need an InferencePool"),
+    ("kvgate-picker", {**POOL_VALUES, "inferenceExtension": {"sidecar": {"enabled": True},
+                                                             "extProcPort": 9100}},
+     "keep inferenceExtension.extProcPort 9002"),
     ("kvgate", {"workers": 4, "redis": {"enabled": False}}, "workers > 1 share state through Redis"),
     ("kvgate", {"gateway": {"listeners": []}}, "gateway.listeners: name at least one listener"),
 ])

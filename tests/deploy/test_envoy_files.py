@@ -16,9 +16,12 @@ from kvgate.gateway.picker.pools_file import load_pools
 from kvgate.gateway.processes.envoy_process import find_envoy_binary
 
 REPO = Path(__file__).resolve().parents[2]
-ENVOY_DIR = REPO / "deploy" / "envoy"
-ENVOY_CONFIGS = ("bootstrap-ads.yaml", "static-picker.yaml")
-"""The Envoy configurations under deploy/envoy (the rest there is the generator and a pools file)."""
+DEPLOY = REPO / "deploy"
+ENVOY_DIR = DEPLOY / "envoy"
+SIDECAR = "charts/kvgate-picker/files/envoy-sidecar.yaml"
+ENVOY_CONFIGS = ("envoy/bootstrap-ads.yaml", "envoy/static-picker.yaml", SIDECAR)
+"""The generated Envoy configurations, under deploy/ (the rest of deploy/envoy is the generator and a
+pools file)."""
 
 
 def _generator() -> ModuleType:
@@ -39,7 +42,7 @@ def test_committed_files_equal_the_generated_ones() -> None:
     rendered = _rendered()
     assert set(rendered) == set(ENVOY_CONFIGS)
     for name, text in rendered.items():
-        path = ENVOY_DIR / name
+        path = DEPLOY / name
         assert path.exists(), f"{path} is missing: run python deploy/envoy/generate.py"
         assert path.read_text(encoding="utf-8") == text, (
             f"{path} differs from the builders' output: run python deploy/envoy/generate.py"
@@ -50,9 +53,10 @@ def test_generator_check_mode_reports_drift(tmp_path: Path) -> None:
     main = _generator().main
     assert main(["--check"], tmp_path) == 1  # nothing written yet: everything is out of date
     assert main([], tmp_path) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ENVOY_CONFIGS)
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.yaml"))
+    assert written == sorted(ENVOY_CONFIGS)
     assert main(["--check"], tmp_path) == 0
-    (tmp_path / "static-picker.yaml").write_text("# edited by hand\n", encoding="utf-8")
+    (tmp_path / "envoy" / "static-picker.yaml").write_text("# edited by hand\n", encoding="utf-8")
     assert main(["--check"], tmp_path) == 1
 
 
@@ -101,7 +105,7 @@ def test_static_bootstrap_routes_through_the_picker_of_a_pool_of_the_pools_file(
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ENVOY_CONFIGS)
 async def test_envoy_validates_the_file(name: str) -> None:
-    path = ENVOY_DIR / name
+    path = DEPLOY / name
     process = await asyncio.create_subprocess_exec(
         str(find_envoy_binary()), "--mode", "validate", "-c", str(path), "--log-level", "warn",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -109,3 +113,22 @@ async def test_envoy_validates_the_file(name: str) -> None:
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, output.decode(errors="replace")
     assert f"configuration '{path}' OK" in output.decode(errors="replace")
+
+
+def test_the_charts_sidecar_sends_every_path_through_the_picker_naming_no_pool() -> None:
+    """The kvgate-picker chart's standalone gateway: the picker serves its one pool, whatever the
+    name ``--endpoint-selector`` gave it, so Envoy names none (``PoolBackend.announced``)."""
+    boot = yaml.safe_load((DEPLOY / SIDECAR).read_text(encoding="utf-8"))
+    [listener] = boot["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 8081}
+    [hcm] = listener["filter_chains"][0]["filters"]
+    [route] = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    assert route["match"] == {"prefix": "/"}
+    enabled = route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]
+    assert "grpc_initial_metadata" not in enabled["config"]["overrides"]
+    clusters = _clusters(boot)
+    pool = clusters[route["route"]["cluster"]]
+    assert pool["original_dst_lb_config"]["http_header_name"] == DESTINATION_HEADER
+    [picker] = clusters["kvgate_ext_proc"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert picker["endpoint"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 9002}
+    assert "transport_socket" in clusters["kvgate_ext_proc"]  # (the picker serves TLS by default)

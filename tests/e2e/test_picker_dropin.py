@@ -286,6 +286,24 @@ async def test_following_one_inference_pool_in_a_cluster(
         await cluster.stop()
 
 
+CHART_SIDECAR = Path(__file__).resolve().parents[2] / "deploy/charts/kvgate-picker/files/envoy-sidecar.yaml"
+
+
+async def _chart_sidecar(start_envoy: Callable[..., Awaitable[EnvoyProcess]], picker_port: int) -> str:
+    """The kvgate-picker chart's Envoy sidecar, its listener, admin and picker ports moved to free
+    ones (and the listener to loopback); its URL."""
+    boot = yaml.safe_load(CHART_SIDECAR.read_text(encoding="utf-8"))
+    port = free_port()
+    boot["admin"]["address"]["socket_address"]["port_value"] = free_port()
+    [listener] = boot["static_resources"]["listeners"]
+    listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": port}
+    [picker] = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "kvgate_ext_proc")[
+        "load_assignment"]["endpoints"][0]["lb_endpoints"]
+    picker["endpoint"]["address"]["socket_address"]["port_value"] = picker_port
+    await start_envoy(boot)
+    return f"http://127.0.0.1:{port}"
+
+
 async def test_the_mode_without_an_inference_pool_serves_the_pods_a_selector_selects(
     start_fleet: Callable[..., Awaitable[SimFleet]],
     start_envoy: Callable[..., Awaitable[EnvoyProcess]],
@@ -294,7 +312,8 @@ async def test_the_mode_without_an_inference_pool_serves_the_pods_a_selector_sel
     """The Inference Extension's standalone mode, as its chart and llm-d's RL jobs start the picker:
     ``--endpoint-selector`` / ``--endpoint-target-ports``, no InferencePool (its CRD need not exist:
     the FAKE API server, no real one can run here, refuses every Inference Extension kind, as RBAC
-    for Pods alone would). The pool is named after the Deployment (``POD_NAME``) in this Pod's
+    for Pods alone would), behind the kvgate-picker chart's own Envoy sidecar configuration (its
+    ports moved to free ones). The pool is named after the Deployment (``POD_NAME``) in this Pod's
     namespace (``POD_NAMESPACE``); a Pod the selector leaves out (``!draining``) is never picked, and
     one labelled out while serving leaves the pool."""
     port = free_port()
@@ -328,8 +347,7 @@ async def test_the_mode_without_an_inference_pool_serves_the_pods_a_selector_sel
     try:
         pattern = r"kvgate-picker ready grpc=\S+:(\d+) admin=(\S+) .*pool=jobs/rl-router"
         ready = await child.wait_for_line(pattern, 30)
-        one_pool = ((PoolBackend("jobs/rl-router"),), ())
-        url = await _gateway(start_envoy, int(ready.group(1)), GIE_REFERENCE, one_pool)
+        url = await _chart_sidecar(start_envoy, int(ready.group(1)))
         admin = ready.group(2)
 
         async def served() -> bool:
@@ -356,6 +374,13 @@ async def test_the_mode_without_an_inference_pool_serves_the_pods_a_selector_sel
         after = [int(s["requests_received"]) for s in await fleet_stats(http, fleet)]
         assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (0, 6, 0)
         assert not any("inference" in line for line in cluster.requests), cluster.requests
+        # every path goes through the picker, which serves the inference API alone: the engines'
+        # admin API stays out of reach (an OpenAI-style 404, no replica asked)
+        adapter = {"lora_name": "x", "lora_path": "/x"}
+        async with http.post(f"{url}/v1/load_lora_adapter", json=adapter) as reply:
+            assert reply.status == 404
+            assert (await reply.json())["error"]["type"]
+        assert [int(s["requests_received"]) for s in await fleet_stats(http, fleet)] == after
     finally:
         await child.stop()
         await cluster.stop()

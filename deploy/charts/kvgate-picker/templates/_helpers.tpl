@@ -31,9 +31,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* kvgate's engine name for inferencePool.modelServerType. */}}
+{{/* The standalone mode (no InferencePool): "true" or "". */}}
+{{- define "kvgate-picker.standalone" -}}
+{{- if not .Values.inferenceExtension.endpointsServer.createInferencePool -}}true{{- end -}}
+{{- end -}}
+
+{{/* Envoy in the picker's Pod: "true" or "" (always in the standalone mode). */}}
+{{- define "kvgate-picker.sidecar" -}}
+{{- if or .Values.inferenceExtension.sidecar.enabled (include "kvgate-picker.standalone" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The pool's kvgate.io/profile (the picker's --profile in the standalone mode), or "": the
+     picker's --config-file decides. */}}
+{{- define "kvgate-picker.profile" -}}
+{{- $profile := .Values.inferencePool.profile | default "default" -}}
+{{- if and (include "kvgate-picker.pluginsConfig" .) (eq $profile "default") -}}
+{{- else if hasKey (.Values.profiles | default dict) $profile -}}
+{{- printf "/etc/kvgate/profiles/%s.yaml" $profile -}}
+{{- else -}}
+{{- $profile -}}
+{{- end -}}
+{{- end -}}
+
+{{/* kvgate's engine name for inferencePool.modelServerType (endpointsServer.modelServerType in
+     the standalone mode, if set). */}}
 {{- define "kvgate-picker.engine" -}}
 {{- $type := .Values.inferencePool.modelServerType | default "vllm" -}}
+{{- if and (include "kvgate-picker.standalone" .) .Values.inferenceExtension.endpointsServer.modelServerType -}}
+{{- $type = .Values.inferenceExtension.endpointsServer.modelServerType -}}
+{{- end -}}
 {{- $known := dict "vllm" "vllm" "sglang" "sglang" "trtllm" "trtllm" "triton" "triton" "triton-tensorrt-llm" "triton" -}}
 {{- if not (hasKey $known $type) -}}
 {{- fail (printf "inferencePool.modelServerType %q: use one of vllm, sglang, trtllm, triton, triton-tensorrt-llm" $type) -}}
