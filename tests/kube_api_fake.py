@@ -159,6 +159,10 @@ class FakeApiServer:
         """Answer 403 to ``method`` on ``plural`` (and its subresources), as RBAC would."""
         self._denied.add((method, plural))
 
+    def allow(self, method: str, plural: str) -> None:
+        """Undo :meth:`deny`."""
+        self._denied.discard((method, plural))
+
     def get_object(self, plural: str, name: str, namespace: str = "default") -> JsonDict | None:
         found = self._objects.get((plural, namespace, name))
         return copy.deepcopy(found) if found is not None else None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -93,7 +94,7 @@ class KubeClient:
             )
         except ApiException as exc:
             raise (Expired if exc.status == 410 else ApiError)(int(exc.status or 0), str(exc.reason)) from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:  # (a dropped connection: not an OSError)
             raise ApiError(0, str(exc) or type(exc).__name__) from exc
         status = int(getattr(response, "status", 200))
         if status >= 400:  # not raised by the library when the body is not preloaded
@@ -110,6 +111,8 @@ class KubeClient:
         try:
             answer: JsonDict = json.loads(await response.read())
             return answer
+        except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as exc:  # (cut off, or not JSON)
+            raise ApiError(0, str(exc) or type(exc).__name__) from exc
         finally:
             response.release()
 

@@ -126,7 +126,11 @@ class LeaderElector:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.try_once()
+            try:
+                await self.try_once()
+            except Exception:  # (a bug: said; the next round tries again, leading until the lease expires)
+                log.exception("lease %s/%s", self.namespace, self.name)
+                self._set(self.is_leader)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._retry)
         self._set(False)

@@ -204,6 +204,8 @@ class StatusWriter:
         self._addresses = tuple(addresses)
         self._written: dict[ResourceRef, JsonDict] = {}
         self.writes = 0
+        self.failed = 0
+        """Objects the last :meth:`write` could not write (the API server refused or did not answer)."""
 
     def forget(self) -> None:
         """Write every status again on the next :meth:`write` (a new lease holder's first)."""
@@ -212,7 +214,7 @@ class StatusWriter:
     async def write(self, report: StatusReport, classes: Iterable[tuple[str, int]] = ()) -> int:
         """Patch every object whose status changed since this writer last wrote it (and the
         GatewayClasses kvgate implements); the count."""
-        written = 0
+        written = failed = 0
         wanted = {**desired_statuses(report, self._addresses), **class_statuses(classes)}
         for ref, status in wanted.items():
             if self._written.get(ref) == status:
@@ -231,16 +233,25 @@ class StatusWriter:
             except ApiError as exc:
                 if exc.status != 404:  # an object deleted meanwhile needs no status
                     log.warning("status of %s %s/%s not written: %s", ref.kind, ref.namespace, ref.name, exc)
+                    failed += 1
                 continue
             self._written[ref] = status
             written += 1
         self.writes += written
+        self.failed = failed
         return written
+
+
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
 
 
 class StatusPublisher:
     """Writes the status of each applied configuration while this replica holds the status Lease
-    (``lease.LeaderElector``); a replica that becomes the holder writes everything once."""
+    (``lease.LeaderElector``); a replica that becomes the holder writes everything once. A write
+    the API server refuses or leaves unanswered is tried again (after 0.5 s, doubling to 30 s) until
+    it lands or a newer configuration replaces it: a status is never left stale until the next
+    change, and no error stops the writing."""
 
     def __init__(
         self, client: KubeClient, elector: LeaderElector, writer: StatusWriter,
@@ -266,10 +277,11 @@ class StatusPublisher:
 
     async def _run(self) -> None:
         leading = False
+        retry_s: float | None = None
         while not self._stop.is_set():
             events = (self._dirty, self._elector.changed, self._stop)
             waits = {asyncio.ensure_future(event.wait()) for event in events}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=retry_s, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waits:
                 waiter.cancel()
             self._dirty.clear()
@@ -278,8 +290,16 @@ class StatusPublisher:
             if now_leading and not leading:
                 self._writer.forget()  # a new holder does not trust what an earlier one wrote
             leading = now_leading
-            if leading and self._latest is not None:
+            if not leading or self._latest is None:
+                retry_s = None
+                continue
+            try:
                 await self._writer.write(self._latest, self._classes())
+                unwritten = self._writer.failed > 0
+            except Exception:  # (a bug: said, and tried again, never the end of status writing)
+                log.exception("writing status")
+                unwritten = True
+            retry_s = None if not unwritten else min(RETRY_MAX_S, retry_s * 2) if retry_s else RETRY_FIRST_S
 
     async def stop(self) -> None:
         self._stop.set()

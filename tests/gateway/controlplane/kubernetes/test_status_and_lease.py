@@ -10,7 +10,7 @@ import pytest
 from kvgate.gateway.controlplane.kubernetes.client import KubeClient
 from kvgate.gateway.controlplane.kubernetes.lease import LeaderElector
 from kvgate.gateway.controlplane.kubernetes.provider import KubernetesProvider
-from kvgate.gateway.controlplane.kubernetes.status import CONTROLLER_NAME, StatusWriter
+from kvgate.gateway.controlplane.kubernetes.status import CONTROLLER_NAME, StatusPublisher, StatusWriter
 from kvgate.gateway.controlplane.resources import ValidationOptions
 from tests.gateway.controlplane.kubernetes.test_informer import pod
 from tests.gateway.controlplane.kubernetes.test_provider import GATEWAY, GATEWAY_CLASS, POOL, ROUTE
@@ -142,3 +142,37 @@ async def test_another_controllers_pool_parents_are_kept(cluster: FakeApiServer)
     finally:
         await provider.stop()
         await client.close()
+
+
+async def test_a_status_the_api_server_refused_is_written_again_without_a_new_change(
+    cluster: FakeApiServer,
+) -> None:
+    """A write refused (here 403, as a momentary RBAC gap; a 500 or a dropped connection alike) is
+    tried again with back-off until it lands: before, it waited for the next configuration change."""
+    provider = KubernetesProvider(await KubeClient.connect(host=cluster.url), namespace="default",
+                                  options=ValidationOptions(require_picker_service=False))
+    client = await KubeClient.connect(host=cluster.url)
+    lease_client = await KubeClient.connect(host=cluster.url)
+    elector = LeaderElector(lease_client, "default", identity="a", lease_duration_s=5.0, retry_s=0.1)
+    writer = StatusWriter(client)
+    publisher = StatusPublisher(client, elector, writer, list)
+    cluster.deny("PATCH", "httproutes")
+    try:
+        snapshot = await provider.first()
+        publisher.notify(snapshot.config)
+        await publisher.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while writer.failed == 0 or (cluster.get_object("gateways", "gw") or {}).get("status") is None:
+            assert loop.time() < deadline, "the first write never came"
+            await asyncio.sleep(0.05)
+        assert (cluster.get_object("httproutes", "r") or {}).get("status") is None
+        cluster.allow("PATCH", "httproutes")
+        while not (cluster.get_object("httproutes", "r") or {}).get("status"):
+            assert loop.time() < deadline + 5.0, "the refused status was never written again"
+            await asyncio.sleep(0.05)
+        assert writer.failed == 0
+    finally:
+        await publisher.stop()
+        await provider.stop()
+        await lease_client.close()
