@@ -35,8 +35,9 @@ from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, Val
 from kvgate.gateway.controlplane.resources.label_selector import parse_selector
 from kvgate.gateway.controlplane.resources.meta import DEFAULT_NAMESPACE
 from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
-from kvgate.gateway.picker.epp_flags import apply_epp_flags, default_profile
-from kvgate.gateway.picker.pools_file import Dialect
+from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_defaults
+from kvgate.gateway.picker.epp_kv_events import with_kv_events_default
+from kvgate.gateway.picker.pools_file import Dialect, KvEventsSpec
 from kvgate.gateway.picker.service import PickerService
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.policies.errors import ConfigError
@@ -45,10 +46,11 @@ log = logging.getLogger(__name__)
 
 
 def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: ObjectKey,
-                   args: argparse.Namespace | None = None, profile: str = "default") -> bool:
-    """Serve ``pool`` as ``snapshot`` has it (the picker's flags' profile, engine and metrics port
-    unless the pool names its own: ``gateway.picker.epp_flags``); False (the last pool kept) when it
-    is not there."""
+                   args: argparse.Namespace | None = None, profile: str = "default",
+                   kv_events: KvEventsSpec | None = None) -> bool:
+    """Serve ``pool`` as ``snapshot`` has it (the picker's flags' profile, engine, metrics port and KV
+    events unless the pool names its own: ``gateway.picker.epp_flags``); False (the last pool kept)
+    when it is not there."""
     found = next((p for p in snapshot.config.pools if p.key == pool), None)
     if found is None:
         log.warning("InferencePool %s/%s is not in the cluster (or does not load)", pool.namespace, pool.name)
@@ -59,6 +61,7 @@ def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: Objec
     metrics_port = args.model_server_metrics_port if args is not None else None
     if spec.metrics_port is None and metrics_port is not None:
         spec = spec.model_copy(update={"metrics_port": metrics_port})
+    spec = with_kv_events_default(spec, kv_events)
     for warning in warnings:
         log.warning("%s", warning)
     service.apply_pools([spec], spec.name)
@@ -145,7 +148,8 @@ async def serve(args: argparse.Namespace) -> int:
         kinds=kinds, controller_name=None, extra_objects=extra,
     )
     service = PickerService(settings_from_args(args, args.redis))
-    profile = default_profile(args) or "default"
+    epp = epp_defaults(args)
+    profile = epp.profile or "default"
     reviews: KubeClient | None = None
     if args.metrics_endpoint_auth is not False:  # the Inference Extension's default: on
         reviews = await KubeClient.connect(kubeconfig=args.kubeconfig, host=args.kube_api)
@@ -156,12 +160,12 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         first = await provider.first()
-        if not apply_snapshot(service, first, pool, args, profile):
+        if not apply_snapshot(service, first, pool, args, profile, epp.kv_events):
             raise ConfigError(f"InferencePool {pool.namespace}/{pool.name} not found in the cluster")
         await service.start()
         print(ready_line(args, service) + f" pool={pool.namespace}/{pool.name}", flush=True)
         async for snapshot in provider.updates(stop):
-            apply_snapshot(service, snapshot, pool, args, profile)
+            apply_snapshot(service, snapshot, pool, args, profile, epp.kv_events)
     finally:
         await service.stop()
         await provider.stop()

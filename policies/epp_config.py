@@ -1,7 +1,11 @@
 """The Inference Extension's (now llm-d's) ``EndpointPickerConfig``, the file its charts pass the
 picker with ``--config-file`` (or ``--config-text``), as a kvgate scheduling profile (sans-IO).
 
-A drop-in picker should honour the scorer weights and the picker a deployment chose. A config of
+A drop-in picker should honour the scorer weights and the picker a deployment chose, and the
+engines' KV events where it routes on them (llm-d's precise prefix plugin: its ``kvEventsConfig``
+becomes the pools' KV-event source, its ``tokenizersPoolConfig`` a hint of where the tokenizer is,
+its block size ``engine-prefix-matches``', which every single translated profile carries as
+kvgate's default profile does). A config of
 one scheduling profile whose plugins kvgate has translates to a profile document
 (``policies.profile``), and llm-d's P/D pair (``prefill`` and ``decode`` profiles with a P/D
 profile handler and its decider) to a disaggregated one (``policies.disaggregation``: kvgate's
@@ -34,6 +38,8 @@ SCORERS: Mapping[str, str] = {
     "queue-scorer": "queue-scorer",
     "kv-cache-utilization-scorer": "kv-cache-utilization-scorer",
     "prefix-cache-scorer": "prefix-cache-scorer",
+    # (its matches come from the engines' KV events: engine-prefix-matches, in every translation)
+    "precise-prefix-cache-scorer": "prefix-cache-scorer",
     "lora-affinity-scorer": "lora-affinity-scorer",
     "session-affinity-scorer": "session-affinity-scorer",
     "running-requests-size-scorer": "running-requests-scorer",
@@ -53,9 +59,43 @@ DONE_ELSEWHERE: Mapping[str, str] = {
     "decode-filter": "a pool of one role (kvgate's P/D pools use the pd profiles)",
     "utilization-detector": "kvgate's admission thresholds",
     "concurrency-detector": "kvgate's admission thresholds",
+    "precise-prefix-cache-producer": "kvgate follows the engines' KV events itself (its settings are kept)",
+    "token-producer": "kvgate tokenizes with the model's tokenizer files itself",
+    "tokenizer": "kvgate tokenizes with the model's tokenizer files itself",
+    "endpoint-notification-source": "kvgate follows the pool's endpoints itself",
 }
 _PREFIX_PLUGINS = ("prefix-cache-scorer", "approx-prefix-cache-producer")
+_PRECISE_PLUGINS = ("precise-prefix-cache-scorer", "precise-prefix-cache-producer")
+_TOKENIZER_PLUGINS = ("token-producer", "tokenizer")
+DEFAULT_KV_EVENTS_PORT = 5557
+"""llm-d's ``podDiscoveryConfig.socketPort`` default: where each engine publishes."""
+FEEDBACK = ("engine-prefix-matches", "inflight-recorder", "prefix-index-recorder", "session-recorder",
+            "stored-response-recorder", "outlier-ejection")
+"""A translated profile's feedback: kvgate's default profile's (``engine-prefix-matches`` routes on
+the engines' KV events where the pool follows them, and does nothing elsewhere)."""
 CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsSource:
+    """Where the precise prefix plugin's ``kvEventsConfig`` has the engines' KV events come from:
+    each Pod's publisher at ``port`` (``discoverPods``), or the picker's own socket at ``bind``
+    (``zmqEndpoint``, the engines connecting to it). One of the two."""
+
+    port: int | None = None
+    bind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerHint:
+    """The precise plugin's tokenizer, as llm-d's ``tokenizersPoolConfig`` names it: the model, and
+    where its ``tokenizer.json`` is on the picker's disk (``local``: a map from model to file, or a
+    directory to look in). The caller looks (this module does no IO)."""
+
+    model: str | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+    directory: str | None = None
+    file_name: str = "tokenizer.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +108,10 @@ class Translation:
     """What was left out, or why nothing was translated."""
     halves: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """A disaggregated profile's ``decode`` and ``prefill`` profile documents."""
+    kv_events: KvEventsSource | None = None
+    """The precise prefix plugin's KV-event source, for the pools that name none."""
+    tokenizer: TokenizerHint | None = None
+    """The precise plugin's (or a tokenizer plugin's) tokenizer, for the pools that name none."""
 
 
 _HANDLERS = frozenset({"pd-profile-handler", "disagg-profile-handler"})
@@ -117,19 +161,27 @@ def _translate(document: Mapping[str, Any]) -> Translation:
         elif not (kind in SCORERS or kind in PICKERS or (disaggregated and kind in _HANDLERS | _DECIDERS)):
             raise _Untranslatable(f"plugin type {kind!r} is not one kvgate has")
     prefix = _prefix(plugins, notes)
+    block_size, source = _precise(plugins, notes)
+    tokenizer = _tokenizer(plugins)
     if not disaggregated:
         (only,) = profiles.values()
-        return Translation(_profile(only, plugins, prefix, role=None), tuple(notes))
+        profile = _profile(only, plugins, prefix, role=None, block_size=block_size)
+        return Translation(profile, tuple(notes), kv_events=source, tokenizer=tokenizer)
+    if source is not None:
+        notes.append("the precise prefix plugin in a P/D pair: kvgate's P/D halves route on its approximate "
+                     "index (the engines' events are followed for /debug/pools and the metrics)")
     halves = {role: _profile(profiles[role], plugins, prefix, role=role) for role in ("decode", "prefill")}
     pd = {"name": "epp-config-pd",
           "description": "translated from the picker's EndpointPickerConfig (--config-file), P/D",
           "disaggregation": {"decider": _decider(plugins), "decode": "decode", "prefill": "prefill"}}
-    return Translation(pd, tuple(notes), halves)
+    return Translation(pd, tuple(notes), halves, kv_events=source, tokenizer=tokenizer)
 
 
 def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],
-             prefix: Mapping[str, int], *, role: str | None) -> dict[str, Any]:
-    """One scheduling profile as a kvgate profile document (``role``: a P/D half's, or None)."""
+             prefix: Mapping[str, int], *, role: str | None, block_size: int | None = None) -> dict[str, Any]:
+    """One scheduling profile as a kvgate profile document (``role``: a P/D half's, or None; a
+    single profile's feedback is :data:`FEEDBACK`, its ``engine-prefix-matches`` with the engines'
+    ``block_size`` where the config names it)."""
     scorers: list[dict[str, Any]] = []
     picker = "max-score-picker"
     used: list[dict[str, Any]] = []
@@ -161,6 +213,12 @@ def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Map
         feedback = ["inflight-recorder", "prefix-index-recorder", "outlier-ejection"]
         profile["plugins"] += [{"type": f} for f in feedback]
         profile["profile"]["feedback"] = feedback
+    elif role is None:
+        engine_prefix: dict[str, Any] = {"type": "engine-prefix-matches"}
+        if block_size is not None:
+            engine_prefix["parameters"] = {"block_size": block_size}
+        profile["plugins"] += [engine_prefix, *({"type": f} for f in FEEDBACK[1:])]
+        profile["profile"]["feedback"] = list(FEEDBACK)
     if prefix:
         profile["prefix"] = dict(prefix)
     return profile
@@ -180,6 +238,80 @@ def _decider(plugins: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, 
             threshold = parameters["threshold"]
             return {"type": "prefix-based-pd-decider", "parameters": {"non_cached_tokens": threshold}}
     return {"type": "prefix-based-pd-decider"}
+
+
+def _section(parameters: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A precise plugin's settings ``name``, at the top of its parameters or (older releases) under
+    ``indexerConfig``."""
+    for found in (parameters.get(name), (parameters.get("indexerConfig") or {}).get(name)):
+        if isinstance(found, Mapping):
+            return found
+    return {}
+
+
+def _precise(plugins: Mapping[str, tuple[str, Mapping[str, Any]]], notes: list[str],
+             ) -> tuple[int | None, KvEventsSource | None]:
+    """The engines' block size and the KV-event source of the config's precise prefix plugin
+    (llm-d's ``kvEventsConfig``: ``discoverPods``, the default, subscribes to each Pod's publisher at
+    ``podDiscoveryConfig.socketPort``; else ``zmqEndpoint`` is bound and the engines connect)."""
+    for kind, parameters in plugins.values():
+        if kind not in _PRECISE_PLUGINS or not isinstance(parameters, Mapping):
+            continue
+        processor = _section(parameters, "tokenProcessorConfig")
+        size = processor.get("blockSizeTokens", processor.get("blockSize"))
+        block_size = size if isinstance(size, int) and size > 0 else None
+        if "hashSeed" in processor:
+            notes.append(f"{kind}: hashSeed left out (kvgate keys the engines' blocks by their tokens: "
+                         "the engines' hash seed does not matter)")
+        index = _section(parameters, "kvBlockIndexConfig")
+        if any(key in index for key in ("redisConfig", "valkeyConfig")):
+            notes.append(f"{kind}: the index's Redis/Valkey left out (kvgate's pickers share their index "
+                         "through their own Redis: --redis)")
+        events = parameters.get("kvEventsConfig")
+        events = events if isinstance(events, Mapping) else {}
+        endpoint = events.get("zmqEndpoint") if isinstance(events.get("zmqEndpoint"), str) else None
+        discover = events.get("discoverPods")
+        if discover is False or (discover is None and endpoint):
+            if not endpoint:
+                notes.append(f"{kind}: no kvEventsConfig source (discoverPods false, no zmqEndpoint)")
+                return block_size, None
+            return block_size, KvEventsSource(bind=endpoint)
+        discovery = events.get("podDiscoveryConfig")
+        discovery = discovery if isinstance(discovery, Mapping) else {}
+        port = discovery.get("socketPort")
+        if discovery.get("podLabelSelector"):
+            notes.append(f"{kind}: podLabelSelector left out (kvgate subscribes to the pool's own endpoints)")
+        if endpoint:
+            notes.append(f"{kind}: zmqEndpoint left out beside discoverPods (kvgate follows one source "
+                         "a pool)")
+        return block_size, KvEventsSource(port=port if isinstance(port, int) and 0 < port < 65536
+                                          else DEFAULT_KV_EVENTS_PORT)
+    return None, None
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _tokenizer(plugins: Mapping[str, tuple[str, Mapping[str, Any]]]) -> TokenizerHint | None:
+    """The tokenizer the precise plugin (``tokenizersPoolConfig``) or a tokenizer plugin names."""
+    for kind, parameters in plugins.values():
+        if not isinstance(parameters, Mapping):
+            continue
+        if kind in _PRECISE_PLUGINS:
+            pool = _section(parameters, "tokenizersPoolConfig")
+            local = _mapping(pool.get("local"))
+            files = _mapping(local.get("modelTokenizerMap"))
+            model = pool.get("modelName")
+            return TokenizerHint(
+                model=model if isinstance(model, str) and model else None,
+                files={str(k): str(v) for k, v in files.items()},
+                directory=str(local["autoDiscoveryDir"]) if local.get("autoDiscoveryDir") else None,
+                file_name=str(local.get("autoDiscoveryTokenizerFileName") or "tokenizer.json"),
+            )
+        if kind in _TOKENIZER_PLUGINS and isinstance(parameters.get("modelName"), str):
+            return TokenizerHint(model=parameters["modelName"])
+    return None
 
 
 def _prefix(plugins: Mapping[str, tuple[str, Mapping[str, Any]]], notes: list[str]) -> dict[str, int]:

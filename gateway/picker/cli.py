@@ -22,7 +22,7 @@ from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S as DEFAULT_PREFILL_T
 from kvgate.gateway.picker.epp_flags import (
     add_epp_flags,
     apply_epp_flags,
-    default_profile,
+    epp_defaults,
     with_pool_defaults,
 )
 from kvgate.gateway.picker.pools_file import Dialect, ModelServerTlsSpec, PoolSpec, load_pools
@@ -339,10 +339,11 @@ async def _serve(args: argparse.Namespace) -> int:
     pools = load_pools(args.pools)
     redis_url = args.redis or pools.redis
     service = PickerService(settings_from_args(args, redis_url))
-    profile = default_profile(args)
+    epp = epp_defaults(args)
 
     def defaults(specs: Sequence[PoolSpec]) -> list[PoolSpec]:
-        return with_pool_defaults(specs, profile, args.default_engine, args.model_server_metrics_port)
+        return with_pool_defaults(specs, epp.profile, args.default_engine, args.model_server_metrics_port,
+                                  epp.kv_events)
 
     service.apply_pools(defaults(pools.pools), pools.effective_default)
     stop = asyncio.Event()

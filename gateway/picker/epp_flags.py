@@ -29,13 +29,15 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from kvgate.gateway.picker.pools_file import Dialect, PoolSpec
+from kvgate.gateway.picker.epp_kv_events import kv_events_default, with_kv_events_default
+from kvgate.gateway.picker.pools_file import Dialect, KvEventsSpec, PoolSpec
 from kvgate.policies.disaggregation import load_scheduling
-from kvgate.policies.epp_config import is_reference_default, translate_epp_config
+from kvgate.policies.epp_config import Translation, is_reference_default, translate_epp_config
 from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -139,10 +141,35 @@ def metric_engine(args: argparse.Namespace) -> Dialect | None:
     return next(iter(engines), None)
 
 
-def epp_profile(args: argparse.Namespace) -> str | None:
-    """The profile ``--config-file`` / ``--config-text`` translate to (``policies.epp_config``), as
-    a file the pools can name (written once, in a directory of its own), or None: none given, not
-    translated (said, with why), or the charts' default (kvgate's default profile serves it)."""
+@dataclass(frozen=True, slots=True)
+class EppDefaults:
+    """What the flags give the pools that name none (``with_pool_defaults``)."""
+
+    profile: str | None = None
+    kv_events: KvEventsSpec | None = None
+
+
+def epp_defaults(args: argparse.Namespace) -> EppDefaults:
+    """The profile of the pools naming none (``--profile``, checked here: a profile that does not
+    load stops the picker at its start, not at its first pool; else what ``--config-file`` /
+    ``--config-text`` translate to, :func:`epp_profile`; else None, kvgate's default) and their KV
+    events (the config's precise prefix plugin's: ``gateway.picker.epp_kv_events``)."""
+    translation = epp_translation(args)
+    if args.profile is None:
+        return EppDefaults(profile_file(translation), kv_events_default(translation))
+    if translation is not None:
+        raise ConfigError("give --profile or --config-file / --config-text (an EndpointPickerConfig that "
+                          "becomes the profile), not both")
+    try:
+        load_scheduling(args.profile)
+    except ConfigError as exc:
+        raise ConfigError(f"--profile {args.profile}: {exc.message}") from None
+    return EppDefaults(str(args.profile))
+
+
+def epp_translation(args: argparse.Namespace) -> Translation | None:
+    """``--config-file`` / ``--config-text`` translated (``policies.epp_config``; what it leaves out
+    is said), or None: none given."""
     if args.config_file is None and args.config_text is None:
         return None
     try:
@@ -152,6 +179,20 @@ def epp_profile(args: argparse.Namespace) -> str | None:
     translation = translate_epp_config(text)
     for note in translation.notes:
         log.warning("EndpointPickerConfig: %s", note)
+    return translation
+
+
+def epp_profile(args: argparse.Namespace) -> str | None:
+    """The profile ``--config-file`` / ``--config-text`` translate to, as a file: :func:`profile_file`."""
+    return profile_file(epp_translation(args))
+
+
+def profile_file(translation: Translation | None) -> str | None:
+    """A translation's profile as a file the pools can name (written once, in a directory of its
+    own), or None: none given, not translated (said), or the charts' default (kvgate's default
+    profile serves it)."""
+    if translation is None:
+        return None
     if translation.profile is None:
         log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
                     "default profile")
@@ -176,30 +217,15 @@ def epp_profile(args: argparse.Namespace) -> str | None:
     return str(path)
 
 
-def default_profile(args: argparse.Namespace) -> str | None:
-    """The profile of the pools that name none: ``--profile`` (checked here: a profile that does not
-    load stops the picker at its start, not at its first pool), else what ``--config-file`` /
-    ``--config-text`` translate to (:func:`epp_profile`), else None (kvgate's default)."""
-    if args.profile is None:
-        return epp_profile(args)
-    if args.config_file is not None or args.config_text is not None:
-        raise ConfigError("give --profile or --config-file / --config-text (an EndpointPickerConfig that "
-                          "becomes the profile), not both")
-    try:
-        load_scheduling(args.profile)
-    except ConfigError as exc:
-        raise ConfigError(f"--profile {args.profile}: {exc.message}") from None
-    return str(args.profile)
-
-
 def with_pool_defaults(pools: Sequence[PoolSpec], profile: str | None, engine: Dialect | None = None,
-                       metrics_port: int | None = None) -> list[PoolSpec]:
-    """``pools``, each given what it does not name itself: ``profile``, ``engine``, ``metrics_port``
-    (None: nothing)."""
+                       metrics_port: int | None = None, kv_events: KvEventsSpec | None = None,
+                       ) -> list[PoolSpec]:
+    """``pools``, each given what it does not name itself: ``profile``, ``engine``, ``metrics_port``,
+    ``kv_events`` (``epp_kv_events.with_kv_events_default``) (None: nothing)."""
     defaults = {"profile": profile, "engine": engine, "metrics_port": metrics_port}
     out = []
     for pool in pools:
         update = {field: value for field, value in defaults.items()
                   if value is not None and field not in pool.model_fields_set}
-        out.append(pool.model_copy(update=update) if update else pool)
+        out.append(with_kv_events_default(pool.model_copy(update=update) if update else pool, kv_events))
     return out

@@ -9,7 +9,12 @@ import pytest
 import yaml
 
 from kvgate.policies.disaggregation import build_disaggregated
-from kvgate.policies.epp_config import is_reference_default, translate_epp_config
+from kvgate.policies.epp_config import (
+    KvEventsSource,
+    TokenizerHint,
+    is_reference_default,
+    translate_epp_config,
+)
 from kvgate.policies.profile import build_profile, load_profile
 
 CHART_DEFAULT = """
@@ -165,3 +170,133 @@ def test_llm_ds_pd_pair_becomes_a_disaggregated_profile(tmp_path: Path) -> None:
     always = translate_epp_config(LLM_D_PD.replace(decider, "type: always-disagg-pd-decider"))
     assert always.profile is not None
     assert always.profile["disaggregation"]["decider"]["parameters"] == {"non_cached_tokens": 0}
+
+
+LLM_D_PRECISE = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: single-profile-handler
+  - type: precise-prefix-cache-scorer
+    parameters:
+      tokenProcessorConfig:
+        blockSize: 64
+        hashSeed: "42"
+      indexerConfig:
+        tokenizersPoolConfig:
+          modelName: Qwen/Qwen3-32B
+          local:
+            autoDiscoveryDir: /models
+        kvBlockIndexConfig:
+          enableMetrics: true
+      kvEventsConfig:
+        topicFilter: "kv@"
+        concurrency: 4
+        discoverPods: false
+        zmqEndpoint: "tcp://*:5557"
+  - type: kv-cache-utilization-scorer
+  - type: queue-scorer
+  - type: max-score-picker
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: precise-prefix-cache-scorer
+        weight: 3.0
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 2.0
+      - pluginRef: queue-scorer
+        weight: 2.0
+      - pluginRef: max-score-picker
+"""
+"""llm-d's precise prefix-cache routing guide's config (the picker binds, the engines connect)."""
+
+LLM_D_PRODUCER = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: {modelName: "Qwen/Qwen3-32B", vllm: {url: "http://localhost:8000"}}
+- type: endpoint-notification-source
+- type: metrics-data-source
+- type: core-metrics-extractor
+- type: decode-filter
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {blockSizeTokens: 32}
+    kvEventsConfig: {topicFilter: "kv@", discoverPods: true, podDiscoveryConfig: {socketPort: 5600}}
+- type: prefix-cache-scorer
+  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
+- type: queue-scorer
+- type: max-score-picker
+dataLayer:
+  sources:
+  - pluginRef: endpoint-notification-source
+    extractors: [{pluginRef: precise-prefix-cache-producer}]
+schedulingProfiles:
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+"""
+"""llm-d's newer split form: a precise producer feeding the prefix scorer, discovering each Pod's
+publisher."""
+
+
+def test_llm_ds_precise_scorer_routes_on_the_engines_events() -> None:
+    translation = translate_epp_config(LLM_D_PRECISE)
+    assert translation.profile is not None
+    built = build_profile(translation.profile)
+    assert [(s.plugin_type, s.weight) for s in built.scorers] == [
+        ("prefix-cache-scorer", 3.0), ("kv-cache-utilization-scorer", 2.0), ("queue-scorer", 2.0)]
+    feedback = {f.plugin_type: f for f in built.feedback}
+    assert "engine-prefix-matches" in feedback
+    assert feedback["engine-prefix-matches"].plugin.block_size == 64  # type: ignore[attr-defined]
+    assert translation.kv_events == KvEventsSource(bind="tcp://*:5557")
+    assert translation.tokenizer == TokenizerHint(model="Qwen/Qwen3-32B", directory="/models")
+    assert any("hashSeed" in note for note in translation.notes)
+    # the weights are the Inference Extension's default: the picker keeps kvgate's default profile
+    # (which has engine-prefix-matches too), the KV events still apply to the pools
+    assert is_reference_default(translation.profile)
+
+
+def test_llm_ds_precise_producer_discovering_pods_subscribes_to_each_endpoint() -> None:
+    translation = translate_epp_config(LLM_D_PRODUCER)
+    assert translation.profile is not None
+    built = build_profile(translation.profile)
+    assert [(s.plugin_type, s.weight) for s in built.scorers] == [("prefix-cache-scorer", 3.0),
+                                                                ("queue-scorer", 1.0)]
+    [engine_prefix] = [f for f in built.feedback if f.plugin_type == "engine-prefix-matches"]
+    assert engine_prefix.plugin.block_size == 32  # type: ignore[attr-defined]
+    assert translation.kv_events == KvEventsSource(port=5600)
+    assert translation.tokenizer == TokenizerHint(model="Qwen/Qwen3-32B")
+    noted = " ".join(translation.notes)
+    assert "token-producer" in noted
+    assert "endpoint-notification-source" in noted
+
+
+@pytest.mark.parametrize(("events", "source"), [
+    ("{}", KvEventsSource(port=5557)),  # discoverPods is llm-d's default
+    ("{zmqEndpoint: 'tcp://*:6000'}", KvEventsSource(bind="tcp://*:6000")),  # older releases: bind
+    ("{discoverPods: true, zmqEndpoint: 'tcp://*:6000'}", KvEventsSource(port=5557)),
+    ("{discoverPods: false}", None),
+])
+def test_the_kv_event_source_follows_llm_ds_rules(events: str, source: KvEventsSource | None) -> None:
+    text = ("kind: EndpointPickerConfig\n"
+            f"plugins: [{{type: precise-prefix-cache-scorer, parameters: {{kvEventsConfig: {events}}}}}]\n"
+            "schedulingProfiles: [{name: a, plugins: [{pluginRef: precise-prefix-cache-scorer}]}]\n")
+    translation = translate_epp_config(text)
+    assert translation.profile is not None
+    assert translation.kv_events == source
+
+
+def test_every_single_translated_profile_carries_the_engines_matches() -> None:
+    """As kvgate's default profile does: a pool that follows its engines' events (kvgate.io/kv-events-*)
+    routes on them under a customised config too; elsewhere the plugin does nothing."""
+    translation = translate_epp_config(LLM_D_SAMPLE)
+    assert translation.profile is not None
+    assert "engine-prefix-matches" in [f.plugin_type for f in build_profile(translation.profile).feedback]
+    assert translation.kv_events is None

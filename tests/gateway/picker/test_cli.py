@@ -9,7 +9,7 @@ import pytest
 
 from kvgate.extproc.prefill_client import DEFAULT_TIMEOUT_S
 from kvgate.gateway.picker.cli import build_parser, settings_from_args
-from kvgate.gateway.picker.epp_flags import apply_epp_flags, default_profile, epp_profile, with_pool_defaults
+from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_defaults, epp_profile, with_pool_defaults
 from kvgate.gateway.picker.pools_file import ModelServerTlsSpec, PoolSpec, parse_pools
 from kvgate.gateway.picker.tls import self_signed
 from kvgate.policies.disaggregation import DisaggregatedProfile, load_scheduling
@@ -121,16 +121,16 @@ def test_llm_ds_pd_config_becomes_a_disaggregated_profile_on_disk() -> None:
 def test_profile_and_engine_flags_are_the_defaults_of_pools_naming_none(tmp_path: Path) -> None:
     args = build_parser().parse_args(["--pools", "p.yaml", "--profile", "gie-default", "--engine", "sglang"])
     apply_epp_flags(args)
-    assert default_profile(args) == "gie-default"
+    assert epp_defaults(args).profile == "gie-default"
     assert args.default_engine == "sglang"
     pools = parse_pools("pools: [{name: a}, {name: b, profile: default, engine: vllm}]").pools
-    a, b = with_pool_defaults(pools, default_profile(args), args.default_engine)
+    a, b = with_pool_defaults(pools, epp_defaults(args).profile, args.default_engine)
     assert (a.profile, a.engine, b.profile, b.engine) == ("gie-default", "sglang", "default", "vllm")
     own = tmp_path / "mine.yaml"
     shipped = Path(__file__).resolve().parents[3] / "policies" / "profiles" / "default.yaml"
     own.write_text(shipped.read_text())
     args = build_parser().parse_args(["--pools", "p.yaml", "--profile", str(own)])
-    assert default_profile(args) == str(own)
+    assert epp_defaults(args).profile == str(own)
     # the metric-name flags name an engine too: --engine wins
     args = build_parser().parse_args(["--pools", "p.yaml", "--engine", "vllm",
                                       "--total-queued-requests-metric", "sglang:num_queue_reqs"])
@@ -144,4 +144,4 @@ def test_profile_and_engine_flags_are_the_defaults_of_pools_naming_none(tmp_path
 ])
 def test_a_profile_flag_that_cannot_serve_is_refused_at_start(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
-        default_profile(build_parser().parse_args(["--pools", "p.yaml", *argv]))
+        epp_defaults(build_parser().parse_args(["--pools", "p.yaml", *argv]))
