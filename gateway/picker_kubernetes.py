@@ -35,7 +35,7 @@ from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, Val
 from kvgate.gateway.controlplane.resources.label_selector import parse_selector
 from kvgate.gateway.controlplane.resources.meta import DEFAULT_NAMESPACE
 from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
-from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_defaults
+from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_defaults, log_level
 from kvgate.gateway.picker.epp_kv_events import with_kv_events_default
 from kvgate.gateway.picker.pools_file import Dialect, KvEventsSpec
 from kvgate.gateway.picker.service import PickerService
@@ -177,7 +177,7 @@ async def serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     args.kubernetes = True  # (--endpoint-selector implies it)
-    logs.configure(args.log_level)
+    logs.configure(log_level(args))
     warn_ignored(args)
     try:
         apply_epp_flags(args)

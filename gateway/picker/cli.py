@@ -23,6 +23,7 @@ from kvgate.gateway.picker.epp_flags import (
     add_epp_flags,
     apply_epp_flags,
     epp_defaults,
+    log_level,
     with_pool_defaults,
 )
 from kvgate.gateway.picker.pools_file import Dialect, ModelServerTlsSpec, PoolSpec, load_pools
@@ -219,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(accepted, so its manifests work unchanged; a warning names them)"
     )
     add_epp_flags(parser, accepted, flag_bool)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (default INFO)")
     event_loop.add_loop_argument(parser)
     return parser
 
@@ -422,7 +423,7 @@ class PoolsFileApplier:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    logs.configure(args.log_level)
+    logs.configure(log_level(args))
     warn_ignored(args)
     try:
         apply_epp_flags(args)

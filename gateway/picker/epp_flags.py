@@ -42,11 +42,18 @@ from kvgate.policies.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-IGNORED = ("--zap-encoder", "--enable-pprof", "--v", "--model-server-metrics-path",
-           "--refresh-prometheus-metrics-interval")
+IGNORED = ("--zap-encoder", "--enable-pprof", "--model-server-metrics-path",
+           "--refresh-prometheus-metrics-interval", "--zap-stacktrace-level", "--zap-time-encoding",
+           "--kube-api-qps", "--kube-api-burst", "--feature-gates")
 """Flags taking a value that kvgate has no use for."""
-IGNORED_SWITCHES = ("--ha-enable-leader-election", "--health-checking", "--disable-endpoint-subset-filter")
+IGNORED_SWITCHES = ("--ha-enable-leader-election", "--enable-leader-election", "--health-checking",
+                    "--disable-endpoint-subset-filter", "--allow-experimental-plugins",
+                    "--emit-endpoint-scores", "--zap-devel")
 """Boolean flags (Go's: bare or ``=true``) that kvgate has no use for."""
+ZAP_LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR", "dpanic": "CRITICAL",
+              "panic": "CRITICAL", "fatal": "CRITICAL"}
+DEBUG_VERBOSITY = 4
+"""The Inference Extension's ``--v`` from which it logs at debug (its logutil.DEBUG)."""
 METRIC_FLAGS = ("--total-queued-requests-metric", "--total-running-requests-metric",
                 "--kv-cache-usage-percentage-metric", "--lora-info-metric", "--cache-info-metric")
 ENGINE_PREFIXES: tuple[tuple[str, Dialect], ...] = (
@@ -87,6 +94,10 @@ def add_epp_flags(parser: argparse.ArgumentParser, accepted: argparse._ArgumentG
                      help="--stale-after as a Go duration (2s)")
     epp.add_argument("--model-server-metrics-port", type=int, default=None, metavar="PORT",
                      help="the port the engines serve metrics on (a pool's kvgate.io/metrics-port wins)")
+    epp.add_argument("--zap-log-level", default=None, metavar="LEVEL",
+                     help="--log-level as zap names it (debug, info, error, or a verbosity: debug)")
+    epp.add_argument("--v", dest="verbosity", type=int, default=None, metavar="N",
+                     help=f"--log-level as a verbosity ({DEBUG_VERBOSITY} or more: debug)")
     for flag in METRIC_FLAGS:
         epp.add_argument(flag, dest=f"metric_{_dest(flag)}", default=None, metavar="NAME",
                          help=argparse.SUPPRESS)
@@ -103,6 +114,24 @@ def add_epp_flags(parser: argparse.ArgumentParser, accepted: argparse._ArgumentG
     for flag in IGNORED_SWITCHES:
         accepted.add_argument(flag, dest=f"ignored_{_dest(flag)}", nargs="?", const="true", default=None,
                               metavar="BOOL", help=argparse.SUPPRESS)
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """``--log-level``, else what ``--zap-log-level`` or ``--v`` (the Inference Extension's) mean,
+    else INFO."""
+    if args.log_level is not None:
+        return str(args.log_level)
+    zap = (args.zap_log_level or "").strip().lower()
+    if zap:
+        if zap.isdigit():
+            return "DEBUG" if int(zap) > 0 else "INFO"  # (zap: a verbosity below debug)
+        if zap in ZAP_LEVELS:
+            return ZAP_LEVELS[zap]
+        log.warning("--zap-log-level %s: not a level (debug, info, error); logging at INFO",
+                    args.zap_log_level)
+    if args.verbosity is not None and args.verbosity >= DEBUG_VERBOSITY:
+        return "DEBUG"
+    return "INFO"
 
 
 def _dest(flag: str) -> str:

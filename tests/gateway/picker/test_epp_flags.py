@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from kvgate.gateway.picker.cli import build_parser, warn_ignored
-from kvgate.gateway.picker.epp_flags import apply_epp_flags, go_duration, with_pool_defaults
+from kvgate.gateway.picker.epp_flags import apply_epp_flags, go_duration, log_level, with_pool_defaults
 from kvgate.gateway.picker.pools_file import parse_pools
 from kvgate.gateway.picker.tracing import tracing_from_args
 from kvgate.policies.errors import ConfigError
@@ -130,3 +130,36 @@ def test_pools_get_the_flags_defaults_for_what_they_do_not_name() -> None:
     a, b = with_pool_defaults(pools, "mine.yaml", "sglang", 9100)
     assert (a.profile, a.engine, a.metrics_port) == ("mine.yaml", "sglang", 9100)
     assert (b.profile, b.engine, b.metrics_port) == ("gie-default", "vllm", 8000)
+
+
+DEPLOYMENTS_FLAGS = [
+    # what llm-d's guides, scripts and manifests pass their pickers besides the chart's flags
+    "--zap-log-level", "debug", "--allow-experimental-plugins", "--emit-endpoint-scores", "--zap-devel",
+    "--zap-stacktrace-level", "error", "--zap-time-encoding", "iso8601", "--enable-leader-election",
+    "--kube-api-qps", "50", "--kube-api-burst", "100", "--feature-gates", "dataLayer=true",
+    "--secure-serving=false", "--grpc-health-port", "9003", "--v", "4",
+]
+
+
+def test_the_flags_deployments_pass_start_the_picker(caplog: pytest.LogCaptureFixture) -> None:
+    """Each of these made kvgate picker exit at start ("unrecognized arguments")."""
+    args = parsed(*DEPLOYMENTS_FLAGS)
+    warn_ignored(args)
+    for flag in ("--allow-experimental-plugins", "--emit-endpoint-scores", "--feature-gates",
+                 "--kube-api-qps"):
+        assert flag in caplog.text
+    assert log_level(args) == "DEBUG"
+
+
+@pytest.mark.parametrize(("flags", "level"), [
+    ([], "INFO"),
+    (["--zap-log-level", "error"], "ERROR"),
+    (["--zap-log-level=info", "--v", "5"], "INFO"),  # zap's level wins over the verbosity
+    (["--zap-log-level", "3"], "DEBUG"),  # a verbosity: below debug
+    (["--v", "2"], "INFO"),
+    (["--v", "4"], "DEBUG"),
+    (["--zap-log-level", "debug", "--log-level", "WARNING"], "WARNING"),  # kvgate's own wins
+    (["--zap-log-level", "loud"], "INFO"),
+])
+def test_zap_log_level_and_verbosity_set_the_log_level(flags: list[str], level: str) -> None:
+    assert log_level(parsed(*flags)) == level
