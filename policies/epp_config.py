@@ -16,7 +16,10 @@ characters, ``maxPrefixBlocksToMatch`` or ``maxPrefixTokensToMatch``, ``lruCapac
 with kvgate's own filters first (a stored response's endpoint, healthy endpoints) and its feedback
 plugins. Plugins whose work kvgate does itself in another place (metrics sources and extractors,
 request parsers, the single-profile handler, a decode filter in a pool of one role, the prefix
-producer; the role filters of a P/D pair) are noted and left out. Anything else (a latency
+producer; the role filters of a P/D pair) are noted and left out. The saturation detector's
+thresholds (its ``saturationDetector`` section, or a ``utilization-detector`` plugin) become the
+profile's admission thresholds, which autoscalers such as llm-d's variant autoscaler are aligned
+with. Anything else (a latency
 predictor, filters kvgate has not) is not translated: the caller keeps its own profile and says why.
 
 The charts pass their default config to every picker: :func:`is_reference_default` tells it
@@ -27,6 +30,7 @@ nothing but the picker's default behaviour, and kvgate's default profile routes 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +61,7 @@ DONE_ELSEWHERE: Mapping[str, str] = {
     "approx-prefix-cache-producer": "kvgate's prefix index (its parameters are kept)",
     "inflight-load-producer": "kvgate counts its requests in flight itself",
     "decode-filter": "a pool of one role (kvgate's P/D pools use the pd profiles)",
-    "utilization-detector": "kvgate's admission thresholds",
+    "utilization-detector": "kvgate's admission thresholds (its thresholds are kept)",
     "concurrency-detector": "kvgate's admission thresholds",
     "precise-prefix-cache-producer": "kvgate follows the engines' KV events itself (its settings are kept)",
     "token-producer": "kvgate tokenizes with the model's tokenizer files itself",
@@ -163,10 +167,16 @@ def _translate(document: Mapping[str, Any]) -> Translation:
     prefix = _prefix(plugins, notes)
     block_size, source = _precise(plugins, notes)
     tokenizer = _tokenizer(plugins)
+    admission = _admission(document, plugins, notes)
     if not disaggregated:
         (only,) = profiles.values()
         profile = _profile(only, plugins, prefix, role=None, block_size=block_size)
+        if admission:
+            profile["admission"] = admission
         return Translation(profile, tuple(notes), kv_events=source, tokenizer=tokenizer)
+    if admission:
+        notes.append("saturationDetector in a P/D pair: left out (kvgate's P/D profiles admit by their own "
+                     "thresholds)")
     if source is not None:
         notes.append("the precise prefix plugin in a P/D pair: kvgate's P/D halves route on its approximate "
                      "index (the engines' events are followed for /debug/pools and the metrics)")
@@ -289,6 +299,55 @@ def _precise(plugins: Mapping[str, tuple[str, Mapping[str, Any]]], notes: list[s
     return None, None
 
 
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def go_duration(text: str) -> float:
+    """Seconds of a Go duration (``50ms``, ``1m30s``, ``1.5s``); ValueError for anything else."""
+    value = text.strip().strip('"')
+    parts = _GO_DURATION.findall(value)
+    if not parts or "".join(number + unit for number, unit in parts) != value:
+        raise ValueError(f"not a duration: {text!r} (e.g. 50ms, 2s)")
+    return sum(float(number) * _UNITS[unit] for number, unit in parts)
+
+
+def _admission(document: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],
+               notes: list[str]) -> dict[str, float]:
+    """kvgate's admission thresholds (``admission``: a sheddable request is shed when every endpoint
+    is past them, the Inference Extension's saturation rule) from the config's ``saturationDetector``
+    section or its ``utilization-detector`` plugin: ``queueDepthThreshold``, ``kvCacheUtilThreshold``,
+    ``metricsStalenessThreshold`` (a Go duration). Values out of range are said and left out."""
+    found = [parameters for kind, parameters in plugins.values()
+             if kind == "utilization-detector" and isinstance(parameters, Mapping)]
+    section = _mapping(document.get("saturationDetector"))
+    settings = {**section, **(found[0] if found else {})}
+    out: dict[str, float] = {}
+    queue = settings.get("queueDepthThreshold")
+    if queue is not None:
+        if isinstance(queue, int) and not isinstance(queue, bool) and queue >= 1:
+            out["queue_threshold"] = queue
+        else:
+            notes.append(f"queueDepthThreshold {queue!r}: not a queue length of 1 or more; left out")
+    kv = settings.get("kvCacheUtilThreshold")
+    if kv is not None:
+        if isinstance(kv, int | float) and not isinstance(kv, bool) and 0 < kv <= 1:
+            out["kv_threshold"] = float(kv)
+        else:
+            notes.append(f"kvCacheUtilThreshold {kv!r}: not a fraction in (0, 1]; left out")
+    stale = settings.get("metricsStalenessThreshold")
+    if stale is not None:
+        try:
+            seconds = go_duration(str(stale))
+        except ValueError:
+            seconds = 0.0
+        if seconds > 0:
+            out["metrics_staleness_s"] = seconds
+        else:
+            notes.append(f"metricsStalenessThreshold {stale!r}: not a duration (200ms); left out")
+    return out
+
+
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -346,7 +405,8 @@ REFERENCE_SCORERS = frozenset({("queue-scorer", 2.0), ("kv-cache-utilization-sco
 
 
 def is_reference_default(profile: Mapping[str, Any]) -> bool:
-    """Whether a translated profile is the Inference Extension's default (module docstring)."""
+    """Whether a translated profile is the Inference Extension's default (module docstring), its
+    admission thresholds apart (the caller gives kvgate's default profile those)."""
     if "disaggregation" in profile:
         return False
     kinds = {plugin.get("name", plugin["type"]): plugin["type"] for plugin in profile["plugins"]}

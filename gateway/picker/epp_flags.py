@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import logging
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -38,7 +37,9 @@ from kvgate.gateway.picker.epp_kv_events import kv_events_default, with_kv_event
 from kvgate.gateway.picker.pools_file import Dialect, KvEventsSpec, PoolSpec
 from kvgate.policies.disaggregation import load_scheduling
 from kvgate.policies.epp_config import Translation, is_reference_default, translate_epp_config
+from kvgate.policies.epp_config import go_duration as go_duration_s
 from kvgate.policies.errors import ConfigError
+from kvgate.policies.profile import read_profile_document
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +62,14 @@ ENGINE_PREFIXES: tuple[tuple[str, Dialect], ...] = (
     ("jetstream_", "jetstream"),
 )
 """A metric name's prefix → the engine dialect it belongs to."""
-_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
 def go_duration(text: str) -> float:
-    """Seconds of a Go duration (``50ms``, ``1m30s``, ``1.5s``)."""
-    value = text.strip().strip('"')
-    parts = _GO_DURATION.findall(value)
-    if not parts or "".join(number + unit for number, unit in parts) != value:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 50ms, 2s)")
-    return sum(float(number) * _UNITS[unit] for number, unit in parts)
+    """Seconds of a Go duration (``50ms``, ``1m30s``, ``1.5s``), for argparse."""
+    try:
+        return go_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_epp_flags(parser: argparse.ArgumentParser, accepted: argparse._ArgumentGroup,
@@ -219,21 +217,29 @@ def epp_profile(args: argparse.Namespace) -> str | None:
 def profile_file(translation: Translation | None) -> str | None:
     """A translation's profile as a file the pools can name (written once, in a directory of its
     own), or None: none given, not translated (said), or the charts' default (kvgate's default
-    profile serves it)."""
+    profile serves it; with admission thresholds of the config's own, kvgate's default profile with
+    those, as a file)."""
     if translation is None:
         return None
     if translation.profile is None:
         log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
                     "default profile")
         return None
+    admission = translation.profile.get("admission")
     if is_reference_default(translation.profile):
         log.info("EndpointPickerConfig: the Inference Extension's default; pools without a profile of their "
                  "own use kvgate's default profile (kvgate.io/profile: gie-default runs the Inference "
-                 "Extension's)")
-        return None
+                 "Extension's)%s", f", with its admission thresholds {dict(admission)}" if admission else "")
+        if not admission:
+            return None
+        # kvgate's default profile, admitting as the config says
+        default = read_profile_document("default")
+        profile = {**default, "name": "default-epp-admission",
+                   "admission": {**default.get("admission", {}), **admission}}
+    else:
+        profile = dict(translation.profile)
     directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))
     atexit.register(shutil.rmtree, directory, True)
-    profile = dict(translation.profile)
     if translation.halves:  # a disaggregated profile names its halves' files
         for role, half in translation.halves.items():
             (directory / f"{role}.yaml").write_text(yaml.safe_dump(dict(half), sort_keys=False))

@@ -300,3 +300,29 @@ def test_every_single_translated_profile_carries_the_engines_matches() -> None:
     assert translation.profile is not None
     assert "engine-prefix-matches" in [f.plugin_type for f in build_profile(translation.profile).feedback]
     assert translation.kv_events is None
+
+
+def test_the_saturation_detectors_thresholds_become_the_admission_thresholds() -> None:
+    """What llm-d's variant autoscaler is aligned with (its kvCacheThreshold / queueLengthThreshold)."""
+    section = CHART_DEFAULT + ("saturationDetector: {queueDepthThreshold: 12, kvCacheUtilThreshold: 0.9, "
+                               "metricsStalenessThreshold: 500ms}\n")
+    translation = translate_epp_config(section)
+    assert translation.profile is not None
+    built = build_profile(translation.profile)
+    thresholds = built.admission.thresholds
+    assert (thresholds.queue_threshold, thresholds.kv_threshold) == (12, 0.9)
+    assert thresholds.metrics_staleness_s == 0.5
+    assert is_reference_default(translation.profile)  # (the caller keeps kvgate's default, with these)
+    plugin = CHART_DEFAULT.replace(
+        "- type: core-metrics-extractor\n",
+        "- type: core-metrics-extractor\n- type: utilization-detector\n"
+        "  parameters: {queueDepthThreshold: 3, kvCacheUtilThreshold: 0.7}\n")
+    translation = translate_epp_config(plugin)
+    assert translation.profile is not None
+    assert translation.profile["admission"] == {"queue_threshold": 3, "kv_threshold": 0.7}
+    bad = CHART_DEFAULT + "saturationDetector: {queueDepthThreshold: 0, kvCacheUtilThreshold: 80, " \
+                          "metricsStalenessThreshold: soon}\n"
+    translation = translate_epp_config(bad)
+    assert translation.profile is not None
+    assert "admission" not in translation.profile
+    assert len([n for n in translation.notes if "left out" in n and "Threshold" in n]) == 3

@@ -145,3 +145,22 @@ def test_profile_and_engine_flags_are_the_defaults_of_pools_naming_none(tmp_path
 def test_a_profile_flag_that_cannot_serve_is_refused_at_start(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         epp_defaults(build_parser().parse_args(["--pools", "p.yaml", *argv]))
+
+
+def test_the_charts_default_with_its_own_admission_thresholds_keeps_kvgates_profile() -> None:
+    """The scorers of the Inference Extension's default with a saturationDetector of the
+    deployment's own: kvgate's default profile (its routing) admitting at the config's thresholds."""
+    text = EPP_CONFIG.replace("    weight: 3\n  - pluginRef: prefix-cache-scorer\n",
+                              "    weight: 2\n  - pluginRef: kv-cache-utilization-scorer\n    weight: 2\n"
+                              "  - pluginRef: prefix-cache-scorer\n    weight: 3\n")
+    text = text.replace("- type: prefix-cache-scorer\n  parameters: {blockSize: 128}\n",
+                        "- type: kv-cache-utilization-scorer\n- type: prefix-cache-scorer\n")
+    text += "saturationDetector: {queueDepthThreshold: 10, kvCacheUtilThreshold: 0.95}\n"
+    path = epp_profile(build_parser().parse_args(["--pools", "p.yaml", "--config-text", text]))
+    assert path is not None
+    profile, default = load_profile(path), load_profile("default")
+    assert [(s.plugin_type, s.weight) for s in profile.scorers] == [
+        (s.plugin_type, s.weight) for s in default.scorers]
+    thresholds = profile.admission.thresholds
+    assert (thresholds.queue_threshold, thresholds.kv_threshold) == (10, 0.95)
+    assert thresholds.metrics_staleness_s == default.admission.thresholds.metrics_staleness_s

@@ -85,4 +85,4 @@ def test_the_inference_extensions_chart_arguments_parse() -> None:
     ])
     assert (args.pool_name, args.admin_port, args.grpc_health_port) == ("vllm-llama3-8b-instruct", 9090, 9003)
     assert str(args.config_file) == "/config/default-plugins.yaml"
-    assert args.ignored_v == "4"
+    assert args.verbosity == 4  # (the log level: DEBUG unless --log-level)
