@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvgate.policies.latency_objectives import TPOT_SLO_HEADER, TTFT_SLO_HEADER
+
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 """Request header and ``envoy.lb`` metadata key carrying the pick (``ip:port``, or an ordered comma list)."""
 
@@ -24,6 +26,17 @@ picker and not forwarded."""
 
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
+HEADER_ALIASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (OBJECTIVE_HEADER, ("x-llm-d-router-inference-objective", "x-llm-d-inference-objective")),
+    (FAIRNESS_HEADER, ("x-llm-d-router-inference-fairness-id", "x-llm-d-inference-fairness-id")),
+    (MODEL_REWRITE_HEADER, ("x-llm-d-router-model-name-rewrite", "x-llm-d-model-name-rewrite")),
+    (TTFT_SLO_HEADER, ("x-llm-d-router-slo-ttft-ms", "x-llm-d-slo-ttft-ms")),
+    (TPOT_SLO_HEADER, ("x-llm-d-router-slo-tpot-ms", "x-llm-d-slo-tpot-ms")),
+)
+"""llm-d's names for the request headers above, newest first: its router renamed the Inference
+Extension's (``x-llm-d-inference-objective``, then ``x-llm-d-router-inference-objective``), keeping
+the older ones as aliases, the newest present winning. The picker reads each under the name above."""
 REQUEST_ID_HEADER = "x-request-id"
 SESSION_HEADER = "x-session-id"
 

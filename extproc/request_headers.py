@@ -59,7 +59,8 @@ class ReadHeaders:
     """Every header but the system-owned ones, by lower-case name (the last copy wins)."""
     strip: tuple[str, ...]
     """System-owned headers a client sent (``names.is_system_owned``): each once, in arrival order;
-    and the picker's own input not to forward (``names.MODEL_REWRITE_HEADER``: kept in ``headers``)."""
+    and the picker's own input not to forward (``names.MODEL_REWRITE_HEADER`` and llm-d's names for
+    it: kept in ``headers``)."""
     api: ApiKind
     pairs: Headers
     """The headers as they came (for their limits)."""
@@ -86,6 +87,12 @@ def read_request_headers(pairs: Headers) -> ReadHeaders:
             strip.append(key)
         else:
             headers[key] = value
+    for name, aliases in names.HEADER_ALIASES:  # llm-d's names: the newest present wins
+        given = [alias for alias in aliases if alias in headers]
+        if given:
+            headers[name] = headers[given[0]]
+            if name == names.MODEL_REWRITE_HEADER:
+                strip.extend(given)
     if names.MODEL_REWRITE_HEADER in headers:
         strip.append(names.MODEL_REWRITE_HEADER)
     api = api_kind(headers.get(":path", ""))

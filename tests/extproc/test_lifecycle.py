@@ -501,6 +501,21 @@ def test_objective_priority_and_fairness_reach_the_request() -> None:
     assert (request.cache_salt, request.max_tokens) == ("s", 9)
 
 
+@pytest.mark.parametrize("prefix", ["x-llm-d-", "x-llm-d-router-"])
+def test_llm_ds_header_names_reach_the_request(prefix: str) -> None:
+    """What llm-d's guides and MaaS gateways send (its router's names for the Inference Extension's
+    headers): the objective's priority, the tenant and the model override are honoured."""
+    pool = make_pool(objectives={"batch": -1}, honors_model_rewrite_header=True)
+    machine = make_machine(pool)
+    extra = [(f"{prefix}inference-objective", "batch"), (f"{prefix}inference-fairness-id", "tenant-a"),
+             (f"{prefix}model-name-rewrite", "served-model")]
+    feed(machine, [request_headers(extra=extra), request_body(completion(), eos=True)])
+    request = pool.scheduler.seen[0][0]
+    assert request.sheddable
+    assert request.fairness_id == "tenant-a"
+    assert request.target_model == "served-model"
+
+
 def test_unexpected_message_is_a_500_and_table_is_data() -> None:
     machine = make_machine(make_pool())
     status, _, _ = _error_of(feed(machine, [request_body(b"{}", eos=True)]))

@@ -60,3 +60,30 @@ def test_headers_that_leave_no_room_for_the_gateways_own_are_refused_431() -> No
     assert caught.value.status == 431
     with pytest.raises(HeadersTooLargeError, match="bytes"):
         read_request_headers((*base, ("x-big", "b" * MAX_HEADER_BYTES))).refuse(1000, frozenset())
+
+
+def test_llm_ds_header_names_are_read_as_the_inference_extensions_newest_first() -> None:
+    """llm-d's router renamed the request headers (x-llm-d-inference-*, then x-llm-d-router-*),
+    keeping the older names as aliases: the newest given wins, as in its router."""
+    read = read_request_headers((
+        (":path", "/v1/completions"),
+        ("x-gateway-inference-objective", "oldest"),
+        ("X-LLM-D-Inference-Objective", "newer"),
+        ("x-llm-d-inference-fairness-id", "tenant-a"),
+        ("x-llm-d-router-slo-ttft-ms", "250"),
+        ("x-llm-d-slo-ttft-ms", "900"),
+        ("x-llm-d-slo-tpot-ms", "40"),
+        ("x-llm-d-model-name-rewrite", "llama-lora"),
+        ("x-llm-d-router-model-name-rewrite", "llama-lora-2"),
+    ))
+    headers = read.headers
+    assert headers["x-gateway-inference-objective"] == "newer"
+    assert headers["x-gateway-inference-fairness-id"] == "tenant-a"
+    assert (headers["x-slo-ttft-ms"], headers["x-slo-tpot-ms"]) == ("250", "40")
+    assert headers["x-gateway-model-name-rewrite"] == "llama-lora-2"
+    # the picker's own input is not forwarded, under any of its names
+    assert set(read.strip) == {"x-gateway-model-name-rewrite", "x-llm-d-model-name-rewrite",
+                               "x-llm-d-router-model-name-rewrite"}
+    plain = read_request_headers(((":path", "/v1/completions"), ("x-gateway-inference-objective", "chat")))
+    assert plain.headers["x-gateway-inference-objective"] == "chat"
+    assert plain.strip == ()
