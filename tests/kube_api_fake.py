@@ -46,6 +46,13 @@ class Kind:
     kind: str
     plural: str
     namespaced: bool = True
+    resource: str = ""
+    """How the fake keys the kind's objects (and ``deny``, ``unserved``, ``get_object`` name it): its
+    plural, or ``plural.group`` for a kind whose plural another group has too."""
+
+    @property
+    def key(self) -> str:
+        return self.resource or self.plural
 
 
 KINDS = (
@@ -63,6 +70,10 @@ KINDS = (
     Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     Kind("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "inferenceobjectives"),
     Kind("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
+    Kind("llm-d.ai/v1alpha2", "InferenceObjective", "inferenceobjectives",
+         resource="inferenceobjectives.llm-d.ai"),
+    Kind("llm-d.ai/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites",
+         resource="inferencemodelrewrites.llm-d.ai"),
     Kind("coordination.k8s.io/v1", "Lease", "leases"),
     Kind("authentication.k8s.io/v1", "TokenReview", "tokenreviews", namespaced=False),
     Kind("authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", namespaced=False),
@@ -118,7 +129,7 @@ class FakeApiServer:
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
             meta.setdefault("namespace", "default")
-        key = (kind.plural, meta.get("namespace", ""), meta["name"])
+        key = (kind.key, meta.get("namespace", ""), meta["name"])
         previous = self._objects.get(key)
         stored = copy.deepcopy(obj)
         smeta = stored["metadata"]
@@ -138,7 +149,7 @@ class FakeApiServer:
 
     async def delete(self, api_version: str, kind_name: str, name: str, namespace: str = "default") -> None:
         kind = _kind_of(api_version, kind_name)
-        key = (kind.plural, namespace if kind.namespaced else "", name)
+        key = (kind.key, namespace if kind.namespaced else "", name)
         if key in self._objects:
             await self._write("DELETED", kind, key, None)
 
@@ -220,8 +231,8 @@ class FakeApiServer:
         kind, namespace, name, sub = self._route(request)
         if kind is None:
             return web.json_response(_status(404, f"no resource at {request.path}"), status=404)
-        if (request.method, kind.plural) in self._denied:
-            return web.json_response(_status(403, f"{request.method} {kind.plural} is forbidden"), status=403)
+        if (request.method, kind.key) in self._denied:
+            return web.json_response(_status(403, f"{request.method} {kind.key} is forbidden"), status=403)
         if name is not None or request.method != "GET":
             return await self._object(request, kind, namespace or "", name, sub)
         if request.query.get("watch") in ("1", "true"):
@@ -229,7 +240,7 @@ class FakeApiServer:
         selected = _field_selector(request)
         items = [
             _without_type(obj) for (plural, ns, _), obj in sorted(self._objects.items())
-            if plural == kind.plural and (namespace is None or ns == namespace) and selected(obj)
+            if plural == kind.key and (namespace is None or ns == namespace) and selected(obj)
         ]
         return web.json_response({
             "kind": f"{kind.kind}List", "apiVersion": kind.api_version,
@@ -250,7 +261,7 @@ class FakeApiServer:
         name = parts[1] if len(parts) > 1 else None
         sub = parts[2] if len(parts) > 2 else None
         for kind in KINDS:
-            served = kind.plural not in self.unserved
+            served = kind.key not in self.unserved
             if served and kind.api_version == api_version and kind.plural == parts[0]:
                 return kind, namespace, name, sub
         return None, None, None, None
@@ -278,11 +289,11 @@ class FakeApiServer:
             body.setdefault("apiVersion", kind.api_version)
             body.setdefault("kind", kind.kind)
             body.setdefault("metadata", {})["namespace"] = namespace
-            if (kind.plural, namespace, body["metadata"]["name"]) in self._objects:
+            if (kind.key, namespace, body["metadata"]["name"]) in self._objects:
                 return web.json_response(_status(409, "already exists"), status=409)
             return web.json_response(await self.apply(body), status=201)
         assert name is not None
-        key = (kind.plural, namespace if kind.namespaced else "", name)
+        key = (kind.key, namespace if kind.namespaced else "", name)
         stored = self._objects.get(key)
         if stored is None:
             return web.json_response(_status(404, f"{kind.plural} {name} not found"), status=404)

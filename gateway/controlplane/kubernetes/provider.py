@@ -39,6 +39,9 @@ KINDS = (
     KindSpec("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     KindSpec("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "inferenceobjectives"),
     KindSpec("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
+    # llm-d's router's (v0.9 on): the same kinds in its own group, used where both hold one name
+    KindSpec("llm-d.ai/v1alpha2", "InferenceObjective", "inferenceobjectives"),
+    KindSpec("llm-d.ai/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"),
     KindSpec("v1", "Service", "services"),
     KindSpec("v1", "Pod", "pods"),
     # HTTPS listeners' certificates: TLS Secrets only (not every Secret of the cluster, e.g. Helm's
@@ -188,8 +191,8 @@ class KubernetesProvider:
             return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) in named
 
         files = [
-            (f"kubernetes:{obj['kind']}/{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}",
-             json.dumps(obj, sort_keys=True))
+            (f"kubernetes:{obj['apiVersion']}/{obj['kind']}/{obj['metadata'].get('namespace', '')}/"
+             f"{obj['metadata']['name']}", json.dumps(obj, sort_keys=True))
             for cache in self._caches if cache.spec is not GATEWAY_CLASSES
             for obj in cache.objects() if used(cache.spec, obj)
         ]

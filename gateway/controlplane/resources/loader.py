@@ -39,6 +39,11 @@ from kvgate.policies.validation import describe
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 _R = TypeVar("_R", bound=Resource)
 
+LLM_D_GROUP = "llm-d.ai"
+"""llm-d's API group: its InferenceObjectives and InferenceModelRewrites (``llm-d.ai/v1alpha2``), which
+win over the Inference Extension's of the same name (``inference.networking.x-k8s.io``), as a
+migration from one to the other leaves both for a while."""
+
 _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
     {
         ("gateway.networking.k8s.io/v1", "Gateway"): Gateway,
@@ -53,6 +58,9 @@ _KINDS: Mapping[tuple[str, str], type[Resource]] = MappingProxyType(
         ("inference.networking.k8s.io/v1", "InferencePool"): InferencePool,
         ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): InferenceObjective,
         ("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite"): InferenceModelRewrite,
+        # llm-d's router serves them in its own group since its v0.9 (the same schema)
+        (f"{LLM_D_GROUP}/v1alpha2", "InferenceObjective"): InferenceObjective,
+        (f"{LLM_D_GROUP}/v1alpha2", "InferenceModelRewrite"): InferenceModelRewrite,
         ("v1", "Pod"): Pod,
         ("v1", "Service"): Service,
         ("v1", "Namespace"): Namespace,
@@ -163,6 +171,8 @@ def parse_manifests(files: Iterable[tuple[str, str]]) -> ResourceSet:
     notes: list[str] = []
     items: list[Resource] = []
     sources: dict[ResourceRef, str] = {}
+    llm_d: set[ResourceRef] = set()
+    """Objectives and rewrites read in llm-d's group (:data:`LLM_D_GROUP`)."""
     digest = hashlib.sha256()
     for source, text in files:
         digest.update(source.encode() + b"\0" + text.encode() + b"\0")
@@ -194,11 +204,20 @@ def parse_manifests(files: Iterable[tuple[str, str]]) -> ResourceSet:
                     problems.append(ManifestProblem(source, index, message))
                     continue
                 where = f"{source} (document {index})"
-                if item.ref in sources:
+                ours = api_version.startswith(f"{LLM_D_GROUP}/")
+                if item.ref in sources and (ours != (item.ref in llm_d)):  # the same name in both groups
+                    notes.append(f"{where}: {item.ref} is in both the Inference Extension's group and "
+                                 f"{LLM_D_GROUP}: {LLM_D_GROUP}'s is used")
+                    if not ours:
+                        continue
+                    items = [other for other in items if other.ref != item.ref]
+                elif item.ref in sources:
                     problems.append(
                         ManifestProblem(source, index, f"{item.ref} is also defined in {sources[item.ref]}")
                     )
                     continue
+                if ours:
+                    llm_d.add(item.ref)
                 sources[item.ref] = where
                 items.append(item)
     if problems:

@@ -225,3 +225,31 @@ async def test_only_the_config_maps_a_backend_tls_policy_names_make_a_new_config
         assert pool.backend_tls.ca_pem == ca
     finally:
         await provider.stop()
+
+
+def _objective(group: str, name: str, priority: int) -> dict[str, Any]:
+    return {"apiVersion": f"{group}/v1alpha2", "kind": "InferenceObjective", "metadata": {"name": name},
+            "spec": {"priority": priority, "poolRef": {"name": "llm"}}}
+
+
+async def test_llm_ds_objectives_are_read_and_win_over_the_inference_extensions(
+    cluster: FakeApiServer,
+) -> None:
+    """llm-d's router (v0.9 on) serves InferenceObjective and InferenceModelRewrite in its own group,
+    llm-d.ai: kvgate reads both groups; where both hold one name, as during a migration, llm-d's wins."""
+    await cluster.apply(_objective("llm-d.ai", "premium", 100))
+    await cluster.apply(_objective("inference.networking.x-k8s.io", "batch", -1))
+    await cluster.apply(_objective("inference.networking.x-k8s.io", "standard", 5))
+    await cluster.apply(_objective("llm-d.ai", "standard", 0))
+    provider = KubernetesProvider(
+        await KubeClient.connect(host=cluster.url), namespace="default",
+        options=ValidationOptions(require_picker_service=False),
+    )
+    try:
+        snapshot = await provider.first()
+        priorities = {o.key.name: o.priority for o in snapshot.config.objectives}
+        assert priorities == {"premium": 100, "batch": -1, "standard": 0}
+        assert any("llm-d.ai's is used" in note for note in snapshot.resources.notes)
+        assert provider.status().last_error is None
+    finally:
+        await provider.stop()

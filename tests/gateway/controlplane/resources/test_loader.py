@@ -275,3 +275,24 @@ def test_durations_and_addresses() -> None:
     assert check_address("[fd00::1]:8000") == "[fd00::1]:8000"
     with pytest.raises(ValueError, match="IP address"):
         check_address("localhost:80")
+
+
+def test_llm_ds_group_objectives_and_rewrites_load_and_win_over_the_inference_extensions() -> None:
+    def objective(group: str, name: str, priority: int) -> str:
+        return (f"apiVersion: {group}/v1alpha2\nkind: InferenceObjective\nmetadata: {{name: {name}}}\n"
+                f"spec: {{priority: {priority}, poolRef: {{name: p}}}}\n---\n")
+
+    rewrite = ("apiVersion: llm-d.ai/v1alpha2\nkind: InferenceModelRewrite\nmetadata: {name: r}\n"
+               "spec: {poolRef: {name: p}, rules: [{matches: [{model: {value: a}}], "
+               "targets: [{modelRewrite: b}]}]}\n")
+    text = (objective("inference.networking.x-k8s.io", "x", 5) + objective("llm-d.ai", "x", 7)
+            + objective("llm-d.ai", "y", -1) + rewrite)
+    resources = parse_manifests([("o.yaml", text)])
+    assert sorted((o.metadata.name, o.spec.priority) for o in resources.objectives) == [("x", 7), ("y", -1)]
+    assert [r.metadata.name for r in resources.rewrites] == ["r"]
+    assert any("llm-d.ai's is used" in note for note in resources.notes)
+    # whichever comes first
+    reverse = objective("llm-d.ai", "x", 7) + objective("inference.networking.x-k8s.io", "x", 5)
+    assert [o.spec.priority for o in parse_manifests([("o.yaml", reverse)]).objectives] == [7]
+    with pytest.raises(ManifestError, match="also defined"):  # twice in one group: kubectl's refusal
+        parse_manifests([("o.yaml", objective("llm-d.ai", "x", 7) + objective("llm-d.ai", "x", 8))])
