@@ -35,9 +35,8 @@ from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, Val
 from kvgate.gateway.controlplane.resources.label_selector import parse_selector
 from kvgate.gateway.controlplane.resources.meta import DEFAULT_NAMESPACE
 from kvgate.gateway.picker.cli import build_parser, ready_line, settings_from_args, warn_ignored
-from kvgate.gateway.picker.epp_flags import apply_epp_flags, epp_defaults, log_level
-from kvgate.gateway.picker.epp_kv_events import with_kv_events_default
-from kvgate.gateway.picker.pools_file import Dialect, KvEventsSpec
+from kvgate.gateway.picker.epp_flags import EppDefaults, apply_epp_flags, epp_defaults, log_level
+from kvgate.gateway.picker.pools_file import Dialect
 from kvgate.gateway.picker.service import PickerService
 from kvgate.gateway.processes import event_loop, logs
 from kvgate.policies.errors import ConfigError
@@ -47,7 +46,7 @@ log = logging.getLogger(__name__)
 
 def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: ObjectKey,
                    args: argparse.Namespace | None = None, profile: str = "default",
-                   kv_events: KvEventsSpec | None = None) -> bool:
+                   defaults: EppDefaults | None = None) -> bool:
     """Serve ``pool`` as ``snapshot`` has it (the picker's flags' profile, engine, metrics port and KV
     events unless the pool names its own: ``gateway.picker.epp_flags``); False (the last pool kept)
     when it is not there."""
@@ -61,7 +60,8 @@ def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: Objec
     metrics_port = args.model_server_metrics_port if args is not None else None
     if spec.metrics_port is None and metrics_port is not None:
         spec = spec.model_copy(update={"metrics_port": metrics_port})
-    spec = with_kv_events_default(spec, kv_events)
+    if defaults is not None:
+        spec = defaults.apply(spec)
     for warning in warnings:
         log.warning("%s", warning)
     service.apply_pools([spec], spec.name)
@@ -160,12 +160,12 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         first = await provider.first()
-        if not apply_snapshot(service, first, pool, args, profile, epp.kv_events):
+        if not apply_snapshot(service, first, pool, args, profile, epp):
             raise ConfigError(f"InferencePool {pool.namespace}/{pool.name} not found in the cluster")
         await service.start()
         print(ready_line(args, service) + f" pool={pool.namespace}/{pool.name}", flush=True)
         async for snapshot in provider.updates(stop):
-            apply_snapshot(service, snapshot, pool, args, profile, epp.kv_events)
+            apply_snapshot(service, snapshot, pool, args, profile, epp)
     finally:
         await service.stop()
         await provider.stop()

@@ -116,6 +116,9 @@ class Translation:
     """The precise prefix plugin's KV-event source, for the pools that name none."""
     tokenizer: TokenizerHint | None = None
     """The precise plugin's (or a tokenizer plugin's) tokenizer, for the pools that name none."""
+    flow_control: Mapping[str, Any] | None = None
+    """The pools' flow control (a pools file's ``flowControl`` fields) where the config turns llm-d's
+    on (its ``flowControl`` feature gate), for the pools that name none; None: off."""
 
 
 _HANDLERS = frozenset({"pd-profile-handler", "disagg-profile-handler"})
@@ -168,12 +171,13 @@ def _translate(document: Mapping[str, Any]) -> Translation:
     block_size, source = _precise(plugins, notes)
     tokenizer = _tokenizer(plugins)
     admission = _admission(document, plugins, notes)
+    flow = _flow_control(document, admission, notes)
     if not disaggregated:
         (only,) = profiles.values()
         profile = _profile(only, plugins, prefix, role=None, block_size=block_size)
         if admission:
             profile["admission"] = admission
-        return Translation(profile, tuple(notes), kv_events=source, tokenizer=tokenizer)
+        return Translation(profile, tuple(notes), kv_events=source, tokenizer=tokenizer, flow_control=flow)
     if admission:
         notes.append("saturationDetector in a P/D pair: left out (kvgate's P/D profiles admit by their own "
                      "thresholds)")
@@ -184,7 +188,7 @@ def _translate(document: Mapping[str, Any]) -> Translation:
     pd = {"name": "epp-config-pd",
           "description": "translated from the picker's EndpointPickerConfig (--config-file), P/D",
           "disaggregation": {"decider": _decider(plugins), "decode": "decode", "prefill": "prefill"}}
-    return Translation(pd, tuple(notes), halves, kv_events=source, tokenizer=tokenizer)
+    return Translation(pd, tuple(notes), halves, kv_events=source, tokenizer=tokenizer, flow_control=flow)
 
 
 def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],
@@ -345,6 +349,86 @@ def _admission(document: Mapping[str, Any], plugins: Mapping[str, tuple[str, Map
             out["metrics_staleness_s"] = seconds
         else:
             notes.append(f"metricsStalenessThreshold {stale!r}: not a duration (200ms); left out")
+    return out
+
+
+FLOW_CONTROL_GATE = "flowControl"
+DEFAULT_REQUEST_TTL_S = 60.0
+"""llm-d's ``flowControl.defaultRequestTTL`` default."""
+MAX_QUEUE_TIMEOUT_S = 1800.0
+"""kvgate's longest queue timeout (``kvgate.io/queue-timeout``)."""
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(value: object) -> int | None:
+    """A Kubernetes resource quantity as a whole number (``100``, ``1k``, ``2Ki``), or None."""
+    match = _QUANTITY.match(str(value).strip()) if isinstance(value, int | float | str) else None
+    if match is None:
+        return None
+    return int(float(match.group(1)) * _QUANTITY_UNITS[match.group(2)])
+
+
+def gate_on(document: Mapping[str, Any], gate: str) -> bool:
+    """Whether the config's ``featureGates`` turn ``gate`` on (``name``, ``name=true``)."""
+    gates = document.get("featureGates")
+    for entry in gates if isinstance(gates, list) else ():
+        name, _, value = str(entry).partition("=")
+        if name.strip() == gate:
+            return value.strip().lower() in ("", "true")
+    return False
+
+
+def _flow_control(document: Mapping[str, Any], admission: Mapping[str, float],
+                  notes: list[str]) -> dict[str, Any] | None:
+    """llm-d's flow control (the ``flowControl`` feature gate, its ``flowControl`` section) as a pool's
+    ``flowControl`` (docs/flow-control.md): ``defaultRequestTTL`` the queue timeout, ``maxRequests``
+    the queue's length, the bands' ordering policy (``slo-deadline-ordering-policy``) the order, the
+    saturation detector's thresholds when a request waits; what kvgate does not have is said."""
+    section = _mapping(document.get("flowControl"))
+    if not gate_on(document, FLOW_CONTROL_GATE):
+        if section:
+            notes.append("flowControl: left out (its feature gate, flowControl, is off)")
+        return None
+    out: dict[str, Any] = {}
+    ttl = section.get("defaultRequestTTL")
+    timeout = DEFAULT_REQUEST_TTL_S
+    if ttl is not None:
+        try:
+            timeout = go_duration(str(ttl))
+        except ValueError:
+            notes.append(f"flowControl.defaultRequestTTL {ttl!r}: not a duration; "
+                         f"{DEFAULT_REQUEST_TTL_S:g} s")
+        if timeout <= 0 or timeout > MAX_QUEUE_TIMEOUT_S:
+            notes.append(f"flowControl.defaultRequestTTL {ttl}: kvgate waits at most "
+                         f"{MAX_QUEUE_TIMEOUT_S:g} s")
+            timeout = MAX_QUEUE_TIMEOUT_S
+    out["queueTimeoutSeconds"] = timeout
+    limit = quantity(section.get("maxRequests")) if section.get("maxRequests") is not None else None
+    if limit:
+        out["maxQueueLength"] = min(limit, 1_000_000)
+    bands = [_mapping(band) for band in (*(section.get("priorityBands") or ()),
+                                          section.get("defaultPriorityBand"),
+                                          section.get("defaultNegativePriorityBand")) if band]
+    orders = {str(band.get("orderingPolicyRef") or "fcfs-ordering-policy") for band in bands} or {
+        "fcfs-ordering-policy"}
+    if orders == {"slo-deadline-ordering-policy"}:
+        out["order"] = "slo-deadline"
+    elif orders != {"fcfs-ordering-policy"}:
+        notes.append(f"flowControl ordering policies {sorted(orders)}: kvgate orders a pool's held requests "
+                     "one way (first come, first served)")
+    for key, kvgate_key in (("queue_threshold", "queueThreshold"), ("kv_threshold", "kvCacheThreshold"),
+                            ("metrics_staleness_s", "metricsStalenessSeconds")):
+        if key in admission:
+            out[kvgate_key] = admission[key]
+    left = [key for key in ("maxBytes", "noEndpointRequestTTL", "usageLimitPolicyPluginRef",
+                            "enableEviction") if section.get(key)]
+    left += [f"priorityBands[{band.get('priority')}].maxRequests" for band in bands
+             if band.get("maxRequests")]
+    if left:
+        notes.append(f"flowControl {', '.join(left)}: left out (kvgate holds by the pool's queue length and "
+                     "timeout, fair between tenants by GPU work: docs/flow-control.md)")
     return out
 
 

@@ -344,7 +344,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
     def defaults(specs: Sequence[PoolSpec]) -> list[PoolSpec]:
         return with_pool_defaults(specs, epp.profile, args.default_engine, args.model_server_metrics_port,
-                                  epp.kv_events)
+                                  epp.kv_events, epp.flow_control)
 
     service.apply_pools(defaults(pools.pools), pools.effective_default)
     stop = asyncio.Event()

@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.gateway.picker.epp_kv_events import kv_events_default, with_kv_events_default
-from kvgate.gateway.picker.pools_file import Dialect, KvEventsSpec, PoolSpec
+from kvgate.gateway.picker.pools_file import Dialect, FlowControlSpec, KvEventsSpec, PoolSpec
 from kvgate.policies.disaggregation import load_scheduling
 from kvgate.policies.epp_config import Translation, is_reference_default, translate_epp_config
 from kvgate.policies.epp_config import go_duration as go_duration_s
@@ -174,6 +174,15 @@ class EppDefaults:
 
     profile: str | None = None
     kv_events: KvEventsSpec | None = None
+    flow_control: FlowControlSpec | None = None
+
+    def apply(self, pool: PoolSpec) -> PoolSpec:
+        """``pool`` with the KV events and flow control it does not name itself (its profile: the
+        caller's, which knows whether the pool named one)."""
+        pool = with_kv_events_default(pool, self.kv_events)
+        if self.flow_control is not None and pool.flow_control is None:
+            pool = pool.model_copy(update={"flow_control": self.flow_control})
+        return pool
 
 
 def epp_defaults(args: argparse.Namespace) -> EppDefaults:
@@ -183,7 +192,8 @@ def epp_defaults(args: argparse.Namespace) -> EppDefaults:
     events (the config's precise prefix plugin's: ``gateway.picker.epp_kv_events``)."""
     translation = epp_translation(args)
     if args.profile is None:
-        return EppDefaults(profile_file(translation), kv_events_default(translation))
+        return EppDefaults(profile_file(translation), kv_events_default(translation),
+                           flow_control_default(translation))
     if translation is not None:
         raise ConfigError("give --profile or --config-file / --config-text (an EndpointPickerConfig that "
                           "becomes the profile), not both")
@@ -192,6 +202,19 @@ def epp_defaults(args: argparse.Namespace) -> EppDefaults:
     except ConfigError as exc:
         raise ConfigError(f"--profile {args.profile}: {exc.message}") from None
     return EppDefaults(str(args.profile))
+
+
+def flow_control_default(translation: Translation | None) -> FlowControlSpec | None:
+    """The pools' flow control where the config turns llm-d's on (``policies.epp_config``)."""
+    if translation is None or translation.flow_control is None:
+        return None
+    try:
+        spec = FlowControlSpec.model_validate(dict(translation.flow_control))
+    except ValueError as exc:
+        raise ConfigError(f"EndpointPickerConfig flowControl: {exc}") from None
+    log.info("EndpointPickerConfig: flow control on for the pools that name none (queue timeout %g s, "
+             "%d held at most, %s)", spec.queue_timeout_s, spec.max_queue_length, spec.order)
+    return spec
 
 
 def epp_translation(args: argparse.Namespace) -> Translation | None:
@@ -254,13 +277,14 @@ def profile_file(translation: Translation | None) -> str | None:
 
 def with_pool_defaults(pools: Sequence[PoolSpec], profile: str | None, engine: Dialect | None = None,
                        metrics_port: int | None = None, kv_events: KvEventsSpec | None = None,
-                       ) -> list[PoolSpec]:
+                       flow_control: FlowControlSpec | None = None) -> list[PoolSpec]:
     """``pools``, each given what it does not name itself: ``profile``, ``engine``, ``metrics_port``,
-    ``kv_events`` (``epp_kv_events.with_kv_events_default``) (None: nothing)."""
+    ``kv_events`` (``epp_kv_events.with_kv_events_default``), ``flow_control`` (None: nothing)."""
     defaults = {"profile": profile, "engine": engine, "metrics_port": metrics_port}
     out = []
     for pool in pools:
         update = {field: value for field, value in defaults.items()
                   if value is not None and field not in pool.model_fields_set}
-        out.append(with_kv_events_default(pool.model_copy(update=update) if update else pool, kv_events))
+        pool = pool.model_copy(update=update) if update else pool
+        out.append(EppDefaults(kv_events=kv_events, flow_control=flow_control).apply(pool))
     return out

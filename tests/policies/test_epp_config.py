@@ -13,6 +13,7 @@ from kvgate.policies.epp_config import (
     KvEventsSource,
     TokenizerHint,
     is_reference_default,
+    quantity,
     translate_epp_config,
 )
 from kvgate.policies.profile import build_profile, load_profile
@@ -326,3 +327,47 @@ def test_the_saturation_detectors_thresholds_become_the_admission_thresholds() -
     assert translation.profile is not None
     assert "admission" not in translation.profile
     assert len([n for n in translation.notes if "left out" in n and "Threshold" in n]) == 3
+
+
+LLM_D_FLOW_CONTROL = CHART_DEFAULT + """
+featureGates: [flowControl]
+saturationDetector: {queueDepthThreshold: 8, kvCacheUtilThreshold: 0.85}
+flowControl:
+  maxRequests: 2k
+  defaultRequestTTL: 45s
+  maxBytes: 1Gi
+  priorityBands:
+  - {priority: 100, orderingPolicyRef: slo-deadline-ordering-policy}
+  - {priority: -1, orderingPolicyRef: slo-deadline-ordering-policy, maxRequests: "50"}
+"""
+"""llm-d's flow-control guide's shape: the gate, the section, its bands."""
+
+
+def test_llm_ds_flow_control_becomes_the_pools_flow_control() -> None:
+    translation = translate_epp_config(LLM_D_FLOW_CONTROL)
+    assert translation.flow_control == {
+        "queueTimeoutSeconds": 45.0, "maxQueueLength": 2000, "order": "slo-deadline",
+        "queueThreshold": 8, "kvCacheThreshold": 0.85,
+    }
+    [left] = [note for note in translation.notes if note.startswith("flowControl maxBytes")]
+    assert "priorityBands[-1].maxRequests" in left
+    # the gate off: nothing held (as llm-d), and said
+    off = translate_epp_config(LLM_D_FLOW_CONTROL.replace("[flowControl]", "[flowControl=false]"))
+    assert off.flow_control is None
+    assert any("feature gate" in note for note in off.notes)
+    # the gate alone: llm-d's defaults (a minute's wait) with kvgate's queue length
+    bare = translate_epp_config(CHART_DEFAULT + "featureGates: [flowControl]\n")
+    assert bare.flow_control == {"queueTimeoutSeconds": 60.0}
+    forever = translate_epp_config(CHART_DEFAULT + "featureGates: [flowControl]\nflowControl: "
+                                   "{defaultRequestTTL: 0s, priorityBands: [{priority: 1, "
+                                   "orderingPolicyRef: fcfs-ordering-policy}, {priority: 2, "
+                                   "orderingPolicyRef: slo-deadline-ordering-policy}]}\n")
+    assert forever.flow_control == {"queueTimeoutSeconds": 1800.0}  # kvgate's longest wait
+    assert any("one way" in note for note in forever.notes)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("100", 100), ("1k", 1000), ("2Ki", 2048), ("1.5M", 1_500_000), (250, 250), ("lots", None), ("-1", None),
+])
+def test_kubernetes_quantities(text: object, value: int | None) -> None:
+    assert quantity(text) == value

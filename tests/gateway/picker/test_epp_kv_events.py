@@ -1,18 +1,20 @@
 """``gateway.picker.epp_kv_events``: an EndpointPickerConfig's precise prefix plugin as the pools'
-default KV events, its tokenizer found on disk where llm-d's ``tokenizersPoolConfig`` says."""
+default KV events, its tokenizer found on disk where llm-d's ``tokenizersPoolConfig`` says; and its
+flow control as theirs (``epp_flags.EppDefaults``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvgate.gateway.picker.cli import build_parser
 from kvgate.gateway.picker.epp_flags import epp_defaults, with_pool_defaults
 from kvgate.gateway.picker.epp_kv_events import find_tokenizer, kv_events_default, with_kv_events_default
 from kvgate.gateway.picker.pools_file import KvEventsSpec, parse_pools
 from kvgate.policies.epp_config import TokenizerHint, translate_epp_config
-from tests.policies.test_epp_config import LLM_D_PRECISE
+from tests.policies.test_epp_config import LLM_D_FLOW_CONTROL, LLM_D_PRECISE
 
 TOKENIZER = Path(__file__).resolve().parents[3] / "simulator" / "data" / "tokenizer.json"
 
@@ -63,3 +65,18 @@ def test_the_precise_config_gives_the_pools_their_kv_events(tmp_path: Path,
     assert c.kv_events == pools[2].kv_events
     assert with_kv_events_default(pools[0], None) is pools[0]
     assert kv_events_default(None) is None
+
+
+def test_llm_ds_flow_control_holds_the_pools_naming_none() -> None:
+    args = build_parser().parse_args(["--pools", "p.yaml", "--config-text", LLM_D_FLOW_CONTROL])
+    defaults = epp_defaults(args)
+    assert defaults.flow_control is not None
+    assert (defaults.flow_control.queue_timeout_s, defaults.flow_control.max_queue_length) == (45.0, 2000)
+    assert defaults.flow_control.order == "slo-deadline"
+    own = {"queueTimeoutSeconds": 5}
+    pools = parse_pools(yaml.safe_dump({"pools": [{"name": "a"}, {"name": "b", "flowControl": own}]})).pools
+    a, b = with_pool_defaults(pools, defaults.profile, kv_events=defaults.kv_events,
+                              flow_control=defaults.flow_control)
+    assert a.flow_control == defaults.flow_control
+    assert b.flow_control is not None
+    assert b.flow_control.queue_timeout_s == 5  # the pool's own
