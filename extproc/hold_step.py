@@ -14,7 +14,7 @@ from __future__ import annotations
 from kvgate.extproc.actions import AwaitHold, ExtendTimeout, Step
 from kvgate.extproc.ports import HoldingPort, Pool, RequestMetrics
 from kvgate.policies.errors import KvgateError, QueueTimeoutError, RequestShedError
-from kvgate.policies.flow_control import HoldOutcome
+from kvgate.policies.flow_control import HoldOutcome, queue_budget_s
 from kvgate.policies.types import InferenceRequest
 
 MAX_MESSAGE_TIMEOUT_S = 3600.0
@@ -42,8 +42,9 @@ def hold_refusal(outcome: HoldOutcome, request: InferenceRequest, area: HoldingP
         why = "bound" if outcome is HoldOutcome.REJECTED_CAPACITY else "timeout"
         return RequestShedError(f"pool {request.pool!r} had no room for this request within its queue "
                                 f"{why}; request shed", retry_after=area.retry_after_s)
+    waited = queue_budget_s(request.headers, area.timeout_s)
     return QueueTimeoutError(f"pool {request.pool!r} had no room for this request within "
-                             f"{area.timeout_s:g} s", retry_after=area.retry_after_s)
+                             f"{waited:g} s", retry_after=area.retry_after_s)
 
 
 def spill_target(pool: Pool, metrics: RequestMetrics) -> Pool:

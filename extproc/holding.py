@@ -36,6 +36,7 @@ from kvgate.policies.flow_control import (
     HoldOutcome,
     endpoint_has_room,
     pool_has_room,
+    queue_budget_s,
     work_seconds,
 )
 from kvgate.policies.holding_queue import Waiting
@@ -144,7 +145,7 @@ class HoldingArea:
                             self.settings.work)
         ttft_s = latency_objectives(request.headers).ttft_s
         return Waiting(request.request_id, request.priority, request.fairness_id or "",
-                       cost, now + self.settings.queue_timeout_s,
+                       cost, now + queue_budget_s(request.headers, self.settings.queue_timeout_s),
                        math.inf if ttft_s is None else now + ttft_s)
 
     def passed(self, request: InferenceRequest) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvgate.policies.flow_control import QUEUE_TTL_HEADER
 from kvgate.policies.latency_objectives import TPOT_SLO_HEADER, TTFT_SLO_HEADER
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -33,6 +34,7 @@ HEADER_ALIASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (MODEL_REWRITE_HEADER, ("x-llm-d-router-model-name-rewrite", "x-llm-d-model-name-rewrite")),
     (TTFT_SLO_HEADER, ("x-llm-d-router-slo-ttft-ms", "x-llm-d-slo-ttft-ms")),
     (TPOT_SLO_HEADER, ("x-llm-d-router-slo-tpot-ms", "x-llm-d-slo-tpot-ms")),
+    (QUEUE_TTL_HEADER, ("x-llm-d-router-inference-ttl",)),
 )
 """llm-d's names for the request headers above, newest first: its router renamed the Inference
 Extension's (``x-llm-d-inference-objective``, then ``x-llm-d-router-inference-objective``), keeping

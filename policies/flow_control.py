@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kvgate.policies.durations import go_duration
 from kvgate.policies.holding_queue import HoldingQueue, QueueOrder, Waiting
 from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.state import InFlight
@@ -91,6 +92,25 @@ class FlowControlSettings:
         reserved = self.reserved_per_endpoint
         if reserved < 0 or (reserved and self.max_inflight_per_endpoint is None):
             raise ValueError("reserved slots need an in-flight limit per endpoint, and are never negative")
+
+
+QUEUE_TTL_HEADER = "x-llm-d-inference-ttl"
+"""llm-d's per-request queue budget (a Go duration, ``1500ms``): the request waits at most that long
+(never longer than its pool's queue timeout). ``x-llm-d-router-inference-ttl``, llm-d's newer name,
+is read as it (``extproc.names.HEADER_ALIASES``)."""
+
+
+def queue_budget_s(headers: Mapping[str, str], timeout_s: float) -> float:
+    """How long a request with ``headers`` may wait: its :data:`QUEUE_TTL_HEADER` where that is a
+    positive duration shorter than ``timeout_s`` (the pool's), else ``timeout_s``."""
+    text = headers.get(QUEUE_TTL_HEADER)
+    if not text:
+        return timeout_s
+    try:
+        ttl = go_duration(text)
+    except ValueError:
+        return timeout_s
+    return ttl if 0 < ttl < timeout_s else timeout_s
 
 
 def work_seconds(prompt_chars: int, cached_tokens: int, max_tokens: int | None, costs: WorkCosts) -> float:

@@ -36,8 +36,8 @@ import yaml
 from kvgate.gateway.picker.epp_kv_events import kv_events_default, with_kv_events_default
 from kvgate.gateway.picker.pools_file import Dialect, FlowControlSpec, KvEventsSpec, PoolSpec
 from kvgate.policies.disaggregation import load_scheduling
+from kvgate.policies.durations import go_duration as go_duration_s
 from kvgate.policies.epp_config import Translation, is_reference_default, translate_epp_config
-from kvgate.policies.epp_config import go_duration as go_duration_s
 from kvgate.policies.errors import ConfigError
 from kvgate.policies.profile import read_profile_document
 

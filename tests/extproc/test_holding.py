@@ -349,3 +349,22 @@ async def test_a_full_pool_is_looked_at_whole_once_then_where_room_can_come_back
     area.kick(addresses[42])  # room there now
     assert await asyncio.wait_for(held, 1) is HoldOutcome.DISPATCHED
     await area.stop()
+
+
+async def test_a_request_may_ask_to_wait_less_than_its_pool_in_llm_ds_header() -> None:
+    """``x-llm-d-inference-ttl`` (a Go duration; llm-d's router's per-request queue budget): the
+    request leaves the queue at its own budget, never later than the pool's timeout."""
+    pool = Pool(free=0)
+    area = area_for(pool, queue_timeout_s=5.0)
+    now = MonotonicClock().now()
+    short = area.waiting_item(request("short", headers={"x-llm-d-inference-ttl": "50ms"}), now)
+    assert short.deadline == pytest.approx(now + 0.05)
+    for text in ("9s", "0s", "soon", ""):  # longer than the pool's, none, not a duration: the pool's
+        item = area.waiting_item(request(text, headers={"x-llm-d-inference-ttl": text}), now)
+        assert item.deadline == pytest.approx(now + 5.0)
+    assert area.hold(short)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.wait_for(area.outcome("short"), 2) is HoldOutcome.EVICTED_TTL
+    assert loop.time() - started < 1.0
+    await area.stop()
