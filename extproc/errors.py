@@ -19,13 +19,16 @@ class ProtocolViolation(KvgateError):
     code = "protocol_violation"
 
 JSON_CONTENT_TYPE = "application/json"
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+"""llm-d's response header naming why a request never reached a replica (``KvgateError.dropped_reason``)."""
 
 
 def immediate_response(error: BaseException, api: ApiKind = ApiKind.OTHER) -> Immediate:
     """Map ``error`` to a local reply, in the shape of the request's API (Anthropic's for its
     Messages API, OpenAI's for everything else).
 
-    A :class:`KvgateError` keeps its status, code and extra headers (``retry-after`` for 429);
+    A :class:`KvgateError` keeps its status, code and extra headers (``retry-after`` for 429; llm-d's
+    ``x-llm-d-request-dropped-reason`` where it names the refusal);
     anything else is a bug: it is logged with its traceback and answered 500 ``internal_error``
     without leaking its text.
     """
@@ -35,4 +38,6 @@ def immediate_response(error: BaseException, api: ApiKind = ApiKind.OTHER) -> Im
     document = error.to_anthropic() if api is ApiKind.MESSAGES else error.to_openai()
     body = json.dumps(document, separators=(",", ":")).encode()
     headers = (("content-type", JSON_CONTENT_TYPE), *((k.lower(), v) for k, v in error.headers.items()))
+    if error.dropped_reason is not None:
+        headers = (*headers, (DROPPED_REASON_HEADER, error.dropped_reason))
     return Immediate(status=error.status, body=body, headers=headers, details=f"kvgate_{error.code}")

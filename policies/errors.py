@@ -35,6 +35,9 @@ class KvgateError(Exception):
     status: ClassVar[int] = 500
     error_type: ClassVar[str] = "internal_error"
     code: ClassVar[str] = "internal_error"
+    dropped_reason: ClassVar[str | None] = None
+    """llm-d's name for why a request was dropped before reaching a replica (its response header
+    ``x-llm-d-request-dropped-reason``, which its clients read), where it has one."""
 
     def __init__(self, message: str, *, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
@@ -144,6 +147,7 @@ class TooManyRequestsError(KvgateError):
 
 class RequestShedError(TooManyRequestsError):
     code = "request_shed"
+    dropped_reason = "rejected-saturated"
 
 
 class RateLimitedError(TooManyRequestsError):
@@ -154,6 +158,7 @@ class NoEligibleEndpointError(KvgateError):
     status = 503
     error_type = "service_unavailable"
     code = "no_eligible_endpoint"
+    dropped_reason = "rejected-no-endpoints"
 
 
 class PoolNotFoundError(NoEligibleEndpointError):
@@ -164,6 +169,7 @@ class QueueTimeoutError(NoEligibleEndpointError):
     """A request held for room in its pool (flow control) waited its whole queue timeout."""
 
     code = "queue_timeout"
+    dropped_reason = "rejected-ttl-expired"
 
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message, headers={"retry-after": str(max(1, round(retry_after)))})

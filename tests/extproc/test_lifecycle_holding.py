@@ -159,6 +159,7 @@ def test_a_timed_out_request_gets_503_with_retry_after() -> None:
     [reply] = codec.encode_replies(machine.handle(HoldEnded(HoldOutcome.EVICTED_TTL)))
     status, headers, error = error_of(reply)
     assert (status, headers["retry-after"], error["code"]) == (503, "3", "queue_timeout")
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"  # (llm-d's clients read it)
     assert "20 s" in error["message"]
     assert pool.scheduler.seen == []
     assert machine.state is State.DONE
@@ -170,6 +171,7 @@ def test_a_sheddable_request_that_times_out_or_any_request_shed_gets_429() -> No
     machine, _, _ = held_request(FakeHolding(), objective="batch")
     status, headers, error = error_of(answer(machine, HoldOutcome.EVICTED_TTL))
     assert (status, headers["retry-after"], error["code"]) == (429, "3", "request_shed")
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
     machine, _, _ = held_request(FakeHolding())
     status, _, error = error_of(answer(machine, HoldOutcome.REJECTED_CAPACITY))
     assert (status, error["code"]) == (429, "request_shed")
