@@ -117,9 +117,10 @@ def _subset_hint(message: pb.ProcessingRequest) -> tuple[str, ...] | None:
     if names.SUBSET_NAMESPACE not in namespaces:
         return None
     fields = namespaces[names.SUBSET_NAMESPACE].fields
-    if names.SUBSET_KEY not in fields:
+    key = next((k for k in names.SUBSET_KEYS if k in fields), None)
+    if key is None:
         return None
-    value = fields[names.SUBSET_KEY]
+    value = fields[key]
     kind = value.WhichOneof("kind")
     if kind == "list_value":
         values = value.list_value.values
@@ -137,10 +138,11 @@ def _served(message: pb.ProcessingRequest) -> str | None:
     namespaces = message.metadata_context.filter_metadata
     if names.LB_NAMESPACE in namespaces:
         fields = namespaces[names.LB_NAMESPACE].fields
-        if names.SERVED_KEY in fields:
-            served: str = fields[names.SERVED_KEY].string_value.split(",", 1)[0].strip()
-            if served:
-                return served
+        for key in names.SERVED_KEYS:
+            if key in fields:
+                served: str = fields[key].string_value.split(",", 1)[0].strip()
+                if served:
+                    return served
     if EXT_PROC_ATTRIBUTES in message.attributes:
         fields = message.attributes[EXT_PROC_ATTRIBUTES].fields
         if UPSTREAM_ADDRESS in fields:

@@ -13,6 +13,9 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 """Key of the subset hint inside the ``envoy.lb.subset_hint`` metadata namespace."""
+SUBSET_KEYS = ("x-llm-d-router-destination-endpoint-subset", SUBSET_KEY)
+SERVED_KEYS = ("x-llm-d-router-destination-endpoint-served", SERVED_KEY)
+"""The keys a data plane may send them under, llm-d's router's newer names first (read the same)."""
 
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from google.protobuf import text_format
+from google.protobuf import struct_pb2, text_format
 
 from kvgate.extproc import codec
 from kvgate.extproc.actions import (
@@ -16,7 +16,7 @@ from kvgate.extproc.actions import (
     Phase,
     StreamBody,
 )
-from kvgate.extproc.events import BodyMode
+from kvgate.extproc.events import BodyMode, RequestHeaders, ResponseHeaders
 
 
 def expect(text: str) -> pb.ProcessingResponse:
@@ -112,3 +112,25 @@ def test_appended_headers_keep_those_of_the_same_name() -> None:
     actions = {option.header.key: option.append_action for option in options}
     assert actions == {"x-a": base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
                        "set-cookie": base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD}
+
+
+def test_the_subset_hint_and_served_endpoint_under_llm_ds_newer_keys() -> None:
+    """llm-d's router renamed the protocol's metadata keys (x-llm-d-router-destination-endpoint-*),
+    keeping the Inference Extension's as aliases; a data plane speaking the new names is read the same."""
+    meta = base_pb2.Metadata()
+    hint = struct_pb2.Struct()
+    hint.fields["x-llm-d-router-destination-endpoint-subset"].list_value.extend(["10.0.0.1:8000"])
+    hint.fields["x-gateway-destination-endpoint-subset"].list_value.extend(["10.0.0.9:8000"])
+    meta.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+    event = codec.decode(pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap()), metadata_context=meta))
+    assert isinstance(event, RequestHeaders)
+    assert event.subset_hint == ("10.0.0.1:8000",)  # the newer name wins
+    lb = struct_pb2.Struct()
+    lb.fields["x-llm-d-router-destination-endpoint-served"].string_value = "10.0.0.2:8000"
+    served_meta = base_pb2.Metadata()
+    served_meta.filter_metadata["envoy.lb"].CopyFrom(lb)
+    served = codec.decode(pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap()), metadata_context=served_meta))
+    assert isinstance(served, ResponseHeaders)
+    assert served.served_endpoint == "10.0.0.2:8000"
