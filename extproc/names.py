@@ -42,6 +42,7 @@ HEADER_ALIASES: tuple[tuple[str, tuple[str, ...]], ...] = (
 """llm-d's names for the request headers above, newest first: its router renamed the Inference
 Extension's (``x-llm-d-inference-objective``, then ``x-llm-d-router-inference-objective``), keeping
 the older ones as aliases, the newest present winning. The picker reads each under the name above."""
+ALIAS_NAMES = frozenset(alias for _, aliases in HEADER_ALIASES for alias in aliases)
 REQUEST_ID_HEADER = "x-request-id"
 SESSION_HEADER = "x-session-id"
 

@@ -87,12 +87,13 @@ def read_request_headers(pairs: Headers) -> ReadHeaders:
             strip.append(key)
         else:
             headers[key] = value
-    for name, aliases in names.HEADER_ALIASES:  # llm-d's names: the newest present wins
-        given = [alias for alias in aliases if alias in headers]
-        if given:
-            headers[name] = headers[given[0]]
-            if name == names.MODEL_REWRITE_HEADER:
-                strip.extend(given)
+    if not names.ALIAS_NAMES.isdisjoint(headers):  # (one set test on the common path: +0.3 µs, not +1.4)
+        for name, aliases in names.HEADER_ALIASES:  # llm-d's names: the newest present wins
+            given = [alias for alias in aliases if alias in headers]
+            if given:
+                headers[name] = headers[given[0]]
+                if name == names.MODEL_REWRITE_HEADER:
+                    strip.extend(given)
     if names.MODEL_REWRITE_HEADER in headers:
         strip.append(names.MODEL_REWRITE_HEADER)
     api = api_kind(headers.get(":path", ""))
