@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.extproc.ports import OTHER_MODELS, RequestLabels
+from kvgate.gateway.picker.metric_aliases import exposition
 from kvgate.policies.state import SessionCounts
 from kvgate.policies.types import EndpointSnapshot
 
@@ -248,7 +249,9 @@ class GatewayTelemetry:
         self.registry.register(_PoolCollector(snapshot, scrapes))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """``/metrics``: the registry, with llm-d's names for the Inference Extension's families
+        (``gateway.picker.metric_aliases``)."""
+        return exposition(self.registry)
 
     def _of(self, labels: RequestLabels) -> _RequestSeries:
         key = (labels.model, labels.target_model)

@@ -17,6 +17,7 @@ import aiohttp
 from kvgate.gateway.controlplane.resources import ProviderStatus, ValidatedConfig, load_directory, validate
 from kvgate.gateway.controlplane.telemetry import ControlPlaneCollector
 from kvgate.gateway.controlplane.xds import XdsStatus
+from kvgate.gateway.picker.metric_aliases import LLM_D_NAMES
 from kvgate.gateway.picker.pools_file import PoolSpec
 from kvgate.gateway.picker.redis_link import RedisSettings
 from kvgate.gateway.picker.service import PickerService, PickerSettings
@@ -155,5 +156,14 @@ async def test_dashboard_queries_only_and_all_metrics_the_picker_exports(redis_s
     unknown = {name: sorted(places) for name, places in used.items() if name not in exported}
     assert not unknown, f"the dashboard queries metrics the picker does not export: {unknown}"
 
-    unused = sorted(f for f, kind in families.items() if not any(n in used for n in sample_names(f, kind)))
+    # llm-d's names for the Inference Extension's families (metric_aliases) are copies: the panels
+    # show the originals; each copy's original is exported
+    copies = {f for f in families if f.startswith("llm_d_epp_")}
+    originals = {llm_d: gie for gie, llm_d in LLM_D_NAMES.items()}
+    for copy in copies:
+        original = originals[copy.removesuffix("_total")]
+        assert original in families or f"{original}_total" in families, copy
+    unused = sorted(f for f, kind in families.items()
+                    if f not in copies and not any(n in used for n in sample_names(f, kind)))
     assert not unused, f"families the picker exports but no panel shows (add a panel): {unused}"
+    assert {"llm_d_epp_request_total", "llm_d_epp_running_requests", "llm_d_epp_ready_endpoints"} <= copies
