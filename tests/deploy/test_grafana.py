@@ -159,11 +159,11 @@ async def test_dashboard_queries_only_and_all_metrics_the_picker_exports(redis_s
     # llm-d's names for the Inference Extension's families (metric_aliases) are copies: the panels
     # show the originals; each copy's original is exported
     copies = {f for f in families if f.startswith("llm_d_epp_")}
-    originals = {llm_d: gie for gie, llm_d in LLM_D_NAMES.items()}
+    originals = {llm_d: gie for gie, names in LLM_D_NAMES.items() for llm_d in names}
     for copy in copies:
         original = originals[copy.removesuffix("_total")]
         assert original in families or f"{original}_total" in families, copy
     unused = sorted(f for f, kind in families.items()
                     if f not in copies and not any(n in used for n in sample_names(f, kind)))
     assert not unused, f"families the picker exports but no panel shows (add a panel): {unused}"
-    assert {"llm_d_epp_request_total", "llm_d_epp_running_requests", "llm_d_epp_ready_endpoints"} <= copies
+    assert {"llm_d_epp_request_total", "llm_d_epp_request_running", "llm_d_epp_ready_endpoints"} <= copies

@@ -36,4 +36,4 @@ def test_the_inference_extensions_families_are_copied_under_llm_ds_names() -> No
     original = families["inference_extension_flow_control_request_queue_duration_seconds"]
     assert [(n.replace("llm_d_epp", "inference_extension"), labels, v) for n, labels, v in copied] == original
     assert not any(name.startswith("llm_d_epp") and "session" in name for name in families)
-    assert all(new.startswith("llm_d_epp_") for new in LLM_D_NAMES.values())
+    assert all(new.startswith("llm_d_epp_") for names in LLM_D_NAMES.values() for new in names)
