@@ -33,6 +33,7 @@ LLM_D_NAMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "inference_extension_scheduler_e2e_duration_seconds": ("llm_d_epp_scheduler_e2e_duration_seconds",),
     "inference_extension_plugin_duration_seconds": ("llm_d_epp_plugin_duration_seconds",),
     "inference_extension_flow_control_queue_size": ("llm_d_epp_flow_control_queue_size",),
+    "inference_extension_flow_control_pool_saturation": ("llm_d_epp_flow_control_pool_saturation",),
     "inference_extension_flow_control_request_queue_duration_seconds":
         ("llm_d_epp_flow_control_request_queue_duration_seconds",),
 })

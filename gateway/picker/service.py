@@ -40,7 +40,9 @@ from kvgate.gateway.picker.scraper import MetricsScraper
 from kvgate.gateway.picker.shared_state.runtime import SharingCollector, SharingRuntime
 from kvgate.gateway.picker.telemetry import GatewayTelemetry, OutcomeReportsCollector, SessionPinsCollector
 from kvgate.gateway.picker.tracing import TracingSettings, tracer_provider
+from kvgate.policies.pd_scheduler import DisaggregatedScheduler
 from kvgate.policies.registry import PluginRegistry, builtin_registry
+from kvgate.policies.saturation import SaturationThresholds
 from kvgate.policies.schedulers import PoolScheduler, make_scheduler
 from kvgate.policies.state import DEFAULT_MAX_SESSIONS, SessionCounts
 
@@ -146,7 +148,7 @@ class PickerService:
         self._draining = False
         self.admin.readiness_checks.append(lambda: "draining: stopping" if self._draining else None)
         self._readiness_updates: set[asyncio.Task[None]] = set()
-        self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts)
+        self.telemetry.watch_pools(self.scraper.snapshot, self._scrape_counts, self._saturation_thresholds)
 
     def _model_server_tls(self, pool: str) -> ssl.SSLContext | None:
         runtime = self.table.pools.get(pool)
@@ -154,6 +156,19 @@ class PickerService:
 
     def _session_counts(self) -> Mapping[str, SessionCounts]:
         return {name: pool.scheduler_impl.state.session_counts() for name, pool in self.table.pools.items()}
+
+    def _saturation_thresholds(self) -> Mapping[str, SaturationThresholds]:
+        """Each pool's thresholds of a full endpoint: flow control's where it holds requests, else
+        the profile's admission thresholds (when sheddable requests are shed)."""
+        out: dict[str, SaturationThresholds] = {}
+        for name, pool in self.table.pools.items():
+            if pool.holding_area is not None:
+                out[name] = pool.holding_area.settings.thresholds
+            else:
+                scheduler = pool.scheduler_impl
+                side = scheduler.decode if isinstance(scheduler, DisaggregatedScheduler) else scheduler
+                out[name] = side.profile.admission.thresholds
+        return out
 
     def _held_counts(self) -> Mapping[str, Mapping[tuple[int, str], int]]:
         return {name: pool.holding_area.waiting() for name, pool in self.table.pools.items()

@@ -8,6 +8,7 @@ scrape time from the live endpoint snapshot, so the hot path only bumps counters
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from kvgate.extproc.ports import OTHER_MODELS, RequestLabels
 from kvgate.gateway.picker.metric_aliases import exposition
+from kvgate.policies.saturation import SaturationThresholds, pool_saturation
 from kvgate.policies.state import SessionCounts
 from kvgate.policies.types import EndpointSnapshot
 
@@ -41,10 +43,16 @@ ScrapeCountersSource = Callable[[], Mapping[str, tuple[int, int]]]
 """endpoint address → (successful scrapes, failed scrapes)."""
 
 
+ThresholdsSource = Callable[[], Mapping[str, SaturationThresholds]]
+"""pool → the thresholds its saturation is measured against (flow control's, else admission's)."""
+
+
 class _PoolCollector(Collector):
-    def __init__(self, snapshot: SnapshotSource, scrapes: ScrapeCountersSource | None) -> None:
+    def __init__(self, snapshot: SnapshotSource, scrapes: ScrapeCountersSource | None,
+                 thresholds: ThresholdsSource | None = None) -> None:
         self._snapshot = snapshot
         self._scrapes = scrapes
+        self._thresholds = thresholds
 
     def collect(self) -> Iterable[Metric]:
         snapshot = self._snapshot()
@@ -61,12 +69,24 @@ class _PoolCollector(Collector):
         ready = GaugeMetricFamily(
             "inference_pool_ready_pods", "Endpoints of the pool with fresh, healthy metrics.", labels=["name"]
         )
+        saturation = GaugeMetricFamily(
+            "inference_extension_flow_control_pool_saturation",
+            "The pool's saturation: the mean over its endpoints of max(waiting / queue threshold, KV "
+            "usage / KV threshold), 1 for one stale or down (above 1: overloaded, requests held or shed).",
+            labels=["inference_pool"],
+        )
+        thresholds = self._thresholds() if self._thresholds is not None else {}
+        now = time.monotonic()
         for pool, views in snapshot.pools.items():
             live = [v.metrics for v in views if v.healthy and v.metrics is not None]
             ready.add_metric([pool], len(live))
             kv.add_metric([pool], sum(m.kv_cache_usage for m in live) / len(live) if live else 0.0)
             queue.add_metric([pool], sum(m.waiting for m in live) / len(live) if live else 0.0)
+            if pool in thresholds:
+                saturation.add_metric([pool], pool_saturation(views, thresholds[pool], now))
         yield from (kv, queue, ready)
+        if self._thresholds is not None:
+            yield saturation
         if self._scrapes is not None:
             scrapes = CounterMetricFamily(
                 "kvgate_endpoint_scrapes", "Metrics scrapes of each endpoint.", labels=["endpoint", "result"]
@@ -244,9 +264,11 @@ class GatewayTelemetry:
             registry=r,
         )
 
-    def watch_pools(self, snapshot: SnapshotSource, scrapes: ScrapeCountersSource | None = None) -> None:
-        """Export pool gauges (and scrape counters) computed from ``snapshot()`` at scrape time."""
-        self.registry.register(_PoolCollector(snapshot, scrapes))
+    def watch_pools(self, snapshot: SnapshotSource, scrapes: ScrapeCountersSource | None = None,
+                    thresholds: ThresholdsSource | None = None) -> None:
+        """Export pool gauges (and scrape counters, and each pool's saturation against
+        ``thresholds()``) computed from ``snapshot()`` at scrape time."""
+        self.registry.register(_PoolCollector(snapshot, scrapes, thresholds))
 
     def exposition(self) -> bytes:
         """``/metrics``: the registry, with llm-d's names for the Inference Extension's families
