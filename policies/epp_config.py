@@ -4,8 +4,8 @@ picker with ``--config-file`` (or ``--config-text``), as a kvgate scheduling pro
 A drop-in picker should honour the scorer weights and the picker a deployment chose, and the
 engines' KV events where it routes on them (llm-d's precise prefix plugin: its ``kvEventsConfig``
 becomes the pools' KV-event source, its ``tokenizersPoolConfig`` a hint of where the tokenizer is,
-its block size ``engine-prefix-matches``', which every single translated profile carries as
-kvgate's default profile does). A config of
+its block size ``engine-prefix-matches``', which every translated profile carries as kvgate's own
+profiles do). A config of
 one scheduling profile whose plugins kvgate has translates to a profile document
 (``policies.profile``), and llm-d's P/D pair (``prefill`` and ``decode`` profiles with a P/D
 profile handler and its decider) to a disaggregated one (``policies.disaggregation``: kvgate's
@@ -183,10 +183,8 @@ def _translate(document: Mapping[str, Any]) -> Translation:
     if admission:
         notes.append("saturationDetector in a P/D pair: left out (kvgate's P/D profiles admit by their own "
                      "thresholds)")
-    if source is not None:
-        notes.append("the precise prefix plugin in a P/D pair: kvgate's P/D halves route on its approximate "
-                     "index (the engines' events are followed for /debug/pools and the metrics)")
-    halves = {role: _profile(profiles[role], plugins, prefix, role=role) for role in ("decode", "prefill")}
+    halves = {role: _profile(profiles[role], plugins, prefix, role=role, block_size=block_size)
+              for role in ("decode", "prefill")}
     pd = {"name": "epp-config-pd",
           "description": "translated from the picker's EndpointPickerConfig (--config-file), P/D",
           "disaggregation": {"decider": _decider(plugins), "decode": "decode", "prefill": "prefill"}}
@@ -195,9 +193,9 @@ def _translate(document: Mapping[str, Any]) -> Translation:
 
 def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],
              prefix: Mapping[str, int], *, role: str | None, block_size: int | None = None) -> dict[str, Any]:
-    """One scheduling profile as a kvgate profile document (``role``: a P/D half's, or None; a
-    single profile's feedback is :data:`FEEDBACK`, its ``engine-prefix-matches`` with the engines'
-    ``block_size`` where the config names it)."""
+    """One scheduling profile as a kvgate profile document (``role``: a P/D half's, or None; its
+    feedback is :data:`FEEDBACK`, a prefill half's without sessions and stored responses, its
+    ``engine-prefix-matches`` with the engines' ``block_size`` where the config names it)."""
     scorers: list[dict[str, Any]] = []
     picker = "max-score-picker"
     used: list[dict[str, Any]] = []
@@ -225,16 +223,14 @@ def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Map
         "plugins": [*({"type": f} for f in filters), *used],
         "profile": {"filters": filters, "scorers": scorers, "picker": picker},
     }
-    if role == "prefill":
-        feedback = ["inflight-recorder", "prefix-index-recorder", "outlier-ejection"]
-        profile["plugins"] += [{"type": f} for f in feedback]
-        profile["profile"]["feedback"] = feedback
-    elif role is None:
-        engine_prefix: dict[str, Any] = {"type": "engine-prefix-matches"}
-        if block_size is not None:
-            engine_prefix["parameters"] = {"block_size": block_size}
-        profile["plugins"] += [engine_prefix, *({"type": f} for f in FEEDBACK[1:])]
-        profile["profile"]["feedback"] = list(FEEDBACK)
+    engine_prefix: dict[str, Any] = {"type": "engine-prefix-matches"}
+    if block_size is not None:
+        engine_prefix["parameters"] = {"block_size": block_size}
+    # (a prefill half serves no stored response and pins no session, as kvgate's pd-prefill)
+    feedback = (["engine-prefix-matches", "inflight-recorder", "prefix-index-recorder", "outlier-ejection"]
+                if role == "prefill" else list(FEEDBACK))
+    profile["plugins"] += [engine_prefix, *({"type": f} for f in feedback[1:])]
+    profile["profile"]["feedback"] = feedback
     if prefix:
         profile["prefix"] = dict(prefix)
     return profile

@@ -224,3 +224,81 @@ async def test_a_client_gone_during_the_prefill_frees_both_sides(
     assert await prefill_side("requests_aborted") == 6
     stats = await fleet_stats(http, fleet)
     assert _total(stats, "requests_received", "decode") == 0  # none went on to a decode replica
+
+
+TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "simulator" / "data"
+
+
+async def test_a_disaggregated_pool_routes_on_the_engines_kv_events(
+    tmp_path: Path, start_fleet: Callable[..., Awaitable[SimFleet]], http: aiohttp.ClientSession,
+) -> None:
+    """The pd profile's halves route on the engines' KV events where the pool follows them: a document
+    one decode replica computed outside the gateway (kvgate's own index never saw it) draws the next
+    requests for it to that replica, and the decider, seeing it cached there, sends no prefill hop.
+    (Without the engines' events the decode pick went by load and every one was split.)"""
+    port, events = free_port(), free_port()
+    fleet = await start_fleet(
+        replicas=0, time_scale=0.01,
+        extra_args=["--prefill", "2", "--decode", "2", "--port", str(port), "--hosts-from", "127.0.5.41",
+                    "--admin-port", "0", "--model", "base", "--kv-events-port", str(events),
+                    "--tokenizer", str(TOKENIZER_DIR / "tokenizer.json")],
+    )
+    annotations = (f'{{kvgate.io/profile: pd, kvgate.io/kv-events-port: "{events}", '
+                   f'kvgate.io/tokenizer: "{TOKENIZER_DIR}"}}')
+    pool = f"""
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {{name: pool, annotations: {annotations}}}
+spec:
+  selector: {{matchLabels: {{app: pool}}}}
+  targetPorts: [{{number: {port}}}]
+  endpointPickerRef: {{name: kvgate, port: {{number: 9002}}}}
+"""
+    pods = [f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: pool-{i}, labels: {{app: pool, llm-d.ai/role: {role}}}}}
+status: {{phase: Running, podIP: {address.rpartition(":")[0]}}}
+""" for i, (address, role) in enumerate(zip(fleet.addresses, ROLES, strict=True))]
+    (tmp_path / "gateway.yaml").write_text(gateway_yaml())
+    (tmp_path / "pool.yaml").write_text(pool + "---" + "---".join(pods))
+    (tmp_path / "route.yaml").write_text(ROUTE)
+    up = KvgateUp(UpOptions(directory=tmp_path, port=free_port(), admin_port=0, sim=0))
+    await up.start()
+    try:
+        await wait_ready(http, up, ["pool"])
+
+        async def followed() -> dict[str, dict[str, Any]]:
+            async with http.get(f"{up.admin_url}/debug/pools") as response:
+                [found] = (await response.json())["pools"]
+            return {e["address"]: e.get("kv_events") or {} for e in found["endpoints"]}
+
+        for address in fleet.addresses:  # each publisher followed (a PUB drops what comes before)
+            for attempt in range(200):
+                if (await followed())[address].get("batches"):
+                    break
+                body = {"model": "base", "prompt": f"warm up {attempt} " * 20, "max_tokens": 1}
+                async with http.post(f"http://{address}/v1/completions", json=body) as response:
+                    assert response.status == 200
+                await asyncio.sleep(0.05)
+        decode = fleet.addresses[3]
+        async with http.post(f"http://{decode}/v1/completions",  # around the gateway
+                             json={"model": "base", "prompt": LONG, "max_tokens": 1}) as response:
+            assert response.status == 200
+        for _ in range(200):
+            if int((await followed())[decode].get("blocks") or 0) >= 100:
+                break
+            await asyncio.sleep(0.05)
+        assert int((await followed())[decode]["blocks"]) >= 100, await followed()
+        before = await fleet_stats(http, fleet)
+        for question in range(4):  # the document, then a question of its own
+            body = {"model": "base", "prompt": f"{LONG} question {question}", "max_tokens": 2}
+            async with http.post(f"{up.url}/v1/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+        after = await fleet_stats(http, fleet)
+        assert _total(after, "remote_prefills", "prefill") == _total(before, "remote_prefills", "prefill")
+        served = [int(b["requests_served"]) - int(a["requests_served"])
+                  for a, b in zip(before, after, strict=True)]
+        assert served[3] == 4, served  # all on the decode replica that holds the document
+    finally:
+        await up.stop()
