@@ -1,8 +1,10 @@
 """llm-d's precise prefix-cache routing config (its guide's EndpointPickerConfig, ``--config-text``)
-on ``kvgate picker``: the engines' publishers connect to the address its ``kvEventsConfig`` names,
-the tokenizer is where its ``tokenizersPoolConfig`` says, and a prefix that reached one replica
-around the gateway (so kvgate's own index never saw it) draws the next requests there through real
-Envoy: only the engines' events can tell."""
+on ``kvgate picker``: the picker subscribes to each Pod's publisher at the port its
+``kvEventsConfig.podDiscoveryConfig`` names (``discoverPods``, llm-d's default; the bound topology of
+the guide's ``zmqEndpoint`` is unit-tested: a late joiner there has no replay to fill its gap and
+waits out the resync), the tokenizer is where its ``tokenizersPoolConfig`` says, and a prefix that
+reached one replica around the gateway (so kvgate's own index never saw it) draws the next requests
+there through real Envoy: only the engines' events can tell."""
 
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ pytestmark = pytest.mark.e2e
 TOKENIZER = Path(__file__).resolve().parents[2] / "simulator" / "data" / "tokenizer.json"
 
 
-def precise_config(bind: int) -> str:
-    """The guide's config, its publishers' address on loopback and its model's tokenizer mapped to
-    the simulated model's file (llm-d's ``local.modelTokenizerMap``)."""
+def precise_config(events: int) -> str:
+    """The guide's config discovering each Pod's publisher at ``events``, its model's tokenizer
+    mapped to the simulated model's file (llm-d's ``local.modelTokenizerMap``)."""
     config = yaml.safe_load(LLM_D_PRECISE)
     parameters = config["plugins"][1]["parameters"]
-    parameters["kvEventsConfig"]["zmqEndpoint"] = f"tcp://127.0.0.1:{bind}"
+    parameters["kvEventsConfig"] = {"topicFilter": "kv@", "discoverPods": True,
+                                    "podDiscoveryConfig": {"socketPort": events}}
     parameters["tokenProcessorConfig"]["blockSize"] = 16  # the simulator's block size
     parameters["indexerConfig"]["tokenizersPoolConfig"] = {
         "modelName": MODEL, "local": {"modelTokenizerMap": {MODEL: str(TOKENIZER)}}}
@@ -45,18 +48,17 @@ async def test_the_precise_config_routes_on_what_the_engines_report(
     start_envoy: Callable[..., Awaitable[EnvoyProcess]],
     http: aiohttp.ClientSession,
 ) -> None:
-    port, bind, events = free_port(), free_port(), free_port()
+    port, events = free_port(), free_port()
     fleet = await start_fleet(3, 0.05, [
         "--port", str(port), "--hosts-from", "127.0.14.1", "--model", MODEL, "--admin-port", "0",
-        "--kv-events-port", str(events), "--kv-events-connect", f"tcp://127.0.0.1:{bind}",
-        "--tokenizer", str(TOKENIZER),
+        "--kv-events-port", str(events), "--tokenizer", str(TOKENIZER),
     ])
     pools = tmp_path / "pools.yaml"
     pools.write_text(yaml.safe_dump({"pools": [{"name": "llama", "endpoints": fleet.addresses}]}))
     child = ChildProcess([
         *KVGATE, "picker", "--pools", str(pools), "--grpc-port", "0", "--admin-port", "0",
         "--grpc-health-port", "0", "--secure-serving=false", "--log-level", "WARNING",
-        "--config-text", precise_config(bind),
+        "--config-text", precise_config(events),
     ], name="kvgate picker --config-text")
     await child.start()
     try:
@@ -65,13 +67,13 @@ async def test_the_precise_config_routes_on_what_the_engines_report(
         url = await envoy_in_front(start_envoy, int(ready.group(1)), ExtProcSettings(),
                                    ((PoolBackend("llama"),), ()))
 
-        async def followed(address: str) -> int:
+        async def followed(address: str) -> bool:
             async with http.get(f"{admin}/debug/pools") as response:
                 [pool] = (await response.json())["pools"]
-            found = {e["address"]: e for e in pool["endpoints"]}[address]
-            return int((found.get("kv_events") or {}).get("batches") or 0)
+            events = {e["address"]: e for e in pool["endpoints"]}[address].get("kv_events") or {}
+            return bool(events.get("batches")) and bool(events.get("in_step"))
 
-        for address in fleet.addresses:  # each publisher connected (PUB drops what comes before)
+        for address in fleet.addresses:  # each publisher followed, in step (replayed if joined late)
             for attempt in range(200):
                 if await followed(address):
                     break

@@ -273,9 +273,10 @@ status: {{phase: Running, podIP: {address.rpartition(":")[0]}}}
                 [found] = (await response.json())["pools"]
             return {e["address"]: e.get("kv_events") or {} for e in found["endpoints"]}
 
-        for address in fleet.addresses:  # each publisher followed (a PUB drops what comes before)
+        for address in fleet.addresses:  # each publisher followed, in step (replayed if joined late)
             for attempt in range(200):
-                if (await followed())[address].get("batches"):
+                seen = (await followed())[address]
+                if seen.get("batches") and seen.get("in_step"):
                     break
                 body = {"model": "base", "prompt": f"warm up {attempt} " * 20, "max_tokens": 1}
                 async with http.post(f"http://{address}/v1/completions", json=body) as response:
