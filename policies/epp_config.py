@@ -69,6 +69,7 @@ DONE_ELSEWHERE: Mapping[str, str] = {
     "token-producer": "kvgate tokenizes with the model's tokenizer files itself",
     "tokenizer": "kvgate tokenizes with the model's tokenizer files itself",
     "endpoint-notification-source": "kvgate follows the pool's endpoints itself",
+    "no-hit-lru-scorer": "kvgate spreads requests no endpoint caches by their load, ties at random",
 }
 _PREFIX_PLUGINS = ("prefix-cache-scorer", "approx-prefix-cache-producer")
 _PRECISE_PLUGINS = ("precise-prefix-cache-scorer", "precise-prefix-cache-producer")
@@ -121,6 +122,9 @@ class Translation:
     flow_control: Mapping[str, Any] | None = None
     """The pools' flow control (a pools file's ``flowControl`` fields) where the config turns llm-d's
     on (its ``flowControl`` feature gate), for the pools that name none; None: off."""
+    admission: Mapping[str, float] = field(default_factory=dict)
+    """The saturation detector's thresholds as a profile's ``admission`` (also where the scheduling
+    profiles are not translated: kvgate's default profile then admits at them)."""
 
 
 _HANDLERS = frozenset({"pd-profile-handler", "disagg-profile-handler"})
@@ -153,6 +157,25 @@ def _translate(document: Mapping[str, Any]) -> Translation:
             raise _Untranslatable("a plugin without a type")
         parameters = spec.get("parameters") or {}
         plugins[str(spec.get("name") or spec["type"])] = (spec["type"], parameters)
+    notes: list[str] = []
+    # what applies to the pools whatever becomes of the scheduling profiles (KV events, flow control)
+    block_size, source = _precise(plugins, notes)
+    tokenizer = _tokenizer(plugins)
+    admission = _admission(document, plugins, notes)
+    flow = _flow_control(document, admission, notes)
+    try:
+        return _scheduling(document, plugins, notes, block_size, admission,
+                           kv_events=source, tokenizer=tokenizer, flow_control=flow)
+    except _Untranslatable as why:
+        return Translation(None, (*notes, str(why)), kv_events=source, tokenizer=tokenizer,
+                           flow_control=flow, admission=admission)
+
+
+def _scheduling(document: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],
+                notes: list[str], block_size: int | None, admission: Mapping[str, float],
+                **pool_level: Any) -> Translation:
+    """The scheduling profiles' translation (``pool_level``: the Translation's fields for the pools);
+    raises _Untranslatable."""
     found = document.get("schedulingProfiles")
     profiles: dict[str, Mapping[str, Any]] = {
         str(p.get("name")): p for p in (found if isinstance(found, list) else []) if isinstance(p, Mapping)}
@@ -161,7 +184,6 @@ def _translate(document: Mapping[str, Any]) -> Translation:
     if len(profiles) != 1 and not disaggregated:
         raise _Untranslatable(f"{len(profiles)} scheduling profiles: kvgate translates one, or llm-d's P/D "
                               "pair (prefill and decode, with a P/D profile handler)")
-    notes: list[str] = []
     for kind, _ in plugins.values():  # (declared plugins act without a pluginRef: producers, admitters)
         if kind in DONE_ELSEWHERE:
             notes.append(f"{kind}: left out ({DONE_ELSEWHERE[kind]})")
@@ -170,16 +192,12 @@ def _translate(document: Mapping[str, Any]) -> Translation:
         elif not (kind in SCORERS or kind in PICKERS or (disaggregated and kind in _HANDLERS | _DECIDERS)):
             raise _Untranslatable(f"plugin type {kind!r} is not one kvgate has")
     prefix = _prefix(plugins, notes)
-    block_size, source = _precise(plugins, notes)
-    tokenizer = _tokenizer(plugins)
-    admission = _admission(document, plugins, notes)
-    flow = _flow_control(document, admission, notes)
     if not disaggregated:
         (only,) = profiles.values()
         profile = _profile(only, plugins, prefix, role=None, block_size=block_size)
         if admission:
-            profile["admission"] = admission
-        return Translation(profile, tuple(notes), kv_events=source, tokenizer=tokenizer, flow_control=flow)
+            profile["admission"] = dict(admission)
+        return Translation(profile, tuple(notes), admission=admission, **pool_level)
     if admission:
         notes.append("saturationDetector in a P/D pair: left out (kvgate's P/D profiles admit by their own "
                      "thresholds)")
@@ -188,7 +206,7 @@ def _translate(document: Mapping[str, Any]) -> Translation:
     pd = {"name": "epp-config-pd",
           "description": "translated from the picker's EndpointPickerConfig (--config-file), P/D",
           "disaggregation": {"decider": _decider(plugins), "decode": "decode", "prefill": "prefill"}}
-    return Translation(pd, tuple(notes), halves, kv_events=source, tokenizer=tokenizer, flow_control=flow)
+    return Translation(pd, tuple(notes), halves, **pool_level)
 
 
 def _profile(scheduling: Mapping[str, Any], plugins: Mapping[str, tuple[str, Mapping[str, Any]]],

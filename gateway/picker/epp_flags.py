@@ -27,9 +27,10 @@ import atexit
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -240,25 +241,25 @@ def epp_profile(args: argparse.Namespace) -> str | None:
 def profile_file(translation: Translation | None) -> str | None:
     """A translation's profile as a file the pools can name (written once, in a directory of its
     own), or None: none given, not translated (said), or the charts' default (kvgate's default
-    profile serves it; with admission thresholds of the config's own, kvgate's default profile with
-    those, as a file)."""
+    profile serves it). Where the config sets admission thresholds and its profile is not translated
+    or is the charts' default: kvgate's default profile with those thresholds, as a file."""
     if translation is None:
         return None
+    admission = translation.admission
     if translation.profile is None:
         log.warning("EndpointPickerConfig not translated; pools without a profile of their own use kvgate's "
-                    "default profile")
-        return None
-    admission = translation.profile.get("admission")
-    if is_reference_default(translation.profile):
+                    "default profile%s",
+                    " (admitting at its saturation detector's thresholds)" if admission else "")
+        if not admission:
+            return None
+        profile: dict[str, Any] = _default_admitting_at(admission)
+    elif is_reference_default(translation.profile):
         log.info("EndpointPickerConfig: the Inference Extension's default; pools without a profile of their "
                  "own use kvgate's default profile (kvgate.io/profile: gie-default runs the Inference "
                  "Extension's)%s", f", with its admission thresholds {dict(admission)}" if admission else "")
         if not admission:
             return None
-        # kvgate's default profile, admitting as the config says
-        default = read_profile_document("default")
-        profile = {**default, "name": "default-epp-admission",
-                   "admission": {**default.get("admission", {}), **admission}}
+        profile = _default_admitting_at(admission)
     else:
         profile = dict(translation.profile)
     directory = Path(tempfile.mkdtemp(prefix="kvgate-epp-config-"))
@@ -273,6 +274,13 @@ def profile_file(translation: Translation | None) -> str | None:
     load_scheduling(path)  # (refuse it here, not at the first pool)
     log.info("EndpointPickerConfig translated to the profile %s", path)
     return str(path)
+
+
+def _default_admitting_at(admission: Mapping[str, float]) -> dict[str, Any]:
+    """kvgate's default profile, admitting as the config says."""
+    default = read_profile_document("default")
+    return {**default, "name": "default-epp-admission",
+            "admission": {**default.get("admission", {}), **admission}}
 
 
 def with_pool_defaults(pools: Sequence[PoolSpec], profile: str | None, engine: Dialect | None = None,

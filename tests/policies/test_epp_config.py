@@ -371,3 +371,48 @@ def test_llm_ds_flow_control_becomes_the_pools_flow_control() -> None:
 ])
 def test_kubernetes_quantities(text: object, value: int | None) -> None:
     assert quantity(text) == value
+
+
+LLM_D_OPTIMIZED_BASELINE = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: no-hit-lru-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: no-hit-lru-scorer
+    weight: 2
+"""
+"""llm-d's optimized-baseline well-lit path's config (its guides' default)."""
+
+
+def test_llm_ds_optimized_baseline_is_the_inference_extensions_default_to_kvgate() -> None:
+    translation = translate_epp_config(LLM_D_OPTIMIZED_BASELINE)
+    assert translation.profile is not None
+    assert is_reference_default(translation.profile)  # kvgate's default profile serves it
+    assert any(note.startswith("no-hit-lru-scorer: left out") for note in translation.notes)
+
+
+def test_the_pools_settings_apply_where_the_scheduling_profile_is_not_translated() -> None:
+    """A plugin kvgate has not (a health scorer) leaves kvgate's default profile in charge, but the
+    config's KV-event source, tokenizer, flow control and admission thresholds still hold."""
+    text = (LLM_D_PRECISE.replace("  - type: max-score-picker\n",
+                                  "  - type: health-scorer\n  - type: max-score-picker\n", 1)
+            + "featureGates: [flowControl]\nsaturationDetector: {queueDepthThreshold: 9}\n")
+    translation = translate_epp_config(text)
+    assert translation.profile is None
+    assert any("'health-scorer'" in note for note in translation.notes)
+    assert translation.kv_events == KvEventsSource(bind="tcp://*:5557")
+    assert translation.tokenizer is not None
+    assert translation.flow_control is not None
+    assert translation.admission == {"queue_threshold": 9}

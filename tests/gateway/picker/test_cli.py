@@ -164,3 +164,15 @@ def test_the_charts_default_with_its_own_admission_thresholds_keeps_kvgates_prof
     thresholds = profile.admission.thresholds
     assert (thresholds.queue_threshold, thresholds.kv_threshold) == (10, 0.95)
     assert thresholds.metrics_staleness_s == default.admission.thresholds.metrics_staleness_s
+
+
+def test_a_config_not_translated_still_gives_its_admission_thresholds() -> None:
+    admitter = "- type: queue-scorer\n- type: latency-slo-admitter\n"
+    text = EPP_CONFIG.replace("- type: queue-scorer\n", admitter, 1)
+    text += "saturationDetector: {queueDepthThreshold: 7, kvCacheUtilThreshold: 0.9}\n"
+    path = epp_profile(build_parser().parse_args(["--pools", "p.yaml", "--config-text", text]))
+    assert path is not None
+    profile, default = load_profile(path), load_profile("default")
+    assert [s.plugin_type for s in profile.scorers] == [s.plugin_type for s in default.scorers]
+    thresholds = profile.admission.thresholds
+    assert (thresholds.queue_threshold, thresholds.kv_threshold) == (7, 0.9)
