@@ -50,6 +50,9 @@ SCORERS: Mapping[str, str] = {
     "session-affinity-scorer": "session-affinity-scorer",
     "running-requests-size-scorer": "running-requests-scorer",
     "active-request-scorer": "inflight-requests-scorer",
+    # llm-d's: 0.5 for an empty queue, falling to 0 at its threshold; kvgate's queue scorer prefers
+    # the shorter queues too, relative to the pool's (said where used)
+    "load-aware-scorer": "queue-scorer",
 }
 """Their scorer types → kvgate's of the same meaning."""
 PICKERS = frozenset({"max-score-picker", "random-picker", "weighted-random-picker"})
@@ -191,6 +194,9 @@ def _scheduling(document: Mapping[str, Any], plugins: Mapping[str, tuple[str, Ma
             notes.append(f"{kind}: left out (kvgate's P/D scheduler picks each half among its role)")
         elif not (kind in SCORERS or kind in PICKERS or (disaggregated and kind in _HANDLERS | _DECIDERS)):
             raise _Untranslatable(f"plugin type {kind!r} is not one kvgate has")
+        elif kind == "load-aware-scorer":
+            notes.append("load-aware-scorer: kvgate's queue-scorer (shorter queues first, relative to the "
+                         "pool's; its threshold left out)")
     prefix = _prefix(plugins, notes)
     if not disaggregated:
         (only,) = profiles.values()

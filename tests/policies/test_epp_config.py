@@ -416,3 +416,15 @@ def test_the_pools_settings_apply_where_the_scheduling_profile_is_not_translated
     assert translation.tokenizer is not None
     assert translation.flow_control is not None
     assert translation.admission == {"queue_threshold": 9}
+
+
+def test_llm_ds_load_aware_scorer_is_kvgates_queue_scorer() -> None:
+    text = ("kind: EndpointPickerConfig\nplugins: [{type: load-aware-scorer, parameters: {threshold: 128}}, "
+            "{type: prefix-cache-scorer}]\nschedulingProfiles: [{name: a, plugins: "
+            "[{pluginRef: load-aware-scorer, weight: 2}, {pluginRef: prefix-cache-scorer, weight: 1}]}]\n")
+    translation = translate_epp_config(text)
+    assert translation.profile is not None
+    built = build_profile(translation.profile)
+    assert [(s.plugin_type, s.weight) for s in built.scorers] == [("queue-scorer", 2.0),
+                                                                ("prefix-cache-scorer", 1.0)]
+    assert any(note.startswith("load-aware-scorer") for note in translation.notes)
