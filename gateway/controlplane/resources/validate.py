@@ -239,10 +239,16 @@ def _backend_tls_statuses(policies: BackendTlsPolicies, routes: list[RouteResult
     return statuses
 
 
+POOL_REF_GROUPS = frozenset({"inference.networking.k8s.io", "llm-d.ai"})
+"""A poolRef's group naming the InferencePool: the Inference Extension's, or ``llm-d.ai``, which
+llm-d's InferenceObjective and InferenceModelRewrite CRDs default it to (the pool itself is the
+Inference Extension's)."""
+
+
 def _pool_ref_problem(
     ref: PoolObjectReference, namespace: str, pools: Mapping[ObjectKey, object]
 ) -> str | None:
-    if (ref.group, ref.kind) != ("inference.networking.k8s.io", "InferencePool"):
+    if ref.group not in POOL_REF_GROUPS or ref.kind != "InferencePool":
         return f"poolRef kind {ref.group}/{ref.kind} is not supported"
     if ObjectKey(namespace, ref.name) not in pools:
         return f"InferencePool {namespace}/{ref.name} not found"

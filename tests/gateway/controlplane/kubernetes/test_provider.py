@@ -228,8 +228,11 @@ async def test_only_the_config_maps_a_backend_tls_policy_names_make_a_new_config
 
 
 def _objective(group: str, name: str, priority: int) -> dict[str, Any]:
+    # (the poolRef as the API server stores it: each CRD defaults its group, llm-d's to llm-d.ai)
+    pool_ref = {"group": group.removeprefix("inference.networking.x-k8s.io") or "inference.networking.k8s.io",
+                "kind": "InferencePool", "name": "llm"}
     return {"apiVersion": f"{group}/v1alpha2", "kind": "InferenceObjective", "metadata": {"name": name},
-            "spec": {"priority": priority, "poolRef": {"name": "llm"}}}
+            "spec": {"priority": priority, "poolRef": pool_ref}}
 
 
 async def test_llm_ds_objectives_are_read_and_win_over_the_inference_extensions(
