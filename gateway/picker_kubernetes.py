@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -27,7 +28,8 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from kvgate.gateway.controlplane.control_plane import ControlPlaneSettings, pool_spec
+from kvgate.gateway.controlplane.control_plane import ControlPlaneSettings, pool_annotations, pool_spec
+from kvgate.gateway.controlplane.flow_annotations import FLOW_CONTROL_ANNOTATION
 from kvgate.gateway.controlplane.kubernetes.client import KubeClient, own_namespace
 from kvgate.gateway.controlplane.kubernetes.provider import PICKER_KINDS, KubernetesProvider
 from kvgate.gateway.controlplane.kubernetes.review import MetricsAuthorizer
@@ -61,6 +63,10 @@ def apply_snapshot(service: PickerService, snapshot: ConfigSnapshot, pool: Objec
     if spec.metrics_port is None and metrics_port is not None:
         spec = spec.model_copy(update={"metrics_port": metrics_port})
     if defaults is not None:
+        annotations = pool_annotations(snapshot.resources, found)
+        switched = annotations.get(FLOW_CONTROL_ANNOTATION, "").strip().lower()
+        if switched == "false" and defaults.flow_control is not None:  # (the pool's own "off" wins)
+            defaults = dataclasses.replace(defaults, flow_control=None)
         spec = defaults.apply(spec)
     for warning in warnings:
         log.warning("%s", warning)

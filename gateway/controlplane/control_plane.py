@@ -150,7 +150,7 @@ def with_pods(resources: ResourceSet, pods: Sequence[Pod]) -> ResourceSet:
     return dataclasses.replace(resources, pods=resources.pods + tuple(pods))
 
 
-def _annotations(resources: ResourceSet, pool: ResolvedPool) -> Mapping[str, str]:
+def pool_annotations(resources: ResourceSet, pool: ResolvedPool) -> Mapping[str, str]:
     for source in resources.inference_pools:
         if source.key == pool.key:
             return source.metadata.annotations
@@ -162,7 +162,7 @@ def pool_spec(
 ) -> tuple[PoolSpec, list[str]]:
     """The picker's view of ``pool`` and any warnings (e.g. an unknown engine annotation)."""
     warnings: list[str] = []
-    annotations = _annotations(resources, pool)
+    annotations = pool_annotations(resources, pool)
     engine = annotations.get(ENGINE_ANNOTATION, settings.default_engine)
     if engine not in _DIALECTS:
         warnings.append(

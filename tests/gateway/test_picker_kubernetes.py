@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from kvgate.gateway.controlplane.kubernetes import client
-from kvgate.gateway.controlplane.resources import parse_manifests
+from kvgate.gateway.controlplane.resources import ConfigSnapshot, ObjectKey, parse_manifests
 from kvgate.gateway.controlplane.resources.validate import ValidationOptions, validate
-from kvgate.gateway.picker_kubernetes import main, pool_namespace, selector_pool, target_ports
+from kvgate.gateway.picker.epp_flags import EppDefaults
+from kvgate.gateway.picker.pools_file import FlowControlSpec, PoolSpec
+from kvgate.gateway.picker_kubernetes import apply_snapshot, main, pool_namespace, selector_pool, target_ports
 from kvgate.policies.errors import ConfigError
 
 
@@ -83,3 +85,38 @@ def test_a_pool_name_and_a_selector_together_are_refused(capsys: pytest.CaptureF
                  "--kube-api", "http://127.0.0.1:1"])
     assert code == 2
     assert "not both" in capsys.readouterr().out
+
+
+class _Service:
+    def __init__(self) -> None:
+        self.applied: list[PoolSpec] = []
+
+    def apply_pools(self, specs: list[PoolSpec], default: str | None) -> None:
+        self.applied = list(specs)
+
+
+def _snapshot(annotations: str) -> ConfigSnapshot:
+    text = (f"apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\n"
+            f"metadata: {{name: llm, annotations: {annotations}}}\n"
+            "spec: {selector: {matchLabels: {app: llm}}, targetPorts: [{number: 8000}], "
+            "endpointPickerRef: {name: kvgate}}\n")
+    resources = parse_manifests([("p.yaml", text)])
+    config = validate(resources, ValidationOptions(require_picker_service=False))
+    return ConfigSnapshot(1, resources.content_hash, resources, config, 0.0)
+
+
+def test_the_configs_flow_control_holds_the_pool_unless_the_pool_turns_it_off() -> None:
+    defaults = EppDefaults(flow_control=FlowControlSpec.model_validate({"queueTimeoutSeconds": 45}))
+    service = _Service()
+    assert apply_snapshot(service, _snapshot("{}"), ObjectKey("default", "llm"),  # type: ignore[arg-type]
+                          defaults=defaults)
+    [spec] = service.applied
+    assert spec.flow_control is not None
+    assert spec.flow_control.queue_timeout_s == 45
+    apply_snapshot(service, _snapshot('{kvgate.io/flow-control: "false"}'),  # type: ignore[arg-type]
+                   ObjectKey("default", "llm"), defaults=defaults)
+    assert service.applied[0].flow_control is None
+    apply_snapshot(service, _snapshot('{kvgate.io/queue-timeout: "5s"}'),  # type: ignore[arg-type]
+                   ObjectKey("default", "llm"), defaults=defaults)
+    assert service.applied[0].flow_control is not None
+    assert service.applied[0].flow_control.queue_timeout_s == 5  # the pool's own
